@@ -1,0 +1,66 @@
+// Bounded, read-only access to an input file through pread (SPEC §4: memory stays bounded,
+// inputs are never modified). Every read is checked against the file size first.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ckpt::io {
+
+/// A read-only file opened by path. Throws BadInput{path, ...} when it cannot be opened
+/// or when a read would run past its end.
+class InputFile {
+public:
+    explicit InputFile(const std::string& path);
+    ~InputFile();
+    InputFile(const InputFile&) = delete;
+    InputFile& operator=(const InputFile&) = delete;
+
+    const std::string& path() const { return path_; }
+    uint64_t size() const { return size_; }   ///< bytes
+
+    /// Read exactly `len` bytes at `offset` into `dst`. Throws BadInput naming `what`
+    /// when [offset, offset+len) is not inside the file.
+    void read_at(uint64_t offset, void* dst, std::size_t len, const char* what) const;
+    /// Same, returned as a byte string (callers bound `len` beforehand).
+    std::string read_string(uint64_t offset, std::size_t len, const char* what) const;
+    /// Little-endian integers at `offset` (bounds-checked as read_at).
+    uint16_t u16(uint64_t offset, const char* what) const;
+    uint32_t u32(uint64_t offset, const char* what) const;
+    uint64_t u64(uint64_t offset, const char* what) const;
+    /// True when [offset, offset+len) lies inside the file (overflow-safe).
+    bool contains(uint64_t offset, uint64_t len) const {
+        return offset <= size_ && len <= size_ - offset;
+    }
+
+private:
+    std::string path_;
+    int fd_ = -1;
+    uint64_t size_ = 0;
+};
+
+/// Sequential buffered reader over the byte range [begin, end) of an InputFile
+/// (used by the unpickler; reads 64 KiB at a time, never the whole range).
+class RangeReader {
+public:
+    RangeReader(const InputFile& f, uint64_t begin, uint64_t end);
+    uint64_t position() const { return pos_; }             ///< absolute file offset
+    uint64_t remaining() const { return end_ - pos_; }     ///< bytes left in the range
+    /// Next byte; throws BadInput naming `what` at the end of the range.
+    uint8_t byte(const char* what);
+    /// Exactly n bytes (caller checks n against remaining() before allocating).
+    void read(void* dst, std::size_t n, const char* what);
+    std::string string(std::size_t n, const char* what);
+    /// Bytes up to (not including) the next '\n', at most `max` bytes.
+    std::string line(std::size_t max, const char* what);
+    const InputFile& file() const { return f_; }
+
+private:
+    void fill();
+    const InputFile& f_;
+    uint64_t pos_, end_;
+    std::vector<uint8_t> buf_;
+    uint64_t buf_pos_ = 0;   ///< file offset of buf_[0]
+};
+
+}  // namespace ckpt::io
