@@ -1,3 +1,176 @@
+// Reader tests against real files written by Debian's torch 1.13 (scripts/make_io_samples.py)
+// and the hostile corpus (scripts/make_bad_corpus.py).
 #include <doctest/doctest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
 #include "io/checkpoint.h"
-TEST_CASE("dtype"){ CHECK(ckpt::dtype_size(ckpt::DType::BF16)==2); }
+#include "io/file.h"
+
+using namespace ckpt;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string data_path(const std::string& name) { return std::string(CKPT_SOURCE_DIR) + "/data/io/" + name; }
+
+std::string hex(const std::string& s) {
+    static const char* d = "0123456789abcdef";
+    std::string out;
+    for (unsigned char c : s) { out.push_back(d[c >> 4]); out.push_back(d[c & 15]); }
+    return out;
+}
+
+/// Compare the reader's view of data/io/<name> with expected-<name>.json written from torch.
+void check_expected(const std::string& name) {
+    CAPTURE(name);
+    std::ifstream in(data_path("expected-" + name + ".json"));
+    REQUIRE(in.good());
+    auto exp = nlohmann::json::parse(in);
+    Checkpoint ck = read_checkpoint(data_path(name));
+    CHECK(std::string(format_name(ck.format)) == exp["format"].get<std::string>());
+    CHECK(ck.file_size == fs::file_size(data_path(name)));
+    REQUIRE(ck.tensors.size() == exp["tensors"].size());
+    REQUIRE(ck.storages.size() == exp["storages"].size());
+    std::map<std::size_t, std::size_t> group, back;   // reader storage <-> expected storage
+    for (std::size_t i = 0; i < ck.tensors.size(); ++i) {
+        const auto& t = ck.tensors[i];
+        const auto& e = exp["tensors"][i];
+        CAPTURE(t.path);
+        CHECK(t.path == e["path"].get<std::string>());
+        CHECK(std::string(dtype_name(t.dtype)) == e["dtype"].get<std::string>());
+        CHECK(t.shape == e["shape"].get<std::vector<int64_t>>());
+        CHECK(t.stride == e["stride"].get<std::vector<int64_t>>());
+        CHECK(t.storage_offset == e["offset"].get<int64_t>());
+        std::size_t es = e["storage"].get<std::size_t>();
+        auto [it, fresh] = group.emplace(t.storage, es);
+        CHECK(it->second == es);                      // same reader storage -> same torch storage
+        auto [jt, fresh2] = back.emplace(es, t.storage);
+        CHECK(jt->second == t.storage);               // and the other way round
+    }
+    CHECK(group.size() == ck.storages.size());
+    io::InputFile f(data_path(name));
+    for (std::size_t i = 0; i < ck.storages.size(); ++i) {
+        const auto& s = ck.storages[i];
+        CAPTURE(s.key);
+        if (i > 0) CHECK(ck.storages[i - 1].file_offset + ck.storages[i - 1].nbytes <= s.file_offset);
+        const auto& e = exp["storages"][group.at(i)];
+        CHECK(std::string(dtype_name(s.dtype)) == e["dtype"].get<std::string>());
+        CHECK(s.numel == e["numel"].get<uint64_t>());
+        CHECK(s.nbytes == e["nbytes"].get<uint64_t>());
+        CHECK(hex(f.read_string(s.file_offset, s.nbytes, "test")) == e["hex"].get<std::string>());
+        if (e.contains("key")) CHECK(s.key == e["key"].get<std::string>());
+        if (e.contains("file_offset")) CHECK(s.file_offset == e["file_offset"].get<uint64_t>());
+        if (e.contains("crc")) {
+            REQUIRE(s.crc_offsets.size() == 2);   // data descriptor + central directory (flag bit 3 set)
+            for (auto off : s.crc_offsets) CHECK(f.u32(off, "test") == e["crc"].get<uint32_t>());
+        } else {
+            CHECK(s.crc_offsets.empty());
+        }
+    }
+}
+
+const Value& at(const Value& v, std::initializer_list<const char*> keys) {
+    const Value* cur = &v;
+    for (auto k : keys) {
+        cur = cur->get(k);
+        REQUIRE_MESSAGE(cur != nullptr, k);
+    }
+    return *cur;
+}
+
+}  // namespace
+
+TEST_CASE("dtype helpers") {
+    CHECK(dtype_size(DType::BF16) == 2);
+    CHECK(dtype_size(DType::C128) == 16);
+    CHECK(dtype_size(DType::Bool) == 1);
+    CHECK(std::string(dtype_name(DType::Bool)) == "BOOL");
+    CHECK(dtype_from_name("F8_E4M3") == DType::F8_E4M3);
+    CHECK(!dtype_from_name("F4").has_value());
+    CHECK(std::string(format_name(Format::TorchLegacy)) == "torch-legacy");
+}
+
+TEST_CASE("torch zip saved to a path: nested model/optimizer/epoch") {
+    check_expected("nested.pt");
+    Checkpoint ck = read_checkpoint(data_path("nested.pt"));
+    CHECK(std::get<int64_t>(at(ck.root, {"epoch"}).v) == 3);
+    const auto& groups = std::get<Value::List>(at(ck.root, {"optimizer", "param_groups"}).v);
+    REQUIRE(groups.size() == 1);
+    CHECK(std::get<double>(at(groups[0], {"lr"}).v) == 1e-3);
+    CHECK(std::get<double>(at(groups[0], {"weight_decay"}).v) == 0.01);
+    CHECK(std::get<bool>(at(groups[0], {"amsgrad"}).v) == true);
+    const auto& betas = at(groups[0], {"betas"});
+    CHECK(betas.is_tuple);
+    CHECK(std::get<double>(std::get<Value::List>(betas.v)[1].v) == 0.999);
+    const auto& params = std::get<Value::List>(at(groups[0], {"params"}).v);
+    REQUIRE(params.size() == 6);
+    CHECK(std::get<int64_t>(params[5].v) == 5);
+    // The OrderedDict's BUILD state (_metadata) is not an item.
+    CHECK(ck.root.get("model")->get("_metadata") == nullptr);
+    CHECK(std::get<Value::Dict>(ck.root.get("model")->v).size() == 9);
+    // int keys of optimizer state are addressable by their text; step is a 0-d tensor.
+    const auto& step = at(ck.root, {"optimizer", "state", "4", "step"});
+    const auto& ti = ck.tensors.at(std::get<Value::Tensor>(step.v).index);
+    CHECK(ti.path == "optimizer/state/4/step");
+    CHECK(ti.shape.empty());
+    CHECK(at(ck.root, {"optimizer", "state", "4"}).get("max_exp_avg_sq") != nullptr);
+    CHECK(ck.tensors[std::get<Value::Tensor>(at(ck.root, {"model", "1.num_batches_tracked"}).v).index].dtype ==
+          DType::I64);
+}
+
+TEST_CASE("torch zip with bytes prepended reads like the original") {
+    check_expected("prepended.pt");
+    Checkpoint a = read_checkpoint(data_path("nested.pt"));
+    Checkpoint b = read_checkpoint(data_path("prepended.pt"));
+    REQUIRE(a.storages.size() == b.storages.size());
+    for (std::size_t i = 0; i < a.storages.size(); ++i) CHECK(b.storages[i].file_offset == a.storages[i].file_offset + 100);
+}
+
+TEST_CASE("optimizer-only state dict with int steps") {
+    check_expected("optim_only.pt");
+    Checkpoint ck = read_checkpoint(data_path("optim_only.pt"));
+    CHECK(std::get<int64_t>(at(ck.root, {"state", "0", "step"}).v) == 2);
+    CHECK(ck.tensors.front().path == "state/0/exp_avg");
+}
+
+TEST_CASE("torch zip saved to a stream: every dtype, views, shared storage, 0-d") {
+    check_expected("dtypes.pt");
+    Checkpoint ck = read_checkpoint(data_path("dtypes.pt"));
+    const auto& b = at(ck.root, {"bytes"});
+    CHECK(b.is_bytes);
+    CHECK(std::get<std::string>(b.v) == std::string("ab\xff\0", 4));
+    const auto& l = std::get<Value::List>(at(ck.root, {"nested"}).v);
+    REQUIRE(l.size() == 6);
+    CHECK(!at(ck.root, {"nested"}).is_tuple);
+    CHECK(std::get<int64_t>(l[0].v) == 1);
+    CHECK(std::get<double>(l[1].v) == 2.5);
+    CHECK(std::holds_alternative<Value::None>(l[2].v));
+    CHECK(std::get<bool>(l[3].v) == true);
+    CHECK(std::get<std::string>(l[4].v) == "s");
+    CHECK(l[5].is_tuple);
+    CHECK(std::get<std::string>(std::get<Value::List>(l[5].v)[1].v) == "t");
+}
+
+TEST_CASE("legacy (non-zip) torch file") {
+    check_expected("legacy.pt");
+    Checkpoint ck = read_checkpoint(data_path("legacy.pt"));
+    CHECK(ck.format == Format::TorchLegacy);
+    CHECK(std::get<std::string>(at(ck.root, {"bytes"}).v) == std::string("ab\xff\0", 4));
+}
+
+TEST_CASE("safetensors written by hand") {
+    check_expected("tensors.safetensors");
+    Checkpoint ck = read_checkpoint(data_path("tensors.safetensors"));
+    const auto& md = at(ck.root, {"__metadata__"});
+    CHECK(std::get<std::string>(at(md, {"format"}).v) == "pt");
+    CHECK(std::get<std::string>(at(md, {"note"}).v) == "ckptkit");
+    CHECK(std::get<Value::Dict>(ck.root.v).size() == 6);
+}
