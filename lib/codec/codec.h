@@ -1,0 +1,75 @@
+// Codec selection and the per-chunk encode/certify/decode loop shared by ckpt-compress,
+// ckpt-verify and ckpt-restore. One parameter tensor's moments are processed in chunks of
+// whole blocks; a coordinate keeps its codes only if every moment has a code and the
+// guard certifies it (guard.h); otherwise all its moments go exactly to the escape table.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "codec/guard.h"
+#include "codec/log8.h"
+
+namespace ckpt::codec {
+
+enum class Kind { Log8, BF16, Blockwise8 };
+Kind kind_from_name(const std::string&);   ///< throws std::invalid_argument
+const char* kind_name(Kind);
+int code_bytes(Kind);                       ///< bytes per moment value
+int params_per_block(Kind);                 ///< int32 per block and moment
+
+/// Values per block (one set of block parameters per moment and block).
+constexpr int kBlock = 256;
+
+/// Storage element type of a moment: FP32, or low precision when params are.
+enum class MomentType { F32, F16, BF16 };
+/// Round a decoded value to the moment's storage type (what torch will see).
+double round_to(MomentType, double);
+
+/// How the gradient domain of each coordinate is formed (SPEC §2.2).
+struct DomainRule {
+    double grad_bound = 1.0;   ///< G, may be +inf
+    bool l2 = false;           ///< include the Adam L2 shift wd*theta
+    bool plain = true;         ///< include the unshifted [-G, G] (AdamW, or unknown kind)
+    double weight_decay = 0;
+};
+
+/// One chunk of a parameter's moments, as float, n values each. vmax/theta may be null.
+struct ChunkIn {
+    const float* m = nullptr;
+    const float* v = nullptr;
+    const float* vmax = nullptr;
+    const float* theta = nullptr;   ///< needed only when DomainRule::l2 and G finite
+    std::size_t n = 0;
+};
+
+/// Encoded chunk: codes and block params per moment, escaped coordinates (chunk-local
+/// indices), and the largest certificate among kept coordinates (lr units).
+struct ChunkOut {
+    std::array<std::vector<uint8_t>, 3> codes;     ///< n * code_bytes each
+    std::array<std::vector<int32_t>, 3> params;    ///< blocks * params_per_block each
+    std::vector<uint32_t> escapes;                 ///< chunk-local coordinate indices
+    double max_bound = 0;
+};
+
+/// Settings shared by every chunk of one parameter tensor.
+struct TensorSetup {
+    Kind kind = Kind::Log8;
+    AdamHyper hyper;
+    double tolerance = 0.01;
+    DomainRule domain;
+    MomentType type = MomentType::F32;
+    int moments() const { return hyper.amsgrad ? 3 : 2; }
+};
+
+/// Encode and certify one chunk (n need not be a multiple of kBlock only for the last).
+ChunkOut encode_chunk(const TensorSetup&, const ChunkIn&);
+
+/// Decode codes (escapes not yet applied) into out[role][i]; returns, per coordinate,
+/// its re-derived certificate in `bounds` when non-null (verify's path).
+void decode_chunk(const TensorSetup&, const std::array<const uint8_t*, 3>& codes,
+                  const std::array<const int32_t*, 3>& params, std::size_t n,
+                  std::array<float*, 3> out, const float* theta, double* bounds);
+
+}  // namespace ckpt::codec

@@ -1,0 +1,176 @@
+// The guard: a sound bound on the first restored Adam/AdamW update error.
+// Method: seed 003's shared-gradient bound (SPEC §2.2), restated for rounding cells.
+//
+// With f(g) = (1/bc1) * m'(g) / (sqrt(vm(g)/bc2) + eps)  (the update in lr units; torch
+// 1.13 _single_tensor_adam), m' = b1*m + (1-b1)*g, v' = b2*v + (1-b2)*g^2,
+// vm = max(vmax, v') with amsgrad, the difference to the decoded state splits as
+//   f - f~ = (1/bc1) * [ b1*(m - m~)/D  +  m~'(g) * (D~ - D)/(D*D~) ]
+//   D~ - D = (vm~ - vm) / (sqrt(bc2) * (sqrt(vm~) + sqrt(vm)))
+// where m - m~ and vm~ - vm are bounded independently of g. Each factor is monotone in
+// |g| except m~'(g), which is linear, so on a gradient cell [a, b] every factor is bounded
+// at the cell's smallest |g| or its ends. The bound is taken over a linear-logarithmic
+// partition of the gradient domain; an unbounded tail uses |m~'|/(sqrt(vm)+sqrt(vm~)) <=
+// b1|m~|/(...) + (1-b1)/(2 sqrt(1-b2)), so G = inf is sound.
+//
+// The original moments are unknown to the guard: it only knows the rounding cell
+// [lo, hi] each decoded value came from, so the certificate holds for every original in
+// the cells and ckpt-verify can re-derive it from the stored codes alone.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "codec/hd.h"
+
+namespace ckpt::codec {
+
+/// Adam/AdamW hyper-parameters of one parameter tensor, in torch's units.
+struct AdamHyper {
+    double lr = 1e-3;            ///< learning rate (the tolerance is in units of lr)
+    double beta1 = 0.9, beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 0;     ///< used only for the Adam L2 domain shift
+    bool amsgrad = false;
+    bool maximize = false;       ///< domain is symmetric, so it does not change the bound
+    double step = 0;             ///< completed steps s; the guarded update is t = s + 1
+};
+
+/// Values derived once per tensor from AdamHyper (double, host or device).
+struct GuardConst {
+    double b1, b2, eps, inv_bc1, sqrt_bc2, tail;  ///< tail = (1-b1)/(2 sqrt(1-b2))
+    double tolerance;   ///< tau, in lr units
+    double fp32_rel;    ///< relative FP32 rounding margin applied to max|f| (see margin())
+};
+
+/// Build GuardConst. bc1 = 1-b1^t, bc2 = 1-b2^t with t = step+1 (torch's bias correction).
+inline GuardConst make_guard_const(const AdamHyper& h, double tolerance) {
+    const double t = h.step + 1;
+    GuardConst c{};
+    c.b1 = h.beta1;
+    c.b2 = h.beta2;
+    c.eps = h.eps;
+    c.inv_bc1 = 1.0 / (1.0 - std::pow(h.beta1, t));
+    c.sqrt_bc2 = std::sqrt(1.0 - std::pow(h.beta2, t));
+    c.tail = (1.0 - h.beta1) / (2.0 * std::sqrt(1.0 - h.beta2));
+    c.tolerance = tolerance;
+    // Each FP32 run of the update rounds |u| by at most ~8 ulp (sqrt, div, add, mul,
+    // addcdiv); two runs are compared, so 16 ulp; we take 64 ulp = 4x headroom.
+    c.fp32_rel = 64.0 * 5.9604644775390625e-08;
+    return c;
+}
+
+/// One decoded moment value and the rounding cell its original lies in (lo <= x <= hi).
+struct Cell {
+    double dec = 0, lo = 0, hi = 0;
+};
+
+/// Per-coordinate guard inputs: decoded values with cells, and the gradient domain
+/// [glo, ghi] (may be infinite) after the L2 shift.
+struct GuardInput {
+    Cell m, v, vmax;  ///< vmax only read when amsgrad
+    bool amsgrad = false;
+    double glo = -1, ghi = 1;
+};
+
+/// Bound of sup |f - f~| over the gradient cell [a, b] (a <= b, may be +-inf), lr units.
+CKPT_HD double cell_bound(const GuardConst& c, const GuardInput& in, double dm, double dv,
+                          double a, double b) {
+    const double gmin = (a <= 0 && b >= 0) ? 0.0 : (a > 0 ? a : -b);
+    const double q = (1 - c.b2) * gmin * gmin;
+    double vlo = c.b2 * in.v.lo + q, vt = c.b2 * in.v.dec + q;
+    if (in.amsgrad) {
+        vlo = vlo > in.vmax.lo ? vlo : in.vmax.lo;
+        vt = vt > in.vmax.dec ? vt : in.vmax.dec;
+    }
+    const double s = sqrt(vlo), st = sqrt(vt);
+    const double dlo = s / c.sqrt_bc2 + c.eps, dt = st / c.sqrt_bc2 + c.eps;
+    const double t1 = dm == 0 ? 0.0 : c.b1 * dm / dlo;
+    double t2 = 0;
+    if (dv != 0) {
+        double ratio;  // sup of |m~'(g)| / (sqrt(vm) + sqrt(vm~)) over the cell
+        const bool finite = a > -INFINITY && b < INFINITY;
+        if (finite) {
+            const double ea = fabs(c.b1 * in.m.dec + (1 - c.b1) * a);
+            const double eb = fabs(c.b1 * in.m.dec + (1 - c.b1) * b);
+            ratio = (ea > eb ? ea : eb) / (s + st);
+        } else {
+            ratio = c.b1 * fabs(in.m.dec) / (s + st) + c.tail;
+        }
+        t2 = ratio * dv / (c.sqrt_bc2 * dlo * dt);
+    }
+    return (t1 + t2) * c.inv_bc1;
+}
+
+/// Upper bound of max |f| over the domain for original and decoded state (lr units):
+/// b1 |m| / D(0) + (1-b1) |g| / D(g) <= b1 |m| / D(0) + (1-b1) sqrt(bc2) / sqrt(1-b2).
+CKPT_HD double update_bound(const GuardConst& c, const GuardInput& in) {
+    double v0 = c.b2 * in.v.lo;
+    if (in.amsgrad && in.vmax.lo > v0) v0 = in.vmax.lo;
+    const double d0 = sqrt(v0) / c.sqrt_bc2 + c.eps;
+    const double mabs = fabs(in.m.lo) > fabs(in.m.hi) ? fabs(in.m.lo) : fabs(in.m.hi);
+    return (c.b1 * mabs / d0 + 2 * c.tail * c.sqrt_bc2) * c.inv_bc1;
+}
+
+/// Partition parameters: linear cells of width sigma/4 up to 2*sigma, then geometric
+/// cells growing by `ratio` up to `tail_at`*sigma, then the unbounded (or clipped) tail.
+struct Partition {
+    double ratio;
+    double tail_at;
+};
+
+/// Max over a partition of one side (g >= 0 when sign = +1, g <= 0 when sign = -1),
+/// intersected with [glo, ghi]. Returns early once the bound exceeds `stop`.
+CKPT_HD double side_bound(const GuardConst& c, const GuardInput& in, double dm, double dv,
+                          double sigma, Partition p, double sign, double stop) {
+    double worst = 0, x = 0;  // x: |g| at the cell start
+    const double lin = sigma * 0.25, lin_end = 2 * sigma, tail = sigma * p.tail_at;
+    const double lim = sign > 0 ? in.ghi : -in.glo;  // |g| reach on this side
+    const double other = sign > 0 ? -in.glo : in.ghi; // domain may start past 0
+    while (x < lim) {
+        double y = x < lin_end ? x + lin : x * p.ratio;
+        if (x >= tail) y = INFINITY;
+        if (y > lim) y = lim;
+        // Cell [x, y] on this side, clipped to the domain start when it does not contain 0.
+        double a = sign > 0 ? x : -y, b = sign > 0 ? y : -x;
+        if (a < in.glo) a = in.glo;
+        if (b > in.ghi) b = in.ghi;
+        if (a <= b && !(other < 0 && y < -other)) {
+            const double cb = cell_bound(c, in, dm, dv, a, b);
+            if (!(cb <= worst)) worst = cb;  // NaN propagates as a failure
+            if (!(worst <= stop)) return worst;
+        }
+        x = y;
+    }
+    return worst;
+}
+
+/// Certificate: an upper bound of sup_{g in domain} |u(g) - u~(g)| / lr including the
+/// FP32 margin, or +inf/NaN when no bound exists. Cheap single-cell test first, then a
+/// coarse and a fine partition only while the bound is above the tolerance.
+CKPT_HD double certify(const GuardConst& c, const GuardInput& in) {
+    const double dm = fmax(in.m.dec - in.m.lo, in.m.hi - in.m.dec);
+    double dv = fmax(in.v.dec - in.v.lo, in.v.hi - in.v.dec) * c.b2;
+    if (in.amsgrad) dv = fmax(dv, fmax(in.vmax.dec - in.vmax.lo, in.vmax.hi - in.vmax.dec));
+    // identical decoded state computes identically: no FP32 margin is needed then
+    const double margin = (dm == 0 && dv == 0) ? 0.0 : c.fp32_rel * update_bound(c, in);
+    const double slack = 1 + 1e-9;  // covers double rounding inside the bound itself
+    const double whole = (cell_bound(c, in, dm, dv, in.glo, in.ghi) + margin) * slack;
+    if (whole <= c.tolerance) return whole;
+    double vs = in.v.hi;
+    if (in.amsgrad && in.vmax.hi > vs) vs = in.vmax.hi;
+    double sigma = sqrt(vs);
+    if (!(sigma > 1e-30)) sigma = 1e-30;
+    const Partition passes[2] = {{1.6, 1e4}, {1.05, 1e5}};
+    double best = whole;
+    for (const Partition& p : passes) {
+        const double stop = c.tolerance / slack - margin;
+        const double hi = side_bound(c, in, dm, dv, sigma, p, +1, stop);
+        const double lo = hi <= stop ? side_bound(c, in, dm, dv, sigma, p, -1, stop) : hi;
+        const double r = ((hi > lo ? hi : lo) + margin) * slack;
+        if (r < best) best = r;
+        if (best <= c.tolerance) return best;
+    }
+    return best;
+}
+
+}  // namespace ckpt::codec

@@ -1,0 +1,137 @@
+// log8: 8-bit logarithmic moment codes with a per-block scale (SPEC §2.3, seed 003).
+//
+// Grid: values are 2^(e/64) for integer e ("1/64 octave" units), so decoding is a table
+// lookup and an exact power-of-two scaling: bit-identical on every host and device.
+// Per block and moment, two int32 parameters: e_top (exponent of the top code) and the
+// step s >= 1 (1/64 octaves between codes). Code K (=255 unsigned, 127 signed magnitude)
+// is 2^(e_top/64); code k is 2^((e_top - (K-k)*s)/64); code 0 is an exact zero.
+// exp_avg uses bit 7 as its sign (so -0.0 stays exact); exp_avg_sq / max_exp_avg_sq are
+// unsigned. Rounding is per moment to the nearest code (ties go down). Values above the
+// top cell, or (for exp_avg_sq) below the bottom cell, have no code: they are escapes.
+// For exp_avg the bottom cell reaches down to 0, because tiny |m| only has to be small
+// against sqrt(v); the encoder picks s so that the bottom code is below a fraction of
+// tolerance*sqrt(v) of each coordinate.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "codec/guard.h"
+#include "codec/hd.h"
+
+namespace ckpt::codec {
+
+/// Which optimizer moment a stream holds.
+enum class Role : int { ExpAvg = 0, ExpAvgSq = 1, MaxExpAvgSq = 2 };
+
+struct Log8 {
+    static constexpr int kCodeBytes = 1;    ///< bytes per value
+    static constexpr int kParams = 2;       ///< int32 per block: e_top, s
+    static constexpr int kMaxStep = 24;     ///< largest step, 1/64 octaves (~30% apart)
+
+    /// 2^(j/64) rounded to float, j = 0..64.
+    CKPT_HD static double table(int j) {
+        constexpr float t[65] = {0x1.0000000000000p+0, 0x1.02c9a40000000p+0, 0x1.059b0e0000000p+0, 0x1.0874520000000p+0, 0x1.0b55860000000p+0, 0x1.0e3ec40000000p+0, 0x1.11301e0000000p+0, 0x1.1429aa0000000p+0, 0x1.172b840000000p+0, 0x1.1a35be0000000p+0, 0x1.1d48740000000p+0, 0x1.2063b80000000p+0, 0x1.2387a60000000p+0, 0x1.26b4560000000p+0, 0x1.29e9e00000000p+0, 0x1.2d285a0000000p+0, 0x1.306fe00000000p+0, 0x1.33c08c0000000p+0, 0x1.371a740000000p+0, 0x1.3a7db40000000p+0, 0x1.3dea640000000p+0, 0x1.4160a20000000p+0, 0x1.44e0860000000p+0, 0x1.486a2c0000000p+0, 0x1.4bfdae0000000p+0, 0x1.4f9b280000000p+0, 0x1.5342b60000000p+0, 0x1.56f4740000000p+0, 0x1.5ab07e0000000p+0, 0x1.5e76f20000000p+0, 0x1.6247ec0000000p+0, 0x1.6623880000000p+0, 0x1.6a09e60000000p+0, 0x1.6dfb240000000p+0, 0x1.71f75e0000000p+0, 0x1.75feb60000000p+0, 0x1.7a11480000000p+0, 0x1.7e2f340000000p+0, 0x1.82589a0000000p+0, 0x1.868d9a0000000p+0, 0x1.8ace540000000p+0, 0x1.8f1aea0000000p+0, 0x1.93737c0000000p+0, 0x1.97d82a0000000p+0, 0x1.9c49180000000p+0, 0x1.a0c6680000000p+0, 0x1.a5503c0000000p+0, 0x1.a9e6b60000000p+0, 0x1.ae89fa0000000p+0, 0x1.b33a2c0000000p+0, 0x1.b7f7700000000p+0, 0x1.bcc1ea0000000p+0, 0x1.c199be0000000p+0, 0x1.c67f120000000p+0, 0x1.cb720e0000000p+0, 0x1.d072d40000000p+0, 0x1.d5818e0000000p+0, 0x1.da9e600000000p+0, 0x1.dfc9740000000p+0, 0x1.e502ee0000000p+0, 0x1.ea4afa0000000p+0, 0x1.efa1be0000000p+0, 0x1.f507660000000p+0, 0x1.fa7c180000000p+0, 0x1.0000000000000p+1};
+        return t[j];
+    }
+    /// The float 2^(e/64) (RNE to float; 0 or inf outside float range), as double.
+    CKPT_HD static double value(int64_t e) {
+        int64_t q = e >= 0 ? e / 64 : -((-e + 63) / 64);
+        const int r = int(e - q * 64);
+        if (q > 200) q = 200;
+        if (q < -200) q = -200;
+        return double(float(ldexp(table(r), int(q))));
+    }
+    /// Largest e with 2^(e/64) <= |x| in float terms (x finite, nonzero).
+    CKPT_HD static int64_t log64_floor(double x) {
+        int ex;
+        const double mant = frexp(fabs(x), &ex) * 2;  // [1, 2)
+        int j = 0;
+        while (j < 63 && table(j + 1) <= mant) ++j;
+        return int64_t(ex - 1) * 64 + j;
+    }
+    /// Smallest e with 2^(e/64) >= |x|.
+    CKPT_HD static int64_t log64_ceil(double x) {
+        const int64_t f = log64_floor(x);
+        return value(f) >= fabs(x) ? f : f + 1;
+    }
+    CKPT_HD static int top_code(Role r) { return r == Role::ExpAvg ? 127 : 255; }
+
+    /// Decoded magnitude of code k >= 1 under (e_top, s).
+    CKPT_HD static double mag(int k, const int32_t* p, int K) {
+        return value(int64_t(p[0]) - int64_t(K - k) * p[1]);
+    }
+
+    /// Rounding cell of magnitude code k (k >= 1) as [lo, hi] magnitudes.
+    CKPT_HD static void mag_cell(int k, const int32_t* p, int K, bool down_to_zero, double& lo,
+                          double& hi) {
+        const double x = mag(k, p, K);
+        lo = (k == 1 && down_to_zero) ? 0.0 : (x + mag(k - 1, p, K)) / 2;
+        hi = (x + mag(k + 1, p, K)) / 2;  // k == K: half a step above the top code
+    }
+
+    /// Encode one value. Returns false when x has no code (escape). Deterministic.
+    CKPT_HD static bool encode(float x, Role r, const int32_t* p, uint16_t* code) {
+        const int K = top_code(r);
+        const bool sign = signbit(x);
+        const int sbit = (r == Role::ExpAvg && sign) ? 0x80 : 0;
+        if (x == 0) { *code = sbit; return true; }
+        if (!isfinite(x) || (sign && r != Role::ExpAvg)) return false;
+        const double a = fabs(double(x));
+        double lo, hi;
+        mag_cell(K, p, K, false, lo, hi);
+        if (a > hi) return false;
+        int64_t k = K - (int64_t(p[0]) - log64_floor(a)) / p[1];
+        if (k < 1) k = 1;
+        if (k > K) k = K;
+        while (k < K && a > (mag(int(k), p, K) + mag(int(k) + 1, p, K)) / 2) ++k;
+        while (k > 1 && a <= (mag(int(k), p, K) + mag(int(k) - 1, p, K)) / 2) --k;
+        if (r != Role::ExpAvg) {
+            mag_cell(1, p, K, false, lo, hi);
+            if (k == 1 && a < lo) return false;
+        }
+        *code = uint16_t(k | sbit);
+        return true;
+    }
+
+    /// Decoded value and the rounding cell of one code.
+    CKPT_HD static Cell cell(uint16_t code, Role r, const int32_t* p) {
+        const int K = top_code(r);
+        const int k = r == Role::ExpAvg ? (code & 0x7f) : code;
+        const bool neg = r == Role::ExpAvg && (code & 0x80);
+        Cell c;
+        if (k == 0) { c.dec = neg ? -0.0 : 0.0; return c; }
+        double lo, hi;
+        mag_cell(k, p, K, r == Role::ExpAvg, lo, hi);
+        const double x = mag(k, p, K);
+        if (neg) { c.dec = -x; c.lo = -hi; c.hi = -lo; } else { c.dec = x; c.lo = lo; c.hi = hi; }
+        return c;
+    }
+
+    /// Choose (e_top, s) for a block of n values of role r. For exp_avg, v holds the
+    /// matching exp_avg_sq values and tolerance (lr units) sets how small |m| may get
+    /// before it only has to be small against sqrt(v).
+    static void choose(const float* x, const float* v, int n, Role r, double tolerance,
+                       int32_t* p) {
+        const int K = top_code(r);
+        double mx = 0, floor_ = INFINITY;
+        for (int i = 0; i < n; ++i) {
+            const double a = fabs(double(x[i]));
+            if (!(a > 0) || !std::isfinite(a)) continue;
+            if (a > mx) mx = a;
+            double need = a;
+            if (r == Role::ExpAvg && v && v[i] > 0 && std::isfinite(v[i]))
+                need = fmax(a, 0.25 * tolerance * sqrt(double(v[i])));
+            if (need < floor_) floor_ = need;
+        }
+        if (mx == 0) { p[0] = 0; p[1] = 1; return; }
+        const int64_t top = log64_ceil(mx);
+        const int64_t bottom = log64_floor(floor_);
+        int64_t s = (top - bottom + (K - 2)) / (K - 1);
+        if (s < 1) s = 1;
+        if (s > kMaxStep) s = kMaxStep;
+        p[0] = int32_t(top);
+        p[1] = int32_t(s);
+    }
+};
+
+}  // namespace ckpt::codec
