@@ -1,0 +1,260 @@
+#include "container/h5.h"
+
+#include <zstd.h>
+
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+
+namespace ckpt::container {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
+
+/// Filter callback: the HDF5Plugin-Zstandard chunk format (one zstd frame per chunk).
+size_t zstd_filter(unsigned flags, size_t nelmts, const unsigned cd[], size_t nbytes,
+                   size_t* buf_size, void** buf) {
+    if (flags & H5Z_FLAG_REVERSE) {
+        const unsigned long long n = ZSTD_getFrameContentSize(*buf, nbytes);
+        if (n == ZSTD_CONTENTSIZE_ERROR || n == ZSTD_CONTENTSIZE_UNKNOWN || n > (1ull << 28))
+            return 0;  // our chunks are <= 1 MiB; refuse absurd sizes from damaged files
+        void* out = H5allocate_memory(n ? n : 1, false);
+        if (!out) return 0;
+        const size_t r = ZSTD_decompress(out, n, *buf, nbytes);
+        if (ZSTD_isError(r) || r != n) { H5free_memory(out); return 0; }
+        H5free_memory(*buf);
+        *buf = out;
+        *buf_size = n;
+        return n;
+    }
+    const int level = nelmts > 0 ? int(cd[0]) : 3;
+    const size_t cap = ZSTD_compressBound(nbytes);
+    void* out = H5allocate_memory(cap, false);
+    if (!out) return 0;
+    const size_t r = ZSTD_compress(out, cap, *buf, nbytes, level);
+    if (ZSTD_isError(r)) { H5free_memory(out); return 0; }
+    H5free_memory(*buf);
+    *buf = out;
+    *buf_size = cap;
+    return r;
+}
+
+}  // namespace
+
+void register_zstd_filter() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors become exceptions, not prints
+        static const H5Z_class2_t cls = {H5Z_CLASS_T_VERS, kZstdFilter, 1, 1, "zstd",
+                                         nullptr, nullptr, zstd_filter};
+        if (H5Zregister(&cls) < 0) fail("cannot register the HDF5 zstd filter");
+    });
+}
+
+Handle& Handle::operator=(Handle&& o) noexcept {
+    if (this != &o) {
+        if (id_ >= 0 && close_) close_(id_);
+        id_ = o.id_;
+        close_ = o.close_;
+        o.id_ = -1;
+    }
+    return *this;
+}
+Handle::~Handle() {
+    if (id_ >= 0 && close_) close_(id_);
+}
+
+Handle create_file(const std::string& path) {
+    register_zstd_filter();
+    const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (f < 0) fail(path + ": cannot create HDF5 file");
+    return Handle(f, H5Fclose);
+}
+
+Handle open_file(const std::string& path) {
+    register_zstd_filter();
+    if (H5Fis_accessible(path.c_str(), H5P_DEFAULT) <= 0) fail("not an HDF5 file");
+    const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) fail("cannot open HDF5 file");
+    return Handle(f, H5Fclose);
+}
+
+bool exists(hid_t file, const std::string& path) {
+    std::size_t pos = 0;
+    while ((pos = path.find('/', pos + 1)) != std::string::npos)
+        if (H5Lexists(file, path.substr(0, pos).c_str(), H5P_DEFAULT) <= 0) return false;
+    return H5Lexists(file, path.c_str(), H5P_DEFAULT) > 0;
+}
+
+void make_groups(hid_t file, const std::string& path) {
+    std::size_t pos = 0;
+    while (pos != std::string::npos) {
+        pos = path.find('/', pos + 1);
+        const std::string p = path.substr(0, pos);
+        if (H5Lexists(file, p.c_str(), H5P_DEFAULT) > 0) continue;
+        const hid_t g = H5Gcreate2(file, p.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        if (g < 0) fail("cannot create group " + p);
+        H5Gclose(g);
+    }
+}
+
+namespace {
+void write_attr(hid_t obj, const std::string& name, hid_t type, const void* v) {
+    Handle sp(H5Screate(H5S_SCALAR), H5Sclose);
+    if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
+    Handle a(H5Acreate2(obj, name.c_str(), type, sp.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    if (!a || H5Awrite(a.get(), type, v) < 0) fail("cannot write attribute " + name);
+}
+Handle open_attr(hid_t obj, const std::string& name) {
+    if (H5Aexists(obj, name.c_str()) <= 0) fail("attribute '" + name + "' is missing");
+    Handle a(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose);
+    if (!a) fail("attribute '" + name + "' cannot be opened");
+    Handle sp(H5Aget_space(a.get()), H5Sclose);
+    if (H5Sget_simple_extent_type(sp.get()) != H5S_SCALAR) fail("attribute '" + name + "' is not a scalar");
+    return a;
+}
+}  // namespace
+
+void set_attr(hid_t obj, const std::string& name, const std::string& value) {
+    Handle t(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(t.get(), value.empty() ? 1 : value.size());
+    H5Tset_strpad(t.get(), H5T_STR_NULLPAD);
+    write_attr(obj, name, t.get(), value.empty() ? "" : value.data());
+}
+void set_attr(hid_t obj, const std::string& name, double v) { write_attr(obj, name, H5T_NATIVE_DOUBLE, &v); }
+void set_attr(hid_t obj, const std::string& name, uint64_t v) { write_attr(obj, name, H5T_NATIVE_UINT64, &v); }
+
+std::string get_attr_string(hid_t obj, const std::string& name) {
+    Handle a = open_attr(obj, name);
+    Handle t(H5Aget_type(a.get()), H5Tclose);
+    if (H5Tget_class(t.get()) != H5T_STRING || H5Tis_variable_str(t.get()) > 0)
+        fail("attribute '" + name + "' is not a fixed-length string");
+    const size_t n = H5Tget_size(t.get());
+    if (n > (64u << 20)) fail("attribute '" + name + "' is too large");
+    std::string s(n, '\0');
+    if (H5Aread(a.get(), t.get(), s.data()) < 0) fail("attribute '" + name + "' cannot be read");
+    while (!s.empty() && s.back() == '\0') s.pop_back();
+    return s;
+}
+double get_attr_double(hid_t obj, const std::string& name) {
+    Handle a = open_attr(obj, name);
+    Handle t(H5Aget_type(a.get()), H5Tclose);
+    if (H5Tget_class(t.get()) != H5T_FLOAT) fail("attribute '" + name + "' is not a float");
+    double v = 0;
+    if (H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v) < 0) fail("attribute '" + name + "' cannot be read");
+    return v;
+}
+uint64_t get_attr_u64(hid_t obj, const std::string& name) {
+    Handle a = open_attr(obj, name);
+    Handle t(H5Aget_type(a.get()), H5Tclose);
+    if (H5Tget_class(t.get()) != H5T_INTEGER) fail("attribute '" + name + "' is not an integer");
+    uint64_t v = 0;
+    if (H5Aread(a.get(), H5T_NATIVE_UINT64, &v) < 0) fail("attribute '" + name + "' cannot be read");
+    return v;
+}
+
+Appender::Appender(hid_t file, const std::string& path, hid_t type, std::size_t elem,
+                   std::size_t chunk_bytes, int level)
+    : type_(type), elem_(elem), chunk_elems_(std::max<std::size_t>(1, chunk_bytes / elem)) {
+    const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = chunk_elems_;
+    Handle sp(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
+    Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_chunk(dcpl.get(), 1, &chunk);
+    const unsigned cd = unsigned(level);
+    if (H5Pset_filter(dcpl.get(), kZstdFilter, H5Z_FLAG_MANDATORY, 1, &cd) < 0)
+        fail("cannot set zstd filter on " + path);
+    const auto slash = path.rfind('/');
+    if (slash > 0) make_groups(file, path.substr(0, slash));
+    ds_ = Handle(H5Dcreate2(file, path.c_str(), type, sp.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
+    if (!ds_) fail("cannot create dataset " + path);
+    hash_ = XXH3_createState();
+    XXH3_64bits_reset(hash_);
+    buf_.reserve(chunk_elems_ * elem_);
+}
+
+Appender::~Appender() { XXH3_freeState(hash_); }
+
+void Appender::append(const void* data, std::size_t count) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    XXH3_64bits_update(hash_, p, count * elem_);
+    count_ += count;
+    while (count > 0) {
+        const std::size_t room = chunk_elems_ - buf_.size() / elem_;
+        const std::size_t take = std::min(room, count);
+        buf_.insert(buf_.end(), p, p + take * elem_);
+        p += take * elem_;
+        count -= take;
+        if (buf_.size() == chunk_elems_ * elem_) flush();
+    }
+}
+
+void Appender::flush() {
+    if (buf_.empty()) return;
+    const hsize_t n = buf_.size() / elem_, start = written_, total = written_ + n;
+    if (H5Dset_extent(ds_.get(), &total) < 0) fail("cannot extend dataset");
+    Handle fs(H5Dget_space(ds_.get()), H5Sclose);
+    H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr);
+    Handle ms(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    if (H5Dwrite(ds_.get(), type_, ms.get(), fs.get(), H5P_DEFAULT, buf_.data()) < 0)
+        fail("cannot write dataset (disk full or file-size limit?)");
+    written_ = total;
+    buf_.clear();
+}
+
+uint64_t Appender::finish() {
+    flush();
+    set_attr(ds_.get(), "xxh3", uint64_t(XXH3_64bits_digest(hash_)));
+    set_attr(ds_.get(), "count", count_);
+    return H5Dget_storage_size(ds_.get());
+}
+
+DatasetReader::DatasetReader(hid_t file, const std::string& path, hid_t type, std::size_t elem)
+    : type_(type), elem_(elem), path_(path) {
+    if (!exists(file, path)) fail("dataset " + path + " is missing");
+    ds_ = Handle(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!ds_) fail("dataset " + path + " cannot be opened");
+    Handle t(H5Dget_type(ds_.get()), H5Tclose);
+    if (H5Tget_size(t.get()) != elem || H5Tget_class(t.get()) != H5Tget_class(type))
+        fail("dataset " + path + " has the wrong element type");
+    Handle sp(H5Dget_space(ds_.get()), H5Sclose);
+    if (H5Sget_simple_extent_ndims(sp.get()) != 1) fail("dataset " + path + " is not 1-D");
+    hsize_t n = 0;
+    H5Sget_simple_extent_dims(sp.get(), &n, nullptr);
+    count_ = n;
+    if (get_attr_u64(ds_.get(), "count") != count_) fail("dataset " + path + " count attribute disagrees with its size");
+}
+
+void DatasetReader::read(uint64_t offset, uint64_t n, void* out) const {
+    if (offset > count_ || n > count_ - offset) fail("read past the end of dataset " + path_);
+    if (n == 0) return;
+    const hsize_t start = offset, cnt = n;
+    Handle fs(H5Dget_space(ds_.get()), H5Sclose);
+    H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, &start, nullptr, &cnt, nullptr);
+    Handle ms(H5Screate_simple(1, &cnt, nullptr), H5Sclose);
+    if (H5Dread(ds_.get(), type_, ms.get(), fs.get(), H5P_DEFAULT, out) < 0)
+        fail("dataset " + path_ + " cannot be read (damaged chunk?)");
+}
+
+bool DatasetReader::checksum_ok() const {
+    const uint64_t want = get_attr_u64(ds_.get(), "xxh3");
+    XXH3_state_t* st = XXH3_createState();
+    XXH3_64bits_reset(st);
+    const uint64_t step = std::max<uint64_t>(1, (1u << 20) / elem_);
+    std::vector<unsigned char> buf(step * elem_);
+    try {
+        for (uint64_t off = 0; off < count_; off += step) {
+            const uint64_t n = std::min(step, count_ - off);
+            read(off, n, buf.data());
+            XXH3_64bits_update(st, buf.data(), n * elem_);
+        }
+    } catch (...) {
+        XXH3_freeState(st);
+        throw;
+    }
+    const bool ok = XXH3_64bits_digest(st) == want;
+    XXH3_freeState(st);
+    return ok;
+}
+
+}  // namespace ckpt::container

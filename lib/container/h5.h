@@ -1,0 +1,97 @@
+// Thin RAII layer over the HDF5 C API for the .ckz.h5 container (formats/container.md):
+// 1-D chunked datasets compressed with the registered zstd filter (id 32015, the id that
+// h5py + hdf5plugin read), each carrying an `xxh3` checksum attribute of its
+// uncompressed bytes, appended in bounded chunks and read back by range.
+#pragma once
+#include <hdf5.h>
+#include <xxhash.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ckpt::container {
+
+/// HDF5 filter id of Zstandard (registered by the HDF Group for HDF5Plugin-Zstandard).
+constexpr H5Z_filter_t kZstdFilter = 32015;
+
+/// Register our zstd filter implementation (idempotent; libzstd does the work).
+void register_zstd_filter();
+
+/// Owning hid_t with the right close function.
+class Handle {
+public:
+    Handle() = default;
+    Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+    Handle(Handle&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
+    Handle& operator=(Handle&& o) noexcept;
+    ~Handle();
+    hid_t get() const { return id_; }
+    explicit operator bool() const { return id_ >= 0; }
+
+private:
+    hid_t id_ = -1;
+    herr_t (*close_)(hid_t) = nullptr;
+};
+
+/// Create a new file (truncating) or open one read-only. Throws std::runtime_error.
+Handle create_file(const std::string& path);
+Handle open_file(const std::string& path);
+/// Create an intermediate group path such as "/moments/codes".
+void make_groups(hid_t file, const std::string& path);
+bool exists(hid_t file, const std::string& path);
+
+/// Scalar attributes on any object (dataset, group, file root "/").
+void set_attr(hid_t obj, const std::string& name, const std::string& value);
+void set_attr(hid_t obj, const std::string& name, double value);
+void set_attr(hid_t obj, const std::string& name, uint64_t value);
+/// Readers throw std::runtime_error naming the attribute when missing or mistyped.
+std::string get_attr_string(hid_t obj, const std::string& name);
+double get_attr_double(hid_t obj, const std::string& name);
+uint64_t get_attr_u64(hid_t obj, const std::string& name);
+
+/// Appends elements of one native type to a new extendible 1-D dataset.
+/// Buffers one chunk, so memory is bounded by chunk_bytes.
+class Appender {
+public:
+    /// type: H5T_NATIVE_UINT8 / INT32 / UINT32 / UINT64 ...; elem: its size in bytes.
+    Appender(hid_t file, const std::string& path, hid_t type, std::size_t elem,
+             std::size_t chunk_bytes = 1 << 20, int level = 3);
+    void append(const void* data, std::size_t count);
+    /// Flush, write `xxh3` and `count` attributes; returns stored (compressed) bytes.
+    uint64_t finish();
+    uint64_t count() const { return count_; }
+
+private:
+    void flush();
+    Handle ds_;
+    hid_t type_;
+    std::size_t elem_, chunk_elems_;
+    std::vector<unsigned char> buf_;
+    uint64_t count_ = 0, written_ = 0;
+    XXH3_state_t* hash_ = nullptr;
+public:
+    ~Appender();
+};
+
+/// Reads ranges of a 1-D dataset written by Appender, checking element size and count.
+class DatasetReader {
+public:
+    /// Throws std::runtime_error when absent or when its element size differs from elem.
+    DatasetReader(hid_t file, const std::string& path, hid_t type, std::size_t elem);
+    uint64_t count() const { return count_; }
+    /// Read `n` elements starting at element `offset`; throws when out of range.
+    void read(uint64_t offset, uint64_t n, void* out) const;
+    /// Stream the whole dataset and compare with its `xxh3` attribute.
+    bool checksum_ok() const;
+    const std::string& path() const { return path_; }
+
+private:
+    Handle ds_;
+    hid_t type_;
+    std::size_t elem_;
+    uint64_t count_ = 0;
+    std::string path_;
+};
+
+}  // namespace ckpt::container
