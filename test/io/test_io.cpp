@@ -174,3 +174,65 @@ TEST_CASE("safetensors written by hand") {
     CHECK(std::get<std::string>(at(md, {"note"}).v) == "ckptkit");
     CHECK(std::get<Value::Dict>(ck.root.v).size() == 6);
 }
+
+TEST_CASE("every file of the hostile corpus is BadInput with its expected message, nothing executed") {
+    const std::string dir = std::string(CKPT_SOURCE_DIR) + "/test/corpus/bad";
+    std::ifstream in(std::string(CKPT_SOURCE_DIR) + "/test/corpus/bad_expected.json");
+    REQUIRE(in.good());
+    auto expected = nlohmann::json::parse(in);
+    const char* pwned[] = {"/tmp/ckpt_pwned_os", "/tmp/ckpt_pwned_posix", "/tmp/ckpt_pwned_eval",
+                           "/tmp/ckpt_pwned_stack", "/tmp/ckpt_pwned_legacy"};
+    for (auto p : pwned) std::remove(p);
+    std::set<std::string> files;
+    for (const auto& e : fs::directory_iterator(dir))
+        if (e.path().filename() != "README.md") files.insert(e.path().filename().string());
+    CHECK(files.size() == expected.size());
+    CHECK(files.size() >= 90);
+    for (const auto& name : files) {
+        CAPTURE(name);
+        REQUIRE(expected.contains(name));
+        const std::string want = expected[name].get<std::string>();
+        std::string got;
+        CHECK_THROWS_AS(
+            [&] {
+                try {
+                    read_checkpoint(dir + "/" + name);
+                } catch (const BadInput& e) {
+                    got = e.what();
+                    CHECK(e.file == dir + "/" + name);
+                    throw;
+                }
+            }(),
+            BadInput);
+        CAPTURE(got);
+        CHECK(got.find(want) != std::string::npos);
+        CHECK(got.find('\n') == std::string::npos);
+    }
+    for (auto p : pwned) CHECK_MESSAGE(!fs::exists(p), p);
+}
+
+TEST_CASE("Limits are enforced on good files") {
+    Limits l;
+    l.max_memo_entries = 10;
+    CHECK_THROWS_WITH_AS(read_checkpoint(data_path("nested.pt"), l), doctest::Contains("memo exceeds 10 entries"),
+                         BadInput);
+    l = {};
+    l.max_objects = 50;
+    CHECK_THROWS_WITH_AS(read_checkpoint(data_path("nested.pt"), l), doctest::Contains("more than 50 objects"),
+                         BadInput);
+    l = {};
+    l.max_zip_entries = 5;
+    CHECK_THROWS_WITH_AS(read_checkpoint(data_path("nested.pt"), l), doctest::Contains("more than the limit 5"),
+                         BadInput);
+    l = {};
+    l.max_pickle_bytes = 100;
+    CHECK_THROWS_WITH_AS(read_checkpoint(data_path("nested.pt"), l), doctest::Contains("more than the limit 100"),
+                         BadInput);
+    CHECK_THROWS_WITH_AS(read_checkpoint(data_path("legacy.pt"), l), doctest::Contains("longer than 100 bytes"),
+                         BadInput);
+    l = {};
+    l.max_header_bytes = 64;
+    CHECK_THROWS_WITH_AS(read_checkpoint(data_path("tensors.safetensors"), l),
+                         doctest::Contains("exceeds the limit of 64 bytes"), BadInput);
+    CHECK_THROWS_WITH_AS(read_checkpoint("/nonexistent/ckpt.pt"), doctest::Contains("cannot open"), BadInput);
+}
