@@ -78,6 +78,36 @@ def save_expected(name, fmt, obj, extra=None):
         json.dump(exp, f, indent=1)
 
 
+def hand_zip(entries, descriptor_sig):
+    """A stored zip written by hand, every field in ZIP64 form: flag bit 3 with a data descriptor
+    (with or without its 0x08074b50 signature), 'FB' padding so data is 64-byte aligned,
+    central-directory sizes/offsets only in ZIP64 extra fields, ZIP64 end record + locator,
+    and an archive comment."""
+    out, cd = bytearray(), bytearray()
+    for name, data in entries:
+        nb = name.encode()
+        off = len(out)
+        pad = (-(off + 30 + len(nb) + 4)) % 64
+        extra = struct.pack("<HH", 0x4246, pad) + b"Z" * pad
+        out += struct.pack("<IHHHHHIIIHH", 0x04034B50, 45, 8, 0, 0, 0x21, 0, 0, 0, len(nb), len(extra)) + nb + extra
+        out += data
+        crc = zlib.crc32(data)
+        out += (struct.pack("<I", 0x08074B50) if descriptor_sig else b"") + struct.pack("<III", crc, len(data),
+                                                                                        len(data))
+        z64 = struct.pack("<HHQQQ", 1, 24, len(data), len(data), off)
+        cd += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 45, 45, 8, 0, 0, 0x21, crc, 0xFFFFFFFF, 0xFFFFFFFF,
+                          len(nb), len(z64), 0, 0, 0, 0, 0xFFFFFFFF) + nb + z64
+    cd_off = len(out)
+    out += cd
+    z64_off = len(out)
+    n = len(entries)
+    out += struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, n, n, len(cd), cd_off)
+    out += struct.pack("<IIQI", 0x07064B50, 0, z64_off, 1)
+    comment = b"written by make_io_samples.py"
+    out += struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, len(comment)) + comment
+    return bytes(out)
+
+
 def model_and_optim(amsgrad):
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
@@ -139,6 +169,18 @@ def main():
         f.write(b"#" * 100 + data)
     save_expected("prepended.pt", "torch-zip", nested)
 
+    # 4b. the dtype zoo re-zipped by hand: ZIP64 extras, descriptors without signature, comment.
+    with zipfile.ZipFile(os.path.join(OUT, "dtypes.pt")) as z:
+        entries = [(i.filename, z.read(i)) for i in z.infolist()]
+    with open(os.path.join(OUT, "handzip.pt"), "wb") as f:
+        f.write(hand_zip(entries, descriptor_sig=False))
+    save_expected("handzip.pt", "torch-zip", zoo)
+    # 4c. re-zipped by Python's zipfile: no data descriptor, CRCs in the local headers.
+    with zipfile.ZipFile(os.path.join(OUT, "rezipped.pt"), "w", zipfile.ZIP_STORED) as z:
+        for name, data in entries:
+            z.writestr(name, data)
+    save_expected("rezipped.pt", "torch-zip", zoo)
+
     # 5. legacy (non-zip) format.
     torch.save(zoo, os.path.join(OUT, "legacy.pt"), _use_new_zipfile_serialization=False)
     save_expected("legacy.pt", "torch-legacy", zoo)
@@ -171,7 +213,7 @@ def main():
                    "tensors": tensors}, f, indent=1)
 
     # Sanity: torch loads what it wrote.
-    for name in ["nested.pt", "optim_only.pt", "dtypes.pt", "legacy.pt"]:
+    for name in ["nested.pt", "optim_only.pt", "dtypes.pt", "handzip.pt", "rezipped.pt", "legacy.pt"]:
         torch.load(os.path.join(OUT, name))
 
 

@@ -236,3 +236,16 @@ TEST_CASE("Limits are enforced on good files") {
                          doctest::Contains("exceeds the limit of 64 bytes"), BadInput);
     CHECK_THROWS_WITH_AS(read_checkpoint("/nonexistent/ckpt.pt"), doctest::Contains("cannot open"), BadInput);
 }
+
+TEST_CASE("zip variants: ZIP64 extras + descriptors without signature + comment; no descriptors") {
+    // Same objects as dtypes.pt, re-zipped by hand (scripts/make_io_samples.py hand_zip) and by
+    // Python's zipfile (CRC in the local header). torch.load accepts both.
+    check_expected("handzip.pt");
+    check_expected("rezipped.pt");
+    Checkpoint a = read_checkpoint(data_path("handzip.pt"));
+    Checkpoint b = read_checkpoint(data_path("rezipped.pt"));
+    // handzip: descriptor CRC sits right after the data (no signature); rezipped: local header + 14.
+    CHECK(a.storages[0].crc_offsets[0] == a.storages[0].file_offset + a.storages[0].nbytes);
+    CHECK(b.storages[0].crc_offsets[0] < b.storages[0].file_offset);
+    CHECK(b.storages[0].file_offset - b.storages[0].crc_offsets[0] == 30 - 14 + std::string("archive/data/0").size());
+}
