@@ -15,6 +15,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 OUT = os.path.join(ROOT, "test", "corpus", "bad")
 SAMPLES = os.path.join(ROOT, "data", "io")
 CORPUS = []   # (name, bytes, what it violates, expected error substring)
+GOOD = []     # (name, bytes): valid hand-made files -> test/corpus/good/
 
 
 def add(name, data, why, expect):
@@ -304,8 +305,46 @@ def make():
         "header length 1", "too small for a JSON object")
 
 
+def make_good():
+    """Hand-made VALID files for reader paths torch 1.13 does not write by default (checked value by
+    value in test/io/test_io.cpp): allowlisted globals, _rebuild_tensor_v3, _rebuild_parameter, protocol 4."""
+    od = glob("collections", "OrderedDict") + b")R"
+    items = [
+        ("size", glob("torch", "Size") + b"(" + tup([2, 3]) + b"tR"),
+        ("dev", glob("torch", "device") + b"(" + bu("cuda") + pint(1) + b"tR"),
+        ("dt", glob("torch", "bfloat16")),
+        ("set", glob("builtins", "set") + b"(]" + b"(" + pint(1) + pint(2) + b"e" + b"tR"),
+        ("cplx", glob("builtins", "complex") + b"(G" + struct.pack(">d", 1.5) + b"G" + struct.pack(">d", -2.0) + b"tR"),
+        ("ba", glob("__builtin__", "bytearray") + b"(" + glob("_codecs", "encode") + b"(" + bu("a\u00ff") +
+         bu("latin1") + b"tRtR"),
+        ("big", b"\x8a\x09" + (2**64).to_bytes(9, "little")),
+        ("neg", b"\x8a\x01\xff"),
+        ("od", glob("collections", "OrderedDict") + b"(((" + bu("k") + pint(1) + b"t(" + bu("j") + b"N" + b"tl" + b"tR"),
+    ]
+    GOOD.append(("globals.pt", torch_zip(pdict(items))))
+    # protocol 4: FRAME, SHORT_BINUNICODE, MEMOIZE, STACK_GLOBAL; v3 tensor on an UntypedStorage
+    # (numel in bytes) wrapped in _rebuild_parameter.
+    def sbu(t):
+        return b"\x8c" + bytes([len(t)]) + t.encode()
+    def sg(m, n):
+        return sbu(m) + b"\x94" + sbu(n) + b"\x94\x93\x94"
+    body = (b"}\x94" + sbu("p") + b"\x94" + sg("torch._utils", "_rebuild_parameter") + b"(" +
+            sg("torch._utils", "_rebuild_tensor_v3") + b"(" +
+            b"(" + sbu("storage") + sg("torch", "UntypedStorage") + sbu("0") + sbu("cpu") + pint(12) + b"tQ" +
+            pint(1) + tup([2]) + tup([1]) + b"\x89" + od + sg("torch", "float32") + b"tR" +
+            b"\x88" + od + b"tR" + b"s.")
+    pkl = b"\x80\x04\x95" + struct.pack("<Q", len(body)) + body
+    GOOD.append(("v3_param.pt", torch_zip(pkl, {"0": struct.pack("<3f", 1.0, 2.0, 3.0)})))
+
+
 def main():
     make()
+    make_good()
+    good_dir = os.path.join(OUT, "..", "good")
+    os.makedirs(good_dir, exist_ok=True)
+    for name, data in GOOD:
+        with open(os.path.join(good_dir, name), "wb") as f:
+            f.write(data)
     os.makedirs(OUT, exist_ok=True)
     for f in os.listdir(OUT):
         os.remove(os.path.join(OUT, f))

@@ -106,15 +106,16 @@ ZipArchive read_zip(const InputFile& f, const Limits& limits) {
     zip.archive_start = start;
     zip.entries.reserve(count);
     std::unordered_set<std::string> names;
-    // The central directory is bounded by the file size (checked above) and read in one piece.
-    std::string cd = f.read_string(cd_abs, cd_size, "zip central directory");
-    auto* c = reinterpret_cast<const uint8_t*>(cd.data());
-    uint64_t pos = 0;
+    // Streamed record by record: memory stays bounded whatever cd_size claims.
+    RangeReader cdr(f, cd_abs, cd_abs + cd_size);
     for (uint64_t i = 0; i < count; ++i) {
-        const uint64_t rec_abs = cd_abs + pos;
-        if (cd_size - pos < kCentralSize || le32(c + pos) != kCentralSig)
+        const uint64_t rec_abs = cdr.position();
+        uint8_t h[kCentralSize];
+        if (cdr.remaining() < kCentralSize)
             throw bad(fmt::format("zip central directory record {} at offset {} is malformed", i, rec_abs));
-        const uint8_t* h = c + pos;
+        cdr.read(h, kCentralSize, "zip central directory");
+        if (le32(h) != kCentralSig)
+            throw bad(fmt::format("zip central directory record {} at offset {} is malformed", i, rec_abs));
         ZipEntry ent;
         ent.flags = le16(h + 8);
         uint16_t method = le16(h + 10);
@@ -123,11 +124,13 @@ ZipArchive read_zip(const InputFile& f, const Limits& limits) {
         uint64_t name_len = le16(h + 28), extra_len = le16(h + 30), comment_len = le16(h + 32);
         uint64_t local = le32(h + 42);
         uint32_t disk = le16(h + 34);
-        if (cd_size - pos - kCentralSize < name_len + extra_len + comment_len)
+        if (cdr.remaining() < name_len + extra_len + comment_len)
             throw bad(fmt::format("zip central directory record {} at offset {} runs past the directory", i, rec_abs));
-        ent.name.assign(reinterpret_cast<const char*>(h + kCentralSize), name_len);
+        ent.name = cdr.string(name_len, "zip central directory");
+        const std::string extra = cdr.string(extra_len, "zip central directory");
+        cdr.string(comment_len, "zip central directory");
         // ZIP64 extended information: the 0xFFFFFFFF fields follow, in this order.
-        const uint8_t* x = h + kCentralSize + name_len;
+        const auto* x = reinterpret_cast<const uint8_t*>(extra.data());
         for (uint64_t k = 0; k + 4 <= extra_len;) {
             uint16_t id = le16(x + k), len = le16(x + k + 2);
             if (k + 4 + len > extra_len)
@@ -189,7 +192,6 @@ ZipArchive read_zip(const InputFile& f, const Limits& limits) {
         }
         ent.crc_offsets.push_back(rec_abs + 16);
         zip.entries.push_back(std::move(ent));
-        pos += kCentralSize + name_len + extra_len + comment_len;
     }
     // Entries must not share bytes: each one's data ends before the next local header.
     std::vector<const ZipEntry*> order;

@@ -249,3 +249,49 @@ TEST_CASE("zip variants: ZIP64 extras + descriptors without signature + comment;
     CHECK(b.storages[0].crc_offsets[0] < b.storages[0].file_offset);
     CHECK(b.storages[0].file_offset - b.storages[0].crc_offsets[0] == 30 - 14 + std::string("archive/data/0").size());
 }
+
+TEST_CASE("hand-made valid pickles: allowlisted globals render as values") {
+    // torch 1.13 loads this file as {'size': torch.Size([2, 3]), 'dev': device('cuda:1'),
+    // 'dt': torch.bfloat16, 'set': {1, 2}, 'cplx': (1.5-2j), 'ba': bytearray(b'a\xff'),
+    // 'big': 2**64, 'neg': -1, 'od': OrderedDict([('k', 1), ('j', None)])}.
+    Checkpoint ck = read_checkpoint(std::string(CKPT_SOURCE_DIR) + "/test/corpus/good/globals.pt");
+    CHECK(ck.storages.empty());
+    const auto& size = at(ck.root, {"size"});
+    CHECK(size.is_tuple);
+    const auto& dims = std::get<Value::List>(size.v);
+    REQUIRE(dims.size() == 2);
+    CHECK(std::get<int64_t>(dims[0].v) == 2);
+    CHECK(std::get<int64_t>(dims[1].v) == 3);
+    CHECK(std::get<std::string>(at(ck.root, {"dev"}).v) == "cuda:1");
+    CHECK(std::get<std::string>(at(ck.root, {"dt"}).v) == "torch.bfloat16");
+    const auto& set = std::get<Value::List>(at(ck.root, {"set"}).v);
+    REQUIRE(set.size() == 2);
+    CHECK(std::get<int64_t>(set[1].v) == 2);
+    const auto& c = std::get<Value::List>(at(ck.root, {"cplx"}).v);
+    REQUIRE(c.size() == 2);
+    CHECK(std::get<double>(c[0].v) == 1.5);
+    CHECK(std::get<double>(c[1].v) == -2.0);
+    CHECK(at(ck.root, {"ba"}).is_bytes);
+    CHECK(std::get<std::string>(at(ck.root, {"ba"}).v) == "a\xff");
+    CHECK(std::get<double>(at(ck.root, {"big"}).v) == 18446744073709551616.0);
+    CHECK(std::get<int64_t>(at(ck.root, {"neg"}).v) == -1);
+    const auto& od = std::get<Value::Dict>(at(ck.root, {"od"}).v);
+    REQUIRE(od.size() == 2);
+    CHECK(std::get<std::string>(od[1].first.v) == "j");
+    CHECK(std::holds_alternative<Value::None>(od[1].second.v));
+}
+
+TEST_CASE("hand-made protocol 4 pickle: _rebuild_parameter(_rebuild_tensor_v3(UntypedStorage))") {
+    Checkpoint ck = read_checkpoint(std::string(CKPT_SOURCE_DIR) + "/test/corpus/good/v3_param.pt");
+    REQUIRE(ck.storages.size() == 1);
+    REQUIRE(ck.tensors.size() == 1);
+    CHECK(ck.storages[0].dtype == DType::U8);   // untyped: numel in bytes
+    CHECK(ck.storages[0].numel == 12);
+    const auto& t = ck.tensors[0];
+    CHECK(t.path == "p");
+    CHECK(t.dtype == DType::F32);
+    CHECK(t.storage_offset == 1);
+    CHECK(t.shape == std::vector<int64_t>{2});
+    CHECK(t.stride == std::vector<int64_t>{1});
+    CHECK(std::get<Value::Tensor>(at(ck.root, {"p"}).v).index == 0);
+}
