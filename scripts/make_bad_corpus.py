@@ -301,6 +301,9 @@ def make():
         "__metadata__ value is a number", "is not a string")
     add("st_metadata_not_object.safetensors", st({"__metadata__": ["x"]}, b""), "__metadata__ is a list",
         "__metadata__ is not an object")
+    add("st_name_with_newline.safetensors", st({"a\nb": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}},
+                                               b"\0" * 8), "bad tensor whose name holds a newline (error stays one line)",
+        "tensor 'a?b'")
     add("st_header_len_too_small.safetensors", st(raw_header=b"{", n=1, pad=False) + b"\0" * 8,
         "header length 1", "too small for a JSON object")
 

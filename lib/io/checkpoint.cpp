@@ -145,7 +145,30 @@ void finalize_checkpoint(Checkpoint& ck) {
 
 }  // namespace io
 
+namespace {
+/// Error text is built from hostile names (zip entries, tensor names, storage keys): keep it
+/// one printable line of bounded length.
+std::string one_line(const std::string& s) {
+    constexpr std::size_t kMax = 600;
+    std::string out;
+    for (unsigned char c : s.substr(0, kMax)) out.push_back(c < 0x20 || c == 0x7f ? '?' : static_cast<char>(c));
+    if (s.size() > kMax) out += "...";
+    return out;
+}
+
+Checkpoint read_any(const std::string& path, const Limits& limits);
+}  // namespace
+
 Checkpoint read_checkpoint(const std::string& path, const Limits& limits) {
+    try {
+        return read_any(path, limits);
+    } catch (const BadInput& e) {
+        throw BadInput(e.file, one_line(e.what()));
+    }
+}
+
+namespace {
+Checkpoint read_any(const std::string& path, const Limits& limits) {
     io::InputFile f(path);
     uint8_t head[16] = {};
     std::size_t n = static_cast<std::size_t>(std::min<uint64_t>(f.size(), sizeof head));
@@ -169,5 +192,6 @@ Checkpoint read_checkpoint(const std::string& path, const Limits& limits) {
     io::finalize_checkpoint(ck);
     return ck;
 }
+}  // namespace
 
 }  // namespace ckpt
