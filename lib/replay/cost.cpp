@@ -1,0 +1,126 @@
+// Cost model and planner registry (see planner.h).
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "replay/planner.h"
+
+namespace ckpt::replay {
+
+const char* decision_name(Decision d) {
+    switch (d) {
+        case Decision::Keep: return "keep";
+        case Decision::Recompute: return "recompute";
+        case Decision::Snapshot: return "recompute+snapshot";
+        case Decision::Selective: return "recompute+selective";
+    }
+    return "?";
+}
+
+std::optional<Decision> decision_from_name(const std::string& s) {
+    for (Decision d : kAllDecisions)
+        if (s == decision_name(d)) return d;
+    return std::nullopt;
+}
+
+Problem::Problem(const Trace& t) : trace(&t), contracts(derive_contracts(t)) {}
+
+namespace {
+int64_t ms_to_ns(double ms) { return static_cast<int64_t>(std::llround(ms * 1e6)); }
+// Copy time of `bytes` at `gbps` GB/s (1 GB/s = 1 byte/ns), rounded up.
+int64_t copy_ns(uint64_t bytes, double gbps) {
+    return static_cast<int64_t>(std::ceil(static_cast<double>(bytes) / gbps));
+}
+}  // namespace
+
+OptionCost Problem::cost(size_t i, Decision d) const {
+    const Segment& s = trace->segments.at(i);
+    const Contract& c = contracts.at(i);
+    int64_t base = ms_to_ns(s.forward_ms) + ms_to_ns(s.backward_ms);
+    OptionCost o;
+    if (d == Decision::Keep) {
+        o.held = s.saved_bytes;
+        o.work = s.saved_bytes + s.transient_bytes;
+        o.time_ns = base;
+        return o;
+    }
+    o.held = s.input_bytes;
+    o.time_ns = base + ms_to_ns(s.forward_ms);
+    if (d == Decision::Recompute) {
+        o.work = o.held + s.saved_bytes + s.transient_bytes;
+        return o;
+    }
+    // Preserved at forward, held to backward: whole buffers or hazardous regions + metadata.
+    uint64_t preserved = 0, stash = 0;
+    for (const auto& r : c.restore) {
+        preserved += d == Decision::Snapshot
+                         ? r.bytes
+                         : r.region_bytes() + kRegionMetaBytes * r.regions.size();
+        stash += r.bytes;   // the buffer rebuilt at the read version for the recompute
+    }
+    for (const auto& w : c.discard) {
+        bool restored = false;
+        for (const auto& r : c.restore) restored = restored || r.buffer == w.buffer;
+        if (!restored) stash += w.bytes;   // scratch copy the recompute writes into
+    }
+    for (const auto& g : c.rng) preserved += g.state_bytes;
+    o.preserved = preserved;
+    o.held += preserved;
+    o.work = o.held + s.saved_bytes + s.transient_bytes + stash;
+    o.time_ns += copy_ns(2 * preserved + stash, trace->copy_gbps);
+    return o;
+}
+
+std::vector<Decision> Problem::safe_options(size_t i) const {
+    const Contract& c = contracts.at(i);
+    if (!c.stateful()) return {Decision::Keep, Decision::Recompute};
+    if (c.restore.empty()) return {Decision::Keep, Decision::Snapshot};
+    return {Decision::Keep, Decision::Snapshot, Decision::Selective};
+}
+
+Evaluation evaluate(const Problem& p, const std::vector<Decision>& d) {
+    if (d.size() != p.size()) throw std::invalid_argument("decision count != segment count");
+    Evaluation e;
+    uint64_t prefix = 0, peak = 0;
+    for (size_t i = 0; i < d.size(); ++i) {
+        OptionCost o = p.cost(i, d[i]);
+        peak = std::max(peak, prefix + o.work);
+        prefix += o.held;
+        e.step_time_ns += o.time_ns;
+    }
+    e.peak_bytes = p.fixed() + std::max(peak, prefix);
+    return e;
+}
+
+PlanResult finish_plan(const Problem& p, const std::string& planner, uint64_t budget,
+                       std::vector<Decision> d) {
+    PlanResult r;
+    r.planner = planner;
+    r.budget_bytes = budget;
+    if (!d.empty() && evaluate(p, d).peak_bytes > budget) d.clear();
+    if (d.empty()) {
+        std::vector<Decision> minimal(p.size());
+        for (size_t i = 0; i < p.size(); ++i) {
+            minimal[i] = Decision::Keep;
+            for (Decision o : p.safe_options(i))
+                if (p.cost(i, o).held < p.cost(i, minimal[i]).held) minimal[i] = o;
+        }
+        r.min_peak_bytes = evaluate(p, minimal).peak_bytes;
+        return r;
+    }
+    Evaluation e = evaluate(p, d);
+    r.peak_bytes = e.peak_bytes;
+    r.step_time_ns = e.step_time_ns;
+    r.feasible = true;
+    for (size_t i = 0; i < d.size(); ++i)
+        if (d[i] == Decision::Recompute && p.contracts[i].stateful()) {
+            r.safe = false;
+            for (const auto& h : p.contracts[i].hazards)
+                r.unsafe.push_back(fmt::format("{}: {}", p.trace->segments[i].name, h));
+        }
+    r.decisions = std::move(d);
+    return r;
+}
+
+}  // namespace ckpt::replay

@@ -1,0 +1,212 @@
+// Plan JSON, summary, SVG, budget parsing (see plan_io.h, formats/plan.md).
+#include "replay/plan_io.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace ckpt::replay {
+
+using json = nlohmann::json;
+
+namespace {
+json regions_json(const std::vector<Region>& rs) {
+    json a = json::array();
+    for (const auto& r : rs) a.push_back({r.offset, r.length});
+    return a;
+}
+
+json contract_json(const Contract& c, Decision d) {
+    json restore = json::array(), rng = json::array(), discard = json::array();
+    if (d == Decision::Snapshot || d == Decision::Selective) {
+        for (const auto& r : c.restore) {
+            json o = {{"buffer", r.buffer}, {"version", r.version}, {"bytes", r.bytes},
+                      {"mode", d == Decision::Snapshot ? "whole" : "regions"}};
+            if (d == Decision::Selective) o["regions"] = regions_json(r.regions);
+            restore.push_back(o);
+        }
+        for (const auto& g : c.rng) rng.push_back({{"stream", g.stream}, {"state_bytes", g.state_bytes}});
+        for (const auto& x : c.discard)
+            discard.push_back({{"buffer", x.buffer}, {"version_written", x.version_written},
+                               {"regions", regions_json(x.regions)}});
+    }
+    return {{"id", c.id}, {"restore", restore}, {"rng", rng}, {"discard", discard}};
+}
+
+json counts_json(const PlanResult& r) {
+    json c = json::object();
+    for (Decision d : kAllDecisions) c[decision_name(d)] = 0;
+    for (Decision d : r.decisions) c[decision_name(d)] = c[decision_name(d)].get<int>() + 1;
+    return c;
+}
+
+double to_ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
+}  // namespace
+
+json plan_to_json(const Problem& p, const std::string& trace_path, const std::string& planner,
+                  const std::vector<PlanResult>& results) {
+    json budgets = json::array();
+    for (const auto& r : results) {
+        json segs = json::array();
+        for (size_t i = 0; i < r.decisions.size(); ++i) {
+            OptionCost c = p.cost(i, r.decisions[i]);
+            json s = {{"name", p.trace->segments[i].name},
+                      {"decision", decision_name(r.decisions[i])},
+                      {"held_bytes", c.held},
+                      {"preserved_bytes", c.preserved}};
+            if (r.decisions[i] != Decision::Keep) s["contract"] = contract_json(p.contracts[i], r.decisions[i]);
+            segs.push_back(s);
+        }
+        json b = {{"budget_bytes", r.budget_bytes}, {"feasible", r.feasible},
+                  {"exact", r.exact},             {"peak_bytes", r.peak_bytes},
+                  {"step_time_ms", to_ms(r.step_time_ns)}, {"safe", r.safe},
+                  {"unsafe", r.unsafe},           {"decisions", counts_json(r)},
+                  {"segments", segs}};
+        if (!r.feasible) b["min_peak_bytes"] = r.min_peak_bytes;
+        budgets.push_back(b);
+    }
+    return {{"format", "ckptkit-plan"},
+            {"format_version", 1},
+            {"trace", {{"path", trace_path}, {"hash", p.trace->hash}, {"model", p.trace->model},
+                       {"segments", p.size()}, {"fixed_bytes", p.fixed()}}},
+            {"planner", planner},
+            {"budgets", budgets}};
+}
+
+json summary_json(const std::string& planner, const std::vector<PlanResult>& results) {
+    json budgets = json::array();
+    for (const auto& r : results)
+        budgets.push_back({{"budget_bytes", r.budget_bytes}, {"feasible", r.feasible},
+                           {"peak_bytes", r.peak_bytes}, {"step_time_ms", to_ms(r.step_time_ns)},
+                           {"safe", r.safe}, {"decisions", counts_json(r)}});
+    return {{"planner", planner}, {"budgets", budgets}};
+}
+
+std::string sweep_svg(const std::vector<std::pair<std::string, std::vector<PlanResult>>>& curves,
+                      const std::string& title) {
+    const double W = 720, H = 440, L = 80, R = 150, T = 40, B = 60;
+    double xmin = 1e300, xmax = -1e300, ymin = 1e300, ymax = -1e300;
+    const double gib = 1024.0 * 1024 * 1024;
+    for (const auto& [name, rs] : curves)
+        for (const auto& r : rs) {
+            xmin = std::min(xmin, r.budget_bytes / gib);
+            xmax = std::max(xmax, r.budget_bytes / gib);
+            if (r.feasible) {
+                ymin = std::min(ymin, to_ms(r.step_time_ns));
+                ymax = std::max(ymax, to_ms(r.step_time_ns));
+            }
+        }
+    if (xmin > xmax) xmin = 0, xmax = 1;
+    if (xmax == xmin) xmax = xmin + 1;
+    if (ymin > ymax) ymin = 0, ymax = 1;
+    double pad = (ymax - ymin) * 0.05 + 1e-9;
+    ymin -= pad, ymax += pad;
+    auto X = [&](double v) { return L + (v - xmin) / (xmax - xmin) * (W - L - R); };
+    auto Y = [&](double v) { return H - B - (v - ymin) / (ymax - ymin) * (H - T - B); };
+    const char* colors[] = {"#d62728", "#1f77b4", "#ff7f0e", "#2ca02c", "#7f7f7f", "#9467bd"};
+    std::string s = fmt::format(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+        "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+        "fill=\"white\"/>\n<text x=\"{}\" y=\"24\" font-size=\"14\">{}</text>\n",
+        W, H, L, title);
+    s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", L, H - B, W - R, H - B);
+    s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", L, T, L, H - B);
+    for (int k = 0; k <= 5; ++k) {
+        double xv = xmin + (xmax - xmin) * k / 5, yv = ymin + (ymax - ymin) * k / 5;
+        s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:.2f}</text>\n", X(xv), H - B + 18, xv);
+        s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.3g}</text>\n", L - 6, Y(yv) + 4, yv);
+    }
+    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">budget (GiB)</text>\n", (L + W - R) / 2, H - 15);
+    s += fmt::format("<text x=\"20\" y=\"{}\" transform=\"rotate(-90 20 {})\" text-anchor=\"middle\">"
+                     "predicted step time (ms)</text>\n", (T + H - B) / 2, (T + H - B) / 2);
+    for (size_t c = 0; c < curves.size(); ++c) {
+        const char* col = colors[c % 6];
+        std::string pts;
+        auto flush = [&]() {
+            if (!pts.empty())
+                s += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n", col, pts);
+            pts.clear();
+        };
+        for (const auto& r : curves[c].second) {
+            if (!r.feasible) { flush(); continue; }
+            double x = X(r.budget_bytes / gib), y = Y(to_ms(r.step_time_ns));
+            pts += fmt::format("{:.1f},{:.1f} ", x, y);
+            s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"{}\"/>\n", x, y, col);
+        }
+        flush();
+        s += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 10, T + 16 * (c + 1), col, curves[c].first);
+    }
+    s += "</svg>\n";
+    return s;
+}
+
+uint64_t parse_bytes(const std::string& s) {
+    size_t pos = 0;
+    double v;
+    try {
+        v = std::stod(s, &pos);
+    } catch (const std::exception&) {
+        throw std::invalid_argument("not a size: '" + s + "'");
+    }
+    std::string unit = s.substr(pos);
+    static const std::map<std::string, double> units = {
+        {"", 1},         {"B", 1},         {"K", 1e3},         {"KB", 1e3},
+        {"M", 1e6},      {"MB", 1e6},      {"G", 1e9},         {"GB", 1e9},
+        {"T", 1e12},     {"TB", 1e12},     {"KiB", 1024.0},    {"MiB", 1048576.0},
+        {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+    auto it = units.find(unit);
+    if (it == units.end() || !std::isfinite(v) || v < 0)
+        throw std::invalid_argument("not a size: '" + s + "' (use e.g. 44GiB, 32GB, 512MiB)");
+    double b = std::round(v * it->second);
+    if (b >= 1.8e19) throw std::invalid_argument("size too large: '" + s + "'");
+    return static_cast<uint64_t>(b);
+}
+
+std::vector<uint64_t> parse_sweep(const std::string& s) {
+    auto a = s.find(':'), b = s.find(':', a == std::string::npos ? a : a + 1);
+    if (a == std::string::npos || b == std::string::npos)
+        throw std::invalid_argument("sweep must be MIN:MAX:STEP, got '" + s + "'");
+    uint64_t lo = parse_bytes(s.substr(0, a)), hi = parse_bytes(s.substr(a + 1, b - a - 1)),
+             step = parse_bytes(s.substr(b + 1));
+    if (step == 0 || lo > hi) throw std::invalid_argument("sweep needs MIN <= MAX and STEP > 0");
+    if ((hi - lo) / step >= 10000) throw std::invalid_argument("sweep has more than 10000 points");
+    std::vector<uint64_t> out;
+    for (uint64_t v = lo; v <= hi; v += step) out.push_back(v);
+    return out;
+}
+
+std::string human_bytes(uint64_t b) {
+    const char* u[] = {"KiB", "MiB", "GiB", "TiB"};
+    if (b < 1024) return fmt::format("{} B", b);
+    double v = static_cast<double>(b);
+    int k = -1;
+    while (v >= 1024 && k < 3) v /= 1024, ++k;
+    return fmt::format("{:.2f} {}", v, u[k]);
+}
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+    std::string tmp = fmt::format("{}.tmp{}", path, static_cast<long>(getpid()));
+    {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        if (!out) throw std::runtime_error("cannot write " + path);
+        out << text;
+        out.flush();
+        if (!out) {
+            std::remove(tmp.c_str());
+            throw std::runtime_error("cannot write " + path);
+        }
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::remove(tmp.c_str());
+        throw std::runtime_error("cannot rename into " + path);
+    }
+}
+
+}  // namespace ckpt::replay

@@ -1,0 +1,42 @@
+// Plan output (formats/plan.md): the plan JSON, the --json summary, the sweep SVG, and
+// budget parsing for the command line.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "replay/planner.h"
+
+namespace ckpt::replay {
+
+/// The plan file: trace identity, planner, and per budget the decisions with contracts.
+nlohmann::json plan_to_json(const Problem& p, const std::string& trace_path,
+                            const std::string& planner, const std::vector<PlanResult>& results);
+
+/// The --json summary object: planner + per budget budget_bytes, feasible, peak_bytes,
+/// step_time_ms, safe, decisions (count per kind).
+nlohmann::json summary_json(const std::string& planner, const std::vector<PlanResult>& results);
+
+/// SVG line plot of predicted step time (ms) against budget (GiB), one polyline per planner;
+/// infeasible budgets are gaps. `curves` = (planner, results over the same budgets).
+std::string sweep_svg(const std::vector<std::pair<std::string, std::vector<PlanResult>>>& curves,
+                      const std::string& title);
+
+/// Parse "44GiB", "32GB", "512MiB", "1.5TiB", "123" (bytes). Binary (Ki/Mi/Gi/Ti) and decimal
+/// (K/M/G/T, optional B) units. Throws std::invalid_argument on anything else or overflow.
+uint64_t parse_bytes(const std::string& s);
+
+/// Parse "MIN:MAX:STEP" (each as parse_bytes) into the budgets MIN, MIN+STEP, ... <= MAX.
+/// Throws std::invalid_argument (bad syntax, STEP 0, MIN > MAX, more than 10000 points).
+std::vector<uint64_t> parse_sweep(const std::string& s);
+
+/// "43.50 GiB" style rendering (binary units, 2 decimals; bytes below 1 KiB).
+std::string human_bytes(uint64_t b);
+
+/// Write `text` to `path` through a temporary file in the same folder and rename. Throws
+/// std::runtime_error on I/O failure (the temporary is removed).
+void write_file_atomic(const std::string& path, const std::string& text);
+
+}  // namespace ckpt::replay

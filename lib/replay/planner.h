@@ -1,0 +1,106 @@
+// Recomputation planning (SPEC §3.3): decisions, the cost model, and the planner interface.
+// One strategy per file (planner_*.cpp), chosen by name, as in Checkmate's solver set.
+//
+// Cost model (formats/plan.md "Cost model"): segments run forward in order and backward in
+// reverse. H_i = bytes segment i holds from its forward to its backward; W_i = bytes live
+// above H_{<i} while segment i computes (forward, or recompute in backward). Predicted
+// peak = fixed + max(H_0+..+H_{n-1}, max_i (H_0+..+H_{i-1} + W_i)). Predicted step time =
+// sum of forward + backward times + recompute forward times + copies at device copy bandwidth.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "replay/contract.h"
+#include "replay/trace.h"
+
+namespace ckpt::replay {
+
+/// Per-segment decision. Names as in SPEC §3.3.
+enum class Decision : uint8_t { Keep, Recompute, Snapshot, Selective };
+inline constexpr Decision kAllDecisions[] = {Decision::Keep, Decision::Recompute,
+                                             Decision::Snapshot, Decision::Selective};
+/// "keep", "recompute", "recompute+snapshot", "recompute+selective".
+const char* decision_name(Decision d);
+/// Inverse of decision_name; nullopt for an unknown name.
+std::optional<Decision> decision_from_name(const std::string& s);
+
+/// Cost of one decision on one segment: held (H_i, bytes), work (W_i, bytes), time (ns).
+struct OptionCost {
+    uint64_t held = 0;
+    uint64_t work = 0;
+    int64_t time_ns = 0;
+    uint64_t preserved = 0;   ///< bytes of snapshot/selective copies inside `held`
+};
+
+/// A trace with its contracts, ready for planning.
+struct Problem {
+    const Trace* trace = nullptr;
+    std::vector<Contract> contracts;
+
+    /// Derives the contracts of `t` (which must outlive the Problem).
+    explicit Problem(const Trace& t);
+    size_t size() const { return contracts.size(); }
+    uint64_t fixed() const { return trace->fixed_bytes(); }
+    /// Runtime cost of decision d on segment i. Recompute on a stateful segment is costed as
+    /// a plain recompute (what an unsafe plan would do).
+    OptionCost cost(size_t i, Decision d) const;
+    /// Decisions that honour segment i's contract: keep and recompute when it is stateless;
+    /// keep, recompute+snapshot and (when it has buffers to restore) recompute+selective.
+    std::vector<Decision> safe_options(size_t i) const;
+};
+
+/// Predicted peak (bytes, fixed memory included) and step time (ns) of a decision vector.
+struct Evaluation {
+    uint64_t peak_bytes = 0;
+    int64_t step_time_ns = 0;
+};
+/// Evaluate decisions (size must equal p.size(), else std::invalid_argument).
+Evaluation evaluate(const Problem& p, const std::vector<Decision>& d);
+
+/// One planner's answer for one budget.
+struct PlanResult {
+    std::string planner;
+    uint64_t budget_bytes = 0;
+    bool feasible = false;
+    bool exact = true;                  ///< false only if the joint DP had to quantise
+    uint64_t peak_bytes = 0;            ///< predicted (0 when infeasible)
+    int64_t step_time_ns = 0;           ///< predicted (0 when infeasible)
+    std::vector<Decision> decisions;    ///< empty when infeasible
+    bool safe = true;                   ///< every decision honours its contract
+    std::vector<std::string> unsafe;    ///< "segment: hazard" per broken contract
+    uint64_t min_peak_bytes = 0;        ///< infeasible: peak when recomputing everything
+};
+
+/// Fill peak, time, feasibility and safety for `d` (empty d = infeasible).
+PlanResult finish_plan(const Problem& p, const std::string& planner, uint64_t budget,
+                       std::vector<Decision> d);
+
+/// A planning strategy.
+class Planner {
+public:
+    virtual ~Planner() = default;
+    virtual std::string name() const = 0;
+    /// Plan for `budget` bytes (fixed memory included). Never throws for infeasibility.
+    virtual PlanResult plan(const Problem& p, uint64_t budget) const = 0;
+};
+
+/// The planner called `name` (joint, eager, stateless, all, none, brute); throws
+/// std::invalid_argument for other names.
+std::unique_ptr<Planner> make_planner(const std::string& name);
+/// Names accepted by the tool's --planner, in plot order.
+std::vector<std::string> planner_names();
+
+/// Exact minimum-time DP shared by the joint and stateless planners: over segments in forward
+/// order with a Pareto frontier of (held prefix bytes, time); states with more held bytes and
+/// more time are dominated because every constraint is monotone in the held prefix. Exact
+/// unless the frontier exceeds max_states, in which case held bytes are rounded up to a
+/// quantum (still a feasible plan; *exact = false). Returns nullopt when no plan fits.
+std::optional<std::vector<Decision>> min_time_plan(
+    const Problem& p, uint64_t budget,
+    const std::vector<std::vector<Decision>>& options, bool* exact,
+    size_t max_states = 200000);
+
+}  // namespace ckpt::replay

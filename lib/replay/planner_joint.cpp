@@ -1,0 +1,22 @@
+// The joint planner (SPEC §3.3): minimum predicted step time subject to predicted peak <=
+// budget over keep / recompute / recompute+snapshot / recompute+selective, honouring every
+// contract. Exact (Pareto DP, min_time_plan); proven against brute force in
+// test/replay/test_planners.cpp.
+#include "replay/planner.h"
+#include "replay/planner_impl.h"
+
+namespace ckpt::replay {
+
+std::string JointPlanner::name() const { return "joint"; }
+
+PlanResult JointPlanner::plan(const Problem& p, uint64_t budget) const {
+    std::vector<std::vector<Decision>> options;
+    for (size_t i = 0; i < p.size(); ++i) options.push_back(p.safe_options(i));
+    bool exact = true;
+    auto d = min_time_plan(p, budget, options, &exact);
+    PlanResult r = finish_plan(p, name(), budget, d ? *d : std::vector<Decision>{});
+    r.exact = exact;
+    return r;
+}
+
+}  // namespace ckpt::replay

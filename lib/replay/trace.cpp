@@ -1,0 +1,270 @@
+// Trace reading, validation and serialisation (formats/trace.md).
+#include "replay/trace.h"
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace ckpt::replay {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kFormat = "ckptkit-trace";
+
+// Field access with a clear message (the path of the field) on a missing or mistyped field.
+struct Reader {
+    const std::string& file;
+    [[noreturn]] void fail(const std::string& what) const { throw BadInput(file, what); }
+    const json& field(const json& o, const char* key, const std::string& where) const {
+        if (!o.is_object()) fail(where + ": expected an object");
+        auto it = o.find(key);
+        if (it == o.end()) fail(fmt::format("{}: missing field '{}'", where, key));
+        return *it;
+    }
+    uint64_t u64(const json& o, const char* key, const std::string& where) const {
+        const json& v = field(o, key, where);
+        if (v.is_number_unsigned()) return v.get<uint64_t>();
+        if (v.is_number_integer() && v.get<int64_t>() >= 0) return v.get<uint64_t>();
+        fail(fmt::format("{}.{}: expected a non-negative integer", where, key));
+    }
+    uint64_t u64_or(const json& o, const char* key, const std::string& where, uint64_t d) const {
+        return o.contains(key) ? u64(o, key, where) : d;
+    }
+    double ms(const json& o, const char* key, const std::string& where) const {
+        const json& v = field(o, key, where);
+        if (!v.is_number()) fail(fmt::format("{}.{}: expected a number", where, key));
+        double d = v.get<double>();
+        if (!std::isfinite(d) || d < 0 || d > 1e12)
+            fail(fmt::format("{}.{}: expected a finite non-negative time", where, key));
+        return d;
+    }
+    std::string str(const json& o, const char* key, const std::string& where) const {
+        const json& v = field(o, key, where);
+        if (!v.is_string()) fail(fmt::format("{}.{}: expected a string", where, key));
+        return v.get<std::string>();
+    }
+    const json& arr(const json& o, const char* key, const std::string& where) const {
+        const json& v = field(o, key, where);
+        if (!v.is_array()) fail(fmt::format("{}.{}: expected an array", where, key));
+        return v;
+    }
+};
+
+std::vector<Region> read_regions(const Reader& r, const json& a, const std::string& where,
+                                 uint64_t size) {
+    std::vector<Region> out;
+    uint64_t prev_end = 0;
+    for (size_t k = 0; k < a.size(); ++k) {
+        const json& p = a[k];
+        auto w = fmt::format("{}.regions[{}]", where, k);
+        if (!p.is_array() || p.size() != 2 || !p[0].is_number_unsigned() ||
+            !p[1].is_number_unsigned())
+            r.fail(w + ": expected [offset, length]");
+        Region g{p[0].get<uint64_t>(), p[1].get<uint64_t>()};
+        if (g.length == 0 || g.offset > size || g.length > size - g.offset)
+            r.fail(fmt::format("{}: [{}, {}] outside the buffer's {} bytes", w, g.offset,
+                               g.length, size));
+        if (k > 0 && g.offset < prev_end) r.fail(w + ": regions overlap or are not sorted");
+        prev_end = g.offset + g.length;
+        out.push_back(g);
+    }
+    return out;
+}
+
+}  // namespace
+
+std::string fnv1a64_hex(const std::string& bytes) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : bytes) {
+        h ^= c;
+        h *= 1099511628211ull;
+    }
+    return fmt::format("{:016x}", h);
+}
+
+Trace trace_from_json(const json& j, const std::string& file) {
+    Reader r{file};
+    if (!j.is_object()) r.fail("expected a JSON object");
+    if (r.str(j, "format", "trace") != kFormat)
+        r.fail(fmt::format("format is not '{}'", kFormat));
+    if (r.u64(j, "format_version", "trace") != 1)
+        r.fail("unsupported format_version (this tool reads 1)");
+    Trace t;
+    t.source = j.value("source", "");
+    t.model = j.value("model", "");
+    if (j.contains("device")) {
+        const json& d = j["device"];
+        if (d.contains("copy_gbps")) {
+            t.copy_gbps = r.ms(d, "copy_gbps", "device");
+            if (t.copy_gbps <= 0) r.fail("device.copy_gbps must be positive");
+        }
+    }
+    const json& fixed = r.field(j, "fixed", "trace");
+    t.param_bytes = r.u64(fixed, "param_bytes", "fixed");
+    t.grad_bytes = r.u64(fixed, "grad_bytes", "fixed");
+    t.optimizer_bytes = r.u64(fixed, "optimizer_bytes", "fixed");
+
+    std::map<std::string, uint64_t> size, version;
+    const json& bufs = r.arr(j, "buffers", "trace");
+    for (size_t k = 0; k < bufs.size(); ++k) {
+        auto w = fmt::format("buffers[{}]", k);
+        BufferInfo b{r.str(bufs[k], "id", w), r.u64(bufs[k], "bytes", w)};
+        if (size.count(b.id)) r.fail(fmt::format("{}: duplicate buffer id '{}'", w, b.id));
+        size[b.id] = b.bytes;
+        version[b.id] = 0;
+        t.buffers.push_back(b);
+    }
+    const json& segs = r.arr(j, "segments", "trace");
+    if (segs.empty()) r.fail("trace has no segments");
+    std::map<std::string, int> names;
+    for (size_t i = 0; i < segs.size(); ++i) {
+        const json& s = segs[i];
+        auto w = fmt::format("segments[{}]", i);
+        Segment g;
+        g.name = r.str(s, "name", w);
+        if (g.name.empty() || names.count(g.name))
+            r.fail(fmt::format("{}: empty or duplicate segment name '{}'", w, g.name));
+        names[g.name] = 1;
+        g.forward_ms = r.ms(s, "forward_ms", w);
+        g.backward_ms = s.contains("backward_ms") ? r.ms(s, "backward_ms", w) : 2 * g.forward_ms;
+        g.saved_bytes = r.u64(s, "saved_bytes", w);
+        g.input_bytes = r.u64_or(s, "input_bytes", w, 0);
+        g.output_bytes = r.u64(s, "output_bytes", w);
+        g.transient_bytes = r.u64_or(s, "transient_bytes", w, 0);
+        const json& st = s.contains("state") ? r.arr(s, "state", w) : json::array();
+        for (size_t k = 0; k < st.size(); ++k) {
+            const json& a = st[k];
+            auto wa = fmt::format("{}.state[{}]", w, k);
+            StateAccess acc;
+            acc.buffer = r.str(a, "buffer", wa);
+            if (!size.count(acc.buffer))
+                r.fail(fmt::format("{}: buffer '{}' is not in the buffers list", wa, acc.buffer));
+            acc.read = a.value("read", true);
+            acc.version_read = r.u64(a, "version_read", wa);
+            acc.bytes_read = r.u64_or(a, "bytes_read", wa, size[acc.buffer]);
+            if (acc.version_read != version[acc.buffer])
+                r.fail(fmt::format("{}: reads '{}' at version {} but it is at version {}", wa,
+                                   acc.buffer, acc.version_read, version[acc.buffer]));
+            if (acc.bytes_read != size[acc.buffer])
+                r.fail(fmt::format("{}: bytes_read {} but '{}' holds {} bytes", wa,
+                                   acc.bytes_read, acc.buffer, size[acc.buffer]));
+            acc.written = a.contains("version_written");
+            if (acc.written) {
+                acc.version_written = r.u64(a, "version_written", wa);
+                if (acc.version_written <= acc.version_read)
+                    r.fail(wa + ": version_written must exceed version_read");
+                acc.bytes_written = r.u64_or(a, "bytes_written", wa, acc.bytes_read);
+                acc.regions = read_regions(r, r.arr(a, "regions", wa), wa, acc.bytes_written);
+                version[acc.buffer] = acc.version_written;
+                size[acc.buffer] = acc.bytes_written;
+            }
+            g.state.push_back(std::move(acc));
+        }
+        const json& rng = s.contains("rng") ? r.arr(s, "rng", w) : json::array();
+        for (size_t k = 0; k < rng.size(); ++k) {
+            auto wr = fmt::format("{}.rng[{}]", w, k);
+            g.rng.push_back({r.str(rng[k], "stream", wr), r.u64(rng[k], "state_bytes", wr)});
+        }
+        t.segments.push_back(std::move(g));
+    }
+    if (j.contains("backward_order")) {
+        const json& bo = r.arr(j, "backward_order", "trace");
+        bool reverse = bo.size() == t.segments.size();
+        for (size_t k = 0; reverse && k < bo.size(); ++k)
+            reverse = bo[k].is_string() &&
+                      bo[k].get<std::string>() == t.segments[t.segments.size() - 1 - k].name;
+        if (!reverse)
+            r.fail("backward_order must be the reverse of the forward order (the only order "
+                   "this planner models)");
+    }
+    t.hash = fnv1a64_hex(j.dump());
+    return t;
+}
+
+json trace_to_json(const Trace& t) {
+    json j = {{"format", kFormat},
+              {"format_version", 1},
+              {"source", t.source},
+              {"model", t.model},
+              {"device", {{"copy_gbps", t.copy_gbps}}},
+              {"fixed",
+               {{"param_bytes", t.param_bytes},
+                {"grad_bytes", t.grad_bytes},
+                {"optimizer_bytes", t.optimizer_bytes}}}};
+    json bufs = json::array();
+    for (const auto& b : t.buffers) bufs.push_back({{"id", b.id}, {"bytes", b.bytes}});
+    j["buffers"] = bufs;
+    json segs = json::array(), order = json::array();
+    for (const auto& s : t.segments) {
+        json st = json::array();
+        for (const auto& a : s.state) {
+            json o = {{"buffer", a.buffer},
+                      {"read", a.read},
+                      {"version_read", a.version_read},
+                      {"bytes_read", a.bytes_read}};
+            if (a.written) {
+                json rg = json::array();
+                for (const auto& g : a.regions) rg.push_back({g.offset, g.length});
+                o["version_written"] = a.version_written;
+                o["bytes_written"] = a.bytes_written;
+                o["regions"] = rg;
+            }
+            st.push_back(o);
+        }
+        json rng = json::array();
+        for (const auto& u : s.rng) rng.push_back({{"stream", u.stream}, {"state_bytes", u.state_bytes}});
+        segs.push_back({{"name", s.name},
+                        {"forward_ms", s.forward_ms},
+                        {"backward_ms", s.backward_ms},
+                        {"saved_bytes", s.saved_bytes},
+                        {"input_bytes", s.input_bytes},
+                        {"output_bytes", s.output_bytes},
+                        {"transient_bytes", s.transient_bytes},
+                        {"state", st},
+                        {"rng", rng}});
+    }
+    for (auto it = t.segments.rbegin(); it != t.segments.rend(); ++it) order.push_back(it->name);
+    j["backward_order"] = order;
+    j["segments"] = segs;
+    return j;
+}
+
+Trace load_trace(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw BadInput(path, "cannot open file");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (in.bad()) throw BadInput(path, "read error");
+    json j;
+    try {
+        j = json::parse(ss.str());
+    } catch (const json::parse_error& e) {
+        throw BadInput(path, fmt::format("not valid JSON (byte {})", e.byte));
+    }
+    if (j.is_object() && j.contains("format")) {
+        try {
+            return trace_from_json(j, path);
+        } catch (const json::exception& e) {
+            throw BadInput(path, std::string("malformed trace: ") + e.what());
+        }
+    }
+    if (j.is_object() && j.contains("schema") && j.contains("nodes")) {
+        try {
+            return import_execution_trace(j, path);
+        } catch (const json::exception& e) {
+            throw BadInput(path, std::string("malformed execution trace: ") + e.what());
+        }
+    }
+    throw BadInput(path, "neither a ckptkit trace (no 'format') nor a PyTorch Execution Trace "
+                         "(no 'schema'/'nodes')");
+}
+
+}  // namespace ckpt::replay

@@ -1,0 +1,103 @@
+// The execution trace of one training step (formats/trace.md, SPEC §3.1): segments in forward
+// order with their activation sizes, times and state accesses. Framework-neutral; produced by
+// scripts/record_trace.py, scripts/synth_trace.py or imported from a PyTorch Execution Trace.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace ckpt::replay {
+
+/// A byte range [offset, offset + length) of a buffer.
+struct Region {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    bool operator==(const Region&) const = default;
+};
+
+/// One segment's access to one mutable buffer. Versions are logical: 0 before the step,
+/// +1 for every segment that writes the buffer. bytes_* are the buffer's size (bytes) when
+/// read / after the write; regions are the byte ranges the write changed (layout after it).
+struct StateAccess {
+    std::string buffer;
+    bool read = true;             ///< the segment reads the buffer (at version_read)
+    bool written = false;         ///< the segment writes it (then version_written, regions)
+    uint64_t version_read = 0;
+    uint64_t version_written = 0;
+    uint64_t bytes_read = 0;
+    uint64_t bytes_written = 0;
+    std::vector<Region> regions;
+};
+
+/// RNG consumption of a segment: which stream and the size of its state (bytes).
+struct RngUse {
+    std::string stream;
+    uint64_t state_bytes = 0;
+};
+
+/// A segment: forward/backward time (ms), bytes it keeps for backward (saved_bytes), bytes of
+/// its input and output at the boundary, transient peak above saved_bytes while it runs.
+struct Segment {
+    std::string name;
+    double forward_ms = 0;
+    double backward_ms = 0;
+    uint64_t saved_bytes = 0;
+    uint64_t input_bytes = 0;
+    uint64_t output_bytes = 0;
+    uint64_t transient_bytes = 0;
+    std::vector<StateAccess> state;
+    std::vector<RngUse> rng;
+};
+
+/// A mutable buffer (id, size in bytes before the step).
+struct BufferInfo {
+    std::string id;
+    uint64_t bytes = 0;
+};
+
+/// The whole trace. hash identifies it in plans (fnv1a64 of the canonical JSON).
+struct Trace {
+    std::string source;
+    std::string model;
+    double copy_gbps = 10.0;          ///< device copy bandwidth for snapshot costs (GB/s)
+    uint64_t param_bytes = 0;
+    uint64_t grad_bytes = 0;
+    uint64_t optimizer_bytes = 0;
+    std::vector<BufferInfo> buffers;
+    std::vector<Segment> segments;    ///< forward order; backward runs in reverse
+    std::string hash;
+
+    /// Params + grads + optimizer state + the mutable buffers at their initial size (bytes).
+    uint64_t fixed_bytes() const {
+        uint64_t b = param_bytes + grad_bytes + optimizer_bytes;
+        for (const auto& x : buffers) b += x.bytes;
+        return b;
+    }
+};
+
+/// Read a trace file: the ckptkit format, a PyTorch Execution Trace (schema 1.0.1) or the
+/// Chakra-style nested schema (detected from the JSON). Throws ckpt::BadInput{path, what}
+/// for unreadable, malformed or inconsistent input.
+Trace load_trace(const std::string& path);
+
+/// Parse and validate a ckptkit trace JSON value. Throws BadInput{file, what}.
+Trace trace_from_json(const nlohmann::json& j, const std::string& file);
+
+/// Serialise to the ckptkit trace format (formats/trace.md).
+nlohmann::json trace_to_json(const Trace& t);
+
+/// Import a PyTorch Execution Trace (torch 1.13 ExecutionGraphObserver schema 1.0.1, or the
+/// Chakra-style nested schema). Segments are the record_function nodes named
+/// "ckpt.segment:NAME"; writes come from `(a!)` annotations in op_schema (plus
+/// native_batch_norm's unannotated running stats); sizes from the tensor tuples
+/// [tensor_id, storage_id, offset, numel, itemsize, device]; RNG from random ops. Forward time
+/// is the node's `dur` (us) when present, else 0.01 ms per op (schema 1.0.1 has no times).
+/// Throws BadInput.
+Trace import_execution_trace(const nlohmann::json& j, const std::string& file);
+
+/// FNV-1a 64-bit hash of a byte string, as 16 hex digits.
+std::string fnv1a64_hex(const std::string& bytes);
+
+}  // namespace ckpt::replay

@@ -1,0 +1,286 @@
+#!/usr/bin/python3
+"""Apply a replay-plan plan to the real torch model and prove it byte-identical.
+
+Usage: apply_plan.py MODEL.py TRACE.json PLAN.json [--budget B] [--mode contract|plain|plain-norng]
+                     [--repeat N] [--json]
+
+Runs one training step (loss_fn(model, batch).backward(), build() seeded as in
+record_trace.py) twice: without recomputation (reference) and with the plan applied, and compares
+loss, model output, every parameter gradient, every buffer after the step and the RNG state
+with torch.equal. Exit 0 when all are byte-identical, 1 with the differences listed, 2 on bad
+input (unreadable plan, plan for another trace, stale contract versions).
+
+Modes (SPEC §3.2, §3.4 (b)):
+  contract     the plan's recomputed segments run under torch.utils.checkpoint
+               (use_reentrant=False, preserve_rng_state=False) plus our contract: at forward
+               the hazardous buffers are copied (whole for recompute+snapshot, the contract's
+               byte regions for recompute+selective) with the RNG state; before the recompute
+               each contract buffer is rebound to a scratch copy rebuilt at the version read
+               (checked against a digest taken at forward), the RNG state is restored; after it
+               the original buffers and RNG state are put back, discarding the recompute's
+               writes and draws.
+  plain        plain torch.utils.checkpoint over EVERY segment (preserve_rng_state=True), no
+               contract: the baseline whose state bugs the contract fixes.
+  plain-norng  as plain with preserve_rng_state=False (custom checkpoint helpers).
+"""
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+
+import torch
+import torch.utils.checkpoint as tuc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from record_trace import buffer_owner, byte_view, load_build, segment_modules  # noqa: E402
+
+
+class PlanError(Exception):
+    """Bad or mismatched input (exit 2)."""
+
+
+def parse_bytes(s):
+    """'44GiB' / '32GB' / '512MiB' / '123' -> bytes (same units as replay-plan)."""
+    m = re.fullmatch(r"([0-9.]+)\s*([KMGT]i?B?|B)?", s)
+    if not m:
+        raise PlanError(f"not a size: {s}")
+    unit = m.group(2) or "B"
+    mult = {"B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9,
+            "T": 1e12, "TB": 1e12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+    if unit not in mult:
+        raise PlanError(f"not a size: {s}")
+    return int(round(float(m.group(1)) * mult[unit]))
+
+
+def digest(t):
+    """sha256 of a tensor's bytes + shape + dtype."""
+    h = hashlib.sha256(byte_view(t).numpy().tobytes())
+    h.update(repr((tuple(t.shape), str(t.dtype))).encode())
+    return h.hexdigest()
+
+
+def load_plan(trace_path, plan_path, budget):
+    """Read trace + plan, pick the budget entry, check the plan matches the trace."""
+    try:
+        with open(trace_path) as f:
+            trace = json.load(f)
+        with open(plan_path) as f:
+            plan = json.load(f)
+    except (OSError, ValueError) as e:
+        raise PlanError(str(e))
+    if plan.get("format") != "ckptkit-plan" or trace.get("format") != "ckptkit-trace":
+        raise PlanError("expected a ckptkit plan and a ckptkit trace")
+    entries = plan.get("budgets", [])
+    if budget is not None:
+        entries = [e for e in entries if e["budget_bytes"] == budget]
+    entries = [e for e in entries if e["feasible"]]
+    if not entries:
+        raise PlanError("no feasible plan for that budget in " + plan_path)
+    entry = entries[0]
+    names = [s["name"] for s in trace["segments"]]
+    if [s["name"] for s in entry["segments"]] != names:
+        raise PlanError("plan segments do not match the trace's (plan for another trace)")
+    read_version = {(s["name"], a["buffer"]): a["version_read"]
+                    for s in trace["segments"] for a in s.get("state", [])}
+    for s in entry["segments"]:
+        for r in s.get("contract", {}).get("restore", []):
+            if read_version.get((s["name"], r["buffer"])) != r["version"]:
+                raise PlanError(f"stale contract for segment {s['name']}: {r['buffer']}")
+    return trace, entry
+
+
+class Recorder:
+    """Outputs, grads, buffers and RNG state of one step; measured held bytes."""
+
+    def __init__(self):
+        self.out = None
+        self.held = {}
+
+    def pack(self, t):
+        self.held[t.data_ptr()] = t.numel() * t.element_size()
+        return t
+
+
+def run_step(model_path, decisions, mode, problems):
+    """One seeded training step. decisions: name -> (decision, contract) for the recomputed
+    segments. Returns (result dict, step seconds, measured held bytes)."""
+    torch.manual_seed(0)
+    model, batch, loss_fn, names = load_build(model_path)
+    model.train()
+    segs = segment_modules(model, names)
+    rec = Recorder()
+    fixed = {p.data_ptr() for p in model.parameters()}
+    preserved = [0]
+    ckpt_inputs = {}
+
+    def wrap(name, mod, decision, contract):
+        orig = mod.forward
+
+        def forward(*args, **kw):
+            for a in args:
+                if torch.is_tensor(a):
+                    ckpt_inputs[a.data_ptr()] = a.numel() * a.element_size()
+            if mode != "contract":
+                return tuc.checkpoint(orig, *args, use_reentrant=False,
+                                      preserve_rng_state=(mode == "plain"), **kw)
+            kept = {}
+            for r in contract.get("restore", []):
+                owner, attr = buffer_owner(model, r["buffer"])
+                t = getattr(owner, attr)
+                entry = {"shape": t.shape, "dtype": t.dtype, "digest": digest(t)}
+                if r["mode"] == "whole":
+                    entry["whole"] = t.detach().clone()
+                    preserved[0] += entry["whole"].numel() * entry["whole"].element_size()
+                else:
+                    bv = byte_view(t)
+                    entry["regions"] = [(o, n, bv[o:o + n].clone()) for o, n in r["regions"]]
+                    preserved[0] += sum(n for _, n, _ in entry["regions"]) + 16 * len(r["regions"])
+                kept[r["buffer"]] = entry
+            rng = torch.get_rng_state() if contract.get("rng") else None
+            calls = [0]
+
+            def fn(*a, **k):
+                calls[0] += 1
+                if calls[0] == 1:
+                    return orig(*a, **k)
+                touched = [r["buffer"] for r in contract.get("restore", [])]
+                touched += [x["buffer"] for x in contract.get("discard", []) if x["buffer"] not in touched]
+                stash = {}
+                with torch.no_grad():
+                    for b in touched:
+                        owner, attr = buffer_owner(model, b)
+                        cur = getattr(owner, attr)
+                        stash[b] = cur
+                        e = kept.get(b)
+                        if e is None:                     # discard only: write into a scratch copy
+                            tmp = cur.detach().clone()
+                        elif "whole" in e:
+                            tmp = e["whole"].clone()
+                        else:                             # rebuild the read version from regions
+                            nbytes = e["shape"].numel() * torch.empty((), dtype=e["dtype"]).element_size()
+                            tb = byte_view(cur)[:nbytes].clone()
+                            for o, n, chunk in e["regions"]:
+                                tb[o:o + n] = chunk
+                            tmp = tb.view(e["dtype"]).reshape(e["shape"])
+                        if e is not None and digest(tmp) != e["digest"]:
+                            problems.append(f"segment {name}: recompute would read {b} at a "
+                                            "version other than the recorded one")
+                        setattr(owner, attr, tmp)
+                outer_rng = torch.get_rng_state()
+                if rng is not None:
+                    torch.set_rng_state(rng)
+                try:
+                    return orig(*a, **k)
+                finally:
+                    for b, cur in stash.items():
+                        owner, attr = buffer_owner(model, b)
+                        setattr(owner, attr, cur)
+                    torch.set_rng_state(outer_rng)
+
+            return tuc.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False, **kw)
+
+        mod.forward = forward
+
+    for name, (decision, contract) in decisions.items():
+        wrap(name, segs[name], decision, contract)
+    model.register_forward_hook(lambda m, i, o: setattr(rec, "out", o))
+    t0 = time.perf_counter()
+    with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
+        loss = loss_fn(model, batch)
+    loss.backward()
+    secs = time.perf_counter() - t0
+    bufptrs = {b.data_ptr() for b in model.buffers()}
+    held = {p: n for p, n in {**rec.held, **ckpt_inputs}.items()
+            if p not in fixed and p not in bufptrs}
+    result = {"loss": loss.detach(), "output": rec.out.detach() if torch.is_tensor(rec.out) else rec.out,
+              "grads": {n: p.grad for n, p in model.named_parameters()},
+              "buffers": {n: b.detach().clone() for n, b in model.named_buffers()},
+              "rng": torch.get_rng_state()}
+    return result, secs, sum(held.values()) + preserved[0]
+
+
+def compare(ref, got):
+    """List of differences between two step results (empty = byte-identical)."""
+    diffs = []
+
+    def eq(a, b):
+        if a is None or b is None:
+            return a is b
+        return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+    for key in ("loss", "output", "rng"):
+        if not eq(ref[key], got[key]):
+            diffs.append(f"{key} differs")
+    for group in ("grads", "buffers"):
+        for n in ref[group]:
+            a, b = ref[group][n], got[group].get(n)
+            if not eq(a, b):
+                detail = ""
+                if a is not None and b is not None and a.shape == b.shape and a.is_floating_point():
+                    detail = f" (max abs diff {float((a - b).abs().max()):.3g})"
+                elif a is not None and b is not None and a.shape != b.shape:
+                    detail = f" (shape {tuple(a.shape)} vs {tuple(b.shape)})"
+                elif a is not None and b is not None and a.numel() == 1:
+                    detail = f" ({a.item()} vs {b.item()})"
+                diffs.append(f"{group[:-1]} {n} differs{detail}")
+    return diffs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("trace")
+    ap.add_argument("plan")
+    ap.add_argument("--budget", help="plan entry to apply (default: first feasible)")
+    ap.add_argument("--mode", choices=["contract", "plain", "plain-norng"], default="contract")
+    ap.add_argument("--repeat", type=int, default=1, help="timed runs of each step (median)")
+    ap.add_argument("--json", action="store_true", help="print a JSON result object")
+    a = ap.parse_args()
+    try:
+        trace, entry = load_plan(a.trace, a.plan, parse_bytes(a.budget) if a.budget else None)
+    except PlanError as e:
+        print(f"apply_plan: error: {e}", file=sys.stderr)
+        return 2
+    if a.mode == "contract":
+        decisions = {s["name"]: (s["decision"], s.get("contract", {}))
+                     for s in entry["segments"] if s["decision"] != "keep"}
+    else:
+        decisions = {s["name"]: ("recompute", {}) for s in trace["segments"]}
+    problems = []
+    ref_times, got_times = [], []
+    ref = got = None
+    error = None
+    for _ in range(max(1, a.repeat)):
+        ref, t_ref, held_ref = run_step(a.model, {}, "contract", problems)
+        ref_times.append(t_ref)
+        try:
+            got, t_got, held_got = run_step(a.model, decisions, a.mode, problems)
+            got_times.append(t_got)
+        except RuntimeError as e:
+            error = str(e).split("\n")[0]
+            break
+    diffs = problems + ([f"step failed: {error}"] if error else compare(ref, got))
+    med = lambda v: sorted(v)[len(v) // 2] * 1e3 if v else None
+    res = {"identical": not diffs, "mode": a.mode, "budget_bytes": entry["budget_bytes"],
+           "recomputed": sorted(decisions), "differences": diffs,
+           "step_ms_reference": med(ref_times), "step_ms_plan": med(got_times),
+           "held_bytes_reference": held_ref,
+           "held_bytes_plan": None if error else held_got,
+           "predicted_peak_bytes": entry["peak_bytes"],
+           "predicted_step_ms": entry["step_time_ms"],
+           "predicted_held_bytes": sum(s["held_bytes"] for s in entry["segments"])}
+    if a.json:
+        print(json.dumps(res))
+    else:
+        print(f"apply_plan: {a.mode}, {len(decisions)} segment(s) recomputed: "
+              + ("byte-identical" if not diffs else "DIFFERENT"))
+        for d in diffs:
+            print("  " + d)
+    return 0 if not diffs else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
