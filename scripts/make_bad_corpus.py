@@ -115,6 +115,11 @@ def make():
         "data.pkl sizes 2 GiB in a 9 KB file", "runs into the central directory")
     add("zip_bad_cd_signature.pt", patch(nested, cd, "<I", 0x12345678), "central directory record signature broken",
         "is malformed")
+    small = torch_zip(pdict([("a", pint(1))]), {"0": b"\0" * 8})
+    scd = struct.unpack_from("<I", small, eocd_pos(small) + 16)[0]
+    size = struct.unpack_from("<I", small, scd + 24)[0]
+    add("zip_entries_overlap.pt", patch(patch(small, scd + 20, "<I", size + 40), scd + 24, "<I", size + 40),
+        "data.pkl's size grown by 40 bytes so it covers the next entry's local header", "overlap")
     add("zip_compressed.pt", torch_zip(pdict([("a", pint(1))]), compress=True), "deflated entries",
         "is compressed")
     add("zip_no_data_pkl.pt", patch(torch_zip(pdict([])), 0, "<I", 0x04034b50).replace(b"data.pkl", b"data.pkX"),

@@ -198,8 +198,12 @@ ZipArchive read_zip(const InputFile& f, const Limits& limits) {
     for (const auto& ent : zip.entries) order.push_back(&ent);
     std::sort(order.begin(), order.end(),
               [](const ZipEntry* a, const ZipEntry* b) { return a->header_offset < b->header_offset; });
+    auto end = [](const ZipEntry* e) {   // last byte + 1, including a data descriptor's CRC
+        uint64_t data_end = e->data_offset + e->size;
+        return (e->flags & 8) ? std::max(data_end, e->crc_offsets.front() + 4) : data_end;
+    };
     for (std::size_t i = 1; i < order.size(); ++i)
-        if (order[i - 1]->data_offset + order[i - 1]->size > order[i]->header_offset)
+        if (end(order[i - 1]) > order[i]->header_offset)
             throw bad(fmt::format("zip entries '{}' and '{}' overlap", order[i - 1]->name, order[i]->name));
     return zip;
 }
