@@ -174,7 +174,8 @@ Checkpoint read_any(const std::string& path, const Limits& limits) {
     std::size_t n = static_cast<std::size_t>(std::min<uint64_t>(f.size(), sizeof head));
     f.read_at(0, head, n, "file header");
     Checkpoint ck;
-    if (n >= 4 && head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4)
+    // A stored zip entry has method 0 at byte 8; '{' there means a safetensors header length.
+    if (n >= 9 && head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4 && head[8] != '{')
         ck = io::read_torch_zip(f, limits);
     else if (io::is_torch_legacy(f))
         ck = io::read_torch_legacy(f, limits);
