@@ -11,8 +11,9 @@ namespace ckpt::io {
 /// or when a read would run past its end.
 class InputFile {
 public:
+    /// Open `path` read-only (O_CLOEXEC); BadInput when it cannot be opened or is not a regular file.
     explicit InputFile(const std::string& path);
-    ~InputFile();
+    ~InputFile();   ///< closes the descriptor
     InputFile(const InputFile&) = delete;
     InputFile& operator=(const InputFile&) = delete;
 
@@ -43,6 +44,7 @@ private:
 /// (used by the unpickler; reads 64 KiB at a time, never the whole range).
 class RangeReader {
 public:
+    /// BadInput when [begin, end) is not inside the file.
     RangeReader(const InputFile& f, uint64_t begin, uint64_t end);
     uint64_t position() const { return pos_; }             ///< absolute file offset
     uint64_t remaining() const { return end_ - pos_; }     ///< bytes left in the range
