@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Record one real training step of MODEL.py as a ckptkit trace (formats/trace.md).
 
-Usage: record_trace.py MODEL.py -o TRACE.json [--et ET.json] [--copy-gbps G]
+Usage: record_trace.py MODEL.py -o TRACE.json [--et ET.json [--chakra CHAKRA.json]]
+                       [--copy-gbps G]
 
 MODEL.py defines build() -> (model, batch, loss_fn[, segment_names]). One training step is
 loss_fn(model, batch).backward(). Segments are the model's top-level children in call order,
@@ -283,6 +284,26 @@ def record_et(model_path, out_path):
         h.remove()
 
 
+def et_to_chakra(et):
+    """Rewrite a schema 1.0.1 Execution Trace in the Chakra-style nested schema
+    ("1.0.2-chakra.0.0.4": inputs/outputs objects, parent in ctrl_deps, op_schema and the other
+    scalar fields in attrs). torch 1.13 cannot emit that schema itself; this keeps the same
+    recorded step so the importer can be checked on both layouts."""
+    nodes = []
+    for n in et["nodes"]:
+        attrs = [{"name": k, "type": "string" if isinstance(n.get(k), str) else "uint64",
+                  "value": n[k]} for k in ("fw_parent", "seq_id", "scope", "tid", "fw_tid",
+                                           "op_schema") if k in n]
+        nodes.append({"id": n["id"], "name": n["name"], "ctrl_deps": n.get("parent", -1),
+                      "inputs": {"values": n.get("inputs", []), "shapes": n.get("input_shapes", []),
+                                 "types": n.get("input_types", [])},
+                      "outputs": {"values": n.get("outputs", []), "shapes": n.get("output_shapes", []),
+                                  "types": n.get("output_types", [])},
+                      "attrs": attrs})
+    return {"schema": "1.0.2-chakra.0.0.4", "pid": et.get("pid"), "time": et.get("time"),
+            "start_ts": et.get("start_ts"), "finish_ts": et.get("finish_ts"), "nodes": nodes}
+
+
 def write_json_atomic(obj, path):
     """Write JSON to path via a temporary name and rename."""
     tmp = path + ".tmp%d" % os.getpid()
@@ -296,6 +317,7 @@ def main():
     ap.add_argument("model")
     ap.add_argument("-o", "--output", required=True)
     ap.add_argument("--et", help="also record a PyTorch Execution Trace to this path")
+    ap.add_argument("--chakra", help="also write the --et trace in the Chakra nested schema")
     ap.add_argument("--copy-gbps", type=float, default=10.0,
                     help="device copy bandwidth used for snapshot costs (GB/s)")
     a = ap.parse_args()
@@ -304,6 +326,9 @@ def main():
         write_json_atomic(trace, a.output)
         if a.et:
             record_et(a.model, a.et)
+            if a.chakra:
+                with open(a.et) as f:
+                    write_json_atomic(et_to_chakra(json.load(f)), a.chakra)
     except RecordError as e:
         print(f"record_trace: error: {e}", file=sys.stderr)
         return 2

@@ -1,5 +1,6 @@
 // Exact Pareto-frontier DP over segments (see min_time_plan in planner.h).
 #include <algorithm>
+#include <iterator>
 
 #include "replay/planner.h"
 
@@ -13,42 +14,55 @@ struct State {
 };
 
 // Keep the states not dominated in (held, time); sorted by held ascending.
+// Input sorted by (held, time).
 void prune(std::vector<State>& v) {
-    std::sort(v.begin(), v.end(), [](const State& a, const State& b) {
-        return a.held != b.held ? a.held < b.held : a.time < b.time;
-    });
-    std::vector<State> out;
-    for (const auto& s : v)
-        if (out.empty() || s.time < out.back().time) out.push_back(s);
-    v.swap(out);
+    size_t w = 0;
+    for (size_t r = 0; r < v.size(); ++r)
+        if (w == 0 || v[r].time < v[w - 1].time) v[w++] = v[r];
+    v.resize(w);
 }
 }  // namespace
 
 std::optional<std::vector<Decision>> min_time_plan(
     const Problem& p, uint64_t budget, const std::vector<std::vector<Decision>>& options,
-    bool* exact, size_t max_states) {
-    if (exact) *exact = true;
+    uint64_t* quantum, size_t max_states) {
+    if (quantum) *quantum = 0;
     if (p.fixed() > budget) return std::nullopt;
     const uint64_t room = budget - p.fixed();
     std::vector<std::vector<State>> layers(1, {State{0, 0, -1, Decision::Keep}});
     for (size_t i = 0; i < p.size(); ++i) {
         std::vector<OptionCost> costs;
         for (Decision d : options[i]) costs.push_back(p.cost(i, d));
+        // The frontier is sorted by held, so each option's successors are sorted too: merge
+        // them pairwise (linear) instead of sorting, then drop dominated states.
         std::vector<State> next;
         const auto& cur = layers.back();
-        for (size_t k = 0; k < cur.size(); ++k)
-            for (size_t o = 0; o < costs.size(); ++o) {
-                if (costs[o].work > room || cur[k].held > room - costs[o].work) continue;
-                next.push_back({cur[k].held + costs[o].held, cur[k].time + costs[o].time_ns,
+        for (size_t o = 0; o < costs.size(); ++o) {
+            std::vector<State> part;
+            part.reserve(cur.size());
+            for (size_t k = 0; k < cur.size(); ++k) {
+                if (costs[o].work > room || cur[k].held > room - costs[o].work) break;
+                part.push_back({cur[k].held + costs[o].held, cur[k].time + costs[o].time_ns,
                                 static_cast<int32_t>(k), options[i][o]});
             }
+            std::vector<State> merged;
+            merged.reserve(next.size() + part.size());
+            std::merge(next.begin(), next.end(), part.begin(), part.end(),
+                       std::back_inserter(merged), [](const State& a, const State& b) {
+                           return a.held != b.held ? a.held < b.held : a.time < b.time;
+                       });
+            next.swap(merged);
+        }
         prune(next);
         if (next.size() > max_states) {
             // Quantise held bytes upward: constraints stay conservative (plans stay feasible).
             uint64_t q = std::max<uint64_t>(1, room / max_states);
-            for (auto& s : next) s.held = (s.held + q - 1) / q * q;
+            for (auto& s : next) s.held = (s.held + q - 1) / q * q;   // order is kept
+            std::stable_sort(next.begin(), next.end(), [](const State& a, const State& b) {
+                return a.held != b.held ? a.held < b.held : a.time < b.time;
+            });
             prune(next);
-            if (exact) *exact = false;
+            if (quantum) *quantum = q;
         }
         if (next.empty()) return std::nullopt;
         layers.push_back(std::move(next));

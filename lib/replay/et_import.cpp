@@ -177,25 +177,46 @@ Trace import_execution_trace(const json& j, const std::string& file) {
     std::map<int64_t, size_t> seg_index;
     for (size_t i = 0; i < labels.size(); ++i) seg_index[labels[i]] = i;
 
-    // Births and extents of storages, in node-id order.
-    std::map<int64_t, int64_t> born;  // storage -> segment index where first output (-1 outside)
-    std::set<int64_t> seen;
+    // Storage ids are reused after a free. A storage id starts a new lifetime when a node
+    // outputs it without taking it as input and outside the subtree of the node where the
+    // current lifetime began; every TRef.storage is rewritten to a lifetime key.
+    auto descends = [&](int64_t id, int64_t anc) {
+        for (int depth = 0; id >= 0 && depth < 10000; ++depth) {
+            if (id == anc) return true;
+            auto it = nodes.find(id);
+            if (it == nodes.end() || it->second.parent == id) return false;
+            id = it->second.parent;
+        }
+        return false;
+    };
+    std::map<int64_t, std::pair<int64_t, int64_t>> life;  // storage id -> (key, birth node)
+    int64_t next_key = 0;
+    std::map<int64_t, int64_t> born;  // key -> segment index where first output (-1 outside)
     std::map<int64_t, uint64_t> extent;
-    std::map<int64_t, std::string> device;
-    for (const auto& [id, n] : nodes) {
+    for (auto& [id, n] : nodes) {
         int64_t lab = find(id, 0);
         int64_t si = lab < 0 ? -1 : static_cast<int64_t>(seg_index[lab]);
-        for (const auto& a : n.inputs)
-            for (const auto& t : a) {
-                seen.insert(t.storage);
+        std::set<int64_t> in_ids;
+        for (auto& a : n.inputs)
+            for (auto& t : a) {
+                in_ids.insert(t.storage);
+                auto it = life.find(t.storage);
+                if (it == life.end()) it = life.emplace(t.storage, std::make_pair(next_key++, int64_t{-1})).first;
+                t.storage = it->second.first;
                 extent[t.storage] = std::max(extent[t.storage], t.end());
             }
-        for (const auto& a : n.outputs)
-            for (const auto& t : a) {
-                if (!seen.count(t.storage)) born[t.storage] = si;
-                seen.insert(t.storage);
+        for (auto& a : n.outputs)
+            for (auto& t : a) {
+                auto it = life.find(t.storage);
+                if (it == life.end() ||
+                    (!in_ids.count(t.storage) && !descends(id, it->second.second))) {
+                    life[t.storage] = {next_key, id};
+                    born[next_key] = si;
+                    t.storage = next_key++;
+                } else {
+                    t.storage = it->second.first;
+                }
                 extent[t.storage] = std::max(extent[t.storage], t.end());
-                device[t.storage] = t.device;
             }
     }
     auto born_in = [&](int64_t storage, size_t si) {

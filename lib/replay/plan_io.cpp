@@ -70,6 +70,7 @@ json plan_to_json(const Problem& p, const std::string& trace_path, const std::st
                   {"unsafe", r.unsafe},           {"decisions", counts_json(r)},
                   {"segments", segs}};
         if (!r.feasible) b["min_peak_bytes"] = r.min_peak_bytes;
+        if (!r.exact) b["quantum_bytes"] = r.quantum_bytes;
         budgets.push_back(b);
     }
     return {{"format", "ckptkit-plan"},

@@ -66,6 +66,9 @@ struct PlanResult {
     uint64_t budget_bytes = 0;
     bool feasible = false;
     bool exact = true;                  ///< false only if the joint DP had to quantise
+    uint64_t quantum_bytes = 0;         ///< not exact: held bytes were rounded up to this;
+                                        ///< the plan is then at least as fast as the optimum
+                                        ///< for budget - segments * quantum_bytes
     uint64_t peak_bytes = 0;            ///< predicted (0 when infeasible)
     int64_t step_time_ns = 0;           ///< predicted (0 when infeasible)
     std::vector<Decision> decisions;    ///< empty when infeasible
@@ -97,10 +100,12 @@ std::vector<std::string> planner_names();
 /// order with a Pareto frontier of (held prefix bytes, time); states with more held bytes and
 /// more time are dominated because every constraint is monotone in the held prefix. Exact
 /// unless the frontier exceeds max_states, in which case held bytes are rounded up to a
-/// quantum (still a feasible plan; *exact = false). Returns nullopt when no plan fits.
+/// quantum q = room / max_states (*quantum = q): the plan stays feasible and is no slower than
+/// the exact optimum for budget - n*q (each of n roundings adds < q). Returns nullopt when no
+/// plan fits.
 std::optional<std::vector<Decision>> min_time_plan(
     const Problem& p, uint64_t budget,
-    const std::vector<std::vector<Decision>>& options, bool* exact,
-    size_t max_states = 200000);
+    const std::vector<std::vector<Decision>>& options, uint64_t* quantum,
+    size_t max_states = 50000);
 
 }  // namespace ckpt::replay

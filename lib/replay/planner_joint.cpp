@@ -12,10 +12,11 @@ std::string JointPlanner::name() const { return "joint"; }
 PlanResult JointPlanner::plan(const Problem& p, uint64_t budget) const {
     std::vector<std::vector<Decision>> options;
     for (size_t i = 0; i < p.size(); ++i) options.push_back(p.safe_options(i));
-    bool exact = true;
-    auto d = min_time_plan(p, budget, options, &exact);
+    uint64_t quantum = 0;
+    auto d = min_time_plan(p, budget, options, &quantum);
     PlanResult r = finish_plan(p, name(), budget, d ? *d : std::vector<Decision>{});
-    r.exact = exact;
+    r.exact = quantum == 0;
+    r.quantum_bytes = quantum;
     return r;
 }
 

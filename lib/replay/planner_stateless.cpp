@@ -10,10 +10,11 @@ std::string StatelessPlanner::name() const { return "stateless"; }
 
 PlanResult StatelessPlanner::plan(const Problem& p, uint64_t budget) const {
     std::vector<std::vector<Decision>> options(p.size(), {Decision::Keep, Decision::Recompute});
-    bool exact = true;
-    auto d = min_time_plan(p, budget, options, &exact);
+    uint64_t quantum = 0;
+    auto d = min_time_plan(p, budget, options, &quantum);
     PlanResult r = finish_plan(p, name(), budget, d ? *d : std::vector<Decision>{});
-    r.exact = exact;
+    r.exact = quantum == 0;
+    r.quantum_bytes = quantum;
     return r;
 }
 
