@@ -76,12 +76,16 @@ struct World {
     std::map<std::string, uint64_t> rng;   // draws so far per stream
 };
 
-void apply_writes(World& w, const Segment& s) {
+// A recompute's writes are tagged apart from the forward's (bit 62), so writing the "same"
+// version twice is seen as a leak.
+constexpr uint64_t kRecomputeTag = 1ull << 62;
+
+void apply_writes(World& w, const Segment& s, uint64_t tag) {
     for (const auto& a : s.state)
         if (a.written) {
             Content& c = w.buf[a.buffer];
             c.resize(a.bytes_written);
-            for (const auto& r : a.regions) c.assign(r.offset, r.offset + r.length, a.version_written);
+            for (const auto& r : a.regions) c.assign(r.offset, r.offset + r.length, a.version_written | tag);
         }
     for (const auto& g : s.rng) ++w.rng[g.stream];
 }
@@ -123,7 +127,7 @@ SimReport simulate(const Problem& p, const std::vector<Decision>& d) {
             }
             for (const auto& g : p.contracts[i].rng) kept[i].rng[g.stream] = w.rng[g.stream];
         }
-        apply_writes(w, s);
+        apply_writes(w, s, 0);
     }
     const World end = w;
 
@@ -161,7 +165,7 @@ SimReport simulate(const Problem& p, const std::vector<Decision>& d) {
                     "segment {}: recompute draws RNG stream '{}' at position {} instead of {}",
                     s.name, g.stream, w.rng[g.stream], rng_before[i][g.stream]));
         }
-        apply_writes(w, s);
+        apply_writes(w, s, kRecomputeTag);
         if (d[i] != Decision::Recompute) {
             for (const auto& r : c.restore) w.buf[r.buffer] = before.buf[r.buffer];
             for (const auto& x : c.discard) w.buf[x.buffer] = before.buf[x.buffer];

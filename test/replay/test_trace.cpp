@@ -1,0 +1,129 @@
+// Trace reading: example traces (recorder, ET 1.0.1, Chakra), bad input, budget parsing.
+#include <cstdio>
+#include <fstream>
+
+#include <doctest/doctest.h>
+
+#include "common/error.h"
+#include "helpers.h"
+#include "replay/plan_io.h"
+#include "replay/trace.h"
+
+using namespace ckpt::replay;
+using replay_test::trace_path;
+
+namespace {
+std::string bad_input_message(const std::string& text) {
+    std::string path = "/tmp/replay_unit_bad_" + std::to_string(std::hash<std::string>{}(text)) + ".json";
+    { std::ofstream(path) << text; }
+    std::string msg;
+    try {
+        load_trace(path);
+    } catch (const ckpt::BadInput& e) {
+        CHECK(e.file == path);
+        msg = e.what();
+    }
+    std::remove(path.c_str());
+    return msg;
+}
+
+const StateAccess* access(const Trace& t, const std::string& seg, const std::string& buf) {
+    for (const auto& s : t.segments)
+        if (s.name == seg)
+            for (const auto& a : s.state)
+                if (a.buffer == buf) return &a;
+    return nullptr;
+}
+}  // namespace
+
+TEST_CASE("recorder traces: segments, buffers, versions and regions") {
+    Trace bn = load_trace(trace_path("bn.trace.json"));
+    CHECK(bn.segments.size() == 7);
+    CHECK(bn.buffers.size() == 6);
+    const StateAccess* rm = access(bn, "2", "2.1.running_mean");
+    REQUIRE(rm);
+    CHECK(rm->read);
+    CHECK(rm->written);
+    CHECK(rm->version_read == 0);
+    CHECK(rm->version_written == 1);
+    CHECK(rm->regions == std::vector<Region>{{0, 256}});
+
+    Trace kv = load_trace(trace_path("kvcache.trace.json"));
+    const StateAccess* c = access(kv, "2", "2.cache");
+    REQUIRE(c);
+    CHECK(c->bytes_read == 2048);                       // 8 rows x 64 fp32
+    CHECK(c->bytes_written == 2048 + 256 * 64 * 4);     // + one batch of keys appended
+    CHECK(c->regions == std::vector<Region>{{2048, 65536}});
+
+    Trace sw = load_trace(trace_path("sparse_write.trace.json"));
+    const StateAccess* bank = access(sw, "4", "4.bank");
+    REQUIRE(bank);
+    CHECK(bank->bytes_read == 2048 * 64 * 4);
+    CHECK(bank->regions == std::vector<Region>{{0, 16 * 64 * 4}});   // 16 rows written
+
+    Trace dq = load_trace(trace_path("dense_queue.trace.json"));
+    CHECK(access(dq, "2", "2.queue")->regions == std::vector<Region>{{0, 262144}});
+
+    Trace dr = load_trace(trace_path("dropout.trace.json"));
+    CHECK(dr.segments[2].rng.size() == 1);
+    CHECK(dr.segments[2].rng[0].state_bytes == 5056);
+    CHECK(dr.segments[3].rng.empty());
+    for (const auto& name : replay_test::model_traces()) CHECK(load_trace(trace_path(name)).segments.size() == 7);
+}
+
+TEST_CASE("Execution Trace import (schema 1.0.1 and Chakra) finds the BatchNorm writes") {
+    for (const char* f : {"bn.et.json", "bn.chakra.json"}) {
+        CAPTURE(f);
+        Trace t = load_trace(trace_path(f));
+        REQUIRE(t.segments.size() == 7);
+        CHECK(t.buffers.size() == 6);
+        for (size_t i = 0; i < 7; ++i) {
+            size_t writes = 0;
+            for (const auto& a : t.segments[i].state) writes += a.written;
+            CHECK(writes == ((i == 2 || i == 4) ? 3u : 0u));   // running_mean/var, num_batches
+        }
+        uint64_t sizes = 0;
+        for (const auto& b : t.buffers) sizes += b.bytes;
+        CHECK(sizes == 2 * (256 + 256 + 8));
+    }
+    Trace a = load_trace(trace_path("bn.et.json")), b = load_trace(trace_path("bn.chakra.json"));
+    CHECK(trace_to_json(a)["segments"] == trace_to_json(b)["segments"]);
+    Trace d = load_trace(trace_path("dropout.et.json"));
+    for (size_t i = 0; i < 7; ++i) CHECK(d.segments[i].rng.size() == ((i == 2 || i == 4) ? 1u : 0u));
+}
+
+TEST_CASE("bad input: one message naming what is wrong") {
+    CHECK(bad_input_message("{\"format\": \"ckptkit-trace\", ") .find("not valid JSON") == 0);
+    CHECK(bad_input_message("[1,2]").find("neither a ckptkit trace") == 0);
+    CHECK(bad_input_message(R"({"format":"other","format_version":1})").find("format is not") == 0);
+    const std::string head = R"({"format":"ckptkit-trace","format_version":1,"fixed":{"param_bytes":1,"grad_bytes":1,"optimizer_bytes":1},)";
+    CHECK(bad_input_message(head + R"("buffers":[]})") == "trace: missing field 'segments'");
+    CHECK(bad_input_message(head + R"("buffers":[],"segments":[]})") == "trace has no segments");
+    CHECK(bad_input_message(head + R"("buffers":[],"segments":[{"name":"a","forward_ms":-1,"saved_bytes":0,"output_bytes":0}]})") ==
+          "segments[0].forward_ms: expected a finite non-negative time");
+    CHECK(bad_input_message(head + R"("buffers":[{"id":"x","bytes":8}],"segments":[{"name":"a","forward_ms":1,"saved_bytes":0,"output_bytes":0,
+        "state":[{"buffer":"x","version_read":3}]}]})") == "segments[0].state[0]: reads 'x' at version 3 but it is at version 0");
+    CHECK(bad_input_message(head + R"("buffers":[{"id":"x","bytes":8}],"segments":[{"name":"a","forward_ms":1,"saved_bytes":0,"output_bytes":0,
+        "state":[{"buffer":"x","version_read":0,"version_written":1,"regions":[[4,8]]}]}]})") ==
+          "segments[0].state[0].regions[0]: [4, 8] outside the buffer's 8 bytes");
+    CHECK(bad_input_message(head + R"("buffers":[],"segments":[{"name":"a","forward_ms":1,"saved_bytes":0,"output_bytes":0}],"backward_order":["b"]})")
+              .find("backward_order must be the reverse") == 0);
+    CHECK(bad_input_message(R"({"schema":"1.0.1","nodes":[{"id":1,"name":"aten::add"}]})").find("no record_function labels") == 0);
+    CHECK(bad_input_message(R"({"schema":"0.9","nodes":[]})").find("unsupported Execution Trace schema") == 0);
+    CHECK_THROWS_AS(load_trace("/nonexistent/trace.json"), ckpt::BadInput);
+}
+
+TEST_CASE("budget parsing") {
+    CHECK(parse_bytes("44GiB") == 47244640256ull);
+    CHECK(parse_bytes("32GB") == 32000000000ull);
+    CHECK(parse_bytes("512MiB") == 536870912ull);
+    CHECK(parse_bytes("1.5KiB") == 1536);
+    CHECK(parse_bytes("123") == 123);
+    CHECK_THROWS_AS(parse_bytes("lots"), std::invalid_argument);
+    CHECK_THROWS_AS(parse_bytes("-1GiB"), std::invalid_argument);
+    CHECK_THROWS_AS(parse_bytes("4 parsecs"), std::invalid_argument);
+    CHECK(parse_sweep("1GiB:3GiB:1GiB") == std::vector<uint64_t>{1ull << 30, 2ull << 30, 3ull << 30});
+    CHECK_THROWS_AS(parse_sweep("3GiB:1GiB:1GiB"), std::invalid_argument);
+    CHECK_THROWS_AS(parse_sweep("1GiB:3GiB"), std::invalid_argument);
+    CHECK(human_bytes(1536) == "1.50 KiB");
+}
