@@ -22,9 +22,12 @@ import torch_step_check  # noqa: E402,F401
 TOOLS = ("ckpt-compress", "ckpt-verify", "ckpt-restore")
 
 
-@pytest.fixture(scope="session")
-def ckptkit_bin():
-    """Directory of the ckptkit CLI tools from $CKPTKIT_BIN; fail clearly when absent."""
+def require_ckptkit_bin():
+    """Directory of the ckptkit CLI tools from $CKPTKIT_BIN; FAIL the calling test when absent.
+
+    Called inside each test body (not as a pytest fixture) so a missing tool is reported as
+    a FAILED test, not as a setup ERROR and never as a skip.
+    """
     d = os.environ.get("CKPTKIT_BIN")
     if not d:
         pytest.fail("CKPTKIT_BIN is not set: export CKPTKIT_BIN=<build dir with "

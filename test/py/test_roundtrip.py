@@ -17,6 +17,7 @@ For every fixture in data/ (see data/README.md) and codec x gradient bound G, th
 The checker's own sensitivity is tested first, without the tools (identity gives exactly 0;
 a moment perturbation beyond the tolerance, a flipped weight bit and untied weights fail).
 """
+import hashlib
 import math
 import os
 
@@ -24,7 +25,7 @@ import pytest
 import torch
 
 from conftest import (DATA, ckpt_models, fixture_path, moment_count, parse_json_stdout,
-                      run_tool, torch_step_check as tsc)
+                      require_ckptkit_bin, run_tool, torch_step_check as tsc)
 
 TOL = 0.01
 FIXTURES = list(ckpt_models.FIXTURES)
@@ -173,14 +174,37 @@ def test_safetensors_reader_rejects_gap(tmp_path):
         tsc.read_safetensors(str(bad))
 
 
+def test_step_check_cli_exit_codes(tmp_path, capsys):
+    """scripts/torch_step_check.py: 0 for identity, 1 for perturbed moments, 2 for bad input."""
+    src = fixture_path("cnn_adam_l2.pt")
+    assert tsc.main([src, src, "--grad-bound", "1.0"]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+    def edit(obj):
+        """Halve every exp_avg_sq."""
+        for st in obj["optimizer"]["state"].values():
+            st["exp_avg_sq"].mul_(0.5)
+
+    dst = _save_modified(src, str(tmp_path / "cnn_adam_l2.pt"), edit)
+    assert tsc.main([src, dst, "--grad-bound", "inf"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "real" in out
+    assert tsc.main([src, str(tmp_path / "missing.pt")]) == 2
+    junk = tmp_path / "cnn_adam_l2_junk.pt"
+    junk.write_bytes(b"PK\x03\x04 not a zip")
+    assert tsc.main([src, str(junk), "--fixture", "cnn_adam_l2.pt"]) == 2
+
+
 # ---------------------------------------------------------------------------- the tools
 
 
 @pytest.mark.parametrize("fixture,codec,gbound,kind", COMBOS,
                          ids=[f"{f}-{c}-G{g}-{k}" for f, c, g, k in COMBOS])
-def test_roundtrip(ckptkit_bin, tmp_path, fixture, codec, gbound, kind):
+def test_roundtrip(tmp_path, fixture, codec, gbound, kind):
     """compress -> verify -> restore -> stock torch: bit-exact rest, update within tolerance."""
+    ckptkit_bin = require_ckptkit_bin()
     orig = fixture_path(fixture)
+    digest = hashlib.sha256(open(orig, "rb").read()).hexdigest()
     ckz = tmp_path / (fixture + ".ckz.h5")
     p = run_tool(ckptkit_bin, "ckpt-compress", orig, "-o", ckz, "--tolerance", TOL,
                  "--grad-bound", gbound, "--codec", codec, "--optimizer", kind, "--json")
@@ -213,11 +237,12 @@ def test_roundtrip(ckptkit_bin, tmp_path, fixture, codec, gbound, kind):
     errors, res = tsc.check_pair(orig, str(restored), TOL, float(gbound), fixture=fixture,
                                  check_zeros=(codec == "log8"))
     _assert_step_ok(errors, res, f"{fixture} {codec} G={gbound}")
-    assert os.path.getsize(orig) == os.path.getsize(fixture_path(fixture))  # input untouched
+    assert hashlib.sha256(open(orig, "rb").read()).hexdigest() == digest  # input untouched
 
 
-def test_verify_rejects_garbage_and_wrong_original(ckptkit_bin, tmp_path):
+def test_verify_rejects_garbage_and_wrong_original(tmp_path):
     """ckpt-verify: 2 on a file that is not a container, 1 against the wrong original."""
+    ckptkit_bin = require_ckptkit_bin()
     junk = tmp_path / "junk.ckz.h5"
     junk.write_bytes(b"not an hdf5 container\n" * 10)
     v = run_tool(ckptkit_bin, "ckpt-verify", junk)
