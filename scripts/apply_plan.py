@@ -62,6 +62,15 @@ def digest(t):
     return h.hexdigest()
 
 
+def trace_hash(trace):
+    """FNV-1a 64 of the canonical JSON (sorted keys, compact, UTF-8), as replay-plan computes
+    it (formats/trace.md), 16 hex digits."""
+    h = 1469598103934665603
+    for c in json.dumps(trace, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode():
+        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return "%016x" % h
+
+
 def load_plan(trace_path, plan_path, budget):
     """Read trace + plan, pick the budget entry, check the plan matches the trace."""
     try:
@@ -73,6 +82,9 @@ def load_plan(trace_path, plan_path, budget):
         raise PlanError(str(e))
     if plan.get("format") != "ckptkit-plan" or trace.get("format") != "ckptkit-trace":
         raise PlanError("expected a ckptkit plan and a ckptkit trace")
+    if plan.get("trace", {}).get("hash") != trace_hash(trace):
+        raise PlanError(f"{plan_path} was made for another trace (hash "
+                        f"{plan.get('trace', {}).get('hash')}, {trace_path} is {trace_hash(trace)})")
     entries = plan.get("budgets", [])
     if budget is not None:
         entries = [e for e in entries if e["budget_bytes"] == budget]

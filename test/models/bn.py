@@ -10,7 +10,8 @@ import common  # noqa: E402
 
 
 def bn_block():
-    return nn.Sequential(nn.Linear(common.D, common.D), nn.BatchNorm1d(common.D), nn.ReLU())
+    return nn.Sequential(nn.Linear(common.D, common.D), nn.BatchNorm1d(common.D), nn.ReLU(),
+                         common.mlp())
 
 
 def build():

@@ -14,6 +14,7 @@ class Neuron(nn.Module):
     def __init__(self, d):
         super().__init__()
         self.lin = nn.Linear(d, d)
+        self.inner = common.mlp()
         self.register_buffer("v", torch.zeros(d))
         self.register_buffer("steps", torch.zeros((), dtype=torch.long))
 
@@ -21,7 +22,7 @@ class Neuron(nn.Module):
         h = self.lin(x)
         self.v = self.v * 0.5 + h.detach().mean(0)     # rebinding update
         self.steps.add_(1)                              # in-place counter
-        return torch.tanh(h + self.v) * (1.0 + 0.1 * self.steps.float())
+        return self.inner(torch.tanh(h + self.v) * (1.0 + 0.1 * self.steps.float()))
 
 
 def build():

@@ -9,7 +9,7 @@ import common  # noqa: E402
 
 
 def drop_block():
-    return nn.Sequential(nn.Linear(common.D, common.D), nn.ReLU(), nn.Dropout(0.3))
+    return nn.Sequential(nn.Linear(common.D, common.D), nn.ReLU(), nn.Dropout(0.3), common.mlp())
 
 
 def build():

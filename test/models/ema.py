@@ -14,13 +14,14 @@ class EmaNorm(nn.Module):
     def __init__(self, d):
         super().__init__()
         self.lin = nn.Linear(d, d)
+        self.inner = common.mlp()
         self.register_buffer("ema", torch.ones(d))
 
     def forward(self, x):
         h = self.lin(x)
         with torch.no_grad():
             self.ema.mul_(0.9).add_(0.1 * h.abs().mean(0))
-        return torch.relu(h / self.ema)
+        return self.inner(torch.relu(h / self.ema))
 
 
 def build():

@@ -1,0 +1,19 @@
+"""Paths for the replay pytest: the replay-plan binary comes from $CKPTKIT_BIN (set by CTest
+to <build>/apps); standalone runs must set it too."""
+import os
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="session")
+def replay_plan():
+    bin_dir = os.environ.get("CKPTKIT_BIN")
+    if not bin_dir:
+        pytest.fail("set CKPTKIT_BIN to the folder holding replay-plan (e.g. build/apps)")
+    exe = pathlib.Path(bin_dir) / "replay-plan"
+    if not exe.exists():
+        pytest.fail(f"{exe} not found (build the replay-plan target)")
+    return str(exe)

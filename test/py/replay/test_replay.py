@@ -1,0 +1,172 @@
+"""Round trips through real torch (SPEC §3.4 (b)): for every failure-pattern model, record a
+trace, plan at three budgets (loose, medium, tight), check the plans in the C++ simulator and
+apply them with scripts/apply_plan.py: every step must be byte-identical to the step without
+recomputation. Plain torch.utils.checkpoint over the same segments must NOT be, where the
+pattern says so. Plus the command line contract (bad input, infeasible budgets, --json, SVG)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+PY = "/usr/bin/python3"
+MODELS = ROOT / "test" / "models"
+SCRIPTS = ROOT / "scripts"
+DECISIONS = ["keep", "recompute", "recompute+snapshot", "recompute+selective"]
+
+# model -> modes of plain checkpointing that must differ from the reference step
+PLAIN_BREAKS = {
+    "bn": ["plain"], "kvcache": ["plain"], "counter": ["plain"], "ema": ["plain"],
+    "sparse_write": ["plain"], "dense_queue": ["plain"], "dropout": ["plain-norng"],
+}
+
+
+def run(args, **kw):
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, **kw)
+
+
+def plan_json(replay_plan, trace, budgets, planner="joint"):
+    args = [replay_plan, trace, "--planner", planner, "--json"]
+    for b in budgets:
+        args += ["--budget", str(b)]
+    r = run(args)
+    assert r.returncode in (0, 1), r.stderr
+    return json.loads(r.stdout)
+
+
+def three_budgets(replay_plan, trace):
+    """loose = peak with every activation kept; tight = smallest feasible joint budget on a
+    200-point grid above the fixed memory; medium = halfway."""
+    loose = plan_json(replay_plan, trace, [1 << 50], "none")["budgets"][0]["peak_bytes"]
+    fixed = json.load(open(trace))["fixed"]
+    lo = sum(fixed.values())
+    grid = [lo + (loose - lo) * k // 200 for k in range(201)]
+    feasible = [b["budget_bytes"] for b in plan_json(replay_plan, trace, grid)["budgets"] if b["feasible"]]
+    tight = min(feasible)
+    return loose, (tight + loose) // 2, tight
+
+
+@pytest.mark.parametrize("model", sorted(PLAIN_BREAKS))
+def test_model_round_trip(replay_plan, tmp_path, model):
+    trace, plan = tmp_path / "trace.json", tmp_path / "plan.json"
+    r = run([PY, SCRIPTS / "record_trace.py", MODELS / f"{model}.py", "-o", trace])
+    assert r.returncode == 0, r.stderr
+    budgets = three_budgets(replay_plan, trace)
+    args = [replay_plan, trace, "-o", plan, "--check"]
+    for b in budgets:
+        args += ["--budget", str(b)]
+    r = run(args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr.count(": ok") == 3
+    entries = json.load(open(plan))["budgets"]
+    tight = entries[2]
+    stateful = tight["decisions"]["recompute+snapshot"] + tight["decisions"]["recompute+selective"]
+    assert stateful >= 1, "the tight plan must recompute a stateful segment"
+    assert entries[0]["decisions"]["keep"] == 7      # loose: nothing to recompute
+    for b in budgets:
+        r = run([PY, SCRIPTS / "apply_plan.py", MODELS / f"{model}.py", trace, plan,
+                 "--budget", str(b), "--json"])
+        assert r.returncode == 0, r.stdout + r.stderr
+        res = json.loads(r.stdout)
+        assert res["identical"] and res["differences"] == []
+    for mode in PLAIN_BREAKS[model]:
+        r = run([PY, SCRIPTS / "apply_plan.py", MODELS / f"{model}.py", trace, plan,
+                 "--mode", mode, "--json"])
+        assert r.returncode == 1, f"plain checkpointing ({mode}) unexpectedly byte-identical"
+        assert json.loads(r.stdout)["differences"]
+    if model == "dropout":   # torch's own RNG stash makes plain checkpoint exact for dropout
+        r = run([PY, SCRIPTS / "apply_plan.py", MODELS / "dropout.py", trace, plan, "--mode", "plain"])
+        assert r.returncode == 0, r.stdout
+
+
+def test_selective_vs_snapshot_choice(replay_plan, tmp_path):
+    """sparse-write: the joint planner preserves regions; dense-queue: whole snapshots."""
+    for model, kind, other in (("sparse_write", "recompute+selective", "recompute+snapshot"),
+                               ("dense_queue", "recompute+snapshot", "recompute+selective")):
+        trace = ROOT / "data" / "traces" / f"{model}.trace.json"
+        loose, medium, tight = three_budgets(replay_plan, trace)
+        for entry in plan_json(replay_plan, trace, [tight, medium])["budgets"]:
+            assert entry["decisions"][other] == 0, (model, entry)
+        assert plan_json(replay_plan, trace, [tight])["budgets"][0]["decisions"][kind] >= 1
+
+
+def test_execution_trace_recorded_and_imported(replay_plan, tmp_path):
+    trace, et, chakra = tmp_path / "t.json", tmp_path / "et.json", tmp_path / "c.json"
+    r = run([PY, SCRIPTS / "record_trace.py", MODELS / "bn.py", "-o", trace, "--et", et, "--chakra", chakra])
+    assert r.returncode == 0, r.stderr
+    raw = json.load(open(et))
+    assert raw["schema"] == "1.0.1"
+    for f in (et, chakra):
+        out = tmp_path / "p.json"
+        r = run([replay_plan, f, "--budget", "1GiB", "--planner", "all", "-o", out, "--check"])
+        assert r.returncode == 0, r.stderr
+        segs = json.load(open(out))["budgets"][0]["segments"]
+        snap = [s["name"] for s in segs if s["decision"] == "recompute+snapshot"]
+        assert snap == ["2", "4"]     # the two BatchNorm blocks
+
+
+def test_bad_input_one_line_exit_2_no_output(replay_plan, tmp_path):
+    good = (ROOT / "data" / "traces" / "bn.trace.json").read_text()
+    cases = {"garbage.json": "not json at all", "truncated.json": good[: len(good) // 2],
+             "wrongtype.json": good.replace('"saved_bytes": ', '"saved_bytes": -', 1)}
+    for name, text in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        out = tmp_path / (name + ".plan")
+        r = run([replay_plan, path, "--budget", "1GiB", "-o", out])
+        assert r.returncode == 2, (name, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"replay-plan: error: {path}: "), r.stderr
+        assert not out.exists()
+        assert list(tmp_path.glob(name + ".plan*")) == []
+    r = run([replay_plan, tmp_path / "missing.json", "--budget", "1GiB"])
+    assert r.returncode == 2 and "cannot open file" in r.stderr
+    r = run([replay_plan, ROOT / "data" / "traces" / "bn.trace.json", "--budget", "many"])
+    assert r.returncode == 2 and r.stderr.startswith("replay-plan: error: not a size")
+
+
+def test_infeasible_budget_exit_1_with_message(replay_plan, tmp_path):
+    out = tmp_path / "p.json"
+    r = run([replay_plan, ROOT / "data" / "traces" / "bn.trace.json", "--budget", "100KiB", "-o", out])
+    assert r.returncode == 1
+    assert "budget 100.00 KiB is infeasible for planner joint" in r.stderr
+    assert json.load(open(out))["budgets"][0]["feasible"] is False
+
+
+def test_json_summary_and_sweep_svg(replay_plan, tmp_path):
+    trace = ROOT / "data" / "traces" / "counter.trace.json"
+    r = run([replay_plan, trace, "--budget", "1GiB", "--budget", "1KiB", "--json"])
+    assert r.returncode == 1
+    obj = json.loads(r.stdout)
+    assert set(obj) == {"planner", "budgets"} and obj["planner"] == "joint"
+    ok, bad = obj["budgets"]
+    assert set(ok) == {"budget_bytes", "feasible", "peak_bytes", "step_time_ms", "safe", "decisions"}
+    assert ok["budget_bytes"] == 1 << 30 and ok["feasible"] and ok["safe"]
+    assert set(ok["decisions"]) == set(DECISIONS) and sum(ok["decisions"].values()) == 7
+    assert not bad["feasible"]
+    svg = tmp_path / "s.svg"
+    r = run([replay_plan, trace, "--sweep", "1MiB:2MiB:64KiB", "--svg", svg])
+    assert r.returncode == 0, r.stderr
+    assert "budget vs predicted step time" in r.stdout
+    text = svg.read_text()
+    for p in ("joint", "eager", "stateless", "all", "none"):
+        assert f">{p}</text>" in text
+
+
+def test_stateless_plans_are_unsafe_and_fail_the_check(replay_plan):
+    trace = ROOT / "data" / "traces" / "bn.trace.json"
+    tight = three_budgets(replay_plan, trace)[2]
+    r = run([replay_plan, trace, "--planner", "stateless", "--budget", str(tight), "--check"])
+    assert r.returncode == 1
+    assert "UNSAFE" in r.stdout and "FAILED" in r.stderr
+    assert "does not see version" in r.stderr or "leaks" in r.stderr
+
+
+def test_apply_plan_refuses_a_plan_for_another_trace(replay_plan, tmp_path):
+    plan = tmp_path / "p.json"
+    run([replay_plan, ROOT / "data" / "traces" / "bn.trace.json", "--budget", "1GiB", "-o", plan])
+    r = run([PY, SCRIPTS / "apply_plan.py", MODELS / "ema.py", ROOT / "data" / "traces" / "ema.trace.json", plan])
+    assert r.returncode == 2 and "was made for another trace" in r.stderr
