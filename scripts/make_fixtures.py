@@ -178,7 +178,12 @@ def write_readme(out, results, total):
     total_b = sum(os.path.getsize(os.path.join(out, f)) for f in cm.FIXTURES)
     lines += ["", f"Total: {total_b} bytes. Loss is the training cross-entropy of the last "
               "batch (per byte for the LM; for `cnn_maximize` the optimizer maximises -CE, "
-              "the CE is reported).", ""]
+              "the CE is reported).", "",
+              "Loading: torch 1.13's `torch.load(weights_only=True)` refuses every optimizer "
+              "state_dict (its restricted unpickler lacks the BINFLOAT opcode used for lr/betas/"
+              "eps; fixed in torch 2.0). `scripts/torch_step_check.py: safe_torch_load` tries "
+              "weights_only first and only on that error falls back to the standard unpickler "
+              "restricted to the same allowlist of globals.", ""]
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write("\n".join(lines))
 
