@@ -15,7 +15,7 @@ Sizes (defaults; all documented in docs/replay.md):
                 backward 6 ms, 0.25 GiB transient;
     sparse-write: reads its own 1 GiB memory bank, writes 4096 rows of 3 KiB (12 MiB) at a
                   ring pointer (4 regions of 1024 contiguous rows) + an 8-byte pointer;
-    dense-queue:  reads its own 256 MiB queue of R-byte rows and rewrites every row's first F
+    dense-queue:  reads its own 16 MiB queue of R-byte rows and rewrites every row's first F
                   bytes (the key; the rest of the row, e.g. a sample id, is unchanged), so the
                   written regions are one per row.
   device: copy bandwidth 1000 GB/s (H100 device-to-device copies).
@@ -67,7 +67,7 @@ def synth(pattern, layers=32, state_every=4, seed=0, row_bytes=64, field_bytes=5
                 {"buffer": f"{name}.ptr", "read": True, "version_read": 0, "version_written": 1,
                  "bytes_read": 8, "bytes_written": 8, "regions": [[0, 8]]}]
         else:
-            size = 256 * MiB
+            size = 16 * MiB
             regions = [[r * row_bytes, field_bytes] for r in range(size // row_bytes)]
             buffers.append({"id": f"{name}.queue", "bytes": size})
             seg["state"] = [{"buffer": f"{name}.queue", "read": True, "version_read": 0,

@@ -17,6 +17,8 @@ namespace ckpt::replay {
 using json = nlohmann::json;
 
 namespace {
+double to_ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
+
 json regions_json(const std::vector<Region>& rs) {
     json a = json::array();
     for (const auto& r : rs) a.push_back({r.offset, r.length});
@@ -47,7 +49,6 @@ json counts_json(const PlanResult& r) {
     return c;
 }
 
-double to_ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
 }  // namespace
 
 json plan_to_json(const Problem& p, const std::string& trace_path, const std::string& planner,
@@ -61,6 +62,13 @@ json plan_to_json(const Problem& p, const std::string& trace_path, const std::st
                       {"decision", decision_name(r.decisions[i])},
                       {"held_bytes", c.held},
                       {"preserved_bytes", c.preserved}};
+            json opts = json::object();
+            for (Decision o : p.safe_options(i)) {
+                OptionCost oc = p.cost(i, o);
+                opts[decision_name(o)] = {{"held_bytes", oc.held}, {"preserved_bytes", oc.preserved},
+                                          {"work_bytes", oc.work}, {"time_ms", to_ms(oc.time_ns)}};
+            }
+            s["options"] = opts;
             if (r.decisions[i] != Decision::Keep) s["contract"] = contract_json(p.contracts[i], r.decisions[i]);
             segs.push_back(s);
         }
