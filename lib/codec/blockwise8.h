@@ -21,6 +21,8 @@ struct DynamicMap {
 
 struct Blockwise8 {
     static constexpr int kCodeBytes = 1;
+    static constexpr int kVariants = 1;  ///< no alternative block parameters
+    static bool vary(int32_t*, int) { return false; }
     static constexpr int kParams = 1;  ///< absmax, as float bits in an int32
 
     static const DynamicMap& map(Role r);
@@ -29,9 +31,9 @@ struct Blockwise8 {
     static double dec(int k, Role r, const int32_t* p) {
         return double(map(r).v[k] * absmax(p));
     }
-    static bool encode(float x, Role r, const int32_t* p, uint16_t* code);
-    static Cell cell(uint16_t code, Role r, const int32_t* p);
-    static void choose(const float* x, const float*, int n, Role, double, int32_t* p);
+    static bool encode(float x, Role r, const int32_t* p, double, uint16_t* code);
+    static Cell cell(uint16_t code, Role r, const int32_t* p, double = 0);
+    static void choose(const float* x, int n, Role, const double*, const GuardConst&, int32_t* p);
 };
 
 }  // namespace ckpt::codec

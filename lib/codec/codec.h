@@ -33,7 +33,12 @@ struct DomainRule {
     bool l2 = false;           ///< include the Adam L2 shift wd*theta
     bool plain = true;         ///< include the unshifted [-G, G] (AdamW, or unknown kind)
     double weight_decay = 0;
+    double theta_bound = 0;    ///< |theta| <= theta_bound when l2 and no theta is given
 };
+
+/// Gradient domain [lo, hi] of coordinate i (theta may be null), widened by 1e-6
+/// relative for the FP32 rounding of grad + wd*theta in torch.
+void gradient_domain(const DomainRule&, const float* theta, std::size_t i, double& lo, double& hi);
 
 /// One chunk of a parameter's moments, as float, n values each. vmax/theta may be null.
 struct ChunkIn {

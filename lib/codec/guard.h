@@ -40,6 +40,10 @@ struct GuardConst {
     double b1, b2, eps, inv_bc1, sqrt_bc2, tail;  ///< tail = (1-b1)/(2 sqrt(1-b2))
     double tolerance;   ///< tau, in lr units
     double fp32_rel;    ///< relative FP32 rounding margin applied to max|f| (see margin())
+    /// sup over g of |d f / d ln v| for m = 0: the guard's v-term per unit relative error of
+    /// v. Maximum of (1-b1) c b2 / (2 (b2 + (1-b2) c^2)^1.5) at c^2 = b2 / (2 (1-b2)),
+    /// times sqrt(bc2)/bc1. Encoders use it to pick the exp_avg_sq step.
+    double v_sens;
 };
 
 /// Build GuardConst. bc1 = 1-b1^t, bc2 = 1-b2^t with t = step+1 (torch's bias correction).
@@ -56,6 +60,8 @@ inline GuardConst make_guard_const(const AdamHyper& h, double tolerance) {
     // Each FP32 run of the update rounds |u| by at most ~8 ulp (sqrt, div, add, mul,
     // addcdiv); two runs are compared, so 16 ulp; we take 64 ulp = 4x headroom.
     c.fp32_rel = 64.0 * 5.9604644775390625e-08;
+    const double cc = std::sqrt(h.beta2 / (2 * (1 - h.beta2)));
+    c.v_sens = (1 - h.beta1) * cc * h.beta2 / (2 * std::pow(1.5 * h.beta2, 1.5)) * c.sqrt_bc2 * c.inv_bc1;
     return c;
 }
 
@@ -171,6 +177,14 @@ CKPT_HD double certify(const GuardConst& c, const GuardInput& in) {
         if (best <= c.tolerance) return best;
     }
     return best;
+}
+
+/// The exact-arithmetic update in lr units, f(g) = u(g)/lr (for dense-grid checks).
+CKPT_HD double update_lr(const GuardConst& c, double m, double v, double vmax, bool amsgrad, double g) {
+    const double mm = c.b1 * m + (1 - c.b1) * g;
+    double vv = c.b2 * v + (1 - c.b2) * g * g;
+    if (amsgrad && vmax > vv) vv = vmax;
+    return c.inv_bc1 * mm / (sqrt(vv) / c.sqrt_bc2 + c.eps);
 }
 
 }  // namespace ckpt::codec

@@ -5,12 +5,11 @@
 // Per block and moment, two int32 parameters: e_top (exponent of the top code) and the
 // step s >= 1 (1/64 octaves between codes). Code K (=255 unsigned, 127 signed magnitude)
 // is 2^(e_top/64); code k is 2^((e_top - (K-k)*s)/64); code 0 is an exact zero.
-// exp_avg uses bit 7 as its sign (so -0.0 stays exact); exp_avg_sq / max_exp_avg_sq are
-// unsigned. Rounding is per moment to the nearest code (ties go down). Values above the
-// top cell, or (for exp_avg_sq) below the bottom cell, have no code: they are escapes.
-// For exp_avg the bottom cell reaches down to 0, because tiny |m| only has to be small
-// against sqrt(v); the encoder picks s so that the bottom code is below a fraction of
-// tolerance*sqrt(v) of each coordinate.
+// exp_avg_sq / max_exp_avg_sq are logarithmic as above (K = 255). exp_avg is linear in
+// m / sqrt(v~) (v~ = the decoded exp_avg_sq of the same coordinate), because the guard's
+// m-term is |m - m~| / sqrt(v): a sign bit (so -0.0 stays exact) and magnitude k <= 127,
+// m~ = k * 2^(e/64) * sqrt(v~), one int32 e per block. Rounding is per moment to the
+// nearest code. Values outside the coded range have no code: they are escapes.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -25,7 +24,7 @@ enum class Role : int { ExpAvg = 0, ExpAvgSq = 1, MaxExpAvgSq = 2 };
 
 struct Log8 {
     static constexpr int kCodeBytes = 1;    ///< bytes per value
-    static constexpr int kParams = 2;       ///< int32 per block: e_top, s
+    static constexpr int kParams = 2;       ///< int32 per block: (e_top, s) for v; (e, 0) for m
     static constexpr int kMaxStep = 24;     ///< largest step, 1/64 octaves (~30% apart)
 
     /// 2^(j/64) rounded to float, j = 0..64.
@@ -61,7 +60,7 @@ struct Log8 {
         return value(int64_t(p[0]) - int64_t(K - k) * p[1]);
     }
 
-    /// Rounding cell of magnitude code k (k >= 1) as [lo, hi] magnitudes.
+    /// Rounding cell of exp_avg_sq magnitude code k (k >= 1) as [lo, hi].
     CKPT_HD static void mag_cell(int k, const int32_t* p, int K, bool down_to_zero, double& lo,
                           double& hi) {
         const double x = mag(k, p, K);
@@ -69,15 +68,41 @@ struct Log8 {
         hi = (x + mag(k + 1, p, K)) / 2;  // k == K: half a step above the top code
     }
 
-    /// Encode one value. Returns false when x has no code (escape). Deterministic.
-    CKPT_HD static bool encode(float x, Role r, const int32_t* p, uint16_t* code) {
+    /// exp_avg cell half-width unit: code k of a block with step exponent e decodes to
+    /// k * 2^(e/64) * sqrt(v~); the cell is (k -+ 1/2) of that.
+    CKPT_HD static void m_cell(int k, const int32_t* p, double scale, double& lo, double& hi) {
+        const double d = value(p[0]) * scale;
+        lo = (k - 0.5) * d;
+        hi = (k + 0.5) * d;
+        if (k == 0) lo = -hi;
+    }
+
+    /// Encode one value. `scale` is sqrt of the decoded exp_avg_sq of the same coordinate
+    /// (used by exp_avg only). Returns false when x has no code (escape). Deterministic.
+    CKPT_HD static bool encode(float x, Role r, const int32_t* p, double scale, uint16_t* code) {
         const int K = top_code(r);
         const bool sign = signbit(x);
         const int sbit = (r == Role::ExpAvg && sign) ? 0x80 : 0;
-        if (x == 0) { *code = sbit; return true; }
+        if (x == 0) { *code = uint16_t(sbit); return true; }
         if (!isfinite(x) || (sign && r != Role::ExpAvg)) return false;
         const double a = fabs(double(x));
         double lo, hi;
+        if (r == Role::ExpAvg) {  // linear in m / sqrt(v~)
+            if (!(scale > 0) || !isfinite(scale)) return false;
+            const double q = a / (value(p[0]) * scale);
+            if (!(q < K + 1)) return false;
+            int k = int(q + 0.5);
+            for (int it = 0; it < 4; ++it) {
+                m_cell(k, p, scale, lo, hi);
+                if (a > hi && k < K) ++k;
+                else if (a < lo && k > 0) --k;
+                else break;
+            }
+            m_cell(k, p, scale, lo, hi);
+            if (!(lo <= a && a <= hi)) return false;
+            *code = uint16_t(k | sbit);
+            return true;
+        }
         mag_cell(K, p, K, false, lo, hi);
         if (a > hi) return false;
         int64_t k = K - (int64_t(p[0]) - log64_floor(a)) / p[1];
@@ -85,50 +110,81 @@ struct Log8 {
         if (k > K) k = K;
         while (k < K && a > (mag(int(k), p, K) + mag(int(k) + 1, p, K)) / 2) ++k;
         while (k > 1 && a <= (mag(int(k), p, K) + mag(int(k) - 1, p, K)) / 2) --k;
-        if (r != Role::ExpAvg) {
-            mag_cell(1, p, K, false, lo, hi);
-            if (k == 1 && a < lo) return false;
-        }
-        *code = uint16_t(k | sbit);
+        mag_cell(1, p, K, false, lo, hi);
+        if (k == 1 && a < lo) return false;
+        *code = uint16_t(k);
         return true;
     }
 
-    /// Decoded value and the rounding cell of one code.
-    CKPT_HD static Cell cell(uint16_t code, Role r, const int32_t* p) {
+    /// Decoded value (rounded to float) and the rounding cell of one code.
+    CKPT_HD static Cell cell(uint16_t code, Role r, const int32_t* p, double scale) {
         const int K = top_code(r);
         const int k = r == Role::ExpAvg ? (code & 0x7f) : code;
         const bool neg = r == Role::ExpAvg && (code & 0x80);
         Cell c;
-        if (k == 0) { c.dec = neg ? -0.0 : 0.0; return c; }
-        double lo, hi;
-        mag_cell(k, p, K, r == Role::ExpAvg, lo, hi);
-        const double x = mag(k, p, K);
+        double lo, hi, x;
+        if (r == Role::ExpAvg) {
+            m_cell(k, p, scale, lo, hi);
+            x = double(float(k * (value(p[0]) * scale)));
+            if (k == 0) { c.dec = neg ? -0.0 : 0.0; c.lo = lo; c.hi = hi; return c; }
+        } else {
+            if (k == 0) { c.dec = 0.0; return c; }
+            mag_cell(k, p, K, false, lo, hi);
+            x = mag(k, p, K);
+        }
         if (neg) { c.dec = -x; c.lo = -hi; c.hi = -lo; } else { c.dec = x; c.lo = lo; c.hi = hi; }
         return c;
     }
 
-    /// Choose (e_top, s) for a block of n values of role r. For exp_avg, v holds the
-    /// matching exp_avg_sq values and tolerance (lr units) sets how small |m| may get
-    /// before it only has to be small against sqrt(v).
-    static void choose(const float* x, const float* v, int n, Role r, double tolerance,
+    /// Alternative steps tried for a block that has escapes under choose()'s pick
+    /// (coarser steps cover a wider range): for exp_avg_sq, variant 1..3 widens s by 1, 2,
+    /// 4; variant -1 doubles the exp_avg step.
+    static bool vary(int32_t* p, int variant) {
+        static constexpr int kWiden[4] = {0, 1, 2, 4};
+        if (variant == -1) { p[0] += 64; return true; }
+        if (variant < 1 || variant > 3 || p[1] + kWiden[variant] > kMaxStep) return false;
+        p[1] += kWiden[variant];
+        return true;
+    }
+    static constexpr int kVariants = 4;
+
+    /// Choose the block parameters of n values of role r.
+    /// exp_avg_sq / max_exp_avg_sq: e_top covers the largest value; the step s covers the
+    /// smallest nonzero value, capped where the guard's v-term would exceed ~55% of the
+    /// tolerance (values below the range escape).
+    /// exp_avg: step 2^(e/64) in units of sqrt(v~) (`scale`), fine enough to code the
+    /// largest |m|/sqrt(v~) of the block, but never coarser than the step whose guard
+    /// m-term (b1/2 * step * sqrt(bc2/b2) / bc1) is 40% of the tolerance.
+    static void choose(const float* x, int n, Role r, const double* scale, const GuardConst& gc,
                        int32_t* p) {
         const int K = top_code(r);
-        double mx = 0, floor_ = INFINITY;
+        if (r == Role::ExpAvg) {
+            double rho = 0;
+            for (int i = 0; i < n; ++i) {
+                const double a = fabs(double(x[i]));
+                if (a > 0 && std::isfinite(a) && scale[i] > 0 && std::isfinite(scale[i]))
+                    rho = fmax(rho, a / scale[i]);
+            }
+            const double target = 0.8 * gc.tolerance * sqrt(gc.b2) / (gc.b1 * gc.sqrt_bc2 * gc.inv_bc1);
+            const double need = rho / (K + 0.5);
+            p[0] = int32_t(need > 0 && need <= target ? log64_ceil(need) : log64_floor(target));
+            p[1] = 0;
+            return;
+        }
+        double mx = 0, mn = INFINITY;
         for (int i = 0; i < n; ++i) {
-            const double a = fabs(double(x[i]));
+            const double a = double(x[i]);
             if (!(a > 0) || !std::isfinite(a)) continue;
-            if (a > mx) mx = a;
-            double need = a;
-            if (r == Role::ExpAvg && v && v[i] > 0 && std::isfinite(v[i]))
-                need = fmax(a, 0.25 * tolerance * sqrt(double(v[i])));
-            if (need < floor_) floor_ = need;
+            mx = fmax(mx, a);
+            mn = fmin(mn, a);
         }
         if (mx == 0) { p[0] = 0; p[1] = 1; return; }
         const int64_t top = log64_ceil(mx);
-        const int64_t bottom = log64_floor(floor_);
-        int64_t s = (top - bottom + (K - 2)) / (K - 1);
+        int64_t s = (top - log64_floor(mn) + (K - 2)) / (K - 1);
+        int cap = 1;
+        while (cap < kMaxStep && gc.v_sens * (std::exp2((cap + 1) / 128.0) - 1) <= 0.55 * gc.tolerance) ++cap;
+        if (s > cap) s = cap;
         if (s < 1) s = 1;
-        if (s > kMaxStep) s = kMaxStep;
         p[0] = int32_t(top);
         p[1] = int32_t(s);
     }

@@ -35,6 +35,7 @@ public:
     ~FileWriter();
     void write(const void* data, uint64_t n);
     void pwrite(uint64_t offset, const void* data, uint64_t n);
+    void skip(uint64_t n) { off_ += n; }   ///< leave n bytes to be filled by pwrite
     void close();   ///< fsync and close
     uint64_t offset() const { return off_; }
 

@@ -74,7 +74,7 @@ Handle create_file(const std::string& path) {
 
 Handle open_file(const std::string& path) {
     register_zstd_filter();
-    if (H5Fis_accessible(path.c_str(), H5P_DEFAULT) <= 0) fail("not an HDF5 file");
+    if (H5Fis_hdf5(path.c_str()) <= 0) fail("not an HDF5 file");
     const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f < 0) fail("cannot open HDF5 file");
     return Handle(f, H5Fclose);

@@ -85,6 +85,7 @@ public:
     /// Stream the whole dataset and compare with its `xxh3` attribute.
     bool checksum_ok() const;
     const std::string& path() const { return path_; }
+    uint64_t stored_bytes() const { return H5Dget_storage_size(ds_.get()); }  ///< compressed
 
 private:
     Handle ds_;

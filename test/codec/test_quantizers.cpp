@@ -24,54 +24,74 @@ TEST_CASE("log8 grid is exact powers 2^(e/64)") {
     CHECK(Log8::log64_floor(1e-45) < -9000);  // subnormals work
 }
 
-TEST_CASE("log8 encode: cell contains x, nearest code, zeros and signs exact") {
+TEST_CASE("log8 exp_avg_sq: cell contains x, nearest code, zero exact, escapes") {
     std::mt19937 rng(1);
-    std::uniform_real_distribution<float> U(-1, 1);
-    float x[256], v[256];
-    for (int i = 0; i < 256; ++i) { x[i] = U(rng) * 1e-3f; v[i] = 1e-6f; }
-    x[3] = 0.0f;
-    x[4] = -0.0f;
+    std::uniform_real_distribution<double> U(0, 1);
+    float v[256];
+    for (int i = 0; i < 256; ++i) v[i] = float(1e-8 * std::pow(10, 2 * U(rng)));
+    v[3] = 0.0f;
+    AdamHyper h;
+    h.step = 1000;
+    const GuardConst gc = make_guard_const(h, 0.01);
     int32_t p[2];
-    Log8::choose(x, v, 256, Role::ExpAvg, 0.01, p);
+    Log8::choose(v, 256, Role::ExpAvgSq, nullptr, gc, p);
     CHECK(p[1] >= 1);
     for (int i = 0; i < 256; ++i) {
         uint16_t c;
-        REQUIRE(Log8::encode(x[i], Role::ExpAvg, p, &c));
-        const Cell cell = Log8::cell(c, Role::ExpAvg, p);
-        CHECK(cell.lo <= x[i]);
-        CHECK(x[i] <= cell.hi);
-        if (x[i] == 0) {
-            CHECK(cell.dec == 0);
-            CHECK(std::signbit(cell.dec) == std::signbit(x[i]));
-            CHECK(cell.lo == 0);
-            CHECK(cell.hi == 0);
-        }
-        // nearest: the neighbours are no closer
-        const int k = c & 0x7f;
-        if (k > 1 && k < 127) {
-            const double d = std::fabs(std::fabs(x[i]) - Log8::mag(k, p, 127));
-            CHECK(d <= std::fabs(std::fabs(x[i]) - Log8::mag(k - 1, p, 127)));
-            CHECK(d <= std::fabs(std::fabs(x[i]) - Log8::mag(k + 1, p, 127)));
+        REQUIRE(Log8::encode(v[i], Role::ExpAvgSq, p, 0, &c));
+        const Cell cell = Log8::cell(c, Role::ExpAvgSq, p, 0);
+        CHECK(cell.lo <= v[i]);
+        CHECK(v[i] <= cell.hi);
+        if (v[i] == 0) { CHECK(c == 0); CHECK(cell.dec == 0); CHECK(cell.hi == 0); }
+        if (c > 1 && c < 255) {  // nearest: the neighbours are no closer
+            const double d = std::fabs(v[i] - Log8::mag(c, p, 255));
+            CHECK(d <= std::fabs(v[i] - Log8::mag(c - 1, p, 255)));
+            CHECK(d <= std::fabs(v[i] - Log8::mag(c + 1, p, 255)));
         }
     }
     uint16_t c;
-    CHECK_FALSE(Log8::encode(std::numeric_limits<float>::quiet_NaN(), Role::ExpAvg, p, &c));
-    CHECK_FALSE(Log8::encode(INFINITY, Role::ExpAvgSq, p, &c));
-    CHECK_FALSE(Log8::encode(-1e-7f, Role::ExpAvgSq, p, &c));  // negative second moment
-    CHECK_FALSE(Log8::encode(1.0f, Role::ExpAvg, p, &c));      // above the top cell
+    CHECK_FALSE(Log8::encode(INFINITY, Role::ExpAvgSq, p, 0, &c));
+    CHECK_FALSE(Log8::encode(std::numeric_limits<float>::quiet_NaN(), Role::ExpAvgSq, p, 0, &c));
+    CHECK_FALSE(Log8::encode(-1e-7f, Role::ExpAvgSq, p, 0, &c));  // negative second moment
+    CHECK_FALSE(Log8::encode(1.0f, Role::ExpAvgSq, p, 0, &c));    // above the top cell
+}
+
+TEST_CASE("log8 exp_avg: linear in m / sqrt(v~), signs and zeros exact") {
+    AdamHyper h;
+    h.step = 1000;
+    const GuardConst gc = make_guard_const(h, 0.01);
+    float m[4] = {3e-4f, -2e-4f, 0.0f, -0.0f};
+    const double scale[4] = {1e-3, 1e-3, 1e-3, 1e-3};
+    int32_t p[2];
+    Log8::choose(m, 4, Role::ExpAvg, scale, gc, p);
+    const double step = Log8::value(p[0]);
+    CHECK(step * 127.5 >= 0.3);  // the largest |m|/sqrt(v~) fits
+    for (int i = 0; i < 4; ++i) {
+        uint16_t c;
+        REQUIRE(Log8::encode(m[i], Role::ExpAvg, p, scale[i], &c));
+        const Cell cell = Log8::cell(c, Role::ExpAvg, p, scale[i]);
+        CHECK(cell.lo <= m[i]);
+        CHECK(m[i] <= cell.hi);
+        CHECK(std::signbit(cell.dec) == std::signbit(m[i]));
+        CHECK(cell.hi - cell.lo == doctest::Approx(step * 1e-3));
+        if (m[i] == 0) CHECK(cell.dec == 0);
+    }
+    uint16_t c;
+    CHECK_FALSE(Log8::encode(1e-2f, Role::ExpAvg, p, 1e-3, &c));  // |m|/sqrt(v) past the top code
+    CHECK_FALSE(Log8::encode(1e-9f, Role::ExpAvg, p, 0.0, &c));   // nonzero m with v~ = 0
 }
 
 TEST_CASE("bf16 is round-to-nearest-even and cells are half-ulp") {
     uint16_t c;
-    REQUIRE(BF16::encode(1.0f + 1.0f / 256, Role::ExpAvg, nullptr, &c));  // tie -> even (1.0)
+    REQUIRE(BF16::encode(1.0f + 1.0f / 256, Role::ExpAvg, nullptr, 0, &c));  // tie -> even (1.0)
     CHECK(c == 0x3f80);
-    REQUIRE(BF16::encode(1.0f + 3.0f / 256, Role::ExpAvg, nullptr, &c));  // tie -> even (up)
+    REQUIRE(BF16::encode(1.0f + 3.0f / 256, Role::ExpAvg, nullptr, 0, &c));  // tie -> even (up)
     CHECK(c == 0x3f82);
-    const Cell cell = BF16::cell(0x3f80, Role::ExpAvg, nullptr);
+    const Cell cell = BF16::cell(0x3f80, Role::ExpAvg, nullptr, 0);
     CHECK(cell.dec == 1.0);
     CHECK(cell.hi == 1.0 + 1.0 / 256);
     CHECK(cell.lo == 1.0 - 1.0 / 512);
-    CHECK_FALSE(BF16::encode(1e-45f, Role::ExpAvg, nullptr, &c));  // would flush to zero
+    CHECK_FALSE(BF16::encode(1e-45f, Role::ExpAvg, nullptr, 0, &c));  // would flush to zero
 }
 
 TEST_CASE("blockwise8 dynamic map matches bitsandbytes' shape") {

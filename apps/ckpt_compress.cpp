@@ -1,0 +1,48 @@
+// ckpt-compress IN -o OUT.ckz.h5: guarded compression of the Adam/AdamW moments.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "ckpt/pipeline.h"
+#include "cli.h"
+
+int main(int argc, char** argv) {
+    CLI::App app{"Compress the Adam/AdamW moments of a PyTorch or safetensors checkpoint with a "
+                 "guarded 8-bit codec; every other byte is kept exactly."};
+    std::string in, out, grad = "1.0", codec = "log8";
+    ckpt::CompressOptions o;
+    bool json = false;
+    double param_bound = 0;
+    app.add_option("input", in, "checkpoint (.pt torch.save zip or legacy, .safetensors)")->required();
+    app.add_option("-o,--output", out, "container to write (.ckz.h5)")->required();
+    app.add_option("--tolerance", o.tolerance, "max |first update - FP32 update|, in units of lr")->capture_default_str();
+    app.add_option("--grad-bound", grad, "per-coordinate gradient bound G, or inf")->capture_default_str();
+    app.add_option("--codec", codec, "log8 | bf16 | blockwise8")->capture_default_str()
+        ->check(CLI::IsMember({"log8", "bf16", "blockwise8"}));
+    app.add_option("--optimizer", o.optimizer, "auto | adam | adamw (auto certifies both when unknown)")
+        ->capture_default_str()->check(CLI::IsMember({"auto", "adam", "adamw"}));
+    auto* pb = app.add_option("--param-bound", param_bound, "|theta| bound for Adam L2 when parameters are absent");
+    app.add_option("--lr", o.hyper.lr, "override the learning rate");
+    app.add_option("--beta1", o.hyper.beta1, "override beta1");
+    app.add_option("--beta2", o.hyper.beta2, "override beta2");
+    app.add_option("--eps", o.hyper.eps, "override eps");
+    app.add_option("--weight-decay", o.hyper.weight_decay, "override weight decay");
+    app.add_option("--amsgrad", o.hyper.amsgrad, "override amsgrad (true/false)");
+    app.add_option("--maximize", o.hyper.maximize, "override maximize (true/false)");
+    app.add_option("--chunk", o.chunk, "coordinates per chunk (memory bound)")->capture_default_str();
+    app.add_flag("--json", json, "print one JSON object on stdout");
+    CLI11_PARSE(app, argc, argv);
+    return ckpt::app::run("ckpt-compress", [&] {
+        try {
+            o.grad_bound = ckpt::app::parse_bound(grad);
+        } catch (const std::exception& e) {
+            throw ckpt::BadInput(in, std::string("--grad-bound: ") + e.what());
+        }
+        o.codec = ckpt::codec::kind_from_name(codec);
+        if (pb->count()) o.param_bound = param_bound;
+        o.progress = !json;
+        const ckpt::Report r = ckpt::compress(in, out, o);
+        std::cout << (json ? r.json() + "\n" : r.table());
+        return r.ok ? 0 : 1;
+    });
+}

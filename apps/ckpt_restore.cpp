@@ -1,0 +1,24 @@
+// ckpt-restore IN.ckz.h5 -o OUT: the checkpoint back, in its source format.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "ckpt/pipeline.h"
+#include "cli.h"
+
+int main(int argc, char** argv) {
+    CLI::App app{"Rebuild the checkpoint from a container (torch.load / safetensors readers accept it)."};
+    std::string in, out;
+    bool json = false;
+    app.add_option("input", in, "container (.ckz.h5)")->required();
+    app.add_option("-o,--output", out, "checkpoint to write (.pt or .safetensors, as the source)")->required();
+    app.add_flag("--json", json, "print one JSON object on stdout");
+    CLI11_PARSE(app, argc, argv);
+    return ckpt::app::run("ckpt-restore", [&] {
+        ckpt::RestoreOptions o;
+        o.progress = !json;
+        const ckpt::Report r = ckpt::restore(in, out, o);
+        std::cout << (json ? r.json() + "\n" : r.table());
+        return 0;
+    });
+}

@@ -1,0 +1,190 @@
+#include "ckpt/decode.h"
+
+#include "ckpt/values.h"
+#include "common/error.h"
+
+namespace ckpt {
+
+namespace ct = container;
+
+ContainerReader::ContainerReader(const std::string& path) : path_(path) {
+    try {
+        file_ = ct::open_file(path);
+        man_ = ct::Manifest::from_json(ct::get_attr_string(file_.get(), "manifest"));
+        raw_ = std::make_unique<ct::DatasetReader>(file_.get(), ct::kRaw, H5T_NATIVE_UINT8, 1);
+        uint64_t moment_bytes = 0;
+        for (const auto& s : man_.storages) if (s.param >= 0) moment_bytes += s.nbytes;
+        if (raw_->count() + moment_bytes != man_.source_size)
+            throw std::runtime_error("/raw holds " + std::to_string(raw_->count()) + " bytes, the manifest needs " +
+                                     std::to_string(man_.source_size - moment_bytes));
+        if (man_.params.empty()) return;
+        int roles = 2;
+        for (const auto& p : man_.params) if (p.hyper.amsgrad) roles = 3;
+        for (int r = 0; r < roles; ++r) {
+            codes_.push_back(std::make_unique<ct::DatasetReader>(file_.get(), ct::codes_path(r), H5T_NATIVE_UINT8, 1));
+            params_.push_back(std::make_unique<ct::DatasetReader>(file_.get(), ct::params_path(r), H5T_NATIVE_INT32, 4));
+            escv_.push_back(std::make_unique<ct::DatasetReader>(file_.get(), ct::escapes_path(r), H5T_NATIVE_UINT32, 4));
+        }
+        escidx_ = std::make_unique<ct::DatasetReader>(file_.get(), ct::kEscapeIndex, H5T_NATIVE_UINT64, 8);
+        const uint64_t cb = uint64_t(codec::code_bytes(man_.codec)), pb = uint64_t(codec::params_per_block(man_.codec));
+        for (const auto& p : man_.params) {
+            const uint64_t blocks = (p.numel + codec::kBlock - 1) / codec::kBlock;
+            for (int r = 0; r < p.moments(); ++r) {
+                if ((p.code_offset + p.numel) * cb > codes_[std::size_t(r)]->count() ||
+                    (p.block_offset + blocks) * pb > params_[std::size_t(r)]->count())
+                    throw std::runtime_error("param " + p.name + " runs past the code streams");
+                if (p.escape_offset + p.escapes > escv_[std::size_t(r)]->count())
+                    throw std::runtime_error("param " + p.name + " runs past the escape table");
+            }
+            if (p.escape_offset + p.escapes > escidx_->count())
+                throw std::runtime_error("param " + p.name + " runs past the escape index");
+        }
+    } catch (const BadInput&) {
+        throw;
+    } catch (const std::exception& e) {
+        throw BadInput(path, std::string("container: ") + e.what());
+    }
+}
+
+void ContainerReader::read_raw(uint64_t off, uint64_t n, void* out) const {
+    try {
+        raw_->read(man_.raw_offset(off), n, out);
+    } catch (const std::exception& e) {
+        throw BadInput(path_, std::string("container: ") + e.what());
+    }
+}
+
+std::vector<std::string> ContainerReader::damaged_datasets() const {
+    std::vector<std::string> bad;
+    std::vector<const ct::DatasetReader*> all = {raw_.get()};
+    if (escidx_) all.push_back(escidx_.get());
+    for (auto* v : {&codes_, &params_, &escv_})
+        for (auto& d : *v) all.push_back(d.get());
+    for (auto* d : all) {
+        bool ok = false;
+        try { ok = d->checksum_ok(); } catch (const std::exception&) { ok = false; }
+        if (!ok) bad.push_back(d->path());
+    }
+    return bad;
+}
+
+void ContainerReader::load_escapes(uint64_t row, uint64_t end_row, int) const {
+    const uint64_t n = std::min<uint64_t>(end_row - row, 1 << 16);
+    buf_begin_ = row;
+    buf_idx_.resize(n);
+    escidx_->read(row, n, buf_idx_.data());
+    for (std::size_t k = 0; k < escv_.size(); ++k) {
+        buf_bits_[k].resize(n);
+        escv_[k]->read(row, n, buf_bits_[k].data());
+    }
+}
+
+uint64_t ContainerReader::moment_bytes() const {
+    uint64_t b = escidx_ ? escidx_->stored_bytes() : 0;
+    for (auto* v : {&codes_, &params_, &escv_})
+        for (auto& d : *v) b += d->stored_bytes();
+    ct::Manifest params_only;
+    params_only.params = man_.params;
+    return b + (man_.params.empty() ? 0 : params_only.to_json().size());
+}
+
+std::vector<TensorRow> ContainerReader::rows() const {
+    std::vector<TensorRow> rows;
+    uint64_t total = 0;
+    for (const auto& p : man_.params) total += p.numel * uint64_t(p.moments());
+    const uint64_t bytes = moment_bytes();
+    for (const auto& p : man_.params) {
+        TensorRow r;
+        r.name = p.name;
+        r.values = p.numel * uint64_t(p.moments());
+        r.escapes = p.escapes * uint64_t(p.moments());
+        r.bytes_fp32 = 4 * r.values;
+        r.bytes_out = total ? uint64_t(double(bytes) * double(r.values) / double(total)) : 0;
+        r.max_bound = p.max_bound;
+        rows.push_back(r);
+    }
+    return rows;
+}
+
+codec::TensorSetup ContainerReader::setup(std::size_t j) const {
+    const auto& e = man_.params.at(j);
+    codec::TensorSetup s;
+    s.kind = man_.codec;
+    s.hyper = e.hyper;
+    s.tolerance = man_.tolerance;
+    s.domain = e.domain;
+    s.type = e.dtype == "F32" ? codec::MomentType::F32 : e.dtype == "F16" ? codec::MomentType::F16 : codec::MomentType::BF16;
+    return s;
+}
+
+void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, bool with_bounds, Chunk& c,
+                             uint64_t& esc_row, uint64_t& esc_pos) const {
+    const auto& e = man_.params[j];
+    const int nm = e.moments();
+    const std::size_t cb = std::size_t(codec::code_bytes(man_.codec)), pb = std::size_t(codec::params_per_block(man_.codec));
+    const std::size_t blocks = (n + codec::kBlock - 1) / codec::kBlock;
+    c.begin = begin;
+    c.n = n;
+    std::array<std::vector<uint8_t>, 3> codes;
+    std::array<std::vector<int32_t>, 3> params;
+    std::array<const uint8_t*, 3> cp{};
+    std::array<const int32_t*, 3> pp{};
+    std::array<float*, 3> out{};
+    try {
+        for (int k = 0; k < nm; ++k) {
+            codes[k].resize(n * cb);
+            codes_[std::size_t(k)]->read((e.code_offset + begin) * cb, n * cb, codes[k].data());
+            params[k].resize(blocks * pb + 1);
+            if (pb) params_[std::size_t(k)]->read((e.block_offset + begin / codec::kBlock) * pb, blocks * pb, params[k].data());
+            c.values[k].resize(n);
+            cp[k] = codes[k].data();
+            pp[k] = params[k].data();
+            out[k] = c.values[k].data();
+        }
+        c.theta.clear();
+        const bool need_theta = e.domain.l2 && std::isfinite(e.domain.grad_bound) && e.theta_storage >= 0;
+        if (with_bounds && need_theta) {
+            const auto& ts = man_.storages[std::size_t(e.theta_storage)];
+            const std::size_t es = float_dtype_size(e.theta_dtype);
+            if (es == 0 || ts.nbytes != e.numel * es) throw std::runtime_error("param " + e.name + ": theta storage size mismatch");
+            std::vector<uint8_t> b(n * es);
+            read_raw(ts.offset + begin * es, n * es, b.data());
+            c.theta.resize(n);
+            bytes_to_float(e.theta_dtype, b.data(), n, c.theta.data());
+        }
+        c.bounds.assign(with_bounds ? n : 0, 0.0);
+        codec::decode_chunk(setup(j), cp, pp, n, out, c.theta.empty() ? nullptr : c.theta.data(),
+                            with_bounds ? c.bounds.data() : nullptr);
+        // escapes of this chunk
+        c.escaped.clear();
+        for (auto& b : c.escaped_bits) b.clear();
+        const uint64_t end_row = e.escape_offset + e.escapes;
+        while (esc_row < end_row) {
+            if (esc_row < buf_begin_ || esc_row >= buf_begin_ + buf_idx_.size()) load_escapes(esc_row, end_row, nm);
+            const uint64_t delta = buf_idx_[esc_row - buf_begin_];
+            const uint64_t pos = esc_pos + delta;
+            if (pos < esc_pos || pos >= e.numel || (esc_row > e.escape_offset && delta == 0))
+                throw std::runtime_error("param " + e.name + ": escape index out of order or out of range");
+            if (pos >= begin + n) break;
+            if (pos < begin) throw std::runtime_error("param " + e.name + ": escape index out of order");
+            c.escaped.push_back(uint32_t(pos - begin));
+            for (int k = 0; k < nm; ++k) {
+                const uint32_t bits = buf_bits_[k][esc_row - buf_begin_];
+                c.escaped_bits[k].push_back(bits);
+                uint8_t tmp[4];
+                store_bits(e.dtype, bits, tmp, 0);
+                float v;
+                bytes_to_float(e.dtype, tmp, 1, &v);
+                c.values[k][pos - begin] = v;
+            }
+            esc_pos = pos;
+            ++esc_row;
+        }
+    } catch (const BadInput&) {
+        throw;
+    } catch (const std::exception& ex) {
+        throw BadInput(path_, std::string("container: ") + ex.what());
+    }
+}
+
+}  // namespace ckpt

@@ -1,0 +1,76 @@
+// Streaming access to a container: the manifest, raw bytes by source offset, and one
+// parameter's decoded moments chunk by chunk with its escapes applied. Used by
+// ckpt-verify and ckpt-restore. Errors: BadInput naming the container and the part.
+#pragma once
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "codec/codec.h"
+#include "container/h5.h"
+#include "ckpt/report.h"
+#include "container/manifest.h"
+
+namespace ckpt {
+
+class ContainerReader {
+public:
+    explicit ContainerReader(const std::string& path);
+    const container::Manifest& manifest() const { return man_; }
+    const std::string& path() const { return path_; }
+    /// Read source bytes [off, off+n) that lie outside moment storages (from /raw).
+    void read_raw(uint64_t off, uint64_t n, void* out) const;
+    /// Every dataset's xxh3 checksum; returns the paths that fail.
+    std::vector<std::string> damaged_datasets() const;
+    /// Tensor setup (codec, hyper-parameters, domain) of parameter j.
+    codec::TensorSetup setup(std::size_t j) const;
+    /// Stored (compressed) bytes of all moment datasets plus the manifest's params part.
+    uint64_t moment_bytes() const;
+    /// Summary rows (values, escapes, bytes apportioned by value count, stored max bound).
+    std::vector<struct TensorRow> rows() const;
+
+    /// One decoded chunk of parameter j: values per role (escapes applied), the chunk's
+    /// escaped coordinates (chunk-local) with their exact bits, and optionally the
+    /// re-derived certificate of every coordinate.
+    struct Chunk {
+        uint64_t begin = 0;
+        std::size_t n = 0;
+        std::array<std::vector<float>, 3> values;
+        std::vector<uint32_t> escaped;
+        std::array<std::vector<uint32_t>, 3> escaped_bits;
+        std::vector<double> bounds;
+        std::vector<float> theta;
+    };
+    /// Iterate parameter j in chunks of `chunk` coordinates; calls fn(const Chunk&).
+    template <class Fn>
+    void for_each_chunk(std::size_t j, std::size_t chunk, bool with_bounds, Fn fn) const;
+
+private:
+    void decode(std::size_t j, uint64_t begin, std::size_t n, bool with_bounds, Chunk& c,
+                uint64_t& esc_row, uint64_t& esc_pos) const;
+    std::string path_;
+    container::Handle file_;
+    container::Manifest man_;
+    std::unique_ptr<container::DatasetReader> raw_, escidx_;
+    std::vector<std::unique_ptr<container::DatasetReader>> codes_, params_, escv_;
+    /// Escape rows [buf_begin_, buf_begin_ + buf_idx_.size()) read in blocks.
+    mutable uint64_t buf_begin_ = 0;
+    mutable std::vector<uint64_t> buf_idx_;
+    mutable std::array<std::vector<uint32_t>, 3> buf_bits_;
+    void load_escapes(uint64_t row, uint64_t end_row, int moments) const;
+};
+
+template <class Fn>
+void ContainerReader::for_each_chunk(std::size_t j, std::size_t chunk, bool with_bounds, Fn fn) const {
+    const auto& e = man_.params.at(j);
+    chunk = std::max<std::size_t>(codec::kBlock, chunk / codec::kBlock * codec::kBlock);
+    uint64_t esc_row = e.escape_offset, esc_pos = 0;
+    Chunk c;
+    for (uint64_t i0 = 0; i0 < e.numel; i0 += chunk) {
+        decode(j, i0, std::size_t(std::min<uint64_t>(chunk, e.numel - i0)), with_bounds, c, esc_row, esc_pos);
+        fn(static_cast<const Chunk&>(c));
+    }
+}
+
+}  // namespace ckpt

@@ -1,0 +1,46 @@
+// The three jobs behind ckpt-compress, ckpt-verify and ckpt-restore.
+// Errors: BadInput (exit 2) for unreadable or malformed inputs and unwritable outputs,
+// CheckFailed (exit 1) when stored data fails an integrity check during restore.
+// Outputs are written under a temporary name, fsynced and renamed (never partial).
+#pragma once
+#include <optional>
+#include <string>
+
+#include "ckpt/optimizer.h"
+#include "ckpt/report.h"
+#include "codec/codec.h"
+
+namespace ckpt {
+
+struct CompressOptions {
+    double tolerance = 0.01;          ///< tau, in units of lr
+    double grad_bound = 1.0;          ///< G per coordinate, may be +inf
+    codec::Kind codec = codec::Kind::Log8;
+    std::string optimizer = "auto";   ///< auto | adam | adamw
+    std::optional<double> param_bound;  ///< |theta| bound for L2 when theta is absent
+    HyperOverrides hyper;
+    std::size_t chunk = 1 << 20;      ///< coordinates per chunk (bounded memory)
+    bool progress = false;            ///< progress line on stderr
+};
+
+/// Compress `in` (torch.save zip/legacy or safetensors) into the container `out`.
+Report compress(const std::string& in, const std::string& out, const CompressOptions&);
+
+struct VerifyOptions {
+    std::optional<std::string> original;  ///< also check against the original checkpoint
+    int grid = 257;                       ///< gradient points per coordinate on the dense grid
+    bool progress = false;
+};
+
+/// Check integrity, re-derive every certificate from the codes, optionally compare with
+/// the original. Report::ok is false when a check fails (exit 1).
+Report verify(const std::string& container, const VerifyOptions&);
+
+struct RestoreOptions {
+    bool progress = false;
+};
+
+/// Rebuild the checkpoint (same format as the source) from the container.
+Report restore(const std::string& container, const std::string& out, const RestoreOptions&);
+
+}  // namespace ckpt

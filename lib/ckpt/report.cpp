@@ -1,0 +1,80 @@
+#include "ckpt/report.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+namespace ckpt {
+
+uint64_t Report::moment_values() const { uint64_t s = 0; for (auto& r : rows) s += r.values; return s; }
+uint64_t Report::escapes() const { uint64_t s = 0; for (auto& r : rows) s += r.escapes; return s; }
+uint64_t Report::moment_bytes_fp32() const { uint64_t s = 0; for (auto& r : rows) s += r.bytes_fp32; return s; }
+uint64_t Report::moment_bytes_out() const { uint64_t s = 0; for (auto& r : rows) s += r.bytes_out; return s; }
+double Report::moment_reduction() const {
+    const uint64_t f = moment_bytes_fp32();
+    return f ? 1.0 - double(moment_bytes_out()) / double(f) : 0.0;
+}
+double Report::max_bound() const {
+    double m = 0;
+    for (auto& r : rows) m = std::max(m, r.max_bound);
+    return m;
+}
+
+namespace {
+std::string pct(uint64_t a, uint64_t b) { return b ? fmt::format("{:.3f}", 100.0 * double(a) / double(b)) : "-"; }
+}
+
+std::string Report::table() const {
+    std::size_t w = 6;
+    for (auto& r : rows) w = std::max(w, r.name.size());
+    w = std::min<std::size_t>(w, 48);
+    std::string s = fmt::format("{}: {} -> {}  codec={} tolerance={} grad_bound={}\n", tool, input, output,
+                                codec, tolerance, grad_bound);
+    s += fmt::format("{:<{}}  {:>12}  {:>9}  {:>11}  {:>14}\n", "tensor", w, "values", "escapes %",
+                     "reduction %", "max bound (lr)");
+    auto line = [&](const std::string& name, uint64_t v, uint64_t e, uint64_t f, uint64_t o, double b, const std::string& note) {
+        const std::string red = f ? fmt::format("{:.2f}", 100.0 * (1.0 - double(o) / double(f))) : "-";
+        s += fmt::format("{:<{}}  {:>12}  {:>9}  {:>11}  {:>14.3e}{}\n", name.substr(0, w), w, v, pct(e, v), red, b,
+                         note.empty() ? "" : "  " + note);
+    };
+    for (auto& r : rows) line(r.name, r.values, r.escapes, r.bytes_fp32, r.bytes_out, r.max_bound, r.note);
+    line("total", moment_values(), escapes(), moment_bytes_fp32(), moment_bytes_out(), max_bound(), "");
+    if (file_bytes_in)
+        s += fmt::format("file: {} bytes in, {} bytes out ({:.2f}% of input)\n", file_bytes_in, file_bytes_out,
+                         100.0 * double(file_bytes_out) / double(file_bytes_in));
+    for (auto& c : checks) s += "check: " + c + "\n";
+    for (auto& f : failures) s += "FAILED: " + f + "\n";
+    s += ok ? "ok\n" : "NOT OK\n";
+    return s;
+}
+
+std::string Report::json() const {
+    nlohmann::json j;
+    j["tool"] = tool;
+    j["input"] = input;
+    j["output"] = output;
+    j["codec"] = codec;
+    j["tolerance"] = tolerance;
+    j["grad_bound"] = std::isfinite(grad_bound) ? nlohmann::json(grad_bound) : nlohmann::json("inf");
+    j["moment_values"] = moment_values();
+    j["escapes"] = escapes();
+    j["moment_bytes_fp32"] = moment_bytes_fp32();
+    j["moment_bytes_out"] = moment_bytes_out();
+    j["moment_reduction"] = moment_reduction();
+    j["max_bound_lr"] = max_bound();
+    j["file_bytes_in"] = file_bytes_in;
+    j["file_bytes_out"] = file_bytes_out;
+    j["ok"] = ok;
+    j["checks"] = checks;
+    j["failures"] = failures;
+    nlohmann::json t = nlohmann::json::array();
+    for (auto& r : rows)
+        t.push_back({{"name", r.name}, {"values", r.values}, {"escapes", r.escapes}, {"bytes_fp32", r.bytes_fp32},
+                     {"bytes_out", r.bytes_out}, {"max_bound_lr", r.max_bound}, {"note", r.note}});
+    j["tensors"] = t;
+    return j.dump(2);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,41 @@
+// Results of compress / verify / restore, printed as a table (stdout) or one JSON object
+// (--json, for CI). Keys: SPEC §2.3 byte accounting, issue "main job" JSON contract.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+/// Per-parameter row of the summary table.
+struct TensorRow {
+    std::string name;
+    uint64_t values = 0;        ///< moment values (coordinates x moments)
+    uint64_t escapes = 0;       ///< escaped moment values
+    uint64_t bytes_fp32 = 0;    ///< 4 bytes x values
+    uint64_t bytes_out = 0;     ///< bytes encoding these moments in the container
+    double max_bound = 0;       ///< largest certificate kept, lr units
+    std::string note;           ///< e.g. why a tensor was kept exact
+};
+
+struct Report {
+    std::string tool, input, output, codec;
+    double tolerance = 0, grad_bound = 0;
+    std::vector<TensorRow> rows;
+    uint64_t file_bytes_in = 0, file_bytes_out = 0;
+    bool ok = true;
+    std::vector<std::string> failures;   ///< verify: what failed
+    std::vector<std::string> checks;     ///< verify: what was checked
+
+    uint64_t moment_values() const;
+    uint64_t escapes() const;
+    uint64_t moment_bytes_fp32() const;
+    uint64_t moment_bytes_out() const;
+    double moment_reduction() const;     ///< 1 - out / fp32
+    double max_bound() const;
+
+    std::string table() const;           ///< human-readable summary
+    std::string json() const;            ///< one JSON object
+};
+
+}  // namespace ckpt

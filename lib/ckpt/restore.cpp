@@ -1,0 +1,116 @@
+// ckpt-restore: the source file rebuilt in its own format. Raw bytes are written in file
+// order, moment storages are decoded chunk by chunk and written in place, zip CRC-32
+// fields of changed entries are recomputed (zlib) and patched.
+#include <zlib.h>
+
+#include <xxhash.h>
+
+#include <algorithm>
+
+#include "ckpt/decode.h"
+#include "ckpt/pipeline.h"
+#include "ckpt/values.h"
+#include "common/error.h"
+#include "common/file.h"
+#include "io/file.h"
+
+namespace ckpt {
+
+namespace {
+bool ends_with(const std::string& s, const std::string& t) {
+    return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+}
+}  // namespace
+
+Report restore(const std::string& path, const std::string& out, const RestoreOptions& o) {
+    const ContainerReader cr(path);
+    const auto& man = cr.manifest();
+    const bool st_out = ends_with(out, ".safetensors");
+    if (st_out != (man.source_format == "safetensors"))
+        throw BadInput(out, "the source was " + man.source_format +
+                                "; restore writes the source format (name the output accordingly)");
+    const auto bad = cr.damaged_datasets();
+    if (!bad.empty()) {
+        std::string s;
+        for (auto& b : bad) s += (s.empty() ? "" : ", ") + b;
+        throw CheckFailed(path + ": damaged dataset(s), checksum mismatch: " + s);
+    }
+    Report rep;
+    rep.tool = "ckpt-restore";
+    rep.input = path;
+    rep.output = out;
+    rep.codec = codec::kind_name(man.codec);
+    rep.tolerance = man.tolerance;
+    rep.grad_bound = man.grad_bound;
+    rep.file_bytes_in = io::InputFile(path).size();
+    rep.rows = cr.rows();
+
+    AtomicOutput atomic(out);
+    try {
+        FileWriter w(atomic.temp_path());
+        Progress prog(o.progress, "ckpt-restore", man.source_size);
+        std::vector<uint8_t> buf(1 << 20);
+        auto copy = [&](uint64_t from, uint64_t to, XXH3_state_t* h) {
+            for (uint64_t off = from; off < to;) {
+                const uint64_t n = std::min<uint64_t>(buf.size(), to - off);
+                cr.read_raw(off, n, buf.data());
+                if (h) XXH3_64bits_update(h, buf.data(), n);
+                w.write(buf.data(), n);
+                off += n;
+                prog.advance(n);
+            }
+        };
+        uint64_t pos = 0;
+        XXH3_state_t* h = XXH3_createState();
+        for (const auto& s : man.storages) {
+            copy(pos, s.offset, nullptr);
+            if (s.param < 0) {
+                XXH3_64bits_reset(h);
+                copy(s.offset, s.offset + s.nbytes, h);
+                if (XXH3_64bits_digest(h) != s.xxh3) {
+                    XXH3_freeState(h);
+                    throw CheckFailed(path + ": stored tensor bytes at source offset " + std::to_string(s.offset) +
+                                      " do not match their hash");
+                }
+            } else {
+                w.skip(s.nbytes);  // filled in place below
+            }
+            pos = s.offset + s.nbytes;
+        }
+        XXH3_freeState(h);
+        copy(pos, man.source_size, nullptr);
+        // moments, in place
+        std::vector<uint8_t> bytes;
+        for (std::size_t j = 0; j < man.params.size(); ++j) {
+            const auto& e = man.params[j];
+            const std::size_t es = float_dtype_size(e.dtype);
+            uLong crc[3] = {crc32(0, nullptr, 0), crc32(0, nullptr, 0), crc32(0, nullptr, 0)};
+            cr.for_each_chunk(j, 1 << 20, false, [&](const ContainerReader::Chunk& c) {
+                for (int k = 0; k < e.moments(); ++k) {
+                    bytes.resize(c.n * es);
+                    float_to_bytes(e.dtype, c.values[k].data(), c.n, bytes.data());
+                    for (std::size_t q = 0; q < c.escaped.size(); ++q)
+                        store_bits(e.dtype, c.escaped_bits[k][q], bytes.data(), c.escaped[q]);
+                    const auto& st = man.storages[std::size_t(e.storage[k])];
+                    w.pwrite(st.offset + c.begin * es, bytes.data(), bytes.size());
+                    crc[k] = crc32_z(crc[k], bytes.data(), bytes.size());
+                    prog.advance(bytes.size());
+                }
+            });
+            for (int k = 0; k < e.moments(); ++k) {
+                const uint32_t v = uint32_t(crc[k]);
+                const uint8_t le[4] = {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)};
+                for (uint64_t off : man.storages[std::size_t(e.storage[k])].crc_offsets) w.pwrite(off, le, 4);
+            }
+        }
+        w.close();
+    } catch (const std::runtime_error& e) {
+        if (dynamic_cast<const BadInput*>(&e) || dynamic_cast<const CheckFailed*>(&e)) throw;
+        throw BadInput(out, e.what());
+    }
+    atomic.commit();
+    rep.file_bytes_out = io::InputFile(out).size();
+    return rep;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,59 @@
+#include "ckpt/values.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "codec/bf16.h"
+
+namespace ckpt {
+
+std::size_t float_dtype_size(const std::string& d) { return d == "F32" ? 4 : (d == "F16" || d == "BF16") ? 2 : 0; }
+
+void bytes_to_float(const std::string& d, const uint8_t* in, std::size_t n, float* out) {
+    if (d == "F32") { std::memcpy(out, in, n * 4); return; }
+    for (std::size_t i = 0; i < n; ++i) {
+        const uint16_t u = uint16_t(in[2 * i] | (in[2 * i + 1] << 8));
+        if (d == "BF16") out[i] = float(codec::BF16::from_code(u));
+        else { _Float16 h; std::memcpy(&h, &u, 2); out[i] = float(h); }
+    }
+}
+
+void float_to_bytes(const std::string& d, const float* in, std::size_t n, uint8_t* out) {
+    if (d == "F32") { std::memcpy(out, in, n * 4); return; }
+    for (std::size_t i = 0; i < n; ++i) {
+        uint16_t u;
+        if (d == "BF16") u = uint16_t(codec::BF16::bits(in[i]) >> 16);  // exact: value is a bf16
+        else { const _Float16 h = _Float16(in[i]); std::memcpy(&u, &h, 2); }
+        out[2 * i] = uint8_t(u);
+        out[2 * i + 1] = uint8_t(u >> 8);
+    }
+}
+
+uint32_t element_bits(const std::string& d, const uint8_t* in, std::size_t i) {
+    if (d == "F32") { uint32_t u; std::memcpy(&u, in + 4 * i, 4); return u; }
+    return uint32_t(in[2 * i] | (in[2 * i + 1] << 8));
+}
+
+void store_bits(const std::string& d, uint32_t bits, uint8_t* out, std::size_t i) {
+    if (d == "F32") { std::memcpy(out + 4 * i, &bits, 4); return; }
+    out[2 * i] = uint8_t(bits);
+    out[2 * i + 1] = uint8_t(bits >> 8);
+}
+
+Progress::Progress(bool enabled, std::string what, uint64_t total)
+    : on_(enabled && isatty(2)), what_(std::move(what)), total_(total ? total : 1) {}
+
+void Progress::advance(uint64_t n) {
+    done_ += n;
+    if (!on_) return;
+    const int p = int(100 * done_ / total_);
+    if (p != last_) { std::fprintf(stderr, "\r%s: %3d%%", what_.c_str(), p); last_ = p; }
+}
+
+Progress::~Progress() {
+    if (on_) std::fprintf(stderr, "\r%s: done\n", what_.c_str());
+}
+
+}  // namespace ckpt

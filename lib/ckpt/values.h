@@ -1,0 +1,32 @@
+// Conversions between a moment storage's bytes and float values (FP32, F16, BF16), and
+// the progress line. Shared by compress, verify and restore.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace ckpt {
+
+/// Element size in bytes of "F32" | "F16" | "BF16" (0 for anything else).
+std::size_t float_dtype_size(const std::string& dtype);
+/// Decode n elements of `dtype` (little-endian) into floats (exact for all three).
+void bytes_to_float(const std::string& dtype, const uint8_t* in, std::size_t n, float* out);
+/// Encode n floats into `dtype` bytes (values are already representable).
+void float_to_bytes(const std::string& dtype, const float* in, std::size_t n, uint8_t* out);
+/// Raw bits of element i (zero-extended for 2-byte types).
+uint32_t element_bits(const std::string& dtype, const uint8_t* in, std::size_t i);
+void store_bits(const std::string& dtype, uint32_t bits, uint8_t* out, std::size_t i);
+
+/// Progress on stderr, only when stderr is a terminal.
+class Progress {
+public:
+    Progress(bool enabled, std::string what, uint64_t total);
+    void advance(uint64_t n);
+    ~Progress();
+private:
+    bool on_;
+    std::string what_;
+    uint64_t total_, done_ = 0;
+    int last_ = -1;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,203 @@
+#include "container/manifest.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <stdexcept>
+
+namespace ckpt::container {
+
+const char* const kRoleNames[3] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+std::string codes_path(int r) { return std::string("/moments/codes/") + kRoleNames[r]; }
+std::string params_path(int r) { return std::string("/moments/params/") + kRoleNames[r]; }
+std::string escapes_path(int r) { return std::string("/moments/escapes/") + kRoleNames[r]; }
+
+using nlohmann::json;
+
+namespace {
+json num(double x) { return std::isfinite(x) ? json(x) : json(x > 0 ? "inf" : "-inf"); }
+double get_num(const json& j, const char* k) {
+    if (!j.contains(k)) throw std::runtime_error(std::string("manifest field '") + k + "' is missing");
+    const json& v = j.at(k);
+    if (v.is_number()) return v.get<double>();
+    if (v == "inf") return INFINITY;
+    throw std::runtime_error(std::string("manifest field '") + k + "' is not a number");
+}
+uint64_t get_u64(const json& j, const char* k) {
+    if (!j.contains(k) || !j.at(k).is_number_unsigned())
+        throw std::runtime_error(std::string("manifest field '") + k + "' is missing or not a count");
+    return j.at(k).get<uint64_t>();
+}
+int64_t get_i64(const json& j, const char* k) {
+    if (!j.contains(k) || !j.at(k).is_number_integer())
+        throw std::runtime_error(std::string("manifest field '") + k + "' is missing or not an integer");
+    return j.at(k).get<int64_t>();
+}
+std::string get_str(const json& j, const char* k) {
+    if (!j.contains(k) || !j.at(k).is_string())
+        throw std::runtime_error(std::string("manifest field '") + k + "' is missing or not a string");
+    return j.at(k).get<std::string>();
+}
+bool get_bool(const json& j, const char* k) {
+    if (!j.contains(k) || !j.at(k).is_boolean())
+        throw std::runtime_error(std::string("manifest field '") + k + "' is missing or not a boolean");
+    return j.at(k).get<bool>();
+}
+}  // namespace
+
+std::string Manifest::to_json() const {
+    json j;
+    j["format"] = "ckptkit-container";
+    j["format_version"] = format_version;
+    j["tool_version"] = tool_version;
+    j["source"] = {{"format", source_format}, {"name", source_name}, {"size", source_size}};
+    j["codec"] = codec::kind_name(codec);
+    j["block"] = block;
+    j["tolerance"] = tolerance;
+    j["grad_bound"] = num(grad_bound);
+    j["optimizer"] = optimizer;
+    json st = json::array();
+    for (const auto& s : storages)
+        st.push_back({{"offset", s.offset}, {"nbytes", s.nbytes}, {"xxh3", s.xxh3},
+                      {"param", s.param}, {"role", s.role}, {"crc_offsets", s.crc_offsets}});
+    j["storages"] = st;
+    json ps = json::array();
+    for (const auto& p : params) {
+        const auto& h = p.hyper;
+        ps.push_back({{"name", p.name}, {"numel", p.numel}, {"dtype", p.dtype},
+                      {"hyper", {{"lr", h.lr}, {"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps},
+                                 {"weight_decay", h.weight_decay}, {"amsgrad", h.amsgrad},
+                                 {"maximize", h.maximize}, {"step", h.step}}},
+                      {"domain", {{"l2", p.domain.l2}, {"plain", p.domain.plain},
+                                  {"theta_bound", p.domain.theta_bound}}},
+                      {"theta_storage", p.theta_storage}, {"theta_dtype", p.theta_dtype},
+                      {"code_offset", p.code_offset}, {"block_offset", p.block_offset},
+                      {"escape_offset", p.escape_offset}, {"escapes", p.escapes},
+                      {"max_bound", p.max_bound},
+                      {"storage", {p.storage[0], p.storage[1], p.storage[2]}}});
+    }
+    j["params"] = ps;
+    return j.dump();
+}
+
+Manifest Manifest::from_json(const std::string& text) {
+    json j;
+    try {
+        j = json::parse(text);
+    } catch (const std::exception& e) {
+        throw std::runtime_error(std::string("manifest is not valid JSON: ") + e.what());
+    }
+    if (!j.is_object() || j.value("format", "") != "ckptkit-container")
+        throw std::runtime_error("manifest is not a ckptkit container manifest");
+    Manifest m;
+    m.format_version = int(get_i64(j, "format_version"));
+    if (m.format_version != kFormatVersion)
+        throw std::runtime_error("container format version " + std::to_string(m.format_version) + " is not supported");
+    m.tool_version = get_str(j, "tool_version");
+    if (!j.contains("source") || !j["source"].is_object()) throw std::runtime_error("manifest field 'source' is missing");
+    m.source_format = get_str(j["source"], "format");
+    m.source_name = get_str(j["source"], "name");
+    m.source_size = get_u64(j["source"], "size");
+    try {
+        m.codec = codec::kind_from_name(get_str(j, "codec"));
+    } catch (const std::invalid_argument& e) {
+        throw std::runtime_error(e.what());
+    }
+    m.block = int(get_i64(j, "block"));
+    if (m.block != codec::kBlock) throw std::runtime_error("unsupported block size " + std::to_string(m.block));
+    m.tolerance = get_num(j, "tolerance");
+    m.grad_bound = get_num(j, "grad_bound");
+    if (!(m.tolerance > 0) || !(m.grad_bound > 0)) throw std::runtime_error("manifest tolerance/grad_bound must be positive");
+    m.optimizer = get_str(j, "optimizer");
+    if (!j.contains("storages") || !j["storages"].is_array() || !j.contains("params") || !j["params"].is_array())
+        throw std::runtime_error("manifest lacks 'storages' or 'params'");
+    for (const auto& p : j["params"]) {
+        if (!p.is_object()) throw std::runtime_error("manifest param entry is not an object");
+        ParamEntry e;
+        e.name = get_str(p, "name");
+        e.numel = get_u64(p, "numel");
+        e.dtype = get_str(p, "dtype");
+        if (e.dtype != "F32" && e.dtype != "F16" && e.dtype != "BF16") throw std::runtime_error("param " + e.name + ": bad dtype");
+        if (!p.contains("hyper") || !p["hyper"].is_object() || !p.contains("domain") || !p["domain"].is_object())
+            throw std::runtime_error("param " + e.name + ": hyper/domain missing");
+        const json& h = p["hyper"];
+        e.hyper.lr = get_num(h, "lr");
+        e.hyper.beta1 = get_num(h, "beta1");
+        e.hyper.beta2 = get_num(h, "beta2");
+        e.hyper.eps = get_num(h, "eps");
+        e.hyper.weight_decay = get_num(h, "weight_decay");
+        e.hyper.amsgrad = get_bool(h, "amsgrad");
+        e.hyper.maximize = get_bool(h, "maximize");
+        e.hyper.step = get_num(h, "step");
+        for (double x : {e.hyper.lr, e.hyper.beta1, e.hyper.beta2, e.hyper.eps, e.hyper.weight_decay, e.hyper.step})
+            if (!std::isfinite(x)) throw std::runtime_error("param " + e.name + ": non-finite hyper-parameter");
+        e.domain.l2 = get_bool(p["domain"], "l2");
+        e.domain.plain = get_bool(p["domain"], "plain");
+        e.domain.theta_bound = get_num(p["domain"], "theta_bound");
+        e.domain.grad_bound = m.grad_bound;
+        e.domain.weight_decay = e.hyper.weight_decay;
+        e.theta_storage = get_i64(p, "theta_storage");
+        e.theta_dtype = get_str(p, "theta_dtype");
+        e.code_offset = get_u64(p, "code_offset");
+        e.block_offset = get_u64(p, "block_offset");
+        e.escape_offset = get_u64(p, "escape_offset");
+        e.escapes = get_u64(p, "escapes");
+        e.max_bound = get_num(p, "max_bound");
+        if (!p.contains("storage") || !p["storage"].is_array() || p["storage"].size() != 3)
+            throw std::runtime_error("param " + e.name + ": storage list malformed");
+        for (int r = 0; r < 3; ++r) {
+            if (!p["storage"][r].is_number_integer()) throw std::runtime_error("param " + e.name + ": storage index malformed");
+            e.storage[r] = p["storage"][r].get<int>();
+        }
+        if (e.escapes > e.numel) throw std::runtime_error("param " + e.name + ": more escapes than values");
+        m.params.push_back(std::move(e));
+    }
+    uint64_t end = 0;
+    for (const auto& s : j["storages"]) {
+        if (!s.is_object()) throw std::runtime_error("manifest storage entry is not an object");
+        StorageEntry e;
+        e.offset = get_u64(s, "offset");
+        e.nbytes = get_u64(s, "nbytes");
+        e.xxh3 = get_u64(s, "xxh3");
+        e.param = int(get_i64(s, "param"));
+        e.role = int(get_i64(s, "role"));
+        if (!s.contains("crc_offsets") || !s["crc_offsets"].is_array()) throw std::runtime_error("storage crc_offsets malformed");
+        for (const auto& c : s["crc_offsets"]) {
+            if (!c.is_number_unsigned() || c.get<uint64_t>() > m.source_size || m.source_size - c.get<uint64_t>() < 4)
+                throw std::runtime_error("storage crc offset out of range");
+            e.crc_offsets.push_back(c.get<uint64_t>());
+        }
+        if (e.offset < end || e.offset > m.source_size || e.nbytes > m.source_size - e.offset)
+            throw std::runtime_error("manifest storage ranges overlap or run past the source size");
+        end = e.offset + e.nbytes;
+        if (e.param >= int(m.params.size()) || e.param < -1 || e.role < -1 || e.role > 2 || (e.param < 0) != (e.role < 0))
+            throw std::runtime_error("manifest storage refers to an unknown param/role");
+        m.storages.push_back(std::move(e));
+    }
+    for (std::size_t i = 0; i < m.params.size(); ++i) {
+        const auto& p = m.params[i];
+        for (int r = 0; r < 3; ++r) {
+            if (r >= p.moments()) { if (p.storage[r] != -1) throw std::runtime_error("param " + p.name + ": unexpected storage"); continue; }
+            if (p.storage[r] < 0 || p.storage[r] >= int(m.storages.size())) throw std::runtime_error("param " + p.name + ": storage index out of range");
+            const auto& s = m.storages[std::size_t(p.storage[r])];
+            const uint64_t es = p.dtype == "F32" ? 4 : 2;
+            if (s.param != int(i) || s.role != r || s.nbytes != p.numel * es)
+                throw std::runtime_error("param " + p.name + ": storage does not match its moments");
+        }
+        if (p.theta_storage < -1 || p.theta_storage >= int64_t(m.storages.size()) ||
+            (p.theta_storage >= 0 && m.storages[std::size_t(p.theta_storage)].param >= 0))
+            throw std::runtime_error("param " + p.name + ": theta storage invalid");
+    }
+    return m;
+}
+
+uint64_t Manifest::raw_offset(uint64_t off) const {
+    uint64_t skipped = 0;
+    for (const auto& s : storages) {
+        if (s.param < 0 || s.offset >= off) continue;
+        skipped += s.nbytes;
+    }
+    return off - skipped;
+}
+
+}  // namespace ckpt::container

@@ -1,0 +1,70 @@
+// The container's manifest: one JSON document (root attribute "manifest") that says how
+// to rebuild the source file from /raw and the moment streams. Layout and every field:
+// formats/container.md. Parsing validates types and ranges so a hostile or damaged
+// container gives a clear error instead of a crash.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "codec/codec.h"
+
+namespace ckpt::container {
+
+constexpr int kFormatVersion = 1;
+/// Dataset paths (formats/container.md).
+constexpr const char* kRaw = "/raw";
+extern const char* const kRoleNames[3];   ///< exp_avg, exp_avg_sq, max_exp_avg_sq
+std::string codes_path(int role);          ///< /moments/codes/<role>
+std::string params_path(int role);         ///< /moments/params/<role>
+std::string escapes_path(int role);        ///< /moments/escapes/<role>
+constexpr const char* kEscapeIndex = "/moments/escapes/index";
+
+/// One storage (byte range) of the source file.
+struct StorageEntry {
+    uint64_t offset = 0, nbytes = 0;   ///< bytes, in the source file
+    uint64_t xxh3 = 0;                 ///< of the original bytes
+    int param = -1, role = -1;         ///< moment storage of params[param], role; -1 if raw
+    std::vector<uint64_t> crc_offsets; ///< zip CRC-32 fields to rewrite after decoding
+};
+
+/// One parameter's encoded moments.
+struct ParamEntry {
+    std::string name;
+    uint64_t numel = 0;
+    std::string dtype;                 ///< F32, F16 or BF16
+    codec::AdamHyper hyper;
+    codec::DomainRule domain;
+    int64_t theta_storage = -1;        ///< storage index of theta (raw), -1 when absent
+    std::string theta_dtype;
+    uint64_t code_offset = 0;          ///< values into /moments/codes/* (x code bytes)
+    uint64_t block_offset = 0;         ///< blocks into /moments/params/* (x params/block)
+    uint64_t escape_offset = 0, escapes = 0;  ///< rows of the escape table
+    double max_bound = 0;              ///< largest certificate kept, lr units
+    int storage[3] = {-1, -1, -1};     ///< StorageEntry index per role
+    int moments() const { return hyper.amsgrad ? 3 : 2; }
+};
+
+struct Manifest {
+    int format_version = kFormatVersion;
+    std::string tool_version;
+    std::string source_format;         ///< torch-zip, torch-legacy, safetensors
+    std::string source_name;
+    uint64_t source_size = 0;
+    codec::Kind codec = codec::Kind::Log8;
+    int block = codec::kBlock;
+    double tolerance = 0.01, grad_bound = 1.0;
+    std::string optimizer = "auto";
+    std::vector<StorageEntry> storages;   ///< sorted by offset, non-overlapping
+    std::vector<ParamEntry> params;
+
+    std::string to_json() const;
+    /// Parse and validate (ranges tile inside source_size, indices in range, known codec,
+    /// finite hyper-parameters). Throws std::runtime_error with the reason.
+    static Manifest from_json(const std::string&);
+    /// Bytes of /raw before source offset `off` (off must not be inside a moment storage).
+    uint64_t raw_offset(uint64_t off) const;
+};
+
+}  // namespace ckpt::container
