@@ -128,11 +128,8 @@ def record(model_path, copy_gbps=10.0):
     model.train()
     segs = segment_modules(model, names)
     seg_of = {id(m): n for n, m in segs.items()}
-    params = {p.data_ptr() for p in model.parameters()}
-    bufptrs = lambda: {b.data_ptr() for b in model.buffers()}
     order, info = [], {}
     cur = [None]
-    seen_storages = set()
     versions = {n: 0 for n, _ in model.named_buffers()}
     state = {"snap": _snap(model), "rng": torch.get_rng_state()}
     initial = state["snap"]
@@ -194,12 +191,11 @@ def record(model_path, copy_gbps=10.0):
         d["output_bytes"] = tensor_bytes(output)
         state["snap"], state["rng"] = after, rng
 
+    packed = {}   # storage ptr -> (segment, bytes); first segment that saves it owns it
+
     def pack(t):
-        if cur[0] is not None:
-            ptr = t.data_ptr()
-            if ptr not in params and ptr not in bufptrs() and ptr not in seen_storages:
-                seen_storages.add(ptr)
-                info[cur[0]]["saved"] += t.numel() * t.element_size()
+        if cur[0] is not None and t.data_ptr() not in packed:
+            packed[t.data_ptr()] = (cur[0], t.numel() * t.element_size())
         return t
 
     handles = [m.register_forward_pre_hook(pre) for m in segs.values()]
@@ -219,6 +215,12 @@ def record(model_path, copy_gbps=10.0):
     if missing:
         raise RecordError(f"segment(s) never called: {missing}")
 
+    # Saved tensors that are not parameters or buffers at the end of the step are activations
+    # (a buffer rebound during the step, e.g. a queue, leaves its old tensor to autograd).
+    persistent = {p.data_ptr() for p in model.parameters()} | {b.data_ptr() for b in model.buffers()}
+    for ptr, (seg, nbytes) in packed.items():
+        if ptr not in persistent:
+            info[seg]["saved"] += nbytes
     fwd_total = sum(info[n]["forward_ms"] for n in order) or 1.0
     bwd_ms = (t2 - t1) * 1e3
     buffers = {n: {"id": n, "dtype": v[4], "bytes": v[2].numel()}     # sizes before the step

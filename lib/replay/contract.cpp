@@ -34,6 +34,17 @@ std::vector<Region> region_union(const std::vector<Region>& a, const std::vector
     return out;
 }
 
+std::vector<Region> coalesce_regions(const std::vector<Region>& rs, uint64_t max_gap) {
+    std::vector<Region> out;
+    for (const auto& r : rs) {
+        if (!out.empty() && r.offset - (out.back().offset + out.back().length) < max_gap)
+            out.back().length = r.offset + r.length - out.back().offset;
+        else
+            out.push_back(r);
+    }
+    return out;
+}
+
 std::vector<Contract> derive_contracts(const Trace& t) {
     std::vector<Contract> out(t.segments.size());
     for (size_t s = 0; s < t.segments.size(); ++s) {
@@ -57,7 +68,8 @@ std::vector<Contract> derive_contracts(const Trace& t) {
                             writers.push_back(t.segments[j].name);
                         }
                 if (overwritten) {
-                    c.restore.push_back({a.buffer, a.version_read, a.bytes_read, regions});
+                    c.restore.push_back({a.buffer, a.version_read, a.bytes_read,
+                                         coalesce_regions(regions, kRegionMetaBytes)});
                     c.hazards.push_back(fmt::format(
                         "reads '{}' at version {}, overwritten before its recompute by segment(s) "
                         "{}", a.buffer, a.version_read, fmt::join(writers, ",")));

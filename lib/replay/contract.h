@@ -52,6 +52,12 @@ constexpr uint64_t kRegionMetaBytes = 16;
 /// read time (bytes appended later are dropped by truncation, nothing to copy).
 std::vector<Contract> derive_contracts(const Trace& t);
 
+/// Merge sorted disjoint regions separated by fewer than max_gap bytes. Used with
+/// kRegionMetaBytes for selective preservation: copying a short unchanged gap costs less than
+/// one more region's metadata, and restoring unchanged bytes is harmless, so selective never
+/// holds more than a whole snapshot + kRegionMetaBytes.
+std::vector<Region> coalesce_regions(const std::vector<Region>& rs, uint64_t max_gap);
+
 /// Union of sorted disjoint region lists, clipped to [0, limit).
 std::vector<Region> region_union(const std::vector<Region>& a, const std::vector<Region>& b,
                                  uint64_t limit);

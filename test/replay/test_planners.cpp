@@ -112,6 +112,7 @@ TEST_CASE("contracts: hazards, region unions, appended bytes dropped, versions i
     CHECK(!cs[2].stateful());
     CHECK(cs[0].id == tt.hash + ":a:x@0");
     CHECK(region_union({{0, 10}}, {{5, 10}, {30, 5}}, 32) == std::vector<Region>{{0, 15}, {30, 2}});
+    CHECK(coalesce_regions({{0, 8}, {20, 4}, {40, 8}}, 16) == std::vector<Region>{{0, 24}, {40, 8}});
 }
 
 TEST_CASE("cost model: exact peak and time by hand") {
@@ -162,7 +163,12 @@ TEST_CASE("joint planner = brute force on 300 seeded random traces") {
     for (int k = 0; k < 300; ++k) {
         Trace t = random_trace(rng, 1 + k % 7);
         CAPTURE(k);
-        check_joint_is_optimal(Problem(t));
+        Problem p(t);
+        check_joint_is_optimal(p);
+        for (size_t i = 0; i < p.size(); ++i)   // gap merging: selective <= snapshot + metadata
+            if (!p.contracts[i].restore.empty())
+                CHECK(p.cost(i, Decision::Selective).preserved <=
+                      p.cost(i, Decision::Snapshot).preserved + kRegionMetaBytes * p.contracts[i].restore.size());
     }
 }
 
