@@ -56,9 +56,11 @@ r = subprocess.run(["/usr/bin/python3", f"{root}/scripts/apply_plan.py", f"{root
                     t, p, "--budget", b, "--repeat", "3", "--json"], capture_output=True, text=True)
 a = json.loads(r.stdout)
 ident = "yes" if a["identical"] else "**no**"
+if a["step_ms_plan"] is None:   # the recomputed step raised (e.g. a doubled KV cache)
+    ident = "**no** (step raised)"
 safe = "" if e["safe"] else " (unsafe)"
 print(f"| {m} | {name} {kib(int(b))} | {pl}{safe} | yes | {kib(e['peak_bytes'])} | {e['step_time_ms']:.2f} | "
-      f"{kib(a['predicted_held_bytes'])} | {kib(a['held_bytes_plan'] or 0)} | "
+      f"{kib(a['predicted_held_bytes'])} | {kib(a['held_bytes_plan']) if a['held_bytes_plan'] else '-'} | "
       f"{a['step_ms_plan'] or 0:.2f} ({a['step_ms_reference']:.2f}) | {ident} |")
 EOF
     done
