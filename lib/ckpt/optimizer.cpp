@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -106,6 +107,37 @@ std::vector<int> model_params(const Checkpoint& ck, const Value& model) {
     return out;
 }
 
+/// Map optimizer param ids to model parameters. Torch numbers params group by group; each
+/// group keeps model order, so the model's parameter list is an interleaving of the
+/// groups. Shapes (from exp_avg) decide the interleaving; when none or more than one
+/// interleaving fits, nothing is mapped (the caller then refuses L2 mode: soundness first).
+std::map<std::string, int> map_params(const Checkpoint& ck, const std::vector<int>& params,
+                                      const std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>>& groups) {
+    std::size_t total = 0;
+    for (const auto& g : groups) total += g.size();
+    if (params.size() != total) return {};
+    std::vector<std::size_t> pos(groups.size(), 0);
+    std::map<std::string, int> found, current;
+    int solutions = 0;
+    long budget = 200000;
+    std::function<void(std::size_t)> go = [&](std::size_t k) {
+        if (solutions > 1 || --budget < 0) return;
+        if (k == params.size()) { if (++solutions == 1) found = current; return; }
+        const auto& shape = ck.tensors[std::size_t(params[k])].shape;
+        for (std::size_t g = 0; g < groups.size(); ++g) {
+            if (pos[g] >= groups[g].size()) continue;
+            const auto& [id, want] = groups[g][pos[g]];
+            if (want && *want != shape) continue;
+            current[id] = params[k];
+            ++pos[g];
+            go(k + 1);
+            --pos[g];
+        }
+    };
+    go(0);
+    return solutions == 1 && budget >= 0 ? found : std::map<std::string, int>{};
+}
+
 std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f, const HyperOverrides& o) {
     // The optimizer state_dict: the root, or a value of the root dict.
     const Value* opt = nullptr;
@@ -137,7 +169,19 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
         for (const Value& p : *pl) where[p.key_text()] = {&g, flat++};
     }
     const std::vector<int> params = model ? model_params(ck, *model) : std::vector<int>{};
-    const bool mapped = params.size() == flat;
+    std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>> seq;
+    const Value* state_dict = opt->get("state");
+    for (const Value& g : *groups) {
+        seq.emplace_back();
+        for (const Value& p : std::get<Value::List>(g.get("params")->v)) {
+            const std::vector<int64_t>* shape = nullptr;
+            if (const Value* st = state_dict->get(p.key_text()))
+                if (const Value* m = st->get("exp_avg"))
+                    if (auto ti = std::get_if<Value::Tensor>(&m->v)) shape = &ck.tensors[ti->index].shape;
+            seq.back().push_back({p.key_text(), shape});
+        }
+    }
+    const std::map<std::string, int> theta_of = model ? map_params(ck, params, seq) : std::map<std::string, int>{};
     for (const auto& [k, st] : std::get<Value::Dict>(opt->get("state")->v)) {
         if (!st.is_dict()) continue;
         ParamState p;
@@ -172,7 +216,7 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
             p.hyper.step = as_double(*step, "step", f.path());
         }
         apply(p.hyper, o);
-        if (mapped) p.theta = params[w->second.second];
+        if (auto t = theta_of.find(p.index); t != theta_of.end()) p.theta = t->second;
         check_compressible(ck, p);
         out.push_back(std::move(p));
     }

@@ -92,6 +92,7 @@ struct Log8 {
             const double q = a / (value(p[0]) * scale);
             if (!(q < K + 1)) return false;
             int k = int(q + 0.5);
+            if (k > K) k = K;  // q in [K+1/2, K+1) has no code: the cell check below fails
             for (int it = 0; it < 4; ++it) {
                 m_cell(k, p, scale, lo, hi);
                 if (a > hi && k < K) ++k;

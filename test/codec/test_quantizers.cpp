@@ -77,6 +77,12 @@ TEST_CASE("log8 exp_avg: linear in m / sqrt(v~), signs and zeros exact") {
         if (m[i] == 0) CHECK(cell.dec == 0);
     }
     uint16_t c;
+    // the top edge: (K + 1/2) steps is the last coded magnitude, just past it has no code
+    const float below = float(126.9 * step * 1e-3), past = float(127.6 * step * 1e-3);
+    REQUIRE(Log8::encode(below, Role::ExpAvg, p, 1e-3, &c));
+    CHECK(c == 127);
+    CHECK_FALSE(Log8::encode(past, Role::ExpAvg, p, 1e-3, &c));
+    CHECK_FALSE(Log8::encode(-past, Role::ExpAvg, p, 1e-3, &c));
     CHECK_FALSE(Log8::encode(1e-2f, Role::ExpAvg, p, 1e-3, &c));  // |m|/sqrt(v) past the top code
     CHECK_FALSE(Log8::encode(1e-9f, Role::ExpAvg, p, 0.0, &c));   // nonzero m with v~ = 0
 }

@@ -33,8 +33,14 @@ KIND = {f: ckpt_models.RUNS[run]["optimizer"] for f, (run, _) in ckpt_models.FIX
 
 # log8 (the product) at both bounds; the guarded baselines at one bound each (time budget);
 # the explicit --optimizer kind once for the two weight-decay fixtures (auto is the default).
-COMBOS = ([(f, "log8", g, "auto") for f in FIXTURES for g in ("1.0", "inf")]
-          + [(f, "bf16", "1.0", "auto") for f in FIXTURES]
+def _kind(f, g):
+    """An optimizer-only file has no parameters, so Adam L2 cannot be certified at finite G:
+    name the optimizer (the fixture is AdamW); test_l2_needs_parameters covers 'auto'."""
+    return "adamw" if f == "lm_optimizer_only.pt" and g != "inf" else "auto"
+
+
+COMBOS = ([(f, "log8", g, _kind(f, g)) for f in FIXTURES for g in ("1.0", "inf")]
+          + [(f, "bf16", "1.0", _kind(f, "1.0")) for f in FIXTURES]
           + [(f, "blockwise8", "inf", "auto") for f in FIXTURES]
           + [("cnn_adam_l2.pt", "log8", "1.0", "adam"), ("cnn_adamw.pt", "log8", "1.0", "adamw")])
 
@@ -254,3 +260,13 @@ def test_verify_rejects_garbage_and_wrong_original(tmp_path):
     assert p.returncode == 0, p.stderr
     v = run_tool(ckptkit_bin, "ckpt-verify", ckz, "--original", fixture_path("cnn_adam_l2.pt"))
     assert v.returncode == 1, f"rc={v.returncode}: {v.stderr}"
+
+
+def test_l2_needs_parameters(tmp_path):
+    """auto + weight decay + finite G without parameters: refuse (exit 2, one line, no file)."""
+    ckptkit_bin = require_ckptkit_bin()
+    out = tmp_path / "x.ckz.h5"
+    p = run_tool(ckptkit_bin, "ckpt-compress", fixture_path("lm_optimizer_only.pt"), "-o", out)
+    assert p.returncode == 2
+    assert "Adam L2" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not out.exists() and not list(tmp_path.iterdir())
