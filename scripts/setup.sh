@@ -1,0 +1,13 @@
+#!/bin/sh
+# Install every Debian 12 package the build, the tools and the tests need (run as root).
+set -eu
+export DEBIAN_FRONTEND=noninteractive
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO=sudo
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+  build-essential cmake ninja-build pkg-config \
+  libcli11-dev libhdf5-dev libzstd-dev libfmt-dev libspdlog-dev doctest-dev \
+  nlohmann-json3-dev libxxhash-dev zlib1g-dev \
+  python3 python3-torch python3-numpy python3-h5py python3-hdf5plugin python3-pytest \
+  python3-sklearn zstd time >/dev/null
