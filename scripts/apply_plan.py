@@ -1,14 +1,15 @@
 #!/usr/bin/python3
 """Apply a replay-plan plan to the real torch model and prove it byte-identical.
 
-Usage: apply_plan.py MODEL.py TRACE.json PLAN.json [--budget B] [--mode contract|plain|plain-norng]
-                     [--repeat N] [--json]
+Usage: apply_plan.py MODEL.py TRACE.json PLAN.json [--budget B ...]
+                     [--mode contract|plain|plain-norng] [--repeat N] [--json]
 
 Runs one training step (loss_fn(model, batch).backward(), build() seeded as in
 record_trace.py) twice: without recomputation (reference) and with the plan applied, and compares
 loss, model output, every parameter gradient, every buffer after the step and the RNG state
-with torch.equal. Exit 0 when all are byte-identical, 1 with the differences listed, 2 on bad
-input (unreadable plan, plan for another trace, stale contract versions).
+with torch.equal. Several --budget entries share one reference step; --json prints one object
+per budget. Exit 0 when all are byte-identical, 1 with the differences listed, 2 on bad input
+(unreadable plan, plan for another trace, stale contract versions, infeasible entry).
 
 Modes (SPEC §3.2, §3.4 (b)):
   contract     the plan's recomputed segments run under torch.utils.checkpoint
@@ -35,7 +36,8 @@ import torch
 import torch.utils.checkpoint as tuc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from record_trace import buffer_owner, byte_view, load_build, segment_modules  # noqa: E402
+from record_trace import (buffer_owner, byte_view, load_build, segment_modules,  # noqa: E402
+                          storage_of)
 
 
 class PlanError(Exception):
@@ -71,8 +73,9 @@ def trace_hash(trace):
     return "%016x" % h
 
 
-def load_plan(trace_path, plan_path, budget):
-    """Read trace + plan, pick the budget entry, check the plan matches the trace."""
+def load_plan(trace_path, plan_path, budgets):
+    """Read trace + plan, check the plan matches the trace, return (trace, entries): the
+    entries for `budgets` (bytes; all must be feasible), or the first feasible one."""
     try:
         with open(trace_path) as f:
             trace = json.load(f)
@@ -85,13 +88,25 @@ def load_plan(trace_path, plan_path, budget):
     if plan.get("trace", {}).get("hash") != trace_hash(trace):
         raise PlanError(f"{plan_path} was made for another trace (hash "
                         f"{plan.get('trace', {}).get('hash')}, {trace_path} is {trace_hash(trace)})")
-    entries = plan.get("budgets", [])
-    if budget is not None:
-        entries = [e for e in entries if e["budget_bytes"] == budget]
-    entries = [e for e in entries if e["feasible"]]
+    feasible = [e for e in plan.get("budgets", []) if e["feasible"]]
+    if budgets:
+        entries = []
+        for b in budgets:
+            match = [e for e in feasible if e["budget_bytes"] == b]
+            if not match:
+                raise PlanError(f"no feasible plan for budget {b} bytes in {plan_path}")
+            entries.append(match[0])
+    else:
+        entries = feasible[:1]
     if not entries:
-        raise PlanError("no feasible plan for that budget in " + plan_path)
-    entry = entries[0]
+        raise PlanError("no feasible plan in " + plan_path)
+    for entry in entries:
+        check_entry(trace, entry)
+    return trace, entries
+
+
+def check_entry(trace, entry):
+    """Refuse a plan entry whose segments or contract versions do not match the trace."""
     names = [s["name"] for s in trace["segments"]]
     if [s["name"] for s in entry["segments"]] != names:
         raise PlanError("plan segments do not match the trace's (plan for another trace)")
@@ -101,7 +116,6 @@ def load_plan(trace_path, plan_path, budget):
         for r in s.get("contract", {}).get("restore", []):
             if read_version.get((s["name"], r["buffer"])) != r["version"]:
                 raise PlanError(f"stale contract for segment {s['name']}: {r['buffer']}")
-    return trace, entry
 
 
 class Recorder:
@@ -112,7 +126,8 @@ class Recorder:
         self.held = {}
 
     def pack(self, t):
-        self.held[t.data_ptr()] = t.numel() * t.element_size()
+        key, nbytes = storage_of(t)
+        self.held[key] = nbytes
         return t
 
 
@@ -124,7 +139,7 @@ def run_step(model_path, decisions, mode, problems):
     model.train()
     segs = segment_modules(model, names)
     rec = Recorder()
-    fixed = {p.data_ptr() for p in model.parameters()}
+    fixed = {storage_of(p)[0] for p in model.parameters()}
     preserved = [0]
     ckpt_inputs = {}
 
@@ -134,7 +149,8 @@ def run_step(model_path, decisions, mode, problems):
         def forward(*args, **kw):
             for a in args:
                 if torch.is_tensor(a):
-                    ckpt_inputs[a.data_ptr()] = a.numel() * a.element_size()
+                    key, nbytes = storage_of(a)
+                    ckpt_inputs[key] = nbytes
             if mode != "contract":
                 return tuc.checkpoint(orig, *args, use_reentrant=False,
                                       preserve_rng_state=(mode == "plain"), **kw)
@@ -204,7 +220,7 @@ def run_step(model_path, decisions, mode, problems):
         loss = loss_fn(model, batch)
     loss.backward()
     secs = time.perf_counter() - t0
-    bufptrs = {b.data_ptr() for b in model.buffers()}
+    bufptrs = {storage_of(b)[0] for b in model.buffers()}
     held = {p: n for p, n in {**rec.held, **ckpt_inputs}.items()
             if p not in fixed and p not in bufptrs}
     result = {"loss": loss.detach(), "output": rec.out.detach() if torch.is_tensor(rec.out) else rec.out,
@@ -246,52 +262,55 @@ def main():
     ap.add_argument("model")
     ap.add_argument("trace")
     ap.add_argument("plan")
-    ap.add_argument("--budget", help="plan entry to apply (default: first feasible)")
+    ap.add_argument("--budget", action="append",
+                    help="plan entry to apply (repeatable; default: the first feasible one)")
     ap.add_argument("--mode", choices=["contract", "plain", "plain-norng"], default="contract")
     ap.add_argument("--repeat", type=int, default=1, help="timed runs of each step (median)")
-    ap.add_argument("--json", action="store_true", help="print a JSON result object")
+    ap.add_argument("--json", action="store_true", help="print one JSON object per budget")
     a = ap.parse_args()
     try:
-        trace, entry = load_plan(a.trace, a.plan, parse_bytes(a.budget) if a.budget else None)
+        trace, entries = load_plan(a.trace, a.plan, [parse_bytes(b) for b in a.budget or []])
     except PlanError as e:
         print(f"apply_plan: error: {e}", file=sys.stderr)
         return 2
-    if a.mode == "contract":
-        decisions = {s["name"]: (s["decision"], s.get("contract", {}))
-                     for s in entry["segments"] if s["decision"] != "keep"}
-    else:
-        decisions = {s["name"]: ("recompute", {}) for s in trace["segments"]}
-    problems = []
-    ref_times, got_times = [], []
-    ref = got = None
-    error = None
-    for _ in range(max(1, a.repeat)):
-        ref, t_ref, held_ref = run_step(a.model, {}, "contract", problems)
-        ref_times.append(t_ref)
-        try:
-            got, t_got, held_got = run_step(a.model, decisions, a.mode, problems)
-            got_times.append(t_got)
-        except RuntimeError as e:
-            error = str(e).split("\n")[0]
-            break
-    diffs = problems + ([f"step failed: {error}"] if error else compare(ref, got))
     med = lambda v: sorted(v)[len(v) // 2] * 1e3 if v else None
-    res = {"identical": not diffs, "mode": a.mode, "budget_bytes": entry["budget_bytes"],
-           "recomputed": sorted(decisions), "differences": diffs,
-           "step_ms_reference": med(ref_times), "step_ms_plan": med(got_times),
-           "held_bytes_reference": held_ref,
-           "held_bytes_plan": None if error else held_got,
-           "predicted_peak_bytes": entry["peak_bytes"],
-           "predicted_step_ms": entry["step_time_ms"],
-           "predicted_held_bytes": sum(s["held_bytes"] for s in entry["segments"])}
-    if a.json:
-        print(json.dumps(res))
-    else:
-        print(f"apply_plan: {a.mode}, {len(decisions)} segment(s) recomputed: "
-              + ("byte-identical" if not diffs else "DIFFERENT"))
-        for d in diffs:
-            print("  " + d)
-    return 0 if not diffs else 1
+    ref_times = []
+    for _ in range(max(1, a.repeat)):   # the reference step, shared by every budget
+        ref, t_ref, held_ref = run_step(a.model, {}, "contract", [])
+        ref_times.append(t_ref)
+    all_identical = True
+    for entry in entries:
+        if a.mode == "contract":
+            decisions = {s["name"]: (s["decision"], s.get("contract", {}))
+                         for s in entry["segments"] if s["decision"] != "keep"}
+        else:
+            decisions = {s["name"]: ("recompute", {}) for s in trace["segments"]}
+        problems, got_times, got, error, held_got = [], [], None, None, None
+        for _ in range(max(1, a.repeat)):
+            try:
+                got, t_got, held_got = run_step(a.model, decisions, a.mode, problems)
+                got_times.append(t_got)
+            except RuntimeError as e:
+                error = str(e).split("\n")[0]
+                break
+        diffs = problems + ([f"step failed: {error}"] if error else compare(ref, got))
+        all_identical = all_identical and not diffs
+        res = {"identical": not diffs, "mode": a.mode, "budget_bytes": entry["budget_bytes"],
+               "recomputed": sorted(decisions), "differences": diffs,
+               "step_ms_reference": med(ref_times), "step_ms_plan": med(got_times),
+               "held_bytes_reference": held_ref,
+               "held_bytes_plan": None if error else held_got,
+               "predicted_peak_bytes": entry["peak_bytes"],
+               "predicted_step_ms": entry["step_time_ms"],
+               "predicted_held_bytes": sum(s["held_bytes"] for s in entry["segments"])}
+        if a.json:
+            print(json.dumps(res))
+        else:
+            print(f"apply_plan: budget {entry['budget_bytes']} B, {a.mode}, {len(decisions)} "
+                  "segment(s) recomputed: " + ("byte-identical" if not diffs else "DIFFERENT"))
+            for d in diffs:
+                print("  " + d)
+    return 0 if all_identical else 1
 
 
 if __name__ == "__main__":

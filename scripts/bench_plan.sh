@@ -54,7 +54,7 @@ if not e["feasible"]:
     sys.exit(0)
 r = subprocess.run(["/usr/bin/python3", f"{root}/scripts/apply_plan.py", f"{root}/test/models/{m}.py",
                     t, p, "--budget", b, "--repeat", "3", "--json"], capture_output=True, text=True)
-a = json.loads(r.stdout)
+a = json.loads(r.stdout.splitlines()[0])
 ident = "yes" if a["identical"] else "**no**"
 if a["step_ms_plan"] is None:   # the recomputed step raised (e.g. a doubled KV cache)
     ident = "**no** (step raised)"

@@ -105,6 +105,13 @@ def diff_regions(before, after, itemsize):
     return regions
 
 
+def storage_of(t):
+    """(storage key, storage bytes) of a tensor: views share their base's storage, and a saved
+    view keeps the whole storage alive."""
+    st = t.storage()
+    return st.data_ptr(), st.nbytes()
+
+
 def tensor_bytes(obj):
     """Total bytes of the tensors in a (nested) output."""
     if torch.is_tensor(obj):
@@ -194,8 +201,9 @@ def record(model_path, copy_gbps=10.0):
     packed = {}   # storage ptr -> (segment, bytes); first segment that saves it owns it
 
     def pack(t):
-        if cur[0] is not None and t.data_ptr() not in packed:
-            packed[t.data_ptr()] = (cur[0], t.numel() * t.element_size())
+        key, nbytes = storage_of(t)
+        if cur[0] is not None and key not in packed:
+            packed[key] = (cur[0], nbytes)
         return t
 
     handles = [m.register_forward_pre_hook(pre) for m in segs.values()]
@@ -217,7 +225,7 @@ def record(model_path, copy_gbps=10.0):
 
     # Saved tensors that are not parameters or buffers at the end of the step are activations
     # (a buffer rebound during the step, e.g. a queue, leaves its old tensor to autograd).
-    persistent = {p.data_ptr() for p in model.parameters()} | {b.data_ptr() for b in model.buffers()}
+    persistent = {storage_of(t)[0] for t in list(model.parameters()) + list(model.buffers())}
     for ptr, (seg, nbytes) in packed.items():
         if ptr not in persistent:
             info[seg]["saved"] += nbytes

@@ -18,6 +18,10 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kFormat = "ckptkit-trace";
+// Limits that keep every sum of the cost model inside 64 bits: values (bytes, versions)
+// <= 2^44 (16 TiB), times <= 1e7 ms, at most 65536 segments.
+constexpr uint64_t kMaxValue = 1ull << 44;
+constexpr size_t kMaxSegments = 65536;
 
 // Field access with a clear message (the path of the field) on a missing or mistyped field.
 struct Reader {
@@ -31,9 +35,12 @@ struct Reader {
     }
     uint64_t u64(const json& o, const char* key, const std::string& where) const {
         const json& v = field(o, key, where);
-        if (v.is_number_unsigned()) return v.get<uint64_t>();
-        if (v.is_number_integer() && v.get<int64_t>() >= 0) return v.get<uint64_t>();
-        fail(fmt::format("{}.{}: expected a non-negative integer", where, key));
+        if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0))
+            fail(fmt::format("{}.{}: expected a non-negative integer", where, key));
+        uint64_t x = v.get<uint64_t>();
+        if (x > kMaxValue)
+            fail(fmt::format("{}.{}: {} is implausibly large (limit 2^44)", where, key, x));
+        return x;
     }
     uint64_t u64_or(const json& o, const char* key, const std::string& where, uint64_t d) const {
         return o.contains(key) ? u64(o, key, where) : d;
@@ -42,7 +49,7 @@ struct Reader {
         const json& v = field(o, key, where);
         if (!v.is_number()) fail(fmt::format("{}.{}: expected a number", where, key));
         double d = v.get<double>();
-        if (!std::isfinite(d) || d < 0 || d > 1e12)
+        if (!std::isfinite(d) || d < 0 || d > 1e7)
             fail(fmt::format("{}.{}: expected a finite non-negative time", where, key));
         return d;
     }
@@ -65,8 +72,8 @@ std::vector<Region> read_regions(const Reader& r, const json& a, const std::stri
     for (size_t k = 0; k < a.size(); ++k) {
         const json& p = a[k];
         auto w = fmt::format("{}.regions[{}]", where, k);
-        if (!p.is_array() || p.size() != 2 || !p[0].is_number_unsigned() ||
-            !p[1].is_number_unsigned())
+        if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() ||
+            !p[1].is_number_integer() || p[0].get<int64_t>() < 0 || p[1].get<int64_t>() < 0)
             r.fail(w + ": expected [offset, length]");
         Region g{p[0].get<uint64_t>(), p[1].get<uint64_t>()};
         if (g.length == 0 || g.offset > size || g.length > size - g.offset)
@@ -104,7 +111,7 @@ Trace trace_from_json(const json& j, const std::string& file) {
         const json& d = j["device"];
         if (d.contains("copy_gbps")) {
             t.copy_gbps = r.ms(d, "copy_gbps", "device");
-            if (t.copy_gbps <= 0) r.fail("device.copy_gbps must be positive");
+            if (t.copy_gbps < 1e-3) r.fail("device.copy_gbps must be at least 0.001");
         }
     }
     const json& fixed = r.field(j, "fixed", "trace");
@@ -124,6 +131,7 @@ Trace trace_from_json(const json& j, const std::string& file) {
     }
     const json& segs = r.arr(j, "segments", "trace");
     if (segs.empty()) r.fail("trace has no segments");
+    if (segs.size() > kMaxSegments) r.fail("more than 65536 segments");
     std::map<std::string, int> names;
     for (size_t i = 0; i < segs.size(); ++i) {
         const json& s = segs[i];

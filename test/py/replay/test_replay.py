@@ -66,11 +66,14 @@ def test_model_round_trip(replay_plan, tmp_path, model):
     stateful = tight["decisions"]["recompute+snapshot"] + tight["decisions"]["recompute+selective"]
     assert stateful >= 1, "the tight plan must recompute a stateful segment"
     assert entries[0]["decisions"]["keep"] == 7      # loose: nothing to recompute
+    args = [PY, SCRIPTS / "apply_plan.py", MODELS / f"{model}.py", trace, plan, "--json"]
     for b in budgets:
-        r = run([PY, SCRIPTS / "apply_plan.py", MODELS / f"{model}.py", trace, plan,
-                 "--budget", str(b), "--json"])
-        assert r.returncode == 0, r.stdout + r.stderr
-        res = json.loads(r.stdout)
+        args += ["--budget", str(b)]
+    r = run(args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    results = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["budget_bytes"] for x in results] == list(budgets)
+    for res in results:
         assert res["identical"] and res["differences"] == []
     for mode in PLAIN_BREAKS[model]:
         r = run([PY, SCRIPTS / "apply_plan.py", MODELS / f"{model}.py", trace, plan,
@@ -170,3 +173,52 @@ def test_apply_plan_refuses_a_plan_for_another_trace(replay_plan, tmp_path):
     run([replay_plan, ROOT / "data" / "traces" / "bn.trace.json", "--budget", "1GiB", "-o", plan])
     r = run([PY, SCRIPTS / "apply_plan.py", MODELS / "ema.py", ROOT / "data" / "traces" / "ema.trace.json", plan])
     assert r.returncode == 2 and "was made for another trace" in r.stderr
+
+
+def _mutations(obj, rng, n):
+    """n seeded mutations of a JSON value: 1-3 fields replaced by hostile values or deleted,
+    10% also truncated."""
+    import copy
+
+    def paths(o, p=()):
+        yield p
+        items = o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else []
+        for k, v in items:
+            yield from paths(v, p + (k,))
+
+    allp = [p for p in paths(obj) if p]
+    hostile = [-1, 0, 2**63, 2**64 - 1, 1e308, -1e308, "x", None, True, [], {}, [1, 2], 1.5, 2**62]
+    for _ in range(n):
+        t = copy.deepcopy(obj)
+        for _ in range(rng.randint(1, 3)):
+            p = rng.choice(allp)
+            try:
+                parent = t
+                for q in p[:-1]:
+                    parent = parent[q]
+                if rng.random() < 0.2 and isinstance(parent, dict):
+                    del parent[p[-1]]
+                else:
+                    parent[p[-1]] = rng.choice(hostile)
+            except (KeyError, IndexError, TypeError):
+                pass
+        s = json.dumps(t)
+        yield s[: rng.randint(0, len(s))] if rng.random() < 0.1 else s
+
+
+@pytest.mark.parametrize("name,count", [("sparse_write.trace.json", 150), ("bn.et.json", 40)])
+def test_hostile_traces_never_crash(replay_plan, tmp_path, name, count):
+    import random
+    base = json.load(open(ROOT / "data" / "traces" / name))
+    rejected = 0
+    for k, text in enumerate(_mutations(base, random.Random(1234), count)):
+        path, out = tmp_path / f"m{k}.json", tmp_path / f"m{k}.plan"
+        path.write_text(text)
+        r = run([replay_plan, path, "--budget", "1GiB", "--budget", "1MiB", "--check", "-o", out],
+                timeout=60)
+        assert r.returncode in (0, 1, 2), (k, r.returncode, r.stderr)
+        if r.returncode == 2:
+            rejected += 1
+            assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+            assert not out.exists()
+    assert rejected >= count // 4      # most mutations are caught as bad input
