@@ -179,7 +179,8 @@ def record(model_path, copy_gbps=10.0):
             raise RecordError(f"RNG consumed outside segments before segment {name}")
         order.append(name)
         info[name] = {"snap": snap, "rng": rng, "saved": 0,
-                      "input_bytes": tensor_bytes(inputs)}
+                      "input_bytes": tensor_bytes(inputs),
+                      "input_keys": {storage_of(x)[0] for x in inputs if torch.is_tensor(x)}}
         cur[0] = name
         info[name]["t0"] = time.perf_counter()
 
@@ -201,8 +202,10 @@ def record(model_path, copy_gbps=10.0):
     packed = {}   # storage ptr -> (segment, bytes); first segment that saves it owns it
 
     def pack(t):
+        # A boundary tensor saved by both its producer and its consumer belongs to the
+        # consumer: it stays alive while the consumer is kept, whatever the producer does.
         key, nbytes = storage_of(t)
-        if cur[0] is not None and key not in packed:
+        if cur[0] is not None and (key not in packed or key in info[cur[0]]["input_keys"]):
             packed[key] = (cur[0], nbytes)
         return t
 
