@@ -64,7 +64,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
     if (!(o.tolerance > 0)) throw BadInput(in, "tolerance must be positive");
     if (!(o.grad_bound > 0)) throw BadInput(in, "grad bound must be positive");
     const io::InputFile f(in);
-    const Checkpoint ck = read_checkpoint(in);
+    const Checkpoint ck = read_checkpoint(in, o.limits);
     const std::vector<ParamState> states = find_param_states(ck, f, o.hyper);
     if (states.empty()) throw BadInput(in, "no Adam/AdamW optimizer state (exp_avg, exp_avg_sq) found");
 
@@ -191,7 +191,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
         std::vector<std::unique_ptr<ct::Appender>> codes, params, escv;
         for (int r = 0; r < roles; ++r) {
             codes.push_back(std::make_unique<ct::Appender>(file.get(), ct::codes_path(r), H5T_NATIVE_UINT8, 1));
-            params.push_back(std::make_unique<ct::Appender>(file.get(), ct::params_path(r), H5T_NATIVE_INT32, 4));
+            params.push_back(std::make_unique<ct::Appender>(file.get(), ct::params_path(r), H5T_NATIVE_INT16, 2));
             escv.push_back(std::make_unique<ct::Appender>(file.get(), ct::escapes_path(r), H5T_NATIVE_UINT32, 4));
         }
         ct::Appender escidx(file.get(), ct::kEscapeIndex, H5T_NATIVE_UINT64, 8);
@@ -241,7 +241,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
                 for (int k = 0; k < nm; ++k) {
                     codes[std::size_t(k)]->append(co.codes[k].data(), co.codes[k].size());
                     params[std::size_t(k)]->append(co.params[k].data(), co.params[k].size());
-                    est[j] += double(co.codes[k].size() + 4 * co.params[k].size());
+                    est[j] += double(co.codes[k].size() + 2 * co.params[k].size());
                 }
                 for (uint32_t li : co.escapes) {
                     const uint64_t gi = i0 + li;
@@ -269,12 +269,8 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
             moment_out += codes[std::size_t(r)]->finish() + params[std::size_t(r)]->finish() + escv[std::size_t(r)]->finish();
         moment_out += escidx.finish();
         // per-tensor metadata: the manifest's params part
-        ct::Manifest params_only;
-        params_only.params = man.params;
-        const std::string json = man.to_json();
-        moment_out += params_only.to_json().size();
+        moment_out += ct::param_metadata_bytes(man, ct::write_manifest(file.get(), man));
         total_out += moment_out;
-        ct::set_attr(file.get(), "manifest", json);
         ct::set_attr(file.get(), "format", std::string("ckptkit-container"));
         ct::set_attr(file.get(), "format_version", uint64_t(ct::kFormatVersion));
         // apportion the stored moment bytes to parameters by their uncompressed share

@@ -10,7 +10,8 @@ namespace ct = container;
 ContainerReader::ContainerReader(const std::string& path) : path_(path) {
     try {
         file_ = ct::open_file(path);
-        man_ = ct::Manifest::from_json(ct::get_attr_string(file_.get(), "manifest"));
+        man_ = ct::read_manifest(file_.get());
+        manifest_stored_ = ct::DatasetReader(file_.get(), ct::kManifestPath, H5T_NATIVE_UINT8, 1).stored_bytes();
         raw_ = std::make_unique<ct::DatasetReader>(file_.get(), ct::kRaw, H5T_NATIVE_UINT8, 1);
         uint64_t moment_bytes = 0;
         for (const auto& s : man_.storages) if (s.param >= 0) moment_bytes += s.nbytes;
@@ -22,7 +23,7 @@ ContainerReader::ContainerReader(const std::string& path) : path_(path) {
         for (const auto& p : man_.params) if (p.hyper.amsgrad) roles = 3;
         for (int r = 0; r < roles; ++r) {
             codes_.push_back(std::make_unique<ct::DatasetReader>(file_.get(), ct::codes_path(r), H5T_NATIVE_UINT8, 1));
-            params_.push_back(std::make_unique<ct::DatasetReader>(file_.get(), ct::params_path(r), H5T_NATIVE_INT32, 4));
+            params_.push_back(std::make_unique<ct::DatasetReader>(file_.get(), ct::params_path(r), H5T_NATIVE_INT16, 2));
             escv_.push_back(std::make_unique<ct::DatasetReader>(file_.get(), ct::escapes_path(r), H5T_NATIVE_UINT32, 4));
         }
         escidx_ = std::make_unique<ct::DatasetReader>(file_.get(), ct::kEscapeIndex, H5T_NATIVE_UINT64, 8);
@@ -83,9 +84,7 @@ uint64_t ContainerReader::moment_bytes() const {
     uint64_t b = escidx_ ? escidx_->stored_bytes() : 0;
     for (auto* v : {&codes_, &params_, &escv_})
         for (auto& d : *v) b += d->stored_bytes();
-    ct::Manifest params_only;
-    params_only.params = man_.params;
-    return b + (man_.params.empty() ? 0 : params_only.to_json().size());
+    return b + ct::param_metadata_bytes(man_, manifest_stored_);
 }
 
 std::vector<TensorRow> ContainerReader::rows() const {
@@ -126,9 +125,9 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, bool 
     c.begin = begin;
     c.n = n;
     std::array<std::vector<uint8_t>, 3> codes;
-    std::array<std::vector<int32_t>, 3> params;
+    std::array<std::vector<int16_t>, 3> params;
     std::array<const uint8_t*, 3> cp{};
-    std::array<const int32_t*, 3> pp{};
+    std::array<const int16_t*, 3> pp{};
     std::array<float*, 3> out{};
     try {
         for (int k = 0; k < nm; ++k) {

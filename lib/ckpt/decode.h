@@ -52,6 +52,7 @@ private:
     std::string path_;
     container::Handle file_;
     container::Manifest man_;
+    uint64_t manifest_stored_ = 0;
     std::unique_ptr<container::DatasetReader> raw_, escidx_;
     std::vector<std::unique_ptr<container::DatasetReader>> codes_, params_, escv_;
     /// Escape rows [buf_begin_, buf_begin_ + buf_idx_.size()) read in blocks.

@@ -21,6 +21,7 @@ struct CompressOptions {
     HyperOverrides hyper;
     std::size_t chunk = 1 << 20;      ///< coordinates per chunk (bounded memory)
     bool progress = false;            ///< progress line on stderr
+    Limits limits;                    ///< reader limits (header, pickle, memo sizes)
 };
 
 /// Compress `in` (torch.save zip/legacy or safetensors) into the container `out`.

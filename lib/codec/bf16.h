@@ -13,7 +13,7 @@ namespace ckpt::codec {
 struct BF16 {
     static constexpr int kCodeBytes = 2;
     static constexpr int kVariants = 1;  ///< no alternative block parameters
-    static bool vary(int32_t*, int) { return false; }
+    static bool vary(int16_t*, int) { return false; }
     static constexpr int kParams = 0;
 
     CKPT_HD static uint32_t bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
@@ -28,7 +28,7 @@ struct BF16 {
         const uint32_t u = bits(x);
         return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
     }
-    CKPT_HD static bool encode(float x, Role r, const int32_t*, double, uint16_t* code) {
+    CKPT_HD static bool encode(float x, Role r, const int16_t*, double, uint16_t* code) {
         if (!isfinite(x) || (r != Role::ExpAvg && signbit(x) && x != 0)) return false;
         const uint16_t c = rne(x);
         const double d = from_code(c);
@@ -36,7 +36,7 @@ struct BF16 {
         *code = c;
         return true;
     }
-    CKPT_HD static Cell cell(uint16_t code, Role, const int32_t*, double) {
+    CKPT_HD static Cell cell(uint16_t code, Role, const int16_t*, double) {
         Cell c;
         c.dec = from_code(code);
         if (c.dec == 0) return c;  // only exact zeros map here
@@ -47,7 +47,7 @@ struct BF16 {
         if (sign) { c.lo = -above; c.hi = -below; } else { c.lo = below; c.hi = above; }
         return c;
     }
-    static void choose(const float*, int, Role, const double*, const GuardConst&, int32_t*) {}
+    static void choose(const float*, int, Role, const double*, const GuardConst&, int16_t*) {}
 };
 
 }  // namespace ckpt::codec

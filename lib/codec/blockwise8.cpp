@@ -32,7 +32,7 @@ const DynamicMap& Blockwise8::map(Role r) {
     return r == Role::ExpAvg ? s : u;
 }
 
-bool Blockwise8::encode(float x, Role r, const int32_t* p, double, uint16_t* code) {
+bool Blockwise8::encode(float x, Role r, const int16_t* p, double, uint16_t* code) {
     if (!std::isfinite(x)) return false;
     const float am = absmax(p);
     if (!(am > 0)) { if (x != 0) return false; }
@@ -49,7 +49,7 @@ bool Blockwise8::encode(float x, Role r, const int32_t* p, double, uint16_t* cod
     return c.lo <= xd && xd <= c.hi;
 }
 
-Cell Blockwise8::cell(uint16_t code, Role r, const int32_t* p, double) {
+Cell Blockwise8::cell(uint16_t code, Role r, const int16_t* p, double) {
     const int k = code & 0xff;
     Cell c;
     c.dec = dec(k, r, p);
@@ -59,7 +59,7 @@ Cell Blockwise8::cell(uint16_t code, Role r, const int32_t* p, double) {
     return c;
 }
 
-void Blockwise8::choose(const float* x, int n, Role, const double*, const GuardConst&, int32_t* p) {
+void Blockwise8::choose(const float* x, int n, Role, const double*, const GuardConst&, int16_t* p) {
     float am = 0;
     for (int i = 0; i < n; ++i)
         if (std::isfinite(x[i])) am = std::max(am, std::fabs(x[i]));

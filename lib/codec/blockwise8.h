@@ -22,18 +22,18 @@ struct DynamicMap {
 struct Blockwise8 {
     static constexpr int kCodeBytes = 1;
     static constexpr int kVariants = 1;  ///< no alternative block parameters
-    static bool vary(int32_t*, int) { return false; }
-    static constexpr int kParams = 1;  ///< absmax, as float bits in an int32
+    static bool vary(int16_t*, int) { return false; }
+    static constexpr int kParams = 2;  ///< absmax, float bits in two int16
 
     static const DynamicMap& map(Role r);
 
-    static float absmax(const int32_t* p) { float f; memcpy(&f, p, 4); return f; }
-    static double dec(int k, Role r, const int32_t* p) {
+    static float absmax(const int16_t* p) { float f; memcpy(&f, p, 4); return f; }
+    static double dec(int k, Role r, const int16_t* p) {
         return double(map(r).v[k] * absmax(p));
     }
-    static bool encode(float x, Role r, const int32_t* p, double, uint16_t* code);
-    static Cell cell(uint16_t code, Role r, const int32_t* p, double = 0);
-    static void choose(const float* x, int n, Role, const double*, const GuardConst&, int32_t* p);
+    static bool encode(float x, Role r, const int16_t* p, double, uint16_t* code);
+    static Cell cell(uint16_t code, Role r, const int16_t* p, double = 0);
+    static void choose(const float* x, int n, Role, const double*, const GuardConst&, int16_t* p);
 };
 
 }  // namespace ckpt::codec

@@ -63,7 +63,7 @@ void gradient_domain(const DomainRule& d, const float* theta, std::size_t i, dou
 namespace {
 
 template <class Q>
-Cell cell_of(const TensorSetup& s, uint16_t code, Role r, const int32_t* p, double scale) {
+Cell cell_of(const TensorSetup& s, uint16_t code, Role r, const int16_t* p, double scale) {
     Cell c = Q::cell(code, r, p, scale);
     c.dec = round_to(s.type, c.dec);
     return c;
@@ -105,7 +105,7 @@ ChunkOut encode_impl(const TensorSetup& s, const ChunkIn& in) {
         out.params[k].assign(blocks * Q::kParams, 0);
     }
     struct Trial {
-        int32_t p[3][Q::kParams > 0 ? Q::kParams : 1];
+        int16_t p[3][Q::kParams > 0 ? Q::kParams : 1];
         uint16_t code[3][kBlock];
         bool keep[kBlock];
         double bound[kBlock];
@@ -168,7 +168,7 @@ ChunkOut encode_impl(const TensorSetup& s, const ChunkIn& in) {
 
 template <class Q>
 void decode_impl(const TensorSetup& s, const std::array<const uint8_t*, 3>& codes,
-                 const std::array<const int32_t*, 3>& params, std::size_t n,
+                 const std::array<const int16_t*, 3>& params, std::size_t n,
                  std::array<float*, 3> out, const float* theta, double* bounds) {
     const int nm = s.moments();
     const GuardConst gc = make_guard_const(s.hyper, s.tolerance);
@@ -197,7 +197,7 @@ ChunkOut encode_chunk(const TensorSetup& s, const ChunkIn& in) {
 }
 
 void decode_chunk(const TensorSetup& s, const std::array<const uint8_t*, 3>& codes,
-                  const std::array<const int32_t*, 3>& params, std::size_t n,
+                  const std::array<const int16_t*, 3>& params, std::size_t n,
                   std::array<float*, 3> out, const float* theta, double* bounds) {
     switch (s.kind) {
         case Kind::Log8: return decode_impl<Log8>(s, codes, params, n, out, theta, bounds);

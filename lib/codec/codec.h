@@ -20,7 +20,7 @@ int code_bytes(Kind);                       ///< bytes per moment value
 int params_per_block(Kind);                 ///< int32 per block and moment
 
 /// Values per block (one set of block parameters per moment and block).
-constexpr int kBlock = 256;
+constexpr int kBlock = 64;
 
 /// Storage element type of a moment: FP32, or low precision when params are.
 enum class MomentType { F32, F16, BF16 };
@@ -53,7 +53,7 @@ struct ChunkIn {
 /// indices), and the largest certificate among kept coordinates (lr units).
 struct ChunkOut {
     std::array<std::vector<uint8_t>, 3> codes;     ///< n * code_bytes each
-    std::array<std::vector<int32_t>, 3> params;    ///< blocks * params_per_block each
+    std::array<std::vector<int16_t>, 3> params;    ///< blocks * params_per_block each
     std::vector<uint32_t> escapes;                 ///< chunk-local coordinate indices
     double max_bound = 0;
 };
@@ -74,7 +74,7 @@ ChunkOut encode_chunk(const TensorSetup&, const ChunkIn&);
 /// Decode codes (escapes not yet applied) into out[role][i]; returns, per coordinate,
 /// its re-derived certificate in `bounds` when non-null (verify's path).
 void decode_chunk(const TensorSetup&, const std::array<const uint8_t*, 3>& codes,
-                  const std::array<const int32_t*, 3>& params, std::size_t n,
+                  const std::array<const int16_t*, 3>& params, std::size_t n,
                   std::array<float*, 3> out, const float* theta, double* bounds);
 
 }  // namespace ckpt::codec

@@ -24,7 +24,7 @@ enum class Role : int { ExpAvg = 0, ExpAvgSq = 1, MaxExpAvgSq = 2 };
 
 struct Log8 {
     static constexpr int kCodeBytes = 1;    ///< bytes per value
-    static constexpr int kParams = 2;       ///< int32 per block: (e_top, s) for v; (e, 0) for m
+    static constexpr int kParams = 2;       ///< int16 per block: (e_top, s) for v; (e, 0) for m
     static constexpr int kMaxStep = 24;     ///< largest step, 1/64 octaves (~30% apart)
 
     /// 2^(j/64) rounded to float, j = 0..64.
@@ -56,12 +56,12 @@ struct Log8 {
     CKPT_HD static int top_code(Role r) { return r == Role::ExpAvg ? 127 : 255; }
 
     /// Decoded magnitude of code k >= 1 under (e_top, s).
-    CKPT_HD static double mag(int k, const int32_t* p, int K) {
+    CKPT_HD static double mag(int k, const int16_t* p, int K) {
         return value(int64_t(p[0]) - int64_t(K - k) * p[1]);
     }
 
     /// Rounding cell of exp_avg_sq magnitude code k (k >= 1) as [lo, hi].
-    CKPT_HD static void mag_cell(int k, const int32_t* p, int K, bool down_to_zero, double& lo,
+    CKPT_HD static void mag_cell(int k, const int16_t* p, int K, bool down_to_zero, double& lo,
                           double& hi) {
         const double x = mag(k, p, K);
         lo = (k == 1 && down_to_zero) ? 0.0 : (x + mag(k - 1, p, K)) / 2;
@@ -70,7 +70,7 @@ struct Log8 {
 
     /// exp_avg cell half-width unit: code k of a block with step exponent e decodes to
     /// k * 2^(e/64) * sqrt(v~); the cell is (k -+ 1/2) of that.
-    CKPT_HD static void m_cell(int k, const int32_t* p, double scale, double& lo, double& hi) {
+    CKPT_HD static void m_cell(int k, const int16_t* p, double scale, double& lo, double& hi) {
         const double d = value(p[0]) * scale;
         lo = (k - 0.5) * d;
         hi = (k + 0.5) * d;
@@ -79,7 +79,7 @@ struct Log8 {
 
     /// Encode one value. `scale` is sqrt of the decoded exp_avg_sq of the same coordinate
     /// (used by exp_avg only). Returns false when x has no code (escape). Deterministic.
-    CKPT_HD static bool encode(float x, Role r, const int32_t* p, double scale, uint16_t* code) {
+    CKPT_HD static bool encode(float x, Role r, const int16_t* p, double scale, uint16_t* code) {
         const int K = top_code(r);
         const bool sign = signbit(x);
         const int sbit = (r == Role::ExpAvg && sign) ? 0x80 : 0;
@@ -118,7 +118,7 @@ struct Log8 {
     }
 
     /// Decoded value (rounded to float) and the rounding cell of one code.
-    CKPT_HD static Cell cell(uint16_t code, Role r, const int32_t* p, double scale) {
+    CKPT_HD static Cell cell(uint16_t code, Role r, const int16_t* p, double scale) {
         const int K = top_code(r);
         const int k = r == Role::ExpAvg ? (code & 0x7f) : code;
         const bool neg = r == Role::ExpAvg && (code & 0x80);
@@ -140,7 +140,7 @@ struct Log8 {
     /// Alternative steps tried for a block that has escapes under choose()'s pick
     /// (coarser steps cover a wider range): for exp_avg_sq, variant 1..3 widens s by 1, 2,
     /// 4; variant -1 doubles the exp_avg step.
-    static bool vary(int32_t* p, int variant) {
+    static bool vary(int16_t* p, int variant) {
         static constexpr int kWiden[4] = {0, 1, 2, 4};
         if (variant == -1) { p[0] += 64; return true; }
         if (variant < 1 || variant > 3 || p[1] + kWiden[variant] > kMaxStep) return false;
@@ -157,7 +157,7 @@ struct Log8 {
     /// largest |m|/sqrt(v~) of the block, but never coarser than the step whose guard
     /// m-term (b1/2 * step * sqrt(bc2/b2) / bc1) is 40% of the tolerance.
     static void choose(const float* x, int n, Role r, const double* scale, const GuardConst& gc,
-                       int32_t* p) {
+                       int16_t* p) {
         const int K = top_code(r);
         if (r == Role::ExpAvg) {
             double rho = 0;
@@ -168,7 +168,10 @@ struct Log8 {
             }
             const double target = 0.8 * gc.tolerance * sqrt(gc.b2) / (gc.b1 * gc.sqrt_bc2 * gc.inv_bc1);
             const double need = rho / (K + 0.5);
-            p[0] = int32_t(need > 0 && need <= target ? log64_ceil(need) : log64_floor(target));
+            int64_t e = need > 0 && need <= target ? log64_ceil(need) : log64_floor(target);
+            if (e < -16000) e = -16000;  // int16 storage; far below any useful step
+            if (e > 16000) e = 16000;
+            p[0] = int16_t(e);
             p[1] = 0;
             return;
         }
@@ -186,8 +189,8 @@ struct Log8 {
         while (cap < kMaxStep && gc.v_sens * (std::exp2((cap + 1) / 128.0) - 1) <= 0.55 * gc.tolerance) ++cap;
         if (s > cap) s = cap;
         if (s < 1) s = 1;
-        p[0] = int32_t(top);
-        p[1] = int32_t(s);
+        p[0] = int16_t(top);
+        p[1] = int16_t(s);
     }
 };
 

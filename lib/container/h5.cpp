@@ -8,10 +8,6 @@
 
 namespace ckpt::container {
 
-namespace {
-
-[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
-
 /// Filter callback: the HDF5Plugin-Zstandard chunk format (one zstd frame per chunk).
 size_t zstd_filter(unsigned flags, size_t nelmts, const unsigned cd[], size_t nbytes,
                    size_t* buf_size, void** buf) {
@@ -40,15 +36,19 @@ size_t zstd_filter(unsigned flags, size_t nelmts, const unsigned cd[], size_t nb
     return r;
 }
 
+const H5Z_class2_t kZstdClass = {H5Z_CLASS_T_VERS, kZstdFilter, 1, 1, "zstd", nullptr, nullptr, zstd_filter};
+
+namespace {
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
+
 }  // namespace
 
 void register_zstd_filter() {
     static std::once_flag once;
     std::call_once(once, [] {
         H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors become exceptions, not prints
-        static const H5Z_class2_t cls = {H5Z_CLASS_T_VERS, kZstdFilter, 1, 1, "zstd",
-                                         nullptr, nullptr, zstd_filter};
-        if (H5Zregister(&cls) < 0) fail("cannot register the HDF5 zstd filter");
+        if (H5Zregister(&kZstdClass) < 0) fail("cannot register the HDF5 zstd filter");
     });
 }
 
@@ -161,6 +161,7 @@ Appender::Appender(hid_t file, const std::string& path, hid_t type, std::size_t 
     Handle sp(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
     Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
     H5Pset_chunk(dcpl.get(), 1, &chunk);
+    H5Pset_obj_track_times(dcpl.get(), false);  // same input, same container bytes
     const unsigned cd = unsigned(level);
     if (H5Pset_filter(dcpl.get(), kZstdFilter, H5Z_FLAG_MANDATORY, 1, &cd) < 0)
         fail("cannot set zstd filter on " + path);

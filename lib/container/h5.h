@@ -17,6 +17,8 @@ constexpr H5Z_filter_t kZstdFilter = 32015;
 
 /// Register our zstd filter implementation (idempotent; libzstd does the work).
 void register_zstd_filter();
+/// The filter class, also exported by the h5zstd plugin (HDF5_PLUGIN_PATH) for h5py.
+extern const H5Z_class2_t kZstdClass;
 
 /// Owning hid_t with the right close function.
 class Handle {

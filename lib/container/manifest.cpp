@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -189,6 +190,30 @@ Manifest Manifest::from_json(const std::string& text) {
             throw std::runtime_error("param " + p.name + ": theta storage invalid");
     }
     return m;
+}
+
+uint64_t write_manifest(hid_t file, const Manifest& m) {
+    const std::string j = m.to_json();
+    Appender a(file, kManifestPath, H5T_NATIVE_UINT8, 1);
+    a.append(j.data(), j.size());
+    return a.finish();
+}
+
+Manifest read_manifest(hid_t file) {
+    DatasetReader r(file, kManifestPath, H5T_NATIVE_UINT8, 1);
+    if (r.count() > (256u << 20)) throw std::runtime_error("manifest is larger than 256 MiB");
+    if (!r.checksum_ok()) throw std::runtime_error("manifest checksum mismatch (damaged)");
+    std::string j(r.count(), '\0');
+    r.read(0, r.count(), j.data());
+    return Manifest::from_json(j);
+}
+
+uint64_t param_metadata_bytes(const Manifest& m, uint64_t stored) {
+    if (m.params.empty()) return 0;
+    Manifest params_only;
+    params_only.params = m.params;
+    const double share = double(params_only.to_json().size()) / double(m.to_json().size());
+    return uint64_t(std::llround(double(stored) * std::min(1.0, share)));
 }
 
 uint64_t Manifest::raw_offset(uint64_t off) const {

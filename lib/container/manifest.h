@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "codec/codec.h"
+#include "container/h5.h"
 
 namespace ckpt::container {
 
@@ -20,6 +21,8 @@ std::string codes_path(int role);          ///< /moments/codes/<role>
 std::string params_path(int role);         ///< /moments/params/<role>
 std::string escapes_path(int role);        ///< /moments/escapes/<role>
 constexpr const char* kEscapeIndex = "/moments/escapes/index";
+
+constexpr const char* kManifestPath = "/manifest";   ///< uint8 JSON, zstd, xxh3
 
 /// One storage (byte range) of the source file.
 struct StorageEntry {
@@ -66,5 +69,14 @@ struct Manifest {
     /// Bytes of /raw before source offset `off` (off must not be inside a moment storage).
     uint64_t raw_offset(uint64_t off) const;
 };
+
+/// Write the manifest as the /manifest dataset; returns its stored (compressed) bytes.
+uint64_t write_manifest(hid_t file, const Manifest&);
+/// Read and validate /manifest (checksum, size <= 256 MiB, Manifest::from_json).
+/// Throws std::runtime_error with the reason.
+Manifest read_manifest(hid_t file);
+/// Bytes of the stored manifest attributable to per-parameter metadata (its params part's
+/// share of the JSON), counted as moment bytes (SPEC §2.3 byte accounting).
+uint64_t param_metadata_bytes(const Manifest&, uint64_t manifest_stored_bytes);
 
 }  // namespace ckpt::container

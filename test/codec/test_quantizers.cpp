@@ -33,7 +33,7 @@ TEST_CASE("log8 exp_avg_sq: cell contains x, nearest code, zero exact, escapes")
     AdamHyper h;
     h.step = 1000;
     const GuardConst gc = make_guard_const(h, 0.01);
-    int32_t p[2];
+    int16_t p[2];
     Log8::choose(v, 256, Role::ExpAvgSq, nullptr, gc, p);
     CHECK(p[1] >= 1);
     for (int i = 0; i < 256; ++i) {
@@ -62,7 +62,7 @@ TEST_CASE("log8 exp_avg: linear in m / sqrt(v~), signs and zeros exact") {
     const GuardConst gc = make_guard_const(h, 0.01);
     float m[4] = {3e-4f, -2e-4f, 0.0f, -0.0f};
     const double scale[4] = {1e-3, 1e-3, 1e-3, 1e-3};
-    int32_t p[2];
+    int16_t p[2];
     Log8::choose(m, 4, Role::ExpAvg, scale, gc, p);
     const double step = Log8::value(p[0]);
     CHECK(step * 127.5 >= 0.3);  // the largest |m|/sqrt(v~) fits
