@@ -7,6 +7,7 @@
 //
 // Exit: 0 ok; 1 a budget is infeasible or --check found a violation; 2 bad input.
 #include <cstdio>
+#include <unistd.h>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -96,12 +97,20 @@ int main(int argc, char** argv) {
         std::erase(names, planner);
         names.insert(names.begin(), planner);
     }
+    // Progress on a terminal only (SPEC §4): sweeps of large traces take seconds.
+    const bool progress = isatty(fileno(stderr)) && names.size() * budgets.size() > 4;
+    size_t done = 0;
     for (const auto& name : names) {
         auto pl = make_planner(name);
         std::vector<PlanResult> rs;
-        for (uint64_t b : budgets) rs.push_back(pl->plan(problem, b));
+        for (uint64_t b : budgets) {
+            rs.push_back(pl->plan(problem, b));
+            if (progress)
+                fmt::print(stderr, "\rplanning {}/{}", ++done, names.size() * budgets.size());
+        }
         curves.emplace_back(name, std::move(rs));
     }
+    if (progress) fmt::print(stderr, "\r{:20}\r", "");
     const std::vector<PlanResult>& results = curves.front().second;
 
     int rc = ckpt::kExitOk;
