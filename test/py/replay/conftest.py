@@ -1,11 +1,9 @@
-"""Paths for the replay pytest: the replay-plan binary comes from $CKPTKIT_BIN (set by CTest
+"""Fixtures for the replay pytest: the replay-plan binary comes from $CKPTKIT_BIN (set by CTest
 to <build>/apps); standalone runs must set it too."""
 import os
 import pathlib
 
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="session")

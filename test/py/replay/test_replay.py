@@ -4,13 +4,12 @@ apply them with scripts/apply_plan.py: every step must be byte-identical to the 
 recomputation. Plain torch.utils.checkpoint over the same segments must NOT be, where the
 pattern says so. Plus the command line contract (bad input, infeasible budgets, --json, SVG)."""
 import json
-import os
+import pathlib
 import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+ROOT = pathlib.Path(__file__).resolve().parents[3]   # not imported: test/py has a conftest too
 
 PY = "/usr/bin/python3"
 MODELS = ROOT / "test" / "models"
