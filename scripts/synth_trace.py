@@ -21,7 +21,6 @@ Sizes (defaults; all documented in docs/replay.md):
   device: copy bandwidth 1000 GB/s (H100 device-to-device copies).
 """
 import argparse
-import json
 import os
 import random
 import sys
