@@ -18,8 +18,10 @@ echo "== ckpt-restore"
 $B/ckpt-restore "$OUT/lm_adamw.ckz.h5" -o "$OUT/lm_adamw.restored.pt"
 echo "== stock torch: load, load_state_dict, one optimizer.step() per gradient kind"
 /usr/bin/python3 scripts/torch_step_check.py "$CKPT" "$OUT/lm_adamw.restored.pt" --tolerance 0.01 --grad-bound 1.0
-TRACE=$(ls data/traces/*.json 2>/dev/null | head -1 || true)
-if [ -n "$TRACE" ]; then
-  echo "== replay-plan $TRACE"
-  $B/replay-plan "$TRACE" --sweep 1MiB:64MiB:8MiB -o "$OUT/plan.json" --svg "$OUT/plan.svg" || true
-fi
+TRACE=data/traces/bn.trace.json
+echo "== replay-plan $TRACE (a real recorded step of test/models/bn.py, BatchNorm running stats)"
+$B/replay-plan "$TRACE" --budget 1.5MiB --budget 1.7MiB -o "$OUT/bn.plan.json" --check
+echo "== apply the plan in real torch: gradients, loss, outputs and buffers byte-identical"
+/usr/bin/python3 scripts/apply_plan.py test/models/bn.py "$TRACE" "$OUT/bn.plan.json" --budget 1.5MiB
+echo "== budget sweep, every planner on one plot: $OUT/bn.sweep.svg"
+$B/replay-plan "$TRACE" --sweep 1.0MiB:2.0MiB:0.1MiB --planner joint -o "$OUT/bn.sweep.json" --svg "$OUT/bn.sweep.svg" | tail -n 14
