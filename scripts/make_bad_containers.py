@@ -7,7 +7,7 @@ Writes OUTDIR/<name>.ckz.h5 for every variant below and OUTDIR/expected.json map
 name to its description. Every variant must make ckpt-verify and ckpt-restore exit 1 or 2
 with one clear line (never a crash, never exit 0): wrong dataset sizes (with their `count`
 and `xxh3` attributes recomputed, so only the size is wrong), wrong dtypes and ranks,
-missing datasets and attributes, a missing/garbage/mistyped `manifest` attribute, and
+missing datasets and attributes, a missing/garbage/mistyped `/manifest` dataset, and
 manifest fields out of range (each a single edit of the real manifest).
 Nothing big is committed: the test builds GOOD from data/lm_adamw.pt at test time.
 """
@@ -39,7 +39,7 @@ def _load_xxh3():
 
 xxh3 = _load_xxh3()
 U64_MAX = (1 << 64) - 1
-DATASETS = ["raw", "moments/codes/exp_avg", "moments/codes/exp_avg_sq",
+DATASETS = ["manifest", "raw", "moments/codes/exp_avg", "moments/codes/exp_avg_sq",
             "moments/params/exp_avg", "moments/params/exp_avg_sq",
             "moments/escapes/exp_avg", "moments/escapes/exp_avg_sq", "moments/escapes/index"]
 
@@ -98,11 +98,28 @@ def _replace(f, path, data, keep_attrs=True, chunks=True):
     return ds
 
 
+def get_manifest(f):
+    """The manifest JSON (the u8 dataset /manifest, formats/container.md) as a dict."""
+    return json.loads(read_dataset(f["manifest"]).tobytes().decode())
+
+
+def _set_manifest_bytes(f, b):
+    _replace(f, "manifest", np.frombuffer(b, dtype=np.uint8).copy())
+
+
 def _manifest_edit(fn):
+    """One edit of the manifest; the dataset's count and xxh3 are recomputed, so the only
+    thing wrong is the edited field."""
     def edit(f):
-        m = json.loads(bytes(f.attrs["manifest"]).decode())
+        m = get_manifest(f)
         fn(m)
-        f.attrs["manifest"] = np.bytes_(json.dumps(m, sort_keys=True))
+        _set_manifest_bytes(f, json.dumps(m, sort_keys=True).encode())
+    return edit
+
+
+def _manifest_bytes(fn):
+    def edit(f):
+        _set_manifest_bytes(f, fn(read_dataset(f["manifest"]).tobytes()))
     return edit
 
 
@@ -158,16 +175,17 @@ def variants():
     for path, dt in [("raw", np.uint16), ("raw", np.int8), ("raw", np.float32),
                      ("moments/codes/exp_avg", np.float32), ("moments/codes/exp_avg_sq", np.uint16),
                      ("moments/params/exp_avg", np.int64), ("moments/params/exp_avg", np.float32),
-                     ("moments/params/exp_avg_sq", np.int16),
+                     ("moments/params/exp_avg_sq", np.int32),
                      ("moments/escapes/exp_avg", np.uint64), ("moments/escapes/exp_avg_sq", np.float32),
-                     ("moments/escapes/index", np.uint32), ("moments/escapes/index", np.float64)]:
+                     ("moments/escapes/index", np.uint32), ("moments/escapes/index", np.float64),
+                     ("manifest", np.uint16)]:
         short = path.replace("moments/", "").replace("/", "_")
 
         def retype(f, path=path, dt=dt):
             _replace(f, path, read_dataset(f[path]).astype(dt))
 
         v[f"dtype_{short}_{np.dtype(dt).name}"] = (retype, f"{path} stored as {np.dtype(dt).name}")
-    for path in ("raw", "moments/codes/exp_avg", "moments/escapes/index"):
+    for path in ("manifest", "raw", "moments/codes/exp_avg", "moments/escapes/index"):
         short = path.replace("moments/", "").replace("/", "_")
 
         def rank2(f, path=path):
@@ -181,39 +199,40 @@ def variants():
         v[f"rank2_{short}"] = (rank2, f"{path} is 2-D (n, 1)")
         v[f"scalar_{short}"] = (scalar, f"{path} is a scalar")
 
-    # ---- manifest attribute
-    v["manifest_missing"] = (_del_attr("manifest"), "no manifest attribute")
-    v["manifest_empty"] = (_set_attr("manifest", np.bytes_(b"")), "manifest is an empty string")
-    v["manifest_garbage"] = (_set_attr("manifest", np.bytes_(b"\x00\xff garbage {{{")), "manifest is garbage")
-    v["manifest_truncated"] = (
-        lambda f: f.attrs.__setitem__("manifest", np.bytes_(bytes(f.attrs["manifest"])[:5000])),
-        "manifest JSON cut at 5000 bytes")
-    v["manifest_int"] = (_set_attr("manifest", np.int64(7)), "manifest is an integer attribute")
-    v["manifest_float_array"] = (_set_attr("manifest", np.zeros(4)), "manifest is a float array")
-    v["manifest_json_array"] = (_set_attr("manifest", np.bytes_(b"[1, 2, 3]")), "manifest is a JSON array")
-    v["manifest_json_null"] = (_set_attr("manifest", np.bytes_(b"null")), "manifest is JSON null")
-    v["manifest_trailing"] = (
-        lambda f: f.attrs.__setitem__("manifest", np.bytes_(bytes(f.attrs["manifest"]) + b" }")),
-        "manifest JSON with trailing garbage")
+    # ---- manifest dataset content (count and xxh3 consistent with the bad content)
+    v["manifest_empty"] = (_manifest_bytes(lambda b: b""), "manifest is empty")
+    v["manifest_garbage"] = (_manifest_bytes(lambda b: b"\x00\xff garbage {{{"), "manifest is garbage")
+    v["manifest_truncated"] = (_manifest_bytes(lambda b: b[:len(b) // 2]), "manifest JSON cut in half")
+    v["manifest_json_array"] = (_manifest_bytes(lambda b: b"[1, 2, 3]"), "manifest is a JSON array")
+    v["manifest_json_null"] = (_manifest_bytes(lambda b: b"null"), "manifest is JSON null")
+    v["manifest_trailing"] = (_manifest_bytes(lambda b: b + b" }"), "manifest JSON with trailing garbage")
+    v["manifest_nul_inside"] = (_manifest_bytes(lambda b: b[:20] + b"\x00" + b[21:]), "a NUL byte inside the JSON")
+    v["manifest_deep"] = (_manifest_bytes(lambda b: b"[" * 100000 + b"]" * 100000), "JSON nested 100000 deep")
+    v["manifest_int32"] = (
+        lambda f: _replace(f, "manifest", read_dataset(f["manifest"]).astype(np.int32)),
+        "manifest stored as int32")
 
     # ---- manifest fields out of range (one edit each)
     def M(name, fn, what):
         v[name] = (_manifest_edit(fn), what)
 
+    def target(m):  # the first parameter with escapes (so escape edits matter), else 0
+        return next((i for i, p in enumerate(m["params"]) if p["escapes"] > 0), 0)
+
     def p0(fn):
-        return lambda m: fn(m["params"][0])
+        return lambda m: fn(m["params"][target(m)])
 
     def st(i, fn):
         return lambda m: fn(m["storages"][i])
 
-    def moment_storage(m):  # index of params[0]'s exp_avg storage
-        return m["params"][0]["storage"][0]
+    def moment_storage(m):  # index of the target parameter's exp_avg storage
+        return m["params"][target(m)]["storage"][0]
 
     M("m_format_version_2", lambda m: m.__setitem__("format_version", 2), "format_version 2")
     M("m_codec_unknown", lambda m: m.__setitem__("codec", "zip"), "codec 'zip'")
     M("m_codec_number", lambda m: m.__setitem__("codec", 3), "codec is a number")
     M("m_block_0", lambda m: m.__setitem__("block", 0), "block 0")
-    M("m_block_64", lambda m: m.__setitem__("block", 64), "block 64")
+    M("m_block_256", lambda m: m.__setitem__("block", 256), "block 256 (the codec's is 64)")
     M("m_block_huge", lambda m: m.__setitem__("block", 1 << 40), "block 2^40")
     M("m_tolerance_neg", lambda m: m.__setitem__("tolerance", -1.0), "tolerance -1")
     M("m_tolerance_string", lambda m: m.__setitem__("tolerance", "0.01"), "tolerance a string")
@@ -249,7 +268,7 @@ def variants():
     M("m_storage_list_short", p0(lambda p: p.__setitem__("storage", p["storage"][:2])), "storage list of 2")
     M("m_storage_third_role", p0(lambda p: p["storage"].__setitem__(2, 0)), "a third storage without amsgrad")
     M("m_theta_storage_oob", p0(lambda p: p.__setitem__("theta_storage", 10 ** 6)), "theta_storage 10^6")
-    M("m_theta_storage_moment", lambda m: m["params"][0].__setitem__("theta_storage", moment_storage(m)),
+    M("m_theta_storage_moment", lambda m: m["params"][target(m)].__setitem__("theta_storage", moment_storage(m)),
       "theta_storage is a moment storage")
     M("m_theta_dtype_bad", p0(lambda p: p.__setitem__("theta_dtype", "Q7")), "theta_dtype Q7")
     M("m_hyper_missing", p0(lambda p: p.pop("hyper")), "params[0].hyper missing")
@@ -294,8 +313,9 @@ def variants():
 
 def make(good, outdir):
     os.makedirs(outdir, exist_ok=True)
-    m = json.loads(bytes(h5py.File(good, "r").attrs["manifest"]).decode())
-    assert m["params"] and m["params"][0]["escapes"] > 0, "need a good container whose first param has escapes"
+    with h5py.File(good, "r") as f:
+        m = get_manifest(f)
+    assert any(p["escapes"] > 0 for p in m["params"]), "need a good container with escapes"
     out = {}
     for name, (edit, what) in variants().items():
         path = os.path.join(outdir, name + ".ckz.h5")

@@ -1,0 +1,106 @@
+#!/bin/bash
+# Build the libFuzzer targets (clang, -fsanitize=fuzzer,address,undefined) in build-fuzz and
+# run each for SECONDS (default 60), seeded from data/, data/io/, data/traces/,
+# test/corpus/bad/, the pickles inside the zip fixtures and a few small containers.
+#
+#   scripts/fuzz.sh [SECONDS] [TARGET...]     (targets: zip pickle safetensors container trace)
+#   env: JOBS (build parallelism, default 2), BUILD (default build-fuzz), RSS_MB (default 2048)
+#
+# Every crash / leak / timeout / OOM that libFuzzer writes is copied to
+# test/corpus/fuzz/<target>/ (a regression input, run by CTest as fuzz_regress_<target>
+# when the fuzz build is configured) and listed at the end; exit 1 when any was found.
+# Per target the number of executions and the final coverage line go to
+# build-fuzz/fuzz-summary.txt.
+set -uo pipefail
+SECS=${1:-60}
+shift || true
+TARGETS=${*:-zip pickle safetensors container trace}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+B=${BUILD:-$ROOT/build-fuzz}
+JOBS=${JOBS:-2}
+command -v clang >/dev/null || { echo "fuzz.sh: clang missing (apt-get install clang libclang-rt-14-dev)" >&2; exit 1; }
+# FUZZ_CC=clang: native -fsanitize=fuzzer (needs lib/io to compile with clang 14, which it
+# does not yet). Default gcc: ASan/UBSan + trace-pc/trace-cmp coverage + libFuzzer's engine.
+if [ "${FUZZ_CC:-gcc}" = clang ]; then
+  CCS="CC=clang CXX=clang++"; SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -g"
+else
+  CCS="CC=gcc CXX=g++"; SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -g"
+fi
+if [ ! -f "$B/build.ninja" ]; then
+  env $CCS cmake -S "$ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCKPTKIT_FUZZ=ON -DCMAKE_C_FLAGS="$SAN" -DCMAKE_CXX_FLAGS="$SAN" >/dev/null || exit 1
+fi
+ninja -C "$B" -j"$JOBS" $(for t in $TARGETS; do printf 'fuzz_%s ' "$t"; done) || exit 1
+
+# ---- seed corpora (fresh each run; libFuzzer adds what it finds to the working corpus)
+S=$B/seeds
+rm -rf "$S"
+mkdir -p "$S"/{zip,pickle,safetensors,container,trace}
+for f in "$ROOT"/data/*.pt "$ROOT"/data/io/*.pt "$ROOT"/test/corpus/bad/*.pt "$ROOT"/test/corpus/bad/*.bin; do
+  [ -f "$f" ] && [ "$(stat -c %s "$f")" -le 2000000 ] && cp "$f" "$S/zip/"
+done
+for f in "$ROOT"/data/*.safetensors "$ROOT"/data/io/*.safetensors "$ROOT"/test/corpus/bad/*.safetensors; do
+  [ -f "$f" ] && cp "$f" "$S/safetensors/"
+done
+cp "$ROOT"/test/corpus/bad/legacy_*.pt "$S/pickle/" 2>/dev/null
+cp "$ROOT"/data/io/legacy.pt "$S/pickle/" 2>/dev/null
+/usr/bin/python3 - "$S/pickle" "$ROOT" <<'PY'
+import glob, os, sys, zipfile
+out, root = sys.argv[1], sys.argv[2]
+for f in glob.glob(f"{root}/data/*.pt") + glob.glob(f"{root}/data/io/*.pt") + glob.glob(f"{root}/test/corpus/bad/pickle_*.pt"):
+    try:
+        z = zipfile.ZipFile(f)
+        for n in z.namelist():
+            if n.endswith("data.pkl"):
+                open(os.path.join(out, os.path.basename(f) + ".pkl"), "wb").write(z.read(n))
+    except Exception:
+        pass
+PY
+cp "$ROOT"/data/traces/*.json "$S/trace/" 2>/dev/null
+if [[ " $TARGETS " == *" container "* ]]; then
+  CBIN=${CKPTKIT_BIN:-}
+  [ -n "$CBIN" ] || for d in "$ROOT/build-hard/apps" "$ROOT/build/apps"; do [ -x "$d/ckpt-compress" ] && CBIN=$d && break; done
+  if [ -n "$CBIN" ]; then
+    "$CBIN/ckpt-compress" "$ROOT/data/cnn_adamw.safetensors" -o "$S/container/cnn_st.ckz.h5" >/dev/null 2>&1
+    "$CBIN/ckpt-compress" "$ROOT/data/io/optim_only.pt" -o "$S/container/optim_only.ckz.h5" --optimizer adamw >/dev/null 2>&1
+    "$CBIN/ckpt-compress" "$ROOT/data/cnn_adamw.pt" -o "$S/container/cnn_bf16.ckz.h5" --codec bf16 >/dev/null 2>&1
+    "$CBIN/ckpt-compress" "$ROOT/data/cnn_adamw.pt" -o "$S/container/cnn_bw8.ckz.h5" --codec blockwise8 --grad-bound inf >/dev/null 2>&1
+  else
+    echo "fuzz.sh: no ckpt-compress found (CKPTKIT_BIN); container target seeded from bad files only" >&2
+  fi
+  cp "$ROOT"/test/corpus/bad/garbage.bin "$S/container/" 2>/dev/null
+fi
+for t in $TARGETS; do
+  [ -d "$ROOT/test/corpus/fuzz/$t" ] && cp "$ROOT"/test/corpus/fuzz/$t/* "$S/$t/" 2>/dev/null
+done
+
+# ---- run
+SUM=$B/fuzz-summary.txt
+: > "$SUM"
+found=0
+for t in $TARGETS; do
+  W=$B/work/$t
+  A=$B/artifacts/$t
+  rm -rf "$A"
+  mkdir -p "$W" "$A"
+  echo "fuzz.sh: fuzz_$t for ${SECS}s" >&2
+  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    "$B/fuzz_$t" "$W" "$S/$t" -max_total_time="$SECS" -timeout=10 -rss_limit_mb="${RSS_MB:-2048}" \
+      -max_len=$((1 << 20)) -print_final_stats=1 -artifact_prefix="$A/" -close_fd_mask=3 \
+      > "$B/fuzz_$t.log" 2>&1
+  rc=$?
+  execs=$(awk '/stat::number_of_executed_units/ {print $2}' "$B/fuzz_$t.log" | tail -1)
+  cov=$(grep -E '^#[0-9]+' "$B/fuzz_$t.log" | tail -1 | grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9]+[a-zA-Z]*' )
+  n_art=$(ls "$A" | wc -l)
+  printf '%-12s exit %-3s execs %-10s %s  artifacts %s\n' "$t" "$rc" "${execs:-?}" "${cov:-}" "$n_art" | tee -a "$SUM"
+  if [ "$n_art" -gt 0 ]; then
+    found=1
+    mkdir -p "$ROOT/test/corpus/fuzz/$t"
+    for a in "$A"/*; do
+      cp "$a" "$ROOT/test/corpus/fuzz/$t/$(basename "$a")"
+      echo "  finding: test/corpus/fuzz/$t/$(basename "$a")" | tee -a "$SUM"
+    done
+    grep -E 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error|SUMMARY' "$B/fuzz_$t.log" | head -5 | tee -a "$SUM"
+  fi
+done
+exit $found
