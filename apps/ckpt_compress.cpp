@@ -30,6 +30,9 @@ int main(int argc, char** argv) {
     app.add_option("--amsgrad", o.hyper.amsgrad, "override amsgrad (true/false)");
     app.add_option("--maximize", o.hyper.maximize, "override maximize (true/false)");
     app.add_option("--chunk", o.chunk, "coordinates per chunk (memory bound)")->capture_default_str();
+    app.add_option("--max-header-bytes", o.limits.max_header_bytes, "safetensors header limit")->capture_default_str();
+    app.add_option("--max-pickle-bytes", o.limits.max_pickle_bytes, "data.pkl / legacy pickle limit")->capture_default_str();
+    app.add_option("--max-memo-entries", o.limits.max_memo_entries, "pickle memo entries limit")->capture_default_str();
     app.add_flag("--json", json, "print one JSON object on stdout");
     CLI11_PARSE(app, argc, argv);
     return ckpt::app::run("ckpt-compress", [&] {

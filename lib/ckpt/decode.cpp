@@ -37,7 +37,7 @@ ContainerReader::ContainerReader(const std::string& path) : path_(path) {
                 if (p.escape_offset + p.escapes > escv_[std::size_t(r)]->count())
                     throw std::runtime_error("param " + p.name + " runs past the escape table");
             }
-            if (p.escape_offset + p.escapes > escidx_->count())
+            if (p.escapes > escidx_->count() || p.escape_offset > escidx_->count() - p.escapes)  // overflow-safe
                 throw std::runtime_error("param " + p.name + " runs past the escape index");
         }
     } catch (const BadInput&) {
