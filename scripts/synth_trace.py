@@ -3,6 +3,10 @@
 
 Usage: synth_trace.py --pattern sparse-write|dense-queue -o TRACE.json [--layers N]
                       [--state-every K] [--seed S] [--row-bytes R --field-bytes F]
+                      [--segments N]
+
+--segments N (planner speed benchmarks): exactly N segments in all, the same layer/state
+pattern continued (or cut) as needed; overrides --layers.
 
 Sizes (defaults; all documented in docs/replay.md):
   fixed memory  1.3e9 parameters, bf16 weights + bf16 grads + fp32 master/m/v (12 B):
@@ -32,8 +36,12 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 
-def synth(pattern, layers=32, state_every=4, seed=0, row_bytes=64, field_bytes=56):
-    """Return the trace dict. Deterministic for a given seed."""
+def synth(pattern, layers=32, state_every=4, seed=0, row_bytes=64, field_bytes=56,
+          segments_total=None):
+    """Return the trace dict. Deterministic for a given seed. segments_total: exactly that
+    many segments (layers as needed, the pattern cut after the last one)."""
+    if segments_total is not None:
+        layers = segments_total
     rng = random.Random(seed)
     hidden = 8 * 2048 * 1536 * 2
     segments, buffers = [], []
@@ -57,6 +65,7 @@ def synth(pattern, layers=32, state_every=4, seed=0, row_bytes=64, field_bytes=5
             regions = []
             for k in range(4):      # 4 runs of 1024 rows, ring-wrapped
                 r0 = (start + k * 8192) % rows
+                r0 = min(r0, rows - 1024)   # a run never crosses the end (many banks)
                 regions.append([r0 * row, 1024 * row])
             regions.sort()
             buffers += [{"id": f"{name}.mem", "bytes": size}, {"id": f"{name}.ptr", "bytes": 8}]
@@ -74,6 +83,10 @@ def synth(pattern, layers=32, state_every=4, seed=0, row_bytes=64, field_bytes=5
                              "regions": regions}]
         segments.append(seg)
         n_state += 1
+    if segments_total is not None:
+        segments = segments[:segments_total]
+        used = {a["buffer"] for s in segments for a in s["state"]}
+        buffers = [b for b in buffers if b["id"] in used]
     return {"format": "ckptkit-trace", "format_version": 1,
             "source": f"synth_trace.py {pattern} layers={layers} seed={seed}",
             "model": f"synthetic-{pattern}-h100", "device": {"name": "H100 (synthetic)", "copy_gbps": 1000.0},
@@ -92,12 +105,17 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--row-bytes", type=int, default=64, help="dense-queue row size")
     ap.add_argument("--field-bytes", type=int, default=56, help="dense-queue bytes rewritten per row")
+    ap.add_argument("--segments", type=int, default=None,
+                    help="exactly N segments in all (overrides --layers; speed benchmarks)")
     a = ap.parse_args()
     if not 0 < a.field_bytes <= a.row_bytes:
         print("synth_trace: error: need 0 < field-bytes <= row-bytes", file=sys.stderr)
         return 2
+    if a.segments is not None and a.segments < 1:
+        print("synth_trace: error: need --segments >= 1", file=sys.stderr)
+        return 2
     write_json_atomic(synth(a.pattern, a.layers, a.state_every, a.seed, a.row_bytes,
-                            a.field_bytes), a.output)
+                            a.field_bytes, a.segments), a.output)
     return 0
 
 

@@ -1,25 +1,147 @@
 // Exact Pareto-frontier DP over segments (see min_time_plan in planner.h).
+//
+// The DP runs backward (last segment first) over R_i, the headroom above the held prefix
+// that segments i..n-1 need: R_n = 0, R_i = max(W_i, H_i + R_{i+1}), and the predicted peak
+// of a plan is fixed + R_0 (the same max over prefix + W_i and the total held as evaluate()).
+// R_i is monotone in R_{i+1}, so (R, time) states with more R and more time are dominated,
+// and the frontier at segment 0 does not depend on the budget: one DP answers every budget of
+// a sweep (min time among states with R_0 <= budget - fixed). States with R beyond the room of
+// interest are dropped (R only grows going backward).
 #include <algorithm>
-#include <iterator>
+#include <mutex>
 
 #include "replay/planner.h"
 
 namespace ckpt::replay {
 namespace {
 struct State {
-    uint64_t held;
+    uint64_t need;   // R: headroom needed above the held prefix
     int64_t time;
+    int32_t parent;  // index in the previous (later-segment) frontier
+    Decision d;
+};
+struct Link {
     int32_t parent;
     Decision d;
 };
+struct Opt {
+    uint64_t held, work;
+    int64_t time;
+    Decision d;
+    bool operator==(const Opt&) const = default;
+};
 
-// Keep the states not dominated in (held, time); sorted by held ascending.
-// Input sorted by (held, time).
+// A solved frontier: per segment the links of its frontier states, and the final frontier
+// (segment 0) sorted by need ascending, time strictly descending.
+struct Frontier {
+    std::vector<std::vector<Link>> links;   // links[i][k]: state k of segment i's frontier
+    std::vector<uint64_t> need;             // final frontier
+    std::vector<int64_t> time;
+    uint64_t quantum = 0;
+    bool empty() const { return need.empty(); }
+};
+
+std::vector<std::vector<Opt>> option_costs(const Problem& p,
+                                           const std::vector<std::vector<Decision>>& options) {
+    std::vector<std::vector<Opt>> c(p.size());
+    for (size_t i = 0; i < p.size(); ++i)
+        for (Decision d : options[i]) {
+            OptionCost o = p.cost(i, d);
+            c[i].push_back({o.held, o.work, o.time_ns, d});
+        }
+    return c;
+}
+
+// Drop dominated states of v (sorted by (need, time), ties in option order): keep a state only
+// if it is strictly faster than every state needing no more.
 void prune(std::vector<State>& v) {
     size_t w = 0;
     for (size_t r = 0; r < v.size(); ++r)
-        if (w == 0 || v[r].time < v[w - 1].time) v[w++] = v[r];
+        if (w == 0 || v[r].time < v[w - 1].time) {
+            if (w > 0 && v[w - 1].need == v[r].need) --w;   // same need, faster: replace
+            v[w++] = v[r];
+        }
     v.resize(w);
+}
+
+Frontier solve(const std::vector<std::vector<Opt>>& costs, uint64_t room, size_t max_states) {
+    Frontier f;
+    const size_t n = costs.size();
+    f.links.resize(n);
+    std::vector<State> cur(1, State{0, 0, -1, Decision::Keep}), next, part, merged;
+    const auto less = [](const State& a, const State& b) {
+        return a.need != b.need ? a.need < b.need : a.time < b.time;
+    };
+    for (size_t i = n; i-- > 0;) {
+        next.clear();
+        for (const Opt& o : costs[i]) {
+            // need' = max(work, held + need): sorted in need, so successors stay sorted.
+            part.clear();
+            if (o.work > room || o.held > room) continue;   // never fits
+            part.reserve(cur.size());
+            for (size_t k = 0; k < cur.size(); ++k) {
+                if (cur[k].need > room - o.held) break;
+                part.push_back({std::max(o.work, o.held + cur[k].need), cur[k].time + o.time,
+                                static_cast<int32_t>(k), o.d});
+            }
+            merged.clear();
+            merged.reserve(next.size() + part.size());
+            std::merge(next.begin(), next.end(), part.begin(), part.end(),
+                       std::back_inserter(merged), less);
+            next.swap(merged);
+        }
+        prune(next);
+        if (next.size() > max_states) {
+            // Thin the frontier (no rounding: every kept state is a real plan with its true
+            // need, so plans stay feasible and the smallest need is kept exactly): in each
+            // window [a, a + q) of need keep only the fastest state (the last); the first state
+            // is always kept. A dropped state has a kept one at most q more need and no more
+            // time; need' = max(W, H + need) is 1-Lipschitz, so over n segments the answer is
+            // no slower than the exact optimum for budget - n*q.
+            uint64_t q = std::max<uint64_t>(1, (next.back().need - next.front().need) / max_states);
+            size_t w = 1;
+            for (size_t r = 1; r < next.size();) {
+                const uint64_t end = next[r].need + q;   // window [need_r, need_r + q)
+                size_t last = r;
+                while (last + 1 < next.size() && next[last + 1].need < end) ++last;
+                next[w++] = next[last];
+                r = last + 1;
+            }
+            next.resize(w);
+            f.quantum = std::max(f.quantum, q);
+        }
+        if (next.empty()) {
+            f.need.clear();
+            return f;
+        }
+        auto& l = f.links[i];
+        l.resize(next.size());
+        for (size_t k = 0; k < next.size(); ++k) l[k] = {next[k].parent, next[k].d};
+        cur.swap(next);
+    }
+    f.need.resize(cur.size());
+    f.time.resize(cur.size());
+    for (size_t k = 0; k < cur.size(); ++k) {
+        f.need[k] = cur[k].need;
+        f.time[k] = cur[k].time;
+    }
+    return f;
+}
+
+// The fastest plan of f with need <= room.
+std::optional<std::vector<Decision>> pick(const Frontier& f, uint64_t room) {
+    if (f.empty()) return std::nullopt;
+    // need ascending, time strictly descending: the last state with need <= room is fastest.
+    auto it = std::upper_bound(f.need.begin(), f.need.end(), room);
+    if (it == f.need.begin()) return std::nullopt;
+    int32_t k = static_cast<int32_t>(it - f.need.begin()) - 1;
+    std::vector<Decision> d(f.links.size());
+    for (size_t i = 0; i < d.size(); ++i) {
+        const Link& l = f.links[i][static_cast<size_t>(k)];
+        d[i] = l.d;
+        k = l.parent;
+    }
+    return d;
 }
 }  // namespace
 
@@ -29,57 +151,40 @@ std::optional<std::vector<Decision>> min_time_plan(
     if (quantum) *quantum = 0;
     if (p.fixed() > budget) return std::nullopt;
     const uint64_t room = budget - p.fixed();
-    std::vector<std::vector<State>> layers(1, {State{0, 0, -1, Decision::Keep}});
-    for (size_t i = 0; i < p.size(); ++i) {
-        std::vector<OptionCost> costs;
-        for (Decision d : options[i]) costs.push_back(p.cost(i, d));
-        // The frontier is sorted by held, so each option's successors are sorted too: merge
-        // them pairwise (linear) instead of sorting, then drop dominated states.
-        std::vector<State> next;
-        const auto& cur = layers.back();
-        for (size_t o = 0; o < costs.size(); ++o) {
-            std::vector<State> part;
-            part.reserve(cur.size());
-            for (size_t k = 0; k < cur.size(); ++k) {
-                if (costs[o].work > room || cur[k].held > room - costs[o].work) break;
-                part.push_back({cur[k].held + costs[o].held, cur[k].time + costs[o].time_ns,
-                                static_cast<int32_t>(k), options[i][o]});
-            }
-            std::vector<State> merged;
-            merged.reserve(next.size() + part.size());
-            std::merge(next.begin(), next.end(), part.begin(), part.end(),
-                       std::back_inserter(merged), [](const State& a, const State& b) {
-                           return a.held != b.held ? a.held < b.held : a.time < b.time;
-                       });
-            next.swap(merged);
+    Frontier f = solve(option_costs(p, options), room, std::max<size_t>(1, max_states));
+    if (quantum) *quantum = f.quantum;
+    return pick(f, room);
+}
+
+std::optional<std::vector<Decision>> min_time_plan_sweep(
+    const Problem& p, uint64_t budget, const std::vector<std::vector<Decision>>& options,
+    uint64_t* quantum, size_t max_stored_states, size_t max_states) {
+    if (quantum) *quantum = 0;
+    // One budget-independent frontier per problem, reused while the costs are the same (the
+    // tool plans every budget of a sweep on one Problem).
+    static std::mutex mu;
+    static std::vector<std::vector<Opt>> cached_costs;
+    static size_t cached_cap = 0;
+    static Frontier cached;
+    auto costs = option_costs(p, options);
+    const size_t n = std::max<size_t>(1, p.size());
+    const size_t cap = std::clamp<size_t>(max_stored_states / n, 1, std::max<size_t>(1, max_states));
+    std::lock_guard<std::mutex> lock(mu);
+    if (cap != cached_cap || costs != cached_costs) {
+        // Room of interest: the largest need any plan can have (no state is dropped).
+        uint64_t room = 0;
+        for (size_t i = costs.size(); i-- > 0;) {
+            uint64_t r = 0;
+            for (const Opt& o : costs[i]) r = std::max(r, std::max(o.work, o.held + room));
+            room = r;
         }
-        prune(next);
-        if (next.size() > max_states) {
-            // Quantise held bytes upward: constraints stay conservative (plans stay feasible).
-            uint64_t q = std::max<uint64_t>(1, room / max_states);
-            for (auto& s : next) s.held = (s.held + q - 1) / q * q;   // order is kept
-            std::stable_sort(next.begin(), next.end(), [](const State& a, const State& b) {
-                return a.held != b.held ? a.held < b.held : a.time < b.time;
-            });
-            prune(next);
-            if (quantum) *quantum = q;
-        }
-        if (next.empty()) return std::nullopt;
-        layers.push_back(std::move(next));
+        cached = solve(costs, room, cap);
+        cached_costs = std::move(costs);
+        cached_cap = cap;
     }
-    const auto& last = layers.back();
-    int32_t best = -1;
-    for (size_t k = 0; k < last.size(); ++k)
-        if (last[k].held <= room && (best < 0 || last[k].time < last[best].time))
-            best = static_cast<int32_t>(k);
-    if (best < 0) return std::nullopt;
-    std::vector<Decision> d(p.size());
-    for (size_t i = p.size(); i-- > 0;) {
-        const State& s = layers[i + 1][best];
-        d[i] = s.d;
-        best = s.parent;
-    }
-    return d;
+    if (p.fixed() > budget) return std::nullopt;
+    if (quantum) *quantum = cached.quantum;
+    return pick(cached, budget - p.fixed());
 }
 
 }  // namespace ckpt::replay

@@ -96,16 +96,27 @@ std::unique_ptr<Planner> make_planner(const std::string& name);
 /// Names accepted by the tool's --planner, in plot order.
 std::vector<std::string> planner_names();
 
-/// Exact minimum-time DP shared by the joint and stateless planners: over segments in forward
-/// order with a Pareto frontier of (held prefix bytes, time); states with more held bytes and
-/// more time are dominated because every constraint is monotone in the held prefix. Exact
-/// unless the frontier exceeds max_states, in which case held bytes are rounded up to a
-/// quantum q = room / max_states (*quantum = q): the plan stays feasible and is no slower than
-/// the exact optimum for budget - n*q (each of n roundings adds < q). Returns nullopt when no
-/// plan fits.
+/// Exact minimum-time DP shared by the joint and stateless planners: over segments in backward
+/// order with a Pareto frontier of (headroom needed above the held prefix, time); states
+/// needing more and taking longer are dominated because the need is monotone (dp.cpp). Exact
+/// unless a frontier exceeds max_states; then it is thinned: per need window of width
+/// q = (need range) / max_states only the fastest state is kept, plus the smallest need
+/// (*quantum = the largest q). Kept states are real plans, so the plan stays feasible, and it
+/// is no slower than the exact optimum for budget - n*q (each of n thinnings costs < q of
+/// need). Returns nullopt when no plan fits.
 std::optional<std::vector<Decision>> min_time_plan(
     const Problem& p, uint64_t budget,
     const std::vector<std::vector<Decision>>& options, uint64_t* quantum,
     size_t max_states = 50000);
+
+/// min_time_plan for sweeps (the joint planner): the DP's final frontier does not depend on
+/// the budget, so it is solved once per problem (cached while the option costs are the same)
+/// and every budget is answered from it (binary search + backtrack). Exact unless some
+/// frontier exceeds min(max_states, max_stored_states / segments) states (the links of every
+/// frontier are stored for backtracking); then it is thinned as in min_time_plan, with the
+/// same guarantee.
+std::optional<std::vector<Decision>> min_time_plan_sweep(
+    const Problem& p, uint64_t budget, const std::vector<std::vector<Decision>>& options,
+    uint64_t* quantum, size_t max_stored_states = size_t{1} << 22, size_t max_states = 50000);
 
 }  // namespace ckpt::replay
