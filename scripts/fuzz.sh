@@ -85,7 +85,7 @@ for t in $TARGETS; do
   mkdir -p "$W" "$A"
   echo "fuzz.sh: fuzz_$t for ${SECS}s" >&2
   ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    "$B/fuzz_$t" "$W" "$S/$t" -max_total_time="$SECS" -timeout=10 -rss_limit_mb="${RSS_MB:-2048}" \
+    "$B/test/fuzz/fuzz_$t" "$W" "$S/$t" -max_total_time="$SECS" -timeout=10 -rss_limit_mb="${RSS_MB:-2048}" \
       -max_len=$((1 << 20)) -print_final_stats=1 -artifact_prefix="$A/" -close_fd_mask=3 \
       > "$B/fuzz_$t.log" 2>&1
   rc=$?

@@ -25,3 +25,7 @@ void __sanitizer_cov_trace_pc() {
     counters[((cur >> 20) ^ prev_block) & (kCounters - 1)]++;
     prev_block = (cur >> 21) & (kCounters - 1);
 }
+
+// GCC's trace-cmp also reports floating-point comparisons, which libFuzzer does not take.
+extern "C" __attribute__((no_sanitize_coverage)) void __sanitizer_cov_trace_cmpf(float, float) {}
+extern "C" __attribute__((no_sanitize_coverage)) void __sanitizer_cov_trace_cmpd(double, double) {}
