@@ -5,6 +5,7 @@
 
 #include "ckpt/pipeline.h"
 #include "cli.h"
+#include "gpu_codec.h"
 
 int main(int argc, char** argv) {
     CLI::App app{"Compress the Adam/AdamW moments of a PyTorch or safetensors checkpoint with a "
@@ -33,6 +34,8 @@ int main(int argc, char** argv) {
     app.add_option("--max-header-bytes", o.limits.max_header_bytes, "safetensors header limit")->capture_default_str();
     app.add_option("--max-pickle-bytes", o.limits.max_pickle_bytes, "data.pkl / legacy pickle limit")->capture_default_str();
     app.add_option("--max-memo-entries", o.limits.max_memo_entries, "pickle memo entries limit")->capture_default_str();
+    app.add_option("--device", o.device, "cpu | cuda | auto (auto: the GPU when one is present)")
+        ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     app.add_flag("--json", json, "print one JSON object on stdout");
     CLI11_PARSE(app, argc, argv);
     return ckpt::app::run("ckpt-compress", [&] {
@@ -42,6 +45,11 @@ int main(int argc, char** argv) {
             throw ckpt::BadInput(in, std::string("--grad-bound: ") + e.what());
         }
         o.codec = ckpt::codec::kind_from_name(codec);
+        try {
+            ckpt::gpu::resolve_device(o.device);
+        } catch (const std::exception& e) {
+            throw ckpt::BadInput(in, e.what());
+        }
         if (pb->count()) o.param_bound = param_bound;
         o.progress = !json;
         const ckpt::Report r = ckpt::compress(in, out, o);

@@ -13,6 +13,7 @@
 #include "common/file.h"
 #include "container/h5.h"
 #include "container/manifest.h"
+#include "gpu_codec.h"
 #include "io/file.h"
 
 namespace ckpt {
@@ -63,6 +64,8 @@ codec::DomainRule domain_for(const ParamState& p, const CompressOptions& o, cons
 Report compress(const std::string& in, const std::string& out, const CompressOptions& o) {
     if (!(o.tolerance > 0)) throw BadInput(in, "tolerance must be positive");
     if (!(o.grad_bound > 0)) throw BadInput(in, "grad bound must be positive");
+    gpu::Device device;
+    try { device = gpu::resolve_device(o.device); } catch (const std::exception& e) { throw BadInput(in, e.what()); }
     const io::InputFile f(in);
     const Checkpoint ck = read_checkpoint(in, o.limits);
     const std::vector<ParamState> states = find_param_states(ck, f, o.hyper);
@@ -237,7 +240,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
                     bytes_to_float(e.theta_dtype, tbytes.data(), n, theta.data());
                     ci.theta = theta.data();
                 }
-                const codec::ChunkOut co = codec::encode_chunk(jobs[j].setup, ci);
+                const codec::ChunkOut co = gpu::encode_chunk_on(device, jobs[j].setup, ci);
                 for (int k = 0; k < nm; ++k) {
                     codes[std::size_t(k)]->append(co.codes[k].data(), co.codes[k].size());
                     params[std::size_t(k)]->append(co.params[k].data(), co.params[k].size());

@@ -2,6 +2,7 @@
 
 #include "ckpt/values.h"
 #include "common/error.h"
+#include "gpu_codec.h"
 
 namespace ckpt {
 
@@ -152,7 +153,7 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, bool 
             bytes_to_float(e.theta_dtype, b.data(), n, c.theta.data());
         }
         c.bounds.assign(with_bounds ? n : 0, 0.0);
-        codec::decode_chunk(setup(j), cp, pp, n, out, c.theta.empty() ? nullptr : c.theta.data(),
+        gpu::decode_chunk_on(gpu::decode_device(), setup(j), cp, pp, n, out, c.theta.empty() ? nullptr : c.theta.data(),
                             with_bounds ? c.bounds.data() : nullptr);
         // escapes of this chunk
         c.escaped.clear();

@@ -22,6 +22,7 @@ struct CompressOptions {
     std::size_t chunk = 1 << 20;      ///< coordinates per chunk (bounded memory)
     bool progress = false;            ///< progress line on stderr
     Limits limits;                    ///< reader limits (header, pickle, memo sizes)
+    std::string device = "auto";      ///< cpu | cuda | auto (cuda when a device is present)
 };
 
 /// Compress `in` (torch.save zip/legacy or safetensors) into the container `out`.

@@ -13,7 +13,7 @@ namespace ckpt::codec {
 struct BF16 {
     static constexpr int kCodeBytes = 2;
     static constexpr int kVariants = 1;  ///< no alternative block parameters
-    static bool vary(int16_t*, int) { return false; }
+    CKPT_HD static bool vary(int16_t*, int) { return false; }
     static constexpr int kParams = 0;
 
     CKPT_HD static uint32_t bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
@@ -47,7 +47,7 @@ struct BF16 {
         if (sign) { c.lo = -above; c.hi = -below; } else { c.lo = below; c.hi = above; }
         return c;
     }
-    static void choose(const float*, int, Role, const double*, const GuardConst&, int16_t*) {}
+    CKPT_HD static void choose(const float*, int, Role, const double*, const GuardConst&, int16_t*) {}
 };
 
 }  // namespace ckpt::codec

@@ -27,43 +27,4 @@ DynamicMap::DynamicMap(bool is_signed) {
     for (int k = 0; k < 256; ++k) v[k] = float(data[k]);
 }
 
-const DynamicMap& Blockwise8::map(Role r) {
-    static const DynamicMap s(true), u(false);
-    return r == Role::ExpAvg ? s : u;
-}
-
-bool Blockwise8::encode(float x, Role r, const int16_t* p, double, uint16_t* code) {
-    if (!std::isfinite(x)) return false;
-    const float am = absmax(p);
-    if (!(am > 0)) { if (x != 0) return false; }
-    // nearest decoded value; ties go down
-    int lo = 0, hi = 255;
-    const double xd = x;
-    while (lo < hi) {  // first k whose upper midpoint is >= x
-        const int k = (lo + hi) / 2;
-        const double mid = (dec(k, r, p) + dec(k + 1, r, p)) / 2;
-        if (xd <= mid) hi = k; else lo = k + 1;
-    }
-    *code = uint16_t(lo);
-    const Cell c = cell(*code, r, p);
-    return c.lo <= xd && xd <= c.hi;
-}
-
-Cell Blockwise8::cell(uint16_t code, Role r, const int16_t* p, double) {
-    const int k = code & 0xff;
-    Cell c;
-    c.dec = dec(k, r, p);
-    c.lo = k == 0 ? (r == Role::ExpAvg ? c.dec : 0.0) : (c.dec + dec(k - 1, r, p)) / 2;
-    c.hi = k == 255 ? c.dec : (c.dec + dec(k + 1, r, p)) / 2;
-    if (r != Role::ExpAvg && c.lo < 0) c.lo = 0;
-    return c;
-}
-
-void Blockwise8::choose(const float* x, int n, Role, const double*, const GuardConst&, int16_t* p) {
-    float am = 0;
-    for (int i = 0; i < n; ++i)
-        if (std::isfinite(x[i])) am = std::max(am, std::fabs(x[i]));
-    std::memcpy(p, &am, 4);
-}
-
 }  // namespace ckpt::codec

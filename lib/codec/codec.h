@@ -65,7 +65,7 @@ struct TensorSetup {
     double tolerance = 0.01;
     DomainRule domain;
     MomentType type = MomentType::F32;
-    int moments() const { return hyper.amsgrad ? 3 : 2; }
+    CKPT_HD int moments() const { return hyper.amsgrad ? 3 : 2; }
 };
 
 /// Encode and certify one chunk (n need not be a multiple of kBlock only for the last).

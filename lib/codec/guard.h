@@ -44,7 +44,14 @@ struct GuardConst {
     /// v. Maximum of (1-b1) c b2 / (2 (b2 + (1-b2) c^2)^1.5) at c^2 = b2 / (2 (1-b2)),
     /// times sqrt(bc2)/bc1. Encoders use it to pick the exp_avg_sq step.
     double v_sens;
+    /// log8's largest exp_avg_sq step (1/64 octaves) whose guard v-term stays within ~55%
+    /// of the tolerance; precomputed here (std::exp2 is host-only) so that the block
+    /// encoder runs unchanged on the device.
+    int log8_v_step_cap;
 };
+
+/// log8's largest exp_avg_sq step, 1/64 octaves (~30% apart); Log8::kMaxStep.
+constexpr int kLog8MaxStep = 24;
 
 /// Build GuardConst. bc1 = 1-b1^t, bc2 = 1-b2^t with t = step+1 (torch's bias correction).
 inline GuardConst make_guard_const(const AdamHyper& h, double tolerance) {
@@ -62,6 +69,9 @@ inline GuardConst make_guard_const(const AdamHyper& h, double tolerance) {
     c.fp32_rel = 64.0 * 5.9604644775390625e-08;
     const double cc = std::sqrt(h.beta2 / (2 * (1 - h.beta2)));
     c.v_sens = (1 - h.beta1) * cc * h.beta2 / (2 * std::pow(1.5 * h.beta2, 1.5)) * c.sqrt_bc2 * c.inv_bc1;
+    int cap = 1;
+    while (cap < kLog8MaxStep && c.v_sens * (std::exp2((cap + 1) / 128.0) - 1) <= 0.55 * c.tolerance) ++cap;
+    c.log8_v_step_cap = cap;
     return c;
 }
 

@@ -19,18 +19,28 @@
 
 namespace ckpt::codec {
 
+/// 2^(j/64) rounded to float, j = 0..64 (Log8::table).
+#define CKPT_LOG8_TABLE {0x1.0000000000000p+0, 0x1.02c9a40000000p+0, 0x1.059b0e0000000p+0, 0x1.0874520000000p+0, 0x1.0b55860000000p+0, 0x1.0e3ec40000000p+0, 0x1.11301e0000000p+0, 0x1.1429aa0000000p+0, 0x1.172b840000000p+0, 0x1.1a35be0000000p+0, 0x1.1d48740000000p+0, 0x1.2063b80000000p+0, 0x1.2387a60000000p+0, 0x1.26b4560000000p+0, 0x1.29e9e00000000p+0, 0x1.2d285a0000000p+0, 0x1.306fe00000000p+0, 0x1.33c08c0000000p+0, 0x1.371a740000000p+0, 0x1.3a7db40000000p+0, 0x1.3dea640000000p+0, 0x1.4160a20000000p+0, 0x1.44e0860000000p+0, 0x1.486a2c0000000p+0, 0x1.4bfdae0000000p+0, 0x1.4f9b280000000p+0, 0x1.5342b60000000p+0, 0x1.56f4740000000p+0, 0x1.5ab07e0000000p+0, 0x1.5e76f20000000p+0, 0x1.6247ec0000000p+0, 0x1.6623880000000p+0, 0x1.6a09e60000000p+0, 0x1.6dfb240000000p+0, 0x1.71f75e0000000p+0, 0x1.75feb60000000p+0, 0x1.7a11480000000p+0, 0x1.7e2f340000000p+0, 0x1.82589a0000000p+0, 0x1.868d9a0000000p+0, 0x1.8ace540000000p+0, 0x1.8f1aea0000000p+0, 0x1.93737c0000000p+0, 0x1.97d82a0000000p+0, 0x1.9c49180000000p+0, 0x1.a0c6680000000p+0, 0x1.a5503c0000000p+0, 0x1.a9e6b60000000p+0, 0x1.ae89fa0000000p+0, 0x1.b33a2c0000000p+0, 0x1.b7f7700000000p+0, 0x1.bcc1ea0000000p+0, 0x1.c199be0000000p+0, 0x1.c67f120000000p+0, 0x1.cb720e0000000p+0, 0x1.d072d40000000p+0, 0x1.d5818e0000000p+0, 0x1.da9e600000000p+0, 0x1.dfc9740000000p+0, 0x1.e502ee0000000p+0, 0x1.ea4afa0000000p+0, 0x1.efa1be0000000p+0, 0x1.f507660000000p+0, 0x1.fa7c180000000p+0, 0x1.0000000000000p+1}
+#if defined(__CUDACC__)
+static __constant__ float kLog8TableDev[65] = CKPT_LOG8_TABLE;
+#endif
+
 /// Which optimizer moment a stream holds.
 enum class Role : int { ExpAvg = 0, ExpAvgSq = 1, MaxExpAvgSq = 2 };
 
 struct Log8 {
     static constexpr int kCodeBytes = 1;    ///< bytes per value
     static constexpr int kParams = 2;       ///< int16 per block: (e_top, s) for v; (e, 0) for m
-    static constexpr int kMaxStep = 24;     ///< largest step, 1/64 octaves (~30% apart)
+    static constexpr int kMaxStep = kLog8MaxStep;  ///< largest step, 1/64 octaves (~30% apart)
 
     /// 2^(j/64) rounded to float, j = 0..64.
     CKPT_HD static double table(int j) {
-        constexpr float t[65] = {0x1.0000000000000p+0, 0x1.02c9a40000000p+0, 0x1.059b0e0000000p+0, 0x1.0874520000000p+0, 0x1.0b55860000000p+0, 0x1.0e3ec40000000p+0, 0x1.11301e0000000p+0, 0x1.1429aa0000000p+0, 0x1.172b840000000p+0, 0x1.1a35be0000000p+0, 0x1.1d48740000000p+0, 0x1.2063b80000000p+0, 0x1.2387a60000000p+0, 0x1.26b4560000000p+0, 0x1.29e9e00000000p+0, 0x1.2d285a0000000p+0, 0x1.306fe00000000p+0, 0x1.33c08c0000000p+0, 0x1.371a740000000p+0, 0x1.3a7db40000000p+0, 0x1.3dea640000000p+0, 0x1.4160a20000000p+0, 0x1.44e0860000000p+0, 0x1.486a2c0000000p+0, 0x1.4bfdae0000000p+0, 0x1.4f9b280000000p+0, 0x1.5342b60000000p+0, 0x1.56f4740000000p+0, 0x1.5ab07e0000000p+0, 0x1.5e76f20000000p+0, 0x1.6247ec0000000p+0, 0x1.6623880000000p+0, 0x1.6a09e60000000p+0, 0x1.6dfb240000000p+0, 0x1.71f75e0000000p+0, 0x1.75feb60000000p+0, 0x1.7a11480000000p+0, 0x1.7e2f340000000p+0, 0x1.82589a0000000p+0, 0x1.868d9a0000000p+0, 0x1.8ace540000000p+0, 0x1.8f1aea0000000p+0, 0x1.93737c0000000p+0, 0x1.97d82a0000000p+0, 0x1.9c49180000000p+0, 0x1.a0c6680000000p+0, 0x1.a5503c0000000p+0, 0x1.a9e6b60000000p+0, 0x1.ae89fa0000000p+0, 0x1.b33a2c0000000p+0, 0x1.b7f7700000000p+0, 0x1.bcc1ea0000000p+0, 0x1.c199be0000000p+0, 0x1.c67f120000000p+0, 0x1.cb720e0000000p+0, 0x1.d072d40000000p+0, 0x1.d5818e0000000p+0, 0x1.da9e600000000p+0, 0x1.dfc9740000000p+0, 0x1.e502ee0000000p+0, 0x1.ea4afa0000000p+0, 0x1.efa1be0000000p+0, 0x1.f507660000000p+0, 0x1.fa7c180000000p+0, 0x1.0000000000000p+1};
+#if defined(__CUDA_ARCH__)
+        return kLog8TableDev[j];
+#else
+        constexpr float t[65] = CKPT_LOG8_TABLE;
         return t[j];
+#endif
     }
     /// The float 2^(e/64) (RNE to float; 0 or inf outside float range), as double.
     CKPT_HD static double value(int64_t e) {
@@ -140,11 +150,11 @@ struct Log8 {
     /// Alternative steps tried for a block that has escapes under choose()'s pick
     /// (coarser steps cover a wider range): for exp_avg_sq, variant 1..3 widens s by 1, 2,
     /// 4; variant -1 doubles the exp_avg step.
-    static bool vary(int16_t* p, int variant) {
-        static constexpr int kWiden[4] = {0, 1, 2, 4};
+    CKPT_HD static bool vary(int16_t* p, int variant) {
         if (variant == -1) { p[0] += 64; return true; }
-        if (variant < 1 || variant > 3 || p[1] + kWiden[variant] > kMaxStep) return false;
-        p[1] += kWiden[variant];
+        const int widen = variant == 3 ? 4 : variant;  // {0, 1, 2, 4}[variant]
+        if (variant < 1 || variant > 3 || p[1] + widen > kMaxStep) return false;
+        p[1] += widen;
         return true;
     }
     static constexpr int kVariants = 4;
@@ -156,14 +166,14 @@ struct Log8 {
     /// exp_avg: step 2^(e/64) in units of sqrt(v~) (`scale`), fine enough to code the
     /// largest |m|/sqrt(v~) of the block, but never coarser than the step whose guard
     /// m-term (b1/2 * step * sqrt(bc2/b2) / bc1) is 40% of the tolerance.
-    static void choose(const float* x, int n, Role r, const double* scale, const GuardConst& gc,
-                       int16_t* p) {
+    CKPT_HD static void choose(const float* x, int n, Role r, const double* scale, const GuardConst& gc,
+                               int16_t* p) {
         const int K = top_code(r);
         if (r == Role::ExpAvg) {
             double rho = 0;
             for (int i = 0; i < n; ++i) {
                 const double a = fabs(double(x[i]));
-                if (a > 0 && std::isfinite(a) && scale[i] > 0 && std::isfinite(scale[i]))
+                if (a > 0 && isfinite(a) && scale[i] > 0 && isfinite(scale[i]))
                     rho = fmax(rho, a / scale[i]);
             }
             const double target = 0.8 * gc.tolerance * sqrt(gc.b2) / (gc.b1 * gc.sqrt_bc2 * gc.inv_bc1);
@@ -178,15 +188,14 @@ struct Log8 {
         double mx = 0, mn = INFINITY;
         for (int i = 0; i < n; ++i) {
             const double a = double(x[i]);
-            if (!(a > 0) || !std::isfinite(a)) continue;
+            if (!(a > 0) || !isfinite(a)) continue;
             mx = fmax(mx, a);
             mn = fmin(mn, a);
         }
         if (mx == 0) { p[0] = 0; p[1] = 1; return; }
         const int64_t top = log64_ceil(mx);
         int64_t s = (top - log64_floor(mn) + (K - 2)) / (K - 1);
-        int cap = 1;
-        while (cap < kMaxStep && gc.v_sens * (std::exp2((cap + 1) / 128.0) - 1) <= 0.55 * gc.tolerance) ++cap;
+        const int cap = gc.log8_v_step_cap;  // make_guard_const
         if (s > cap) s = cap;
         if (s < 1) s = 1;
         p[0] = int16_t(top);

@@ -1,0 +1,189 @@
+// The per-block encoder and the per-coordinate decoder, shared by the CPU loops in
+// codec.cpp and the CUDA kernels in cuda/ (SPEC §2.4): both run exactly these lines, so
+// the CPU tests exercise the device math and the container bytes are identical.
+// Everything here is CKPT_HD; GuardConst carries every value that needs a host-only
+// function (pow, exp2), computed once per tensor by make_guard_const on the host.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "codec/bf16.h"
+#include "codec/blockwise8.h"
+#include "codec/codec.h"
+#include "codec/guard.h"
+#include "codec/hd.h"
+#include "codec/log8.h"
+
+namespace ckpt::codec {
+
+/// Moment index k -> role (codes, params and escapes are stored in this order).
+CKPT_HD Role role_of(int k) { return k == 0 ? Role::ExpAvg : k == 1 ? Role::ExpAvgSq : Role::MaxExpAvgSq; }
+
+/// IEEE binary16 round-to-nearest-even of a double, as a double (overflow -> inf, NaN
+/// stays NaN). Plain IEEE operations only: the same result as a cast through _Float16 on
+/// the host (checked in test/cuda) and on the device.
+CKPT_HD double round_half(double x) {
+    if (!(x == x)) return x;
+    const double a = fabs(x);
+    double r;
+    if (a >= 65520.0) {
+        r = INFINITY;  // half-way above 65504 rounds to even = 2^16: overflow
+    } else if (a < 6.103515625e-05) {  // below 2^-14: subnormal quantum 2^-24
+        r = rint(a * 16777216.0) / 16777216.0;
+    } else {
+        int ex;
+        frexp(a, &ex);  // a = f * 2^ex, f in [0.5, 1): 11 significant bits -> quantum 2^(ex-11)
+        r = ldexp(rint(ldexp(a, 11 - ex)), ex - 11);
+    }
+    return signbit(x) ? -r : r;
+}
+
+/// Round a decoded value to the moment's storage type (what torch will see).
+CKPT_HD double round_to_type(MomentType t, double x) {
+    if (t == MomentType::F32) return x;
+    const float f = float(x);
+    if (t == MomentType::BF16) {
+        if (!isfinite(f)) return f;
+        return BF16::from_code(BF16::rne(f));
+    }
+    return double(float(round_half(x)));
+}
+
+/// Gradient domain [lo, hi] of chunk coordinate i (see codec.h gradient_domain).
+CKPT_HD void gradient_domain_hd(const DomainRule& d, const float* theta, std::size_t i, double& lo, double& hi) {
+    const double G = d.grad_bound;
+    if (!isfinite(G)) { lo = -INFINITY; hi = INFINITY; return; }
+    lo = INFINITY; hi = -INFINITY;
+    if (d.plain) { lo = -G; hi = G; }
+    if (d.l2) {
+        const double s = theta ? d.weight_decay * double(theta[i]) : 0.0;
+        const double w = theta ? 0.0 : fabs(d.weight_decay) * d.theta_bound;
+        lo = fmin(lo, s - w - G);
+        hi = fmax(hi, s + w + G);
+    }
+    lo -= fabs(lo) * 1e-6;
+    hi += fabs(hi) * 1e-6;
+}
+
+template <class Q>
+CKPT_HD Cell cell_of(const TensorSetup& s, uint16_t code, Role r, const int16_t* p, double scale) {
+    Cell c = Q::cell(code, r, p, scale);
+    c.dec = round_to_type(s.type, c.dec);
+    return c;
+}
+
+CKPT_HD uint16_t load_code(const uint8_t* codes, int cb, std::size_t i) {
+    return cb == 1 ? codes[i] : uint16_t(codes[2 * i] | (codes[2 * i + 1] << 8));
+}
+CKPT_HD void store_code(uint8_t* codes, int cb, std::size_t i, uint16_t c) {
+    if (cb == 1) codes[i] = uint8_t(c);
+    else { codes[2 * i] = uint8_t(c); codes[2 * i + 1] = uint8_t(c >> 8); }
+}
+
+/// The guard input of one coordinate from its cells.
+CKPT_HD GuardInput guard_input(const TensorSetup& s, const Cell* c, const float* theta, std::size_t i) {
+    GuardInput g;
+    g.amsgrad = s.hyper.amsgrad;
+    g.m = c[0];
+    g.v = c[1];
+    if (g.amsgrad) g.vmax = c[2];
+    gradient_domain_hd(s.domain, theta, i, g.glo, g.ghi);
+    return g;
+}
+
+/// exp_avg is coded relative to sqrt of the decoded denominator state at g = 0:
+/// exp_avg_sq, or max(exp_avg_sq, max_exp_avg_sq) with amsgrad.
+CKPT_HD double m_scale(double v, double vmax) { return sqrt(v > vmax ? v : vmax); }
+
+/// One parameter trial of a block: params per moment, codes, which coordinates keep
+/// their codes and their certificates.
+template <class Q>
+struct BlockTrial {
+    int16_t p[3][Q::kParams > 0 ? Q::kParams : 1];
+    uint16_t code[3][kBlock];
+    bool keep[kBlock];
+    double bound[kBlock];
+    int escapes;
+};
+
+/// Scratch of encode_block (about 7 KB; one per CPU thread or GPU thread).
+template <class Q>
+struct BlockWork {
+    BlockTrial<Q> trial[2];
+    double scale[kBlock];
+    Cell cells[3][kBlock];
+};
+
+/// Encode and certify the block of bn (<= kBlock) coordinates starting at chunk index
+/// i0. src[k] (k = 0 exp_avg, 1 exp_avg_sq, 2 max_exp_avg_sq) and theta (may be null) are
+/// chunk-based. Moments are coded in the order max_exp_avg_sq, exp_avg_sq, exp_avg; the
+/// exp_avg_sq / max_exp_avg_sq params are choose()'s, then (only while the block has
+/// escapes) the codec's alternatives; exp_avg follows the decoded v. Returns the best
+/// trial (fewest escapes, earliest on ties), which lives in `w`.
+template <class Q>
+CKPT_HD const BlockTrial<Q>& encode_block(const TensorSetup& s, const GuardConst& gc, const float* const* src,
+                                          const float* theta, std::size_t i0, int bn, BlockWork<Q>& w) {
+    const int nm = s.moments();
+    BlockTrial<Q>* best = &w.trial[0];
+    BlockTrial<Q>* t = &w.trial[1];
+    best->escapes = bn + 1;
+    for (int trial = 0; trial < 2 * Q::kVariants && best->escapes > 0; ++trial) {
+        const int variant = trial / 2, mvariant = trial % 2;  // v step, exp_avg step
+        bool any = variant == 0;
+        for (int k = nm - 1; k >= 1; --k) {
+            Q::choose(src[k] + i0, bn, role_of(k), nullptr, gc, t->p[k]);
+            if (variant > 0) any = Q::vary(t->p[k], variant) || any;
+        }
+        if (!any || (mvariant && Q::kVariants == 1)) continue;
+        for (int j = 0; j < bn; ++j) t->keep[j] = true;
+        for (int k = nm - 1; k >= 0; --k) {
+            if (k == 0) {
+                for (int j = 0; j < bn; ++j)
+                    w.scale[j] = t->keep[j] ? m_scale(w.cells[1][j].dec, nm == 3 ? w.cells[2][j].dec : 0.0) : 0.0;
+                Q::choose(src[0] + i0, bn, role_of(0), w.scale, gc, t->p[0]);
+                if (mvariant) Q::vary(t->p[0], -1);
+            }
+            for (int j = 0; j < bn; ++j) {
+                if (!t->keep[j]) continue;
+                const double sc = k == 0 ? w.scale[j] : 0.0;
+                t->keep[j] = Q::encode(src[k][i0 + j], role_of(k), t->p[k], sc, &t->code[k][j]);
+                if (t->keep[j]) w.cells[k][j] = cell_of<Q>(s, t->code[k][j], role_of(k), t->p[k], sc);
+            }
+        }
+        t->escapes = 0;
+        for (int j = 0; j < bn; ++j) {
+            if (t->keep[j]) {
+                const Cell c[3] = {w.cells[0][j], w.cells[1][j], w.cells[2][j]};
+                t->bound[j] = certify(gc, guard_input(s, c, theta, i0 + std::size_t(j)));
+                t->keep[j] = t->bound[j] <= s.tolerance;
+            }
+            t->escapes += !t->keep[j];
+        }
+        if (t->escapes < best->escapes) {
+            BlockTrial<Q>* x = best;
+            best = t;
+            t = x;
+        }
+    }
+    return *best;
+}
+
+/// Decode coordinate i of a chunk: out[k][i] (when out[k] is non-null) and, when bounds
+/// is non-null, its re-derived certificate bounds[i]. codes[k] / params[k] are chunk-based.
+template <class Q>
+CKPT_HD void decode_coord(const TensorSetup& s, const GuardConst& gc, const uint8_t* const* codes,
+                          const int16_t* const* params, std::size_t i, float* const* out, const float* theta,
+                          double* bounds) {
+    const int nm = s.moments();
+    const std::size_t b = i / kBlock;
+    Cell c[3];
+    for (int k = nm - 1; k >= 0; --k) {
+        const double scale = k == 0 ? m_scale(c[1].dec, nm == 3 ? c[2].dec : 0.0) : 0.0;
+        c[k] = cell_of<Q>(s, load_code(codes[k], Q::kCodeBytes, i), role_of(k), params[k] + b * Q::kParams, scale);
+        if (out[k]) out[k][i] = float(c[k].dec);
+    }
+    if (bounds) bounds[i] = certify(gc, guard_input(s, c, theta, i));
+}
+
+}  // namespace ckpt::codec
