@@ -213,7 +213,7 @@ if [ $PROFILE = 1 ] && [ -f "$LM" ] && command -v perf >/dev/null; then
     log "perf profile on $(basename "$LM")"
     if perf record -F 499 -g -o "$TMP/perf.data" -- "$COMPRESS" "$LM" -o "$TMP/p.ckz.h5" --json > /dev/null 2> "$TMP/perf.err"; then
         perf report -i "$TMP/perf.data" --no-children --sort symbol --stdio 2>/dev/null \
-            | grep -E '^ +[0-9.]+%' | head -15 > "$RESULTS/perf_top.txt"
+            | grep -E '^ +[0-9.]+%' | sed -E 's/ +- +- *$//' | head -15 > "$RESULTS/perf_top.txt"
     else
         head -c 300 "$TMP/perf.err" > "$RESULTS/perf_top.txt"
     fi

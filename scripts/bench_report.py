@@ -418,7 +418,7 @@ def main():
       "multi-threaded reference under the same conditions.\n")
 
     # ---- RSS
-    w("## Peak RSS vs checkpoint size (log8, generated checkpoints)\n")
+    w("## Peak RSS vs checkpoint size (log8 compress)\n")
     rows = []
     for r in d.rss:
         s = d.rss_summary.get(r["gib"], {})
@@ -428,6 +428,15 @@ def main():
                      f"{100 * s['escapes'] / s['moment_values']:.3f}%" if s else "–",
                      f"{float(r['wall']):.0f}" if r.get("rc") == 0 else "–",
                      "ok" if r.get("rc") == 0 else f"FAILED: {str(r.get('error'))[:120]}"))
+    for name in d.inputs:
+        v = d.times.get(("compress", name, "log8", 0.01, "1.0", None))
+        if v and name in BIG:
+            s = d.summary.get((name, "log8", 0.01, "1.0"), {})
+            rows.append((f"{d.info[name]['file_bytes'] / 2**30:.3f} (`{name}`)",
+                         f"{d.info[name]['file_bytes']:,}", f"{max(x[2] for x in v) / 1024:.0f}",
+                         pct(s.get("moment_reduction")),
+                         f"{100 * s['escapes'] / s['moment_values']:.3f}%" if s else "–",
+                         f"{statistics.median(x[0] for x in v):.0f}", "ok (real model)"))
     w(table(("GiB", "file bytes", "peak RSS MiB", "reduction", "escapes", "wall s", "status"),
             rows) if rows else "_not measured in this run_")
     w(f"\nGenerator: `scripts/{meta.get('gen', 'gen_checkpoint.py')}` (streams a torch.save zip "
@@ -446,6 +455,13 @@ def main():
         w("```\n")
     else:
         w("_not measured in this run_\n")
+    pt = os.path.join(a.results, "perf_top_resnet.txt")
+    if os.path.exists(pt) and open(pt).read().strip():
+        w("The same on `resnet18_adamw.pt` (beta2 0.999, where log8 is furthest from bf16's "
+          "speed):\n")
+        w("```")
+        w(open(pt).read().rstrip())
+        w("```\n")
     targets(d, w)
     with open(a.doc, "w") as f:
         f.write("\n".join(md) + "\n")
