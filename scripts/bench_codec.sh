@@ -49,7 +49,7 @@ while [ $# -gt 0 ]; do
         --models) MODELS=$2; shift ;;
         --results) RESULTS=$2; shift ;;
         --reps) REPS=$2; shift ;;
-        --rss) RSS_GIB=$2; shift ;;
+        --rss) RSS_GIB=$2; RSS_SET=1; shift ;;
         --no-train) TRAIN=0 ;;
         --commit) COMMIT=$2; shift ;;
         --only) ONLY=$2; shift ;;
@@ -62,7 +62,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 BIG_REPS=$REPS
-if [ $QUICK = 1 ]; then BIG_REPS=1; RSS_GIB=${RSS_GIB_QUICK:-1}; fi
+if [ $QUICK = 1 ]; then BIG_REPS=1; [ "${RSS_SET:-0}" = 1 ] || RSS_GIB=${RSS_GIB_QUICK:-1}; fi
 PY=/usr/bin/python3
 SRC=$ROOT
 if [ -n "$COMMIT" ]; then
