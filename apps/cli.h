@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -15,6 +16,7 @@ namespace ckpt::app {
 
 /// Run the tool body; map exceptions to one stderr line and the exit code.
 inline int run(const char* tool, const std::function<int()>& body) {
+    std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit becomes a write error (exit 2), not a kill
     spdlog::set_default_logger(spdlog::stderr_color_mt(tool));
     spdlog::set_pattern("%n: %l: %v");
     try {

@@ -27,15 +27,6 @@ std::string basename_of(const std::string& p) {
     return s == std::string::npos ? p : p.substr(s + 1);
 }
 
-const char* source_format(Format f) {
-    switch (f) {
-        case Format::TorchZip: return "torch-zip";
-        case Format::TorchLegacy: return "torch-legacy";
-        case Format::Safetensors: return "safetensors";
-    }
-    return "?";
-}
-
 /// Gradient-domain rule of one parameter (SPEC §2.2).
 codec::DomainRule domain_for(const ParamState& p, const CompressOptions& o, const std::string& file) {
     codec::DomainRule d;
@@ -71,18 +62,12 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
     const std::vector<ParamState> states = find_param_states(ck, f, o.hyper);
     if (states.empty()) throw BadInput(in, "no Adam/AdamW optimizer state (exp_avg, exp_avg_sq) found");
 
-    Report rep;
-    rep.tool = "ckpt-compress";
-    rep.input = in;
-    rep.output = out;
-    rep.codec = codec::kind_name(o.codec);
-    rep.tolerance = o.tolerance;
-    rep.grad_bound = o.grad_bound;
+    Report rep("ckpt-compress", in, out, codec::kind_name(o.codec), o.tolerance, o.grad_bound);
     rep.file_bytes_in = f.size();
 
     ct::Manifest man;
     man.tool_version = CKPTKIT_VERSION;
-    man.source_format = source_format(ck.format);
+    man.source_format = format_name(ck.format);
     man.source_name = basename_of(in);
     man.source_size = f.size();
     man.codec = o.codec;
@@ -156,7 +141,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
 
     AtomicOutput atomic(out);
     uint64_t total_out = 0;
-    {
+    try {
         ct::Handle file = ct::create_file(atomic.temp_path());
         uint64_t work = f.size();
         Progress prog(o.progress, "ckpt-compress", work);
@@ -276,6 +261,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
         total_out += moment_out;
         ct::set_attr(file.get(), "format", std::string("ckptkit-container"));
         ct::set_attr(file.get(), "format_version", uint64_t(ct::kFormatVersion));
+        file.close_checked();
         // apportion the stored moment bytes to parameters by their uncompressed share
         double est_total = 0;
         for (double x : est) est_total += x;
@@ -290,8 +276,16 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
             row.max_bound = e.max_bound;
             rep.rows.push_back(row);
         }
+    } catch (const BadInput&) {
+        throw;
+    } catch (const std::runtime_error& e) {  // HDF5 write failures: name the output
+        throw BadInput(out, e.what());
     }
-    atomic.commit();
+    try {
+        atomic.commit();
+    } catch (const std::runtime_error& e) {
+        throw BadInput(out, e.what());
+    }
     rep.file_bytes_out = io::InputFile(out).size();
     rep.ok = rep.max_bound() <= o.tolerance;
     return rep;

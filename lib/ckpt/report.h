@@ -19,6 +19,10 @@ struct TensorRow {
 };
 
 struct Report {
+    Report(std::string tool_, std::string input_, std::string output_, std::string codec_,
+           double tolerance_, double grad_bound_)
+        : tool(std::move(tool_)), input(std::move(input_)), output(std::move(output_)),
+          codec(std::move(codec_)), tolerance(tolerance_), grad_bound(grad_bound_) {}
     std::string tool, input, output, codec;
     double tolerance = 0, grad_bound = 0;
     std::vector<TensorRow> rows;

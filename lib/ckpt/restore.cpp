@@ -35,13 +35,7 @@ Report restore(const std::string& path, const std::string& out, const RestoreOpt
         for (auto& b : bad) s += (s.empty() ? "" : ", ") + b;
         throw CheckFailed(path + ": damaged dataset(s), checksum mismatch: " + s);
     }
-    Report rep;
-    rep.tool = "ckpt-restore";
-    rep.input = path;
-    rep.output = out;
-    rep.codec = codec::kind_name(man.codec);
-    rep.tolerance = man.tolerance;
-    rep.grad_bound = man.grad_bound;
+    Report rep("ckpt-restore", path, out, codec::kind_name(man.codec), man.tolerance, man.grad_bound);
     rep.file_bytes_in = io::InputFile(path).size();
     rep.rows = cr.rows();
 

@@ -40,13 +40,8 @@ void grid(double lo, double hi, double scale, int points, std::vector<double>& g
 Report verify(const std::string& path, const VerifyOptions& o) {
     const ContainerReader cr(path);
     const auto& man = cr.manifest();
-    Report rep;
-    rep.tool = "ckpt-verify";
-    rep.input = path;
-    rep.output = o.original.value_or("");
-    rep.codec = codec::kind_name(man.codec);
-    rep.tolerance = man.tolerance;
-    rep.grad_bound = man.grad_bound;
+    Report rep("ckpt-verify", path, o.original.value_or(""), codec::kind_name(man.codec), man.tolerance,
+               man.grad_bound);
     rep.file_bytes_in = man.source_size;
     rep.file_bytes_out = io::InputFile(path).size();
     rep.rows = cr.rows();

@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <cerrno>
-#include <csignal>
 #include <cstring>
 #include <fcntl.h>
 #include <stdexcept>
@@ -52,7 +51,6 @@ void AtomicOutput::commit() {
 FileWriter::FileWriter(const std::string& path) : path_(path) {
     fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) throw std::runtime_error(path + ": cannot create: " + errtext());
-    std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit becomes EFBIG, not a kill
 }
 
 FileWriter::~FileWriter() {

@@ -61,6 +61,14 @@ Handle& Handle::operator=(Handle&& o) noexcept {
     }
     return *this;
 }
+void Handle::close_checked() {
+    if (id_ < 0) return;
+    const bool flushed = H5Fflush(id_, H5F_SCOPE_GLOBAL) >= 0;
+    const bool closed = close_(id_) >= 0;
+    id_ = -1;
+    if (!flushed || !closed) fail("cannot write the container (disk full or file-size limit?)");
+}
+
 Handle::~Handle() {
     if (id_ >= 0 && close_) close_(id_);
 }

@@ -29,6 +29,9 @@ public:
     Handle& operator=(Handle&& o) noexcept;
     ~Handle();
     hid_t get() const { return id_; }
+    /// Flush and close now, reporting failure (disk full, file-size limit), instead of the
+    /// destructor's silent close. Throws std::runtime_error.
+    void close_checked();
     explicit operator bool() const { return id_ >= 0; }
 
 private:

@@ -132,6 +132,11 @@ Manifest Manifest::from_json(const std::string& text) {
         e.hyper.step = get_num(h, "step");
         for (double x : {e.hyper.lr, e.hyper.beta1, e.hyper.beta2, e.hyper.eps, e.hyper.weight_decay, e.hyper.step})
             if (!std::isfinite(x)) throw std::runtime_error("param " + e.name + ": non-finite hyper-parameter");
+        // torch.optim.Adam's own argument checks, and a state exists only after a step
+        if (!(e.hyper.lr >= 0) || !(e.hyper.beta1 >= 0 && e.hyper.beta1 < 1) ||
+            !(e.hyper.beta2 >= 0 && e.hyper.beta2 < 1) || !(e.hyper.eps >= 0) ||
+            !(e.hyper.step >= 1) || e.hyper.step != std::floor(e.hyper.step))
+            throw std::runtime_error("param " + e.name + ": hyper-parameters out of range (lr >= 0, 0 <= betas < 1, eps >= 0, integer step >= 1)");
         e.domain.l2 = get_bool(p["domain"], "l2");
         e.domain.plain = get_bool(p["domain"], "plain");
         e.domain.theta_bound = get_num(p["domain"], "theta_bound");
@@ -139,6 +144,9 @@ Manifest Manifest::from_json(const std::string& text) {
         e.domain.weight_decay = e.hyper.weight_decay;
         e.theta_storage = get_i64(p, "theta_storage");
         e.theta_dtype = get_str(p, "theta_dtype");
+        if (e.theta_storage >= 0 ? (e.theta_dtype != "F32" && e.theta_dtype != "F16" && e.theta_dtype != "BF16")
+                                 : !e.theta_dtype.empty())
+            throw std::runtime_error("param " + e.name + ": bad theta_dtype");
         e.code_offset = get_u64(p, "code_offset");
         e.block_offset = get_u64(p, "block_offset");
         e.escape_offset = get_u64(p, "escape_offset");
@@ -175,6 +183,16 @@ Manifest Manifest::from_json(const std::string& text) {
             throw std::runtime_error("manifest storage refers to an unknown param/role");
         m.storages.push_back(std::move(e));
     }
+    // parameters tile the code, block-parameter and escape streams in order, exactly
+    uint64_t codes = 0, blocks = 0, escapes = 0;
+    const bool has_blocks = codec::params_per_block(m.codec) > 0;  // bf16 has no block params
+    for (const auto& p : m.params) {
+        if (p.code_offset != codes || p.block_offset != (has_blocks ? blocks : 0) || p.escape_offset != escapes)
+            throw std::runtime_error("param " + p.name + ": stream offsets do not follow the previous parameter");
+        codes += p.numel;
+        blocks += (p.numel + codec::kBlock - 1) / codec::kBlock;
+        escapes += p.escapes;
+    }
     for (std::size_t i = 0; i < m.params.size(); ++i) {
         const auto& p = m.params[i];
         for (int r = 0; r < 3; ++r) {
@@ -200,12 +218,38 @@ uint64_t write_manifest(hid_t file, const Manifest& m) {
 }
 
 Manifest read_manifest(hid_t file) {
+    if (!exists(file, "/") || get_attr_string(file, "format") != "ckptkit-container")
+        throw std::runtime_error("root attribute 'format' is not ckptkit-container");
+    if (get_attr_u64(file, "format_version") != uint64_t(kFormatVersion))
+        throw std::runtime_error("container format_version is not " + std::to_string(kFormatVersion));
     DatasetReader r(file, kManifestPath, H5T_NATIVE_UINT8, 1);
     if (r.count() > (256u << 20)) throw std::runtime_error("manifest is larger than 256 MiB");
     if (!r.checksum_ok()) throw std::runtime_error("manifest checksum mismatch (damaged)");
     std::string j(r.count(), '\0');
     r.read(0, r.count(), j.data());
-    return Manifest::from_json(j);
+    Manifest m = Manifest::from_json(j);
+    // the moment streams hold exactly what the parameters need
+    if (m.params.empty()) return m;
+    uint64_t values = 0, blocks = 0, escapes = 0;
+    int roles = 2;
+    for (const auto& p : m.params) {
+        values += p.numel;
+        blocks += (p.numel + codec::kBlock - 1) / codec::kBlock;
+        escapes += p.escapes;
+        if (p.hyper.amsgrad) roles = 3;
+    }
+    const uint64_t cb = uint64_t(codec::code_bytes(m.codec)), pb = uint64_t(codec::params_per_block(m.codec));
+    auto expect = [&](const std::string& path, hid_t type, std::size_t elem, uint64_t n) {
+        if (DatasetReader(file, path, type, elem).count() != n)
+            throw std::runtime_error("dataset " + path + " does not hold exactly what the manifest needs");
+    };
+    for (int r = 0; r < roles; ++r) {
+        expect(codes_path(r), H5T_NATIVE_UINT8, 1, values * cb);
+        expect(params_path(r), H5T_NATIVE_INT16, 2, blocks * pb);
+        expect(escapes_path(r), H5T_NATIVE_UINT32, 4, escapes);
+    }
+    expect(kEscapeIndex, H5T_NATIVE_UINT64, 8, escapes);
+    return m;
 }
 
 uint64_t param_metadata_bytes(const Manifest& m, uint64_t stored) {
