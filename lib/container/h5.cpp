@@ -145,21 +145,24 @@ std::string get_attr_string(hid_t obj, const std::string& name) {
     while (!s.empty() && s.back() == '\0') s.pop_back();
     return s;
 }
-double get_attr_double(hid_t obj, const std::string& name) {
+namespace {
+/// A numeric scalar attribute of class `cls`, converted to `mem` (HDF5 converts).
+template <class T>
+T get_attr_number(hid_t obj, const std::string& name, H5T_class_t cls, hid_t mem, const char* what) {
     Handle a = open_attr(obj, name);
     Handle t(H5Aget_type(a.get()), H5Tclose);
-    if (H5Tget_class(t.get()) != H5T_FLOAT) fail("attribute '" + name + "' is not a float");
-    double v = 0;
-    if (H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v) < 0) fail("attribute '" + name + "' cannot be read");
+    if (H5Tget_class(t.get()) != cls) fail("attribute '" + name + "' is not " + what);
+    T v{};
+    if (H5Aread(a.get(), mem, &v) < 0) fail("attribute '" + name + "' cannot be read");
     return v;
 }
+}  // namespace
+
+double get_attr_double(hid_t obj, const std::string& name) {
+    return get_attr_number<double>(obj, name, H5T_FLOAT, H5T_NATIVE_DOUBLE, "a float");
+}
 uint64_t get_attr_u64(hid_t obj, const std::string& name) {
-    Handle a = open_attr(obj, name);
-    Handle t(H5Aget_type(a.get()), H5Tclose);
-    if (H5Tget_class(t.get()) != H5T_INTEGER) fail("attribute '" + name + "' is not an integer");
-    uint64_t v = 0;
-    if (H5Aread(a.get(), H5T_NATIVE_UINT64, &v) < 0) fail("attribute '" + name + "' cannot be read");
-    return v;
+    return get_attr_number<uint64_t>(obj, name, H5T_INTEGER, H5T_NATIVE_UINT64, "an integer");
 }
 
 Appender::Appender(hid_t file, const std::string& path, hid_t type, std::size_t elem,

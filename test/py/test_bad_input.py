@@ -25,6 +25,8 @@ import subprocess
 
 import pytest
 
+from conftest import require_ckptkit_bin  # noqa: E402
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DATA = os.path.join(ROOT, "data")
 BAD = os.path.join(ROOT, "test", "corpus", "bad")
@@ -35,14 +37,8 @@ PWNED = "/tmp/ckpt_pwned_*"
 
 
 def bin_dir():
-    """$CKPTKIT_BIN with the three tools; pytest.fail (not skip) otherwise."""
-    d = os.environ.get("CKPTKIT_BIN")
-    if not d:
-        pytest.fail("CKPTKIT_BIN is not set (export CKPTKIT_BIN=<build>/apps)", pytrace=False)
-    missing = [t for t in TOOLS if not os.access(os.path.join(d, t), os.X_OK)]
-    if missing:
-        pytest.fail(f"CKPTKIT_BIN={d}: missing {', '.join(missing)}", pytrace=False)
-    return d
+    """$CKPTKIT_BIN with the three tools; pytest.fail (not skip) otherwise (conftest)."""
+    return require_ckptkit_bin()
 
 
 def run(tool, *args, timeout=60):
