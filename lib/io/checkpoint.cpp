@@ -47,6 +47,13 @@ const char* format_name(Format f) {
     return "?";
 }
 
+Value::Value() = default;
+Value::~Value() = default;
+Value::Value(const Value&) = default;
+Value::Value(Value&&) noexcept = default;
+Value& Value::operator=(const Value&) = default;
+Value& Value::operator=(Value&&) noexcept = default;
+
 std::string Value::key_text() const {
     if (auto s = std::get_if<std::string>(&v)) return *s;
     if (auto i = std::get_if<int64_t>(&v)) return std::to_string(*i);

@@ -67,6 +67,17 @@ struct Value {
     bool is_tuple = false;   ///< List came from a tuple
     bool is_bytes = false;   ///< string holds raw bytes (python bytes)
 
+    // Special members are defined out of line (checkpoint.cpp), where Value is complete:
+    // defaulted in the class, clang 14 with libstdc++ 12 in C++20 instantiates the variant's
+    // constexpr destructor, hence ~vector<pair<Value, Value>>, while pair<Value, Value> is
+    // still incomplete, and rejects the type. GCC accepts either form.
+    Value();                                  ///< None
+    ~Value();                                 ///< destroys the subtree
+    Value(const Value&);                      ///< deep copy
+    Value(Value&&) noexcept;                  ///< move
+    Value& operator=(const Value&);           ///< deep copy
+    Value& operator=(Value&&) noexcept;       ///< move
+
     const Value* get(const std::string& key) const;   ///< Dict lookup by str or int key text; nullptr if absent
     bool is_dict() const { return std::holds_alternative<Dict>(v); }
     bool is_list() const { return std::holds_alternative<List>(v); }

@@ -98,7 +98,8 @@ Checkpoint read_safetensors(const InputFile& f, const Limits& limits) {
             has_meta = true;
             continue;
         }
-        auto tb = [&](const std::string& m) { return bad(fmt::format("tensor '{}': {}", name, m)); };
+        // init-capture: clang 14 cannot capture a structured binding directly
+        auto tb = [&, &tname = name](const std::string& m) { return bad(fmt::format("tensor '{}': {}", tname, m)); };
         if (!info.is_object()) throw tb("entry is not an object");
         if (!info.contains("dtype") || !info["dtype"].is_string()) throw tb("missing or non-string dtype");
         if (!info.contains("shape") || !info["shape"].is_array()) throw tb("missing or non-array shape");
