@@ -112,19 +112,21 @@ Checkpoint read_safetensors(const InputFile& f, const Limits& limits) {
         t.path = name;
         t.dtype = *dt;
         uint64_t numel = 1;
+        uint64_t extent = 1;   // product of max(dim, 1): bounds numel and every stride
         for (auto& d : info["shape"]) {
             if (!d.is_number_unsigned()) throw tb("shape entries must be non-negative integers");
             uint64_t v = d.get<uint64_t>();
-            auto m = checked_mul(numel, v);
-            if (!m || v > uint64_t(INT64_MAX)) throw tb("element count overflows");
-            numel = *m;
+            auto m = checked_mul(extent, std::max<uint64_t>(v, 1));
+            if (!m || *m > uint64_t(INT64_MAX)) throw tb("element count overflows");
+            extent = *m;
+            numel *= v;   // <= extent
             t.shape.push_back(static_cast<int64_t>(v));
         }
         t.stride.resize(t.shape.size());
         int64_t st = 1;
         for (std::size_t k = t.shape.size(); k-- > 0;) {
             t.stride[k] = st;
-            st *= std::max<int64_t>(t.shape[k], 1);   // bounded by numel, which did not overflow
+            st *= std::max<int64_t>(t.shape[k], 1);   // <= extent <= INT64_MAX
         }
         auto& off = info["data_offsets"];
         if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
