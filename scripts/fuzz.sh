@@ -1,14 +1,17 @@
 #!/bin/bash
-# Build the libFuzzer targets (clang, -fsanitize=fuzzer,address,undefined) in build-fuzz and
+# Build the libFuzzer targets (clang 14, -fsanitize=fuzzer,address,undefined) in build-fuzz and
 # run each for SECONDS (default 60), seeded from data/, data/io/, data/traces/,
 # test/corpus/bad/, the pickles inside the zip fixtures and a few small containers.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]     (targets: zip pickle safetensors container trace)
-#   env: JOBS (build parallelism, default 2), BUILD (default build-fuzz), RSS_MB (default 2048)
+#   env: JOBS (build parallelism, default 2), BUILD (default build-fuzz), RSS_MB (default 2048),
+#        FUZZ_CC (clang, the default: native libFuzzer instrumentation; gcc: ASan/UBSan +
+#        trace-pc/trace-cmp coverage + cov_shim.cpp + clang's libFuzzer engine),
+#        CKPTKIT_BIN (ckpt-compress for the container seeds, default build/apps)
 #
 # Every crash / leak / timeout / OOM that libFuzzer writes is copied to
-# test/corpus/fuzz/<target>/ (a regression input, run by CTest as fuzz_regress_<target>
-# when the fuzz build is configured) and listed at the end; exit 1 when any was found.
+# test/corpus/fuzz/<target>/ (a regression input, replayed by CTest as fuzz_regress_<target>
+# in every build) and listed at the end; exit 1 when any was found or a target did not run.
 # Per target the number of executions and the final coverage line go to
 # build-fuzz/fuzz-summary.txt.
 set -uo pipefail
@@ -18,17 +21,22 @@ TARGETS=${*:-zip pickle safetensors container trace}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=${BUILD:-$ROOT/build-fuzz}
 JOBS=${JOBS:-2}
+FUZZ_CC=${FUZZ_CC:-clang}
 command -v clang >/dev/null || { echo "fuzz.sh: clang missing (apt-get install clang libclang-rt-14-dev)" >&2; exit 1; }
-# FUZZ_CC=clang: native -fsanitize=fuzzer (needs lib/io to compile with clang 14, which it
-# does not yet). Default gcc: ASan/UBSan + trace-pc/trace-cmp coverage + libFuzzer's engine.
-if [ "${FUZZ_CC:-gcc}" = clang ]; then
-  CCS="CC=clang CXX=clang++"; SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -g"
-else
-  CCS="CC=gcc CXX=g++"; SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -g"
+case $FUZZ_CC in
+  clang) CCS="CC=clang CXX=clang++"; SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g" ;;
+  gcc) CCS="CC=gcc CXX=g++"; SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g" ;;
+  *) echo "fuzz.sh: FUZZ_CC must be clang or gcc" >&2; exit 1 ;;
+esac
+# a build folder configured for the other compiler is configured again from scratch
+if [ -f "$B/build.ninja" ] && [ "$(cat "$B/fuzz-cc" 2>/dev/null)" != "$FUZZ_CC" ]; then
+  rm -rf "$B"
 fi
 if [ ! -f "$B/build.ninja" ]; then
-  env $CCS cmake -S "$ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  mkdir -p "$B"
+  env $CCS cmake -S "$ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTKIT_CUDA=OFF \
     -DCKPTKIT_FUZZ=ON -DCMAKE_C_FLAGS="$SAN" -DCMAKE_CXX_FLAGS="$SAN" >/dev/null || exit 1
+  echo "$FUZZ_CC" > "$B/fuzz-cc"
 fi
 ninja -C "$B" -j"$JOBS" $(for t in $TARGETS; do printf 'fuzz_%s ' "$t"; done) || exit 1
 
@@ -59,7 +67,7 @@ PY
 cp "$ROOT"/data/traces/*.json "$S/trace/" 2>/dev/null
 if [[ " $TARGETS " == *" container "* ]]; then
   CBIN=${CKPTKIT_BIN:-}
-  [ -n "$CBIN" ] || for d in "$ROOT/build-hard/apps" "$ROOT/build/apps"; do [ -x "$d/ckpt-compress" ] && CBIN=$d && break; done
+  [ -n "$CBIN" ] || for d in "$ROOT/build/apps"; do [ -x "$d/ckpt-compress" ] && CBIN=$d && break; done
   if [ -n "$CBIN" ]; then
     "$CBIN/ckpt-compress" "$ROOT/data/cnn_adamw.safetensors" -o "$S/container/cnn_st.ckz.h5" >/dev/null 2>&1
     "$CBIN/ckpt-compress" "$ROOT/data/io/optim_only.pt" -o "$S/container/optim_only.ckz.h5" --optimizer adamw >/dev/null 2>&1
@@ -84,7 +92,8 @@ for t in $TARGETS; do
   rm -rf "$A"
   mkdir -p "$W" "$A"
   echo "fuzz.sh: fuzz_$t for ${SECS}s" >&2
-  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  mkdir -p "$B/tmp"   # scratch files of the targets (fuzz_common.h); a crash leaves one here
+  TMPDIR=$B/tmp ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$B/test/fuzz/fuzz_$t" "$W" "$S/$t" -max_total_time="$SECS" -timeout=10 -rss_limit_mb="${RSS_MB:-2048}" \
       -max_len=$((1 << 20)) -print_final_stats=1 -artifact_prefix="$A/" -close_fd_mask=3 \
       > "$B/fuzz_$t.log" 2>&1
@@ -92,6 +101,10 @@ for t in $TARGETS; do
   execs=$(awk '/stat::number_of_executed_units/ {print $2}' "$B/fuzz_$t.log" | tail -1)
   cov=$(grep -E '^#[0-9]+' "$B/fuzz_$t.log" | tail -1 | grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9]+[a-zA-Z]*' )
   n_art=$(ls "$A" | wc -l)
+  if [ "$rc" -ne 0 ] && [ "$n_art" -eq 0 ]; then
+    found=1
+    echo "  fuzz_$t exited $rc without an artifact: see $B/fuzz_$t.log" | tee -a "$SUM"
+  fi
   printf '%-12s exit %-3s execs %-10s %s  artifacts %s\n' "$t" "$rc" "${execs:-?}" "${cov:-}" "$n_art" | tee -a "$SUM"
   if [ "$n_art" -gt 0 ]; then
     found=1
