@@ -1,5 +1,7 @@
 #!/bin/sh
-# Install every Debian 12 package the build, the tools and the tests need (run as root).
+# Install every Debian 12 package the build, the tools and the tests need (run as root);
+# clang + libclang-rt-14-dev (libFuzzer, sanitizer runtimes) and llvm (llvm-symbolizer for
+# sanitizer stack traces) are for the fuzz stage of scripts/test.sh.
 set -eu
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""
@@ -10,4 +12,5 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   libcli11-dev libhdf5-dev libzstd-dev libfmt-dev libspdlog-dev doctest-dev \
   nlohmann-json3-dev libxxhash-dev zlib1g-dev \
   python3 python3-torch python3-numpy python3-h5py python3-hdf5plugin python3-pytest \
-  python3-sklearn zstd time >/dev/null
+  python3-sklearn zstd time \
+  clang libclang-rt-14-dev llvm >/dev/null
