@@ -3,6 +3,10 @@
 #include "replay/contract.h"
 
 #include <algorithm>
+#include <iterator>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -46,30 +50,43 @@ std::vector<Region> coalesce_regions(const std::vector<Region>& rs, uint64_t max
 }
 
 std::vector<Contract> derive_contracts(const Trace& t) {
+    // Writes per buffer in segment order (segment index, access), so a read only visits the
+    // writes of its own buffer at or after its segment: O(reads x later writes) instead of
+    // O(reads x all accesses of all later segments) with a string compare each.
+    std::unordered_map<std::string_view, std::vector<std::pair<size_t, const StateAccess*>>>
+        writes;
+    for (size_t j = 0; j < t.segments.size(); ++j)
+        for (const auto& w : t.segments[j].state)
+            if (w.written) writes[w.buffer].emplace_back(j, &w);
     std::vector<Contract> out(t.segments.size());
+    std::vector<Region> regions;
+    std::vector<std::string_view> writers;
     for (size_t s = 0; s < t.segments.size(); ++s) {
         const Segment& seg = t.segments[s];
         Contract& c = out[s];
         std::string versions;
         for (const auto& a : seg.state) {
-            if (a.read) {
-                std::vector<Region> regions;
-                bool overwritten = false;
-                std::vector<std::string> writers;
-                for (size_t j = s; j < t.segments.size(); ++j)
-                    for (const auto& w : t.segments[j].state)
-                        if (w.buffer == a.buffer && w.written) {
-                            overwritten = true;
-                            regions = region_union(regions, w.regions, a.bytes_read);
-                            if (w.bytes_written < a.bytes_read)   // shrunk: the tail is lost
-                                regions = region_union(
-                                    regions, {{w.bytes_written, a.bytes_read - w.bytes_written}},
-                                    a.bytes_read);
-                            writers.push_back(t.segments[j].name);
-                        }
-                if (overwritten) {
+            auto it = a.read ? writes.find(a.buffer) : writes.end();
+            if (it != writes.end()) {
+                const auto& ws = it->second;
+                auto w = std::lower_bound(ws.begin(), ws.end(), s,
+                                          [](const auto& x, size_t j) { return x.first < j; });
+                if (w != ws.end()) {
+                    // Every later write's regions, and the tail a shrinking write loses; the
+                    // union is a set, so one sort + merge gives the same list as merging in
+                    // write order.
+                    regions.clear();
+                    writers.clear();
+                    for (; w != ws.end(); ++w) {
+                        const StateAccess& x = *w->second;
+                        regions.insert(regions.end(), x.regions.begin(), x.regions.end());
+                        if (x.bytes_written < a.bytes_read)   // shrunk: the tail is lost
+                            regions.push_back({x.bytes_written, a.bytes_read - x.bytes_written});
+                        writers.push_back(t.segments[w->first].name);
+                    }
                     c.restore.push_back({a.buffer, a.version_read, a.bytes_read,
-                                         coalesce_regions(regions, kRegionMetaBytes)});
+                                         coalesce_regions(region_union(regions, {}, a.bytes_read),
+                                                          kRegionMetaBytes)});
                     c.hazards.push_back(fmt::format(
                         "reads '{}' at version {}, overwritten before its recompute by segment(s) "
                         "{}", a.buffer, a.version_read, fmt::join(writers, ",")));
@@ -81,14 +98,15 @@ std::vector<Contract> derive_contracts(const Trace& t) {
                                                 "would write it again", a.buffer,
                                                 a.version_read, a.version_written));
             }
-            versions += fmt::format("{}{}@{}", versions.empty() ? "" : ",", a.buffer,
-                                    a.version_read);
+            fmt::format_to(std::back_inserter(versions), "{}{}@{}", versions.empty() ? "" : ",",
+                           a.buffer, a.version_read);
         }
         for (const auto& r : seg.rng) {
             c.rng.push_back(r);
             c.hazards.push_back(fmt::format("consumes RNG stream '{}': a recompute would draw "
                                             "different numbers", r.stream));
-            versions += fmt::format("{}rng:{}", versions.empty() ? "" : ",", r.stream);
+            fmt::format_to(std::back_inserter(versions), "{}rng:{}", versions.empty() ? "" : ",",
+                           r.stream);
         }
         c.id = fmt::format("{}:{}:{}", t.hash, seg.name, versions);
     }
