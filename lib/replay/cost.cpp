@@ -24,19 +24,15 @@ std::optional<Decision> decision_from_name(const std::string& s) {
     return std::nullopt;
 }
 
-Problem::Problem(const Trace& t) : trace(&t), contracts(derive_contracts(t)) {}
-
 namespace {
 int64_t ms_to_ns(double ms) { return static_cast<int64_t>(std::llround(ms * 1e6)); }
 // Copy time of `bytes` at `gbps` GB/s (1 GB/s = 1 byte/ns), rounded up.
 int64_t copy_ns(uint64_t bytes, double gbps) {
     return static_cast<int64_t>(std::ceil(static_cast<double>(bytes) / gbps));
 }
-}  // namespace
 
-OptionCost Problem::cost(size_t i, Decision d) const {
-    const Segment& s = trace->segments.at(i);
-    const Contract& c = contracts.at(i);
+// Runtime cost of decision d on segment s with contract c (see Problem::cost).
+OptionCost option_cost(const Segment& s, const Contract& c, Decision d, double copy_gbps) {
     int64_t base = ms_to_ns(s.forward_ms) + ms_to_ns(s.backward_ms);
     OptionCost o;
     if (d == Decision::Keep) {
@@ -68,15 +64,23 @@ OptionCost Problem::cost(size_t i, Decision d) const {
     o.preserved = preserved;
     o.held += preserved;
     o.work = o.held + s.saved_bytes + s.transient_bytes + stash;
-    o.time_ns += copy_ns(2 * preserved + stash, trace->copy_gbps);
+    o.time_ns += copy_ns(2 * preserved + stash, copy_gbps);
     return o;
 }
+}  // namespace
 
-std::vector<Decision> Problem::safe_options(size_t i) const {
-    const Contract& c = contracts.at(i);
-    if (!c.stateful()) return {Decision::Keep, Decision::Recompute};
-    if (c.restore.empty()) return {Decision::Keep, Decision::Snapshot};
-    return {Decision::Keep, Decision::Snapshot, Decision::Selective};
+Problem::Problem(const Trace& t)
+    : trace(&t), contracts(derive_contracts(t)), fixed_(t.fixed_bytes()),
+      costs_(t.segments.size()), safe_(t.segments.size()) {
+    for (size_t i = 0; i < costs_.size(); ++i) {
+        for (Decision d : kAllDecisions)
+            costs_[i][static_cast<size_t>(d)] =
+                option_cost(t.segments[i], contracts[i], d, t.copy_gbps);
+        const Contract& c = contracts[i];
+        if (!c.stateful()) safe_[i] = {Decision::Keep, Decision::Recompute};
+        else if (c.restore.empty()) safe_[i] = {Decision::Keep, Decision::Snapshot};
+        else safe_[i] = {Decision::Keep, Decision::Snapshot, Decision::Selective};
+    }
 }
 
 Evaluation evaluate(const Problem& p, const std::vector<Decision>& d) {
@@ -98,7 +102,8 @@ PlanResult finish_plan(const Problem& p, const std::string& planner, uint64_t bu
     PlanResult r;
     r.planner = planner;
     r.budget_bytes = budget;
-    if (!d.empty() && evaluate(p, d).peak_bytes > budget) d.clear();
+    Evaluation e;
+    if (!d.empty() && (e = evaluate(p, d)).peak_bytes > budget) d.clear();
     if (d.empty()) {
         std::vector<Decision> minimal(p.size());
         for (size_t i = 0; i < p.size(); ++i) {
@@ -109,7 +114,6 @@ PlanResult finish_plan(const Problem& p, const std::string& planner, uint64_t bu
         r.min_peak_bytes = evaluate(p, minimal).peak_bytes;
         return r;
     }
-    Evaluation e = evaluate(p, d);
     r.peak_bytes = e.peak_bytes;
     r.step_time_ns = e.step_time_ns;
     r.feasible = true;

@@ -41,14 +41,42 @@ struct Frontier {
     bool empty() const { return need.empty(); }
 };
 
-std::vector<std::vector<Opt>> option_costs(const Problem& p,
-                                           const std::vector<std::vector<Decision>>& options) {
-    std::vector<std::vector<Opt>> c(p.size());
-    for (size_t i = 0; i < p.size(); ++i)
+// The option costs of every segment, flat: segment i's options are opt[start[i], start[i+1]).
+struct Costs {
+    std::vector<Opt> opt;
+    std::vector<size_t> start;
+    size_t size() const { return start.size() - 1; }
+    const Opt* begin(size_t i) const { return opt.data() + start[i]; }
+    const Opt* end(size_t i) const { return opt.data() + start[i + 1]; }
+};
+
+// True when c holds exactly the option costs of p under `options` (the sweep cache's key),
+// checked without building them.
+bool same_costs(const Costs& c, const Problem& p, const std::vector<std::vector<Decision>>& options) {
+    if (c.start.size() != p.size() + 1) return false;
+    for (size_t i = 0; i < p.size(); ++i) {
+        if (c.start[i + 1] - c.start[i] != options[i].size()) return false;
+        const Opt* o = c.begin(i);
+        for (Decision d : options[i]) {
+            OptionCost x = p.cost(i, d);
+            if (!(*o++ == Opt{x.held, x.work, x.time_ns, d})) return false;
+        }
+    }
+    return true;
+}
+
+Costs option_costs(const Problem& p, const std::vector<std::vector<Decision>>& options) {
+    Costs c;
+    c.start.reserve(p.size() + 1);
+    c.opt.reserve(std::size(kAllDecisions) * p.size());
+    c.start.push_back(0);
+    for (size_t i = 0; i < p.size(); ++i) {
         for (Decision d : options[i]) {
             OptionCost o = p.cost(i, d);
-            c[i].push_back({o.held, o.work, o.time_ns, d});
+            c.opt.push_back({o.held, o.work, o.time_ns, d});
         }
+        c.start.push_back(c.opt.size());
+    }
     return c;
 }
 
@@ -64,7 +92,7 @@ void prune(std::vector<State>& v) {
     v.resize(w);
 }
 
-Frontier solve(const std::vector<std::vector<Opt>>& costs, uint64_t room, size_t max_states) {
+Frontier solve(const Costs& costs, uint64_t room, size_t max_states) {
     Frontier f;
     const size_t n = costs.size();
     f.links.resize(n);
@@ -74,7 +102,8 @@ Frontier solve(const std::vector<std::vector<Opt>>& costs, uint64_t room, size_t
     };
     for (size_t i = n; i-- > 0;) {
         next.clear();
-        for (const Opt& o : costs[i]) {
+        for (const Opt* op = costs.begin(i); op != costs.end(i); ++op) {
+            const Opt& o = *op;
             // need' = max(work, held + need): sorted in need, so successors stay sorted.
             part.clear();
             if (o.work > room || o.held > room) continue;   // never fits
@@ -163,19 +192,20 @@ std::optional<std::vector<Decision>> min_time_plan_sweep(
     // One budget-independent frontier per problem, reused while the costs are the same (the
     // tool plans every budget of a sweep on one Problem).
     static std::mutex mu;
-    static std::vector<std::vector<Opt>> cached_costs;
+    static Costs cached_costs;
     static size_t cached_cap = 0;
     static Frontier cached;
-    auto costs = option_costs(p, options);
     const size_t n = std::max<size_t>(1, p.size());
     const size_t cap = std::clamp<size_t>(max_stored_states / n, 1, std::max<size_t>(1, max_states));
     std::lock_guard<std::mutex> lock(mu);
-    if (cap != cached_cap || costs != cached_costs) {
+    if (cap != cached_cap || !same_costs(cached_costs, p, options)) {
+        auto costs = option_costs(p, options);
         // Room of interest: the largest need any plan can have (no state is dropped).
         uint64_t room = 0;
         for (size_t i = costs.size(); i-- > 0;) {
             uint64_t r = 0;
-            for (const Opt& o : costs[i]) r = std::max(r, std::max(o.work, o.held + room));
+            for (const Opt* o = costs.begin(i); o != costs.end(i); ++o)
+                r = std::max(r, std::max(o->work, o->held + room));
             room = r;
         }
         cached = solve(costs, room, cap);

@@ -43,9 +43,10 @@ json contract_json(const Contract& c, Decision d) {
 }
 
 json counts_json(const PlanResult& r) {
+    int n[std::size(kAllDecisions)] = {};
+    for (Decision d : r.decisions) ++n[static_cast<size_t>(d)];
     json c = json::object();
-    for (Decision d : kAllDecisions) c[decision_name(d)] = 0;
-    for (Decision d : r.decisions) c[decision_name(d)] = c[decision_name(d)].get<int>() + 1;
+    for (Decision d : kAllDecisions) c[decision_name(d)] = n[static_cast<size_t>(d)];
     return c;
 }
 

@@ -7,6 +7,7 @@
 // peak = fixed + max(H_0+..+H_{n-1}, max_i (H_0+..+H_{i-1} + W_i)). Predicted step time =
 // sum of forward + backward times + recompute forward times + copies at device copy bandwidth.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -40,16 +41,26 @@ struct Problem {
     const Trace* trace = nullptr;
     std::vector<Contract> contracts;
 
-    /// Derives the contracts of `t` (which must outlive the Problem).
+    /// Derives the contracts of `t` (which must outlive the Problem) and the cost of every
+    /// decision on every segment (planners ask for them once per budget; later edits of
+    /// `contracts` are seen by the simulator, not by cost()).
     explicit Problem(const Trace& t);
     size_t size() const { return contracts.size(); }
-    uint64_t fixed() const { return trace->fixed_bytes(); }
-    /// Runtime cost of decision d on segment i. Recompute on a stateful segment is costed as
-    /// a plain recompute (what an unsafe plan would do).
-    OptionCost cost(size_t i, Decision d) const;
+    /// Params + grads + optimizer + buffers (bytes), as Trace::fixed_bytes (computed once).
+    uint64_t fixed() const { return fixed_; }
+    /// Runtime cost of decision d on segment i (std::out_of_range for i >= size()). Recompute
+    /// on a stateful segment is costed as a plain recompute (what an unsafe plan would do).
+    OptionCost cost(size_t i, Decision d) const { return costs_.at(i)[static_cast<size_t>(d)]; }
     /// Decisions that honour segment i's contract: keep and recompute when it is stateless;
     /// keep, recompute+snapshot and (when it has buffers to restore) recompute+selective.
-    std::vector<Decision> safe_options(size_t i) const;
+    const std::vector<Decision>& safe_options(size_t i) const { return safe_.at(i); }
+    /// safe_options(i) of every segment (index = segment), computed once.
+    const std::vector<std::vector<Decision>>& safe_options() const { return safe_; }
+
+private:
+    uint64_t fixed_ = 0;
+    std::vector<std::array<OptionCost, 4>> costs_;   ///< [segment][Decision]
+    std::vector<std::vector<Decision>> safe_;
 };
 
 /// Predicted peak (bytes, fixed memory included) and step time (ns) of a decision vector.

@@ -11,10 +11,8 @@ namespace ckpt::replay {
 std::string JointPlanner::name() const { return "joint"; }
 
 PlanResult JointPlanner::plan(const Problem& p, uint64_t budget) const {
-    std::vector<std::vector<Decision>> options;
-    for (size_t i = 0; i < p.size(); ++i) options.push_back(p.safe_options(i));
     uint64_t quantum = 0;
-    auto d = min_time_plan_sweep(p, budget, options, &quantum);
+    auto d = min_time_plan_sweep(p, budget, p.safe_options(), &quantum);
     PlanResult r = finish_plan(p, name(), budget, d ? *d : std::vector<Decision>{});
     r.exact = quantum == 0;
     r.quantum_bytes = quantum;
