@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "replay/json_tree.h"
 
 namespace ckpt::replay {
 namespace {
@@ -23,82 +24,84 @@ constexpr const char* kFormat = "ckptkit-trace";
 constexpr uint64_t kMaxValue = 1ull << 44;
 constexpr size_t kMaxSegments = size_t{1} << 20;
 
+// Member `key` of object o, or nullptr (J = nlohmann::json or JsonTree::Node).
+const json* member(const json& o, const char* key) {
+    auto it = o.find(key);
+    return it == o.end() ? nullptr : &*it;
+}
+const JsonTree::Node* member(const JsonTree::Node& o, const char* key) { return o.find(key); }
+
 // Field access with a clear message (the path of the field) on a missing or mistyped field.
+// One reader for both JSON representations: nlohmann::json (trace_from_json) and the compact
+// JsonTree (load_trace's fast path for large traces).
+template <class J>
 struct Reader {
     const std::string& file;
     [[noreturn]] void fail(const std::string& what) const { throw BadInput(file, what); }
-    const json& field(const json& o, const char* key, const std::string& where) const {
+    const J& field(const J& o, const char* key, const std::string& where) const {
         if (!o.is_object()) fail(where + ": expected an object");
-        auto it = o.find(key);
-        if (it == o.end()) fail(fmt::format("{}: missing field '{}'", where, key));
-        return *it;
+        const J* m = member(o, key);
+        if (!m) fail(fmt::format("{}: missing field '{}'", where, key));
+        return *m;
     }
-    uint64_t u64(const json& o, const char* key, const std::string& where) const {
-        const json& v = field(o, key, where);
-        if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0))
+    uint64_t u64(const J& o, const char* key, const std::string& where) const {
+        const J& v = field(o, key, where);
+        if (!v.is_number_integer() || (!v.is_number_unsigned() && v.template get<int64_t>() < 0))
             fail(fmt::format("{}.{}: expected a non-negative integer", where, key));
-        uint64_t x = v.get<uint64_t>();
+        uint64_t x = v.template get<uint64_t>();
         if (x > kMaxValue)
             fail(fmt::format("{}.{}: {} is implausibly large (limit 2^44)", where, key, x));
         return x;
     }
-    uint64_t u64_or(const json& o, const char* key, const std::string& where, uint64_t d) const {
+    uint64_t u64_or(const J& o, const char* key, const std::string& where, uint64_t d) const {
         return o.contains(key) ? u64(o, key, where) : d;
     }
-    double ms(const json& o, const char* key, const std::string& where) const {
-        const json& v = field(o, key, where);
+    double ms(const J& o, const char* key, const std::string& where) const {
+        const J& v = field(o, key, where);
         if (!v.is_number()) fail(fmt::format("{}.{}: expected a number", where, key));
-        double d = v.get<double>();
+        double d = v.template get<double>();
         if (!std::isfinite(d) || d < 0 || d > 1e7)
             fail(fmt::format("{}.{}: expected a finite non-negative time", where, key));
         return d;
     }
-    std::string str(const json& o, const char* key, const std::string& where) const {
-        const json& v = field(o, key, where);
+    std::string str(const J& o, const char* key, const std::string& where) const {
+        const J& v = field(o, key, where);
         if (!v.is_string()) fail(fmt::format("{}.{}: expected a string", where, key));
-        return v.get<std::string>();
+        return v.template get<std::string>();
     }
-    const json& arr(const json& o, const char* key, const std::string& where) const {
-        const json& v = field(o, key, where);
+    const J& arr(const J& o, const char* key, const std::string& where) const {
+        const J& v = field(o, key, where);
         if (!v.is_array()) fail(fmt::format("{}.{}: expected an array", where, key));
         return v;
     }
 };
 
-std::vector<Region> read_regions(const Reader& r, const json& a, const std::string& where,
+template <class J>
+std::vector<Region> read_regions(const Reader<J>& r, const J& a, const std::string& where,
                                  uint64_t size) {
     std::vector<Region> out;
+    out.reserve(a.size());
     uint64_t prev_end = 0;
     for (size_t k = 0; k < a.size(); ++k) {
-        const json& p = a[k];
-        auto w = fmt::format("{}.regions[{}]", where, k);
+        const J& p = a[k];
+        auto w = [&] { return fmt::format("{}.regions[{}]", where, k); };   // on failure only
         if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() ||
-            !p[1].is_number_integer() || p[0].get<int64_t>() < 0 || p[1].get<int64_t>() < 0)
-            r.fail(w + ": expected [offset, length]");
-        Region g{p[0].get<uint64_t>(), p[1].get<uint64_t>()};
+            !p[1].is_number_integer() || p[0].template get<int64_t>() < 0 || p[1].template get<int64_t>() < 0)
+            r.fail(w() + ": expected [offset, length]");
+        Region g{p[0].template get<uint64_t>(), p[1].template get<uint64_t>()};
         if (g.length == 0 || g.offset > size || g.length > size - g.offset)
-            r.fail(fmt::format("{}: [{}, {}] outside the buffer's {} bytes", w, g.offset,
+            r.fail(fmt::format("{}: [{}, {}] outside the buffer's {} bytes", w(), g.offset,
                                g.length, size));
-        if (k > 0 && g.offset < prev_end) r.fail(w + ": regions overlap or are not sorted");
+        if (k > 0 && g.offset < prev_end) r.fail(w() + ": regions overlap or are not sorted");
         prev_end = g.offset + g.length;
         out.push_back(g);
     }
     return out;
 }
 
-}  // namespace
-
-std::string fnv1a64_hex(const std::string& bytes) {
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : bytes) {
-        h ^= c;
-        h *= 1099511628211ull;
-    }
-    return fmt::format("{:016x}", h);
-}
-
-Trace trace_from_json(const json& j, const std::string& file) {
-    Reader r{file};
+template <class J>
+Trace read_trace(const J& j, const std::string& file) {
+    Reader<J> r{file};
     if (!j.is_object()) r.fail("expected a JSON object");
     if (r.str(j, "format", "trace") != kFormat)
         r.fail(fmt::format("format is not '{}'", kFormat));
@@ -108,19 +111,19 @@ Trace trace_from_json(const json& j, const std::string& file) {
     t.source = j.value("source", "");
     t.model = j.value("model", "");
     if (j.contains("device")) {
-        const json& d = j["device"];
+        const J& d = r.field(j, "device", "trace");
         if (d.contains("copy_gbps")) {
             t.copy_gbps = r.ms(d, "copy_gbps", "device");
             if (t.copy_gbps < 1e-3) r.fail("device.copy_gbps must be at least 0.001");
         }
     }
-    const json& fixed = r.field(j, "fixed", "trace");
+    const J& fixed = r.field(j, "fixed", "trace");
     t.param_bytes = r.u64(fixed, "param_bytes", "fixed");
     t.grad_bytes = r.u64(fixed, "grad_bytes", "fixed");
     t.optimizer_bytes = r.u64(fixed, "optimizer_bytes", "fixed");
 
     std::map<std::string, uint64_t> size, version;
-    const json& bufs = r.arr(j, "buffers", "trace");
+    const J& bufs = r.arr(j, "buffers", "trace");
     for (size_t k = 0; k < bufs.size(); ++k) {
         auto w = fmt::format("buffers[{}]", k);
         BufferInfo b{r.str(bufs[k], "id", w), r.u64(bufs[k], "bytes", w)};
@@ -129,12 +132,12 @@ Trace trace_from_json(const json& j, const std::string& file) {
         version[b.id] = 0;
         t.buffers.push_back(b);
     }
-    const json& segs = r.arr(j, "segments", "trace");
+    const J& segs = r.arr(j, "segments", "trace");
     if (segs.empty()) r.fail("trace has no segments");
     if (segs.size() > kMaxSegments) r.fail("more than 1048576 segments");
     std::map<std::string, int> names;
     for (size_t i = 0; i < segs.size(); ++i) {
-        const json& s = segs[i];
+        const J& s = segs[i];
         auto w = fmt::format("segments[{}]", i);
         Segment g;
         g.name = r.str(s, "name", w);
@@ -147,9 +150,10 @@ Trace trace_from_json(const json& j, const std::string& file) {
         g.input_bytes = r.u64_or(s, "input_bytes", w, 0);
         g.output_bytes = r.u64(s, "output_bytes", w);
         g.transient_bytes = r.u64_or(s, "transient_bytes", w, 0);
-        const json& st = s.contains("state") ? r.arr(s, "state", w) : json::array();
-        for (size_t k = 0; k < st.size(); ++k) {
-            const json& a = st[k];
+        const J* st = s.contains("state") ? &r.arr(s, "state", w) : nullptr;
+        const size_t n_state = st ? st->size() : 0;
+        for (size_t k = 0; k < n_state; ++k) {
+            const J& a = (*st)[k];
             auto wa = fmt::format("{}.state[{}]", w, k);
             StateAccess acc;
             acc.buffer = r.str(a, "buffer", wa);
@@ -176,19 +180,20 @@ Trace trace_from_json(const json& j, const std::string& file) {
             }
             g.state.push_back(std::move(acc));
         }
-        const json& rng = s.contains("rng") ? r.arr(s, "rng", w) : json::array();
-        for (size_t k = 0; k < rng.size(); ++k) {
+        const J* rng = s.contains("rng") ? &r.arr(s, "rng", w) : nullptr;
+        const size_t n_rng = rng ? rng->size() : 0;
+        for (size_t k = 0; k < n_rng; ++k) {
             auto wr = fmt::format("{}.rng[{}]", w, k);
-            g.rng.push_back({r.str(rng[k], "stream", wr), r.u64(rng[k], "state_bytes", wr)});
+            g.rng.push_back({r.str((*rng)[k], "stream", wr), r.u64((*rng)[k], "state_bytes", wr)});
         }
         t.segments.push_back(std::move(g));
     }
     if (j.contains("backward_order")) {
-        const json& bo = r.arr(j, "backward_order", "trace");
+        const J& bo = r.arr(j, "backward_order", "trace");
         bool reverse = bo.size() == t.segments.size();
         for (size_t k = 0; reverse && k < bo.size(); ++k)
             reverse = bo[k].is_string() &&
-                      bo[k].get<std::string>() == t.segments[t.segments.size() - 1 - k].name;
+                      bo[k].template get<std::string>() == t.segments[t.segments.size() - 1 - k].name;
         if (!reverse)
             r.fail("backward_order must be the reverse of the forward order (the only order "
                    "this planner models)");
@@ -196,6 +201,19 @@ Trace trace_from_json(const json& j, const std::string& file) {
     t.hash = fnv1a64_hex(j.dump());
     return t;
 }
+
+}  // namespace
+
+std::string fnv1a64_hex(const std::string& bytes) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : bytes) {
+        h ^= c;
+        h *= 1099511628211ull;
+    }
+    return fmt::format("{:016x}", h);
+}
+
+Trace trace_from_json(const json& j, const std::string& file) { return read_trace(j, file); }
 
 json trace_to_json(const Trace& t) {
     json j = {{"format", kFormat},
@@ -248,12 +266,30 @@ json trace_to_json(const Trace& t) {
 Trace load_trace(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw BadInput(path, "cannot open file");
-    std::stringstream ss;
-    ss << in.rdbuf();
+    std::string text;   // sized from the file's length, then whatever is left (pipes)
+    in.seekg(0, std::ios::end);
+    if (auto size = in.tellg(); size > 0 && in.seekg(0)) {
+        text.resize(static_cast<size_t>(size));
+        in.read(text.data(), size);
+        text.resize(static_cast<size_t>(in.gcount()));
+    }
+    in.clear(in.rdstate() & std::ios::badbit);
+    char buf[1 << 16];
+    while (!in.bad() && (in.read(buf, sizeof buf) || in.gcount() > 0))
+        text.append(buf, static_cast<size_t>(in.gcount()));
     if (in.bad()) throw BadInput(path, "read error");
+    // Fast path for ckptkit traces: the compact tree (no per-node allocation; 100,000-segment
+    // traces). Anything it rejects or does not model, valid or not, is read again below with
+    // nlohmann::json, which gives the same Trace or the error message.
+    if (auto tree = JsonTree::parse(text); tree && tree->root().contains("format")) {
+        try {
+            return read_trace(tree->root(), path);
+        } catch (const std::exception&) {
+        }
+    }
     json j;
     try {
-        j = json::parse(ss.str());
+        j = json::parse(text);
     } catch (const json::parse_error& e) {
         throw BadInput(path, fmt::format("not valid JSON (byte {})", e.byte));
     }

@@ -1,0 +1,246 @@
+// JsonTree (see json_tree.h): nlohmann SAX events into flat arrays; dump() reproduces
+// nlohmann::json::dump() byte for byte (the trace hash depends on it).
+#include "replay/json_tree.h"
+
+#include <algorithm>
+#include <limits>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace ckpt::replay {
+
+using json = nlohmann::json;
+
+struct JsonTreeBuilder : nlohmann::json_sax<json> {
+    using Kind = JsonTree::Node::Kind;
+    JsonTree& t;
+    size_t max_depth;
+    struct Frame {
+        uint32_t node;
+        std::vector<uint32_t> kids;
+    };
+    std::vector<Frame> stack;   // reused by depth
+    size_t depth = 0;
+    bool have_key = false;
+    uint32_t key_first = 0, key_count = 0;
+
+    JsonTreeBuilder(JsonTree& tree, size_t max) : t(tree), max_depth(max) {}
+
+    bool fits(size_t more) const {
+        return t.pool_.size() + more <= std::numeric_limits<uint32_t>::max() &&
+               t.nodes_.size() < std::numeric_limits<uint32_t>::max();
+    }
+    // Append a node as the next child of the open container (or as the root).
+    JsonTree::Node* add(Kind k) {
+        if (!fits(0)) return nullptr;
+        auto idx = static_cast<uint32_t>(t.nodes_.size());
+        JsonTree::Node& n = t.nodes_.emplace_back();
+        n.tree_ = &t;
+        n.kind_ = k;
+        if (have_key) {
+            n.key_first_ = key_first;
+            n.key_count_ = key_count;
+            have_key = false;
+        }
+        if (depth > 0) stack[depth - 1].kids.push_back(idx);
+        return &n;
+    }
+    bool null() override { return add(Kind::Null) != nullptr; }
+    bool boolean(bool b) override {
+        auto* n = add(Kind::Bool);
+        return n && (n->v_.b = b, true);
+    }
+    bool number_integer(json::number_integer_t i) override {
+        auto* n = add(Kind::Int);
+        return n && (n->v_.i = i, true);
+    }
+    bool number_unsigned(json::number_unsigned_t u) override {
+        auto* n = add(Kind::Uint);
+        return n && (n->v_.u = u, true);
+    }
+    bool number_float(json::number_float_t f, const std::string&) override {
+        auto* n = add(Kind::Float);
+        return n && (n->v_.f = f, true);
+    }
+    bool string(std::string& s) override {
+        if (!fits(s.size())) return false;
+        auto* n = add(Kind::String);
+        if (!n) return false;
+        n->first_ = static_cast<uint32_t>(t.pool_.size());
+        n->count_ = static_cast<uint32_t>(s.size());
+        t.pool_ += s;
+        return true;
+    }
+    bool binary(json::binary_t&) override { return false; }
+    bool open(Kind k) {
+        if (depth >= max_depth) return false;
+        auto* n = add(k);
+        if (!n) return false;
+        if (stack.size() <= depth) stack.emplace_back();
+        stack[depth].node = static_cast<uint32_t>(t.nodes_.size() - 1);
+        stack[depth].kids.clear();
+        ++depth;
+        return true;
+    }
+    bool close() {
+        Frame& f = stack[--depth];
+        if (t.kids_.size() + f.kids.size() > std::numeric_limits<uint32_t>::max()) return false;
+        JsonTree::Node& n = t.nodes_[f.node];
+        n.first_ = static_cast<uint32_t>(t.kids_.size());
+        n.count_ = static_cast<uint32_t>(f.kids.size());
+        t.kids_.insert(t.kids_.end(), f.kids.begin(), f.kids.end());
+        return true;
+    }
+    bool start_object(std::size_t) override { return open(Kind::Object); }
+    bool end_object() override { return close(); }
+    bool start_array(std::size_t) override { return open(Kind::Array); }
+    bool end_array() override { return close(); }
+    bool key(std::string& k) override {
+        if (!fits(k.size())) return false;
+        key_first = static_cast<uint32_t>(t.pool_.size());
+        key_count = static_cast<uint32_t>(k.size());
+        t.pool_ += k;
+        have_key = true;
+        return true;
+    }
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+        return false;
+    }
+};
+
+std::unique_ptr<JsonTree> JsonTree::parse(const std::string& text, size_t max_depth) {
+    std::unique_ptr<JsonTree> t(new JsonTree);
+    t->pool_.reserve(text.size() / 2);
+    t->nodes_.reserve(text.size() / 12);   // ~1 value per 12-30 bytes of trace JSON
+    t->kids_.reserve(text.size() / 12);
+    JsonTreeBuilder b(*t, max_depth);
+    if (!json::sax_parse(text, &b) || t->nodes_.empty()) return nullptr;
+    return t;
+}
+
+std::string_view JsonTree::Node::str() const {
+    return std::string_view(tree_->pool_).substr(first_, count_);
+}
+
+std::string_view JsonTree::Node::key() const {
+    return std::string_view(tree_->pool_).substr(key_first_, key_count_);
+}
+
+const JsonTree::Node& JsonTree::Node::operator[](size_t k) const {
+    if (!is_array() || k >= count_) throw Unsupported("index out of range");
+    return tree_->nodes_[tree_->kids_[first_ + k]];
+}
+
+const JsonTree::Node* JsonTree::Node::find(std::string_view key) const {
+    if (!is_object()) return nullptr;
+    for (uint32_t k = 0; k < count_; ++k) {
+        const Node& m = tree_->nodes_[tree_->kids_[first_ + k]];
+        if (m.key() == key) return &m;
+    }
+    return nullptr;
+}
+
+template <>
+uint64_t JsonTree::Node::get<uint64_t>() const {
+    if (kind_ == Kind::Uint) return v_.u;
+    if (kind_ == Kind::Int) return static_cast<uint64_t>(v_.i);
+    throw Unsupported("not an integer");
+}
+template <>
+int64_t JsonTree::Node::get<int64_t>() const {
+    if (kind_ == Kind::Int) return v_.i;
+    if (kind_ == Kind::Uint) return static_cast<int64_t>(v_.u);
+    throw Unsupported("not an integer");
+}
+template <>
+double JsonTree::Node::get<double>() const {
+    if (kind_ == Kind::Float) return v_.f;
+    if (kind_ == Kind::Int) return static_cast<double>(v_.i);
+    if (kind_ == Kind::Uint) return static_cast<double>(v_.u);
+    throw Unsupported("not a number");
+}
+template <>
+bool JsonTree::Node::get<bool>() const {
+    if (kind_ == Kind::Bool) return v_.b;
+    throw Unsupported("not a boolean");
+}
+template <>
+std::string JsonTree::Node::get<std::string>() const {
+    if (kind_ == Kind::String) return std::string(str());
+    throw Unsupported("not a string");
+}
+
+std::string JsonTree::Node::value(std::string_view key, const char* def) const {
+    if (!is_object()) throw Unsupported("not an object");
+    const Node* m = find(key);
+    return m ? m->get<std::string>() : std::string(def);
+}
+
+bool JsonTree::Node::value(std::string_view key, bool def) const {
+    if (!is_object()) throw Unsupported("not an object");
+    const Node* m = find(key);
+    return m ? m->get<bool>() : def;
+}
+
+namespace {
+// A JSON string as nlohmann's dump() writes it (ensure_ascii off): printable ASCII other than
+// '"' and '\' is copied; anything else goes through nlohmann (escapes, UTF-8 checks).
+void dump_string(std::string& out, std::string_view s) {
+    bool plain = std::all_of(s.begin(), s.end(), [](char c) {
+        auto u = static_cast<unsigned char>(c);
+        return u >= 0x20 && u < 0x80 && c != '"' && c != '\\';
+    });
+    if (plain) {
+        out += '"';
+        out += s;
+        out += '"';
+    } else {
+        out += json(std::string(s)).dump();
+    }
+}
+}  // namespace
+
+void JsonTree::Node::dump_to(std::string& out) const {
+    switch (kind_) {
+        case Kind::Null: out += "null"; return;
+        case Kind::Bool: out += v_.b ? "true" : "false"; return;
+        case Kind::Int: fmt::format_to(std::back_inserter(out), "{}", v_.i); return;
+        case Kind::Uint: fmt::format_to(std::back_inserter(out), "{}", v_.u); return;
+        case Kind::Float: out += json(v_.f).dump(); return;
+        case Kind::String: dump_string(out, str()); return;
+        case Kind::Array:
+            out += '[';
+            for (uint32_t k = 0; k < count_; ++k) {
+                if (k) out += ',';
+                tree_->nodes_[tree_->kids_[first_ + k]].dump_to(out);
+            }
+            out += ']';
+            return;
+        case Kind::Object: {
+            // nlohmann objects are std::map: members in key order (std::string comparison).
+            std::vector<const Node*> m(count_);
+            for (uint32_t k = 0; k < count_; ++k) m[k] = &tree_->nodes_[tree_->kids_[first_ + k]];
+            std::sort(m.begin(), m.end(), [](const Node* a, const Node* b) { return a->key() < b->key(); });
+            out += '{';
+            for (size_t k = 0; k < m.size(); ++k) {
+                if (k && m[k - 1]->key() == m[k]->key()) throw Unsupported("repeated key");
+                if (k) out += ',';
+                dump_string(out, m[k]->key());
+                out += ':';
+                m[k]->dump_to(out);
+            }
+            out += '}';
+            return;
+        }
+    }
+}
+
+std::string JsonTree::Node::dump() const {
+    std::string out;
+    out.reserve(tree_->pool_.size() + tree_->nodes_.size() * 8);
+    dump_to(out);
+    return out;
+}
+
+}  // namespace ckpt::replay
