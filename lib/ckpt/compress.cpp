@@ -187,6 +187,10 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
         const std::size_t chunk = std::max<std::size_t>(codec::kBlock, o.chunk / codec::kBlock * codec::kBlock);
         std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hs[3] = {
             {XXH3_createState(), XXH3_freeState}, {XXH3_createState(), XXH3_freeState}, {XXH3_createState(), XXH3_freeState}};
+        // chunk buffers, reused by every tensor (allocated and cleared once)
+        std::vector<uint8_t> bytes[3];
+        std::vector<float> vals[3], theta;
+        std::vector<uint8_t> tbytes;
         for (std::size_t j = 0; j < jobs.size(); ++j) {
             ct::ParamEntry& e = man.params[j];
             const int nm = e.moments();
@@ -196,9 +200,6 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
             if (pb == 0) e.block_offset = 0;
             e.escape_offset = escidx.count();
             for (int k = 0; k < nm; ++k) XXH3_64bits_reset(hs[k].get());
-            std::vector<uint8_t> bytes[3];
-            std::vector<float> vals[3], theta;
-            std::vector<uint8_t> tbytes;
             uint64_t last_escape = 0;
             for (uint64_t i0 = 0; i0 < e.numel; i0 += chunk) {
                 const std::size_t n = std::size_t(std::min<uint64_t>(chunk, e.numel - i0));

@@ -105,6 +105,7 @@ struct BlockTrial {
     bool keep[kBlock];
     double bound[kBlock];
     int escapes;
+    int range_escapes;  ///< escapes because a moment had no code (outside the block's range)
 };
 
 /// Scratch of encode_block (about 7 KB; one per CPU thread or GPU thread).
@@ -118,8 +119,8 @@ struct BlockWork {
 /// Encode and certify the block of bn (<= kBlock) coordinates starting at chunk index
 /// i0. src[k] (k = 0 exp_avg, 1 exp_avg_sq, 2 max_exp_avg_sq) and theta (may be null) are
 /// chunk-based. Moments are coded in the order max_exp_avg_sq, exp_avg_sq, exp_avg; the
-/// exp_avg_sq / max_exp_avg_sq params are choose()'s, then (only while the block has
-/// escapes) the codec's alternatives; exp_avg follows the decoded v. Returns the best
+/// exp_avg_sq / max_exp_avg_sq params are choose()'s, then (only while the best trial has
+/// a value outside its range) the codec's alternatives; exp_avg follows the decoded v. Returns the best
 /// trial (fewest escapes, earliest on ties), which lives in `w`.
 template <class Q>
 CKPT_HD const BlockTrial<Q>& encode_block(const TensorSetup& s, const GuardConst& gc, const float* const* src,
@@ -128,7 +129,10 @@ CKPT_HD const BlockTrial<Q>& encode_block(const TensorSetup& s, const GuardConst
     BlockTrial<Q>* best = &w.trial[0];
     BlockTrial<Q>* t = &w.trial[1];
     best->escapes = bn + 1;
-    for (int trial = 0; trial < 2 * Q::kVariants && best->escapes > 0; ++trial) {
+    best->range_escapes = 1;
+    // Alternatives only widen ranges (and cells): they are tried only while the best trial
+    // has a value outside its range; a certificate failure alone is final.
+    for (int trial = 0; trial < 2 * Q::kVariants && best->range_escapes > 0; ++trial) {
         const int variant = trial / 2, mvariant = trial % 2;  // v step, exp_avg step
         bool any = variant == 0;
         for (int k = nm - 1; k >= 1; --k) {
@@ -152,7 +156,9 @@ CKPT_HD const BlockTrial<Q>& encode_block(const TensorSetup& s, const GuardConst
             }
         }
         t->escapes = 0;
+        t->range_escapes = 0;
         for (int j = 0; j < bn; ++j) {
+            t->range_escapes += !t->keep[j];
             if (t->keep[j]) {
                 const Cell c[3] = {w.cells[0][j], w.cells[1][j], w.cells[2][j]};
                 t->bound[j] = certify(gc, guard_input(s, c, theta, i0 + std::size_t(j)));

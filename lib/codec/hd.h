@@ -10,9 +10,42 @@
 #endif
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #if !defined(__CUDACC__)
 namespace ckpt::codec {
 using std::isfinite;
 using std::signbit;
 }  // namespace ckpt::codec
 #endif
+
+namespace ckpt::codec {
+
+/// 2^q as a double, exact, for |q| <= 1022 (built from the exponent bits: ldexp's exact
+/// result without the libm call).
+CKPT_HD double pow2i(int q) {
+    const uint64_t bits = uint64_t(q + 1023) << 52;
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
+
+/// x = mant * 2^ex with mant in [1, 2), for finite x > 0 (frexp's result times 2, exact;
+/// subnormal doubles go through frexp).
+CKPT_HD double mantissa(double x, int& ex) {
+    uint64_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    const int e = int((bits >> 52) & 0x7ff);
+    if (e == 0) {
+        const double f = frexp(x, &ex) * 2;
+        --ex;
+        return f;
+    }
+    ex = e - 1023;
+    bits = (bits & ((uint64_t(1) << 52) - 1)) | (uint64_t(1023) << 52);
+    double m;
+    memcpy(&m, &bits, sizeof m);
+    return m;
+}
+
+}  // namespace ckpt::codec

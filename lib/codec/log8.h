@@ -38,25 +38,31 @@ struct Log8 {
 #if defined(__CUDA_ARCH__)
         return kLog8TableDev[j];
 #else
-        constexpr float t[65] = CKPT_LOG8_TABLE;
+        static constexpr float t[65] = CKPT_LOG8_TABLE;
         return t[j];
 #endif
     }
     /// The float 2^(e/64) (RNE to float; 0 or inf outside float range), as double.
+    /// table(r) * 2^q is exact in double (|q| <= 200), so only the float cast rounds.
     CKPT_HD static double value(int64_t e) {
         int64_t q = e >= 0 ? e / 64 : -((-e + 63) / 64);
         const int r = int(e - q * 64);
         if (q > 200) q = 200;
         if (q < -200) q = -200;
-        return double(float(ldexp(table(r), int(q))));
+        return double(float(table(r) * pow2i(int(q))));
     }
-    /// Largest e with 2^(e/64) <= |x| in float terms (x finite, nonzero).
+    /// Largest e with 2^(e/64) <= |x| in float terms (x finite, nonzero): the binary
+    /// exponent from the bits, then a binary search of the mantissa in table().
     CKPT_HD static int64_t log64_floor(double x) {
         int ex;
-        const double mant = frexp(fabs(x), &ex) * 2;  // [1, 2)
-        int j = 0;
-        while (j < 63 && table(j + 1) <= mant) ++j;
-        return int64_t(ex - 1) * 64 + j;
+        const double mant = mantissa(fabs(x), ex);  // [1, 2), |x| = mant * 2^ex
+        int lo = 0, hi = 64;                       // table(lo) <= mant < table(hi)
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) / 2;
+            if (table(mid) <= mant) lo = mid;
+            else hi = mid;
+        }
+        return int64_t(ex) * 64 + lo;
     }
     /// Smallest e with 2^(e/64) >= |x|.
     CKPT_HD static int64_t log64_ceil(double x) {
@@ -99,12 +105,15 @@ struct Log8 {
         double lo, hi;
         if (r == Role::ExpAvg) {  // linear in m / sqrt(v~)
             if (!(scale > 0) || !isfinite(scale)) return false;
-            const double q = a / (value(p[0]) * scale);
+            const double d = value(p[0]) * scale;  // m_cell's unit
+            const double q = a / d;
             if (!(q < K + 1)) return false;
             int k = int(q + 0.5);
             if (k > K) k = K;  // q in [K+1/2, K+1) has no code: the cell check below fails
             for (int it = 0; it < 4; ++it) {
-                m_cell(k, p, scale, lo, hi);
+                lo = (k - 0.5) * d;
+                hi = (k + 0.5) * d;
+                if (k == 0) lo = -hi;
                 if (a > hi && k < K) ++k;
                 else if (a < lo && k > 0) --k;
                 else break;
@@ -114,15 +123,30 @@ struct Log8 {
             *code = uint16_t(k | sbit);
             return true;
         }
-        mag_cell(K, p, K, false, lo, hi);
-        if (a > hi) return false;
-        int64_t k = K - (int64_t(p[0]) - log64_floor(a)) / p[1];
+        // start at the code nearest a quadratic estimate of 64*log2(|x|) (error < 0.4); the
+        // loops below make the result exact whatever the start
+        int ex;
+        const double f = mantissa(a, ex) - 1;
+        const double est = (double(p[0]) - (ex * 64.0 + 64.0 * f * (1.3465 - 0.3465 * f))) / p[1];
+        int64_t k = est < 0 ? K : est > K ? 1 : K - int64_t(est + 0.5);
         if (k < 1) k = 1;
-        if (k > K) k = K;
-        while (k < K && a > (mag(int(k), p, K) + mag(int(k) + 1, p, K)) / 2) ++k;
-        while (k > 1 && a <= (mag(int(k), p, K) + mag(int(k) - 1, p, K)) / 2) --k;
-        mag_cell(1, p, K, false, lo, hi);
-        if (k == 1 && a < lo) return false;
+        // nearest code: move k while |x| is past the midpoint to a neighbour (the cells of
+        // mag_cell; one neighbour value per step)
+        double mk = mag(int(k), p, K);
+        while (k < K) {
+            const double up = mag(int(k) + 1, p, K);
+            if (!(a > (mk + up) / 2)) break;
+            ++k;
+            mk = up;
+        }
+        while (k > 1) {
+            const double dn = mag(int(k) - 1, p, K);
+            if (!(a <= (mk + dn) / 2)) break;
+            --k;
+            mk = dn;
+        }
+        if (k == K && a > (mk + mag(K + 1, p, K)) / 2) return false;  // above the top cell
+        if (k == 1 && a < (mk + mag(0, p, K)) / 2) return false;      // below the bottom cell
         *code = uint16_t(k);
         return true;
     }

@@ -8,6 +8,20 @@
 
 namespace ckpt::container {
 
+namespace {
+/// One zstd context per thread, reused across chunks: ZSTD_compress / ZSTD_decompress
+/// would allocate and clear a fresh one (MiBs of tables) for every 1 MiB chunk.
+struct ZstdContexts {
+    ZSTD_CCtx* c = ZSTD_createCCtx();
+    ZSTD_DCtx* d = ZSTD_createDCtx();
+    ~ZstdContexts() {
+        ZSTD_freeCCtx(c);
+        ZSTD_freeDCtx(d);
+    }
+};
+thread_local ZstdContexts zstd_ctx;
+}  // namespace
+
 /// Filter callback: the HDF5Plugin-Zstandard chunk format (one zstd frame per chunk).
 size_t zstd_filter(unsigned flags, size_t nelmts, const unsigned cd[], size_t nbytes,
                    size_t* buf_size, void** buf) {
@@ -17,7 +31,7 @@ size_t zstd_filter(unsigned flags, size_t nelmts, const unsigned cd[], size_t nb
             return 0;  // our chunks are <= 1 MiB; refuse absurd sizes from damaged files
         void* out = H5allocate_memory(n ? n : 1, false);
         if (!out) return 0;
-        const size_t r = ZSTD_decompress(out, n, *buf, nbytes);
+        const size_t r = zstd_ctx.d ? ZSTD_decompressDCtx(zstd_ctx.d, out, n, *buf, nbytes) : ZSTD_decompress(out, n, *buf, nbytes);
         if (ZSTD_isError(r) || r != n) { H5free_memory(out); return 0; }
         H5free_memory(*buf);
         *buf = out;
@@ -28,7 +42,8 @@ size_t zstd_filter(unsigned flags, size_t nelmts, const unsigned cd[], size_t nb
     const size_t cap = ZSTD_compressBound(nbytes);
     void* out = H5allocate_memory(cap, false);
     if (!out) return 0;
-    const size_t r = ZSTD_compress(out, cap, *buf, nbytes, level);
+    const size_t r = zstd_ctx.c ? ZSTD_compressCCtx(zstd_ctx.c, out, cap, *buf, nbytes, level)
+                                : ZSTD_compress(out, cap, *buf, nbytes, level);
     if (ZSTD_isError(r)) { H5free_memory(out); return 0; }
     H5free_memory(*buf);
     *buf = out;

@@ -150,3 +150,57 @@ TEST_CASE("infinite gradient bound: difference vanishes in the tail, bound stays
     z.ghi = INFINITY;
     CHECK(certify(gc, z) == doctest::Approx(0).epsilon(1e-12));
 }
+
+TEST_CASE("each stage of certify bounds the sup on its own; the fast-fail point is a lower bound") {
+    // closed_bound and the refined partition (no early stop) must each be >= the exact
+    // sup over the cell corners and a dense gradient grid; the point values certify uses to
+    // fail fast must be <= the partition's bound.
+    std::mt19937_64 rng(99);
+    std::uniform_real_distribution<double> U(0, 1);
+    long checked = 0, closed_finite = 0;
+    for (int t = 0; t < 4000; ++t) {
+        AdamHyper h;
+        h.step = double(1 + t % 500);
+        h.beta2 = t % 3 ? 0.999 : 0.95;
+        h.amsgrad = t % 5 == 0;
+        const GuardConst gc = make_guard_const(h, 0.01);
+        const double v = std::pow(10, -14 + 10 * U(rng));
+        const double rv = 0.05 * U(rng), rm = 0.05 * U(rng);
+        const double mt = (U(rng) - 0.5) * 4 * std::sqrt(v), dmh = std::fabs(mt) * rm + 1e-3 * std::sqrt(v) * U(rng);
+        GuardInput in;
+        in.amsgrad = h.amsgrad;
+        in.m = {mt, mt - dmh, mt + dmh};
+        in.v = {v, v * (1 - rv), v * (1 + rv)};
+        const double vx = v * (1 + U(rng));
+        in.vmax = {vx, vx * (1 - rv), vx * (1 + rv)};
+        in.glo = t % 2 ? -INFINITY : -std::pow(10, -4 + 4 * U(rng));
+        in.ghi = t % 2 ? INFINITY : -in.glo;
+        const double dm = dmh, dv = std::max(v * rv * gc.b2, h.amsgrad ? vx * rv : 0.0);
+        const double closed = closed_bound(gc, in, dm, dv);
+        const double sigma = std::sqrt(std::max(in.v.hi, h.amsgrad ? in.vmax.hi : 0.0));
+        const double part = std::max(side_bound(gc, in, dm, dv, sigma, +1, INFINITY),
+                                     side_bound(gc, in, dm, dv, sigma, -1, INFINITY));
+        double sup = 0;
+        for (double mo : {in.m.lo, in.m.hi})
+            for (double vo : {in.v.lo, in.v.hi})
+                for (double xo : {in.vmax.lo, in.vmax.hi})
+                    for (double gk = -8; gk <= 10; gk += 0.02)
+                        for (double sg : {-1.0, 1.0}) {
+                            const double g = sg * std::sqrt(v) * std::pow(10, gk / 2);
+                            if (g < in.glo || g > in.ghi) continue;
+                            sup = std::max(sup, std::fabs(update_lr(gc, mo, vo, xo, h.amsgrad, g) -
+                                                          update_lr(gc, mt, v, vx, h.amsgrad, g)));
+                        }
+        ++checked;
+        REQUIRE(part >= sup * (1 - 1e-9));
+        if (std::isfinite(closed)) {
+            ++closed_finite;
+            REQUIRE(closed >= sup * (1 - 1e-9));
+        }
+        for (double g : {0.0, 0.3 * sigma, -2 * sigma, 30 * sigma}) {
+            if (g < in.glo || g > in.ghi) continue;
+            REQUIRE(cell_bound(gc, in, dm, dv, g, g) <= part * (1 + 1e-12));
+        }
+    }
+    CHECK(closed_finite == checked);  // v.lo > 0 everywhere here
+}
