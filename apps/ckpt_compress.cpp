@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
     double param_bound = 0;
     app.add_option("input", in, "checkpoint (.pt torch.save zip or legacy, .safetensors)")->required();
     app.add_option("-o,--output", out, "container to write (.ckz.h5)")->required();
+    ckpt::app::add_threads_option(app);
     app.add_option("--tolerance", o.tolerance, "max |first update - FP32 update|, in units of lr")->capture_default_str();
     app.add_option("--grad-bound", grad, "per-coordinate gradient bound G, or inf")->capture_default_str();
     app.add_option("--codec", codec, "log8 | bf16 | blockwise8")->capture_default_str()

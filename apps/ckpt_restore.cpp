@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
     app.add_option("-o,--output", out, "checkpoint to write (.pt or .safetensors, as the source)")->required();
     app.add_option("--device", device, "cpu | cuda | auto (auto: the GPU when one is present)")
         ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+    ckpt::app::add_threads_option(app);
     app.add_flag("--json", json, "print one JSON object on stdout");
     CLI11_PARSE(app, argc, argv);
     return ckpt::app::run("ckpt-restore", [&] {

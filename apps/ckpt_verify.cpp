@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
     app.add_option("input", in, "container (.ckz.h5)")->required();
     auto* og = app.add_option("--original", orig, "the checkpoint that was compressed");
     app.add_option("--grid", o.grid, "gradient points per coordinate")->capture_default_str();
+    ckpt::app::add_threads_option(app);
     app.add_flag("--json", json, "print one JSON object on stdout");
     CLI11_PARSE(app, argc, argv);
     return ckpt::app::run("ckpt-verify", [&] {

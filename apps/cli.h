@@ -1,6 +1,7 @@
 // What every ckpt-* front end shares: exit codes for errors (BadInput -> 2 with one line
 // "tool: error: FILE: reason", CheckFailed -> 1) and parsing of --grad-bound "inf".
 #pragma once
+#include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <functional>
 #include <string>
 
+#include "codec/codec.h"
 #include "common/error.h"
 
 namespace ckpt::app {
@@ -40,6 +42,14 @@ inline double parse_bound(const std::string& s) {
     const double v = std::stod(s, &pos);
     if (pos != s.size() || !(v > 0)) throw std::invalid_argument("not a positive number or inf: " + s);
     return v;
+}
+
+/// --threads N: CPU threads for encoding, decoding and certificates (codec::set_cpu_threads;
+/// default all cores; output identical for any N).
+inline void add_threads_option(CLI::App& app) {
+    app.add_option_function<unsigned>("--threads", [](const unsigned& n) { codec::set_cpu_threads(n); },
+                                      "CPU threads (default: all cores; output identical for any count)")
+        ->check(CLI::Range(1u, 1024u));
 }
 
 }  // namespace ckpt::app

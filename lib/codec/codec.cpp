@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <memory>
 #include <stdexcept>
+#include <thread>
+#include <vector>
 
 #include "codec/block.h"
 
@@ -30,11 +34,49 @@ int params_per_block(Kind k) {
 
 double round_to(MomentType t, double x) { return round_to_type(t, x); }
 
+namespace {
+unsigned g_threads = 0;  // 0: all cores
+}  // namespace
+
+void set_cpu_threads(unsigned n) { g_threads = n; }
+unsigned cpu_threads() {
+    if (g_threads) return g_threads;
+    const unsigned hw = std::thread::hardware_concurrency();
+    return hw ? hw : 1;
+}
+
 void gradient_domain(const DomainRule& d, const float* theta, std::size_t i, double& lo, double& hi) {
     gradient_domain_hd(d, theta, i, lo, hi);
 }
 
 namespace {
+
+/// Run fn(part, first_block, end_block) over `parts` contiguous ranges of `blocks` blocks,
+/// part 0 on the calling thread; rethrows the first exception.
+template <class Fn>
+void for_block_ranges(std::size_t blocks, unsigned parts, Fn fn) {
+    std::vector<std::exception_ptr> err(parts);
+    auto run = [&](unsigned p) {
+        try {
+            fn(p, blocks * p / parts, blocks * (p + 1) / parts);
+        } catch (...) {
+            err[p] = std::current_exception();
+        }
+    };
+    std::vector<std::thread> pool;
+    for (unsigned p = 1; p < parts; ++p) pool.emplace_back(run, p);
+    run(0);
+    for (auto& t : pool) t.join();
+    for (auto& e : err)
+        if (e) std::rethrow_exception(e);
+}
+
+/// Threads for a chunk of n coordinates: one per 16k coordinates at most (spawning a
+/// thread costs ~50 us; a 16k-coordinate range takes ~1-2 ms).
+unsigned parts_for(std::size_t n) {
+    const std::size_t most = std::max<std::size_t>(1, n / 16384);
+    return unsigned(std::min<std::size_t>(cpu_threads(), most));
+}
 
 // The loops over blocks and coordinates; the bodies are block.h's (shared with cuda/).
 template <class Q>
@@ -48,19 +90,28 @@ ChunkOut encode_impl(const TensorSetup& s, const ChunkIn& in) {
         out.codes[k].assign(n * Q::kCodeBytes, 0);
         out.params[k].assign(blocks * Q::kParams, 0);
     }
-    BlockWork<Q> w;
-    for (std::size_t b = 0; b < blocks; ++b) {
-        const std::size_t i0 = b * kBlock, i1 = std::min(n, i0 + kBlock);
-        const int bn = int(i1 - i0);
-        const BlockTrial<Q>& best = encode_block<Q>(s, gc, src, in.theta, i0, bn, w);
-        for (int k = 0; k < nm; ++k)
-            std::copy(best.p[k], best.p[k] + Q::kParams, out.params[k].data() + b * Q::kParams);
-        for (int j = 0; j < bn; ++j) {
-            const std::size_t i = i0 + std::size_t(j);
-            if (!best.keep[j]) { out.escapes.push_back(uint32_t(i)); continue; }
-            out.max_bound = std::max(out.max_bound, best.bound[j]);
-            for (int k = 0; k < nm; ++k) store_code(out.codes[k].data(), Q::kCodeBytes, i, best.code[k][j]);
+    const unsigned parts = parts_for(n);
+    std::vector<std::vector<uint32_t>> escapes(parts);
+    std::vector<double> max_bound(parts, 0.0);
+    for_block_ranges(blocks, parts, [&](unsigned part, std::size_t b0, std::size_t b1) {
+        auto w = std::make_unique<BlockWork<Q>>();
+        for (std::size_t b = b0; b < b1; ++b) {
+            const std::size_t i0 = b * kBlock, i1 = std::min(n, i0 + kBlock);
+            const int bn = int(i1 - i0);
+            const BlockTrial<Q>& best = encode_block<Q>(s, gc, src, in.theta, i0, bn, *w);
+            for (int k = 0; k < nm; ++k)
+                std::copy(best.p[k], best.p[k] + Q::kParams, out.params[k].data() + b * Q::kParams);
+            for (int j = 0; j < bn; ++j) {
+                const std::size_t i = i0 + std::size_t(j);
+                if (!best.keep[j]) { escapes[part].push_back(uint32_t(i)); continue; }
+                max_bound[part] = std::max(max_bound[part], best.bound[j]);
+                for (int k = 0; k < nm; ++k) store_code(out.codes[k].data(), Q::kCodeBytes, i, best.code[k][j]);
+            }
         }
+    });
+    for (unsigned p = 0; p < parts; ++p) {
+        out.escapes.insert(out.escapes.end(), escapes[p].begin(), escapes[p].end());
+        out.max_bound = std::max(out.max_bound, max_bound[p]);
     }
     return out;
 }
@@ -70,8 +121,11 @@ void decode_impl(const TensorSetup& s, const std::array<const uint8_t*, 3>& code
                  const std::array<const int16_t*, 3>& params, std::size_t n,
                  std::array<float*, 3> out, const float* theta, double* bounds) {
     const GuardConst gc = make_guard_const(s.hyper, s.tolerance);
-    for (std::size_t i = 0; i < n; ++i)
-        decode_coord<Q>(s, gc, codes.data(), params.data(), i, out.data(), theta, bounds);
+    const std::size_t blocks = (n + kBlock - 1) / kBlock;
+    for_block_ranges(blocks, parts_for(n), [&](unsigned, std::size_t b0, std::size_t b1) {
+        for (std::size_t i = b0 * kBlock; i < std::min(n, b1 * kBlock); ++i)
+            decode_coord<Q>(s, gc, codes.data(), params.data(), i, out.data(), theta, bounds);
+    });
 }
 
 }  // namespace

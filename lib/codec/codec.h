@@ -68,6 +68,12 @@ struct TensorSetup {
     CKPT_HD int moments() const { return hyper.amsgrad ? 3 : 2; }
 };
 
+/// CPU threads that encode_chunk / decode_chunk split a chunk's blocks over (contiguous
+/// block ranges; output identical for any count). Default: all cores
+/// (std::thread::hardware_concurrency). n = 0 restores the default.
+void set_cpu_threads(unsigned n);
+unsigned cpu_threads();
+
 /// Encode and certify one chunk (n need not be a multiple of kBlock only for the last).
 ChunkOut encode_chunk(const TensorSetup&, const ChunkIn&);
 
