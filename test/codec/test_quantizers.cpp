@@ -111,3 +111,38 @@ TEST_CASE("blockwise8 dynamic map matches bitsandbytes' shape") {
     CHECK(zeros == 1);
     for (int k = 1; k < 256; ++k) { CHECK(s.v[k - 1] < s.v[k]); CHECK(u.v[k - 1] < u.v[k]); }
 }
+
+TEST_CASE("encode_chunk and decode_chunk give identical results for any CPU thread count") {
+    std::mt19937_64 rng(5);
+    std::lognormal_distribution<double> L(-14, 3);
+    std::normal_distribution<double> N(0, 1);
+    const std::size_t n = 5 * 16384 + 77;  // several thread ranges and a partial last block
+    std::vector<float> m(n), v(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        v[i] = float(L(rng));
+        m[i] = float(0.3 * N(rng) * std::sqrt(double(v[i])));
+    }
+    TensorSetup s;
+    s.hyper.step = 50;
+    const ChunkIn in{m.data(), v.data(), nullptr, nullptr, n};
+    std::vector<ChunkOut> outs;
+    std::vector<std::vector<double>> bounds;
+    for (unsigned t : {1u, 3u}) {
+        set_cpu_threads(t);
+        outs.push_back(encode_chunk(s, in));
+        const ChunkOut& o = outs.back();
+        std::vector<float> dm(n), dv(n);
+        bounds.emplace_back(n);
+        decode_chunk(s, {o.codes[0].data(), o.codes[1].data(), nullptr}, {o.params[0].data(), o.params[1].data(), nullptr},
+                     n, {dm.data(), dv.data(), nullptr}, nullptr, bounds.back().data());
+    }
+    set_cpu_threads(0);
+    for (int k = 0; k < 2; ++k) {
+        CHECK(outs[0].codes[k] == outs[1].codes[k]);
+        CHECK(outs[0].params[k] == outs[1].params[k]);
+    }
+    CHECK(outs[0].escapes == outs[1].escapes);
+    CHECK(!outs[0].escapes.empty());  // the log-normal tails make escapes in several ranges
+    CHECK(outs[0].max_bound == outs[1].max_bound);
+    CHECK(bounds[0] == bounds[1]);
+}
