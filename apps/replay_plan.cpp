@@ -3,10 +3,11 @@
 //
 //   replay-plan TRACE --budget 44GiB [--budget ...|--sweep MIN:MAX:STEP]
 //               [--planner joint|eager|stateless|all|none] [-o PLAN.json] [--svg PLOT.svg]
-//               [--json] [--check]
+//               [--json] [--check] [--timing]
 //
 // Exit: 0 ok; 1 a budget is infeasible or --check found a violation; 2 bad input.
 #include <cstdio>
+#include <ctime>
 #include <unistd.h>
 #include <iostream>
 
@@ -23,6 +24,9 @@
 using namespace ckpt::replay;
 
 namespace {
+
+// CPU time of this process so far (ms), for --timing.
+double cpu_ms() { return 1e3 * static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
 
 int fail(const std::string& what) {
     fmt::print(stderr, "replay-plan: error: {}\n", what);
@@ -54,7 +58,7 @@ int main(int argc, char** argv) {
     CLI::App app{"replay-plan: state-safe activation recomputation plans from a step trace"};
     std::string trace_path, sweep, planner = "joint", out_path, svg_path;
     std::vector<std::string> budget_args;
-    bool as_json = false, check = false;
+    bool as_json = false, check = false, timing = false;
     app.add_option("trace", trace_path, "trace JSON (ckptkit, PyTorch ET 1.0.1 or Chakra)")->required();
     app.add_option("--budget", budget_args, "memory budget, e.g. 44GiB (repeatable)");
     app.add_option("--sweep", sweep, "budget sweep MIN:MAX:STEP, e.g. 24GiB:48GiB:2GiB");
@@ -64,6 +68,7 @@ int main(int argc, char** argv) {
     app.add_option("--svg", svg_path, "SVG plot of step time vs budget (every planner)");
     app.add_flag("--json", as_json, "print a JSON summary to stdout instead of the table");
     app.add_flag("--check", check, "run the replay simulator over every feasible plan");
+    app.add_flag("--timing", timing, "print CPU ms per phase (load, contracts, plan, output) on stderr");
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
@@ -82,13 +87,16 @@ int main(int argc, char** argv) {
     }
     if (budgets.empty()) return fail("give at least one --budget or a --sweep");
 
+    const double t0 = cpu_ms();
     Trace trace;
     try {
         trace = load_trace(trace_path);
     } catch (const ckpt::BadInput& e) {
         return fail(fmt::format("{}: {}", e.file, e.what()));
     }
+    const double t_load = cpu_ms();
     Problem problem(trace);
+    const double t_problem = cpu_ms();
 
     std::vector<std::pair<std::string, std::vector<PlanResult>>> curves;
     std::vector<std::string> names = {planner};
@@ -111,6 +119,7 @@ int main(int argc, char** argv) {
         curves.emplace_back(name, std::move(rs));
     }
     if (progress) fmt::print(stderr, "\r{:20}\r", "");
+    const double t_plan = cpu_ms();
     const std::vector<PlanResult>& results = curves.front().second;
 
     int rc = ckpt::kExitOk;
@@ -173,5 +182,8 @@ int main(int argc, char** argv) {
         return ckpt::kExitBadInput;
     }
     if (as_json) std::cout << summary_json(planner, results).dump() << "\n";
+    if (timing)
+        fmt::print(stderr, "timing (CPU ms): load {:.1f} contracts {:.1f} plan {:.1f} output {:.1f} total {:.1f}\n",
+                   t_load - t0, t_problem - t_load, t_plan - t_problem, cpu_ms() - t_plan, cpu_ms());
     return rc;
 }

@@ -24,6 +24,7 @@ public:
     /// One JSON value. References stay valid while the tree lives.
     class Node {
     public:
+        /// Type tests, as nlohmann::json's (integers: Int = negative, Uint = non-negative).
         bool is_object() const { return kind_ == Kind::Object; }
         bool is_array() const { return kind_ == Kind::Array; }
         bool is_string() const { return kind_ == Kind::String; }
@@ -31,14 +32,16 @@ public:
         bool is_number() const { return kind_ == Kind::Int || kind_ == Kind::Uint || kind_ == Kind::Float; }
         bool is_number_integer() const { return kind_ == Kind::Int || kind_ == Kind::Uint; }
         bool is_number_unsigned() const { return kind_ == Kind::Uint; }
-        /// Elements of an array, members of an object, 0 otherwise (as nlohmann: 1 for scalars
-        /// is not modelled; only containers are sized by the reader).
+        /// Elements of an array, members of an object, 0 otherwise (nlohmann's 1 for scalars
+        /// is not modelled; the reader sizes containers only).
         size_t size() const { return is_array() || is_object() ? count_ : 0; }
+        /// size() == 0.
         bool empty() const { return size() == 0; }
         /// Array element k (k < size()).
         const Node& operator[](size_t k) const;
         /// The member called key (the first one; duplicates make dump() throw), or nullptr.
         const Node* find(std::string_view key) const;
+        /// find(key) != nullptr.
         bool contains(std::string_view key) const { return find(key) != nullptr; }
         /// Value as T (uint64_t, int64_t, double, bool, std::string) with nlohmann's number
         /// conversions; Unsupported for any other type pairing.
@@ -73,6 +76,7 @@ public:
     /// Parse `text` (strict JSON, as nlohmann::json::parse). nullptr when nlohmann rejects
     /// it, nesting exceeds max_depth, or it is too large for 32-bit offsets.
     static std::unique_ptr<JsonTree> parse(const std::string& text, size_t max_depth = 64);
+    /// The top-level value.
     const Node& root() const { return nodes_.front(); }
 
     JsonTree(const JsonTree&) = delete;   // nodes point at their tree

@@ -76,8 +76,8 @@ struct PlanResult {
     std::string planner;
     uint64_t budget_bytes = 0;
     bool feasible = false;
-    bool exact = true;                  ///< false only if the joint DP had to quantise
-    uint64_t quantum_bytes = 0;         ///< not exact: held bytes were rounded up to this;
+    bool exact = true;                  ///< false only if the DP had to thin a frontier
+    uint64_t quantum_bytes = 0;         ///< not exact: the widest need window thinned (bytes);
                                         ///< the plan is then at least as fast as the optimum
                                         ///< for budget - segments * quantum_bytes
     uint64_t peak_bytes = 0;            ///< predicted (0 when infeasible)
