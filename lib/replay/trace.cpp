@@ -5,6 +5,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <unordered_set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -135,7 +136,9 @@ Trace read_trace(const J& j, const std::string& file) {
     const J& segs = r.arr(j, "segments", "trace");
     if (segs.empty()) r.fail("trace has no segments");
     if (segs.size() > kMaxSegments) r.fail("more than 1048576 segments");
-    std::map<std::string, int> names;
+    std::unordered_set<std::string> names;
+    names.reserve(segs.size());
+    t.segments.reserve(segs.size());
     for (size_t i = 0; i < segs.size(); ++i) {
         const J& s = segs[i];
         auto w = fmt::format("segments[{}]", i);
@@ -143,7 +146,7 @@ Trace read_trace(const J& j, const std::string& file) {
         g.name = r.str(s, "name", w);
         if (g.name.empty() || names.count(g.name))
             r.fail(fmt::format("{}: empty or duplicate segment name '{}'", w, g.name));
-        names[g.name] = 1;
+        names.insert(g.name);
         g.forward_ms = r.ms(s, "forward_ms", w);
         g.backward_ms = s.contains("backward_ms") ? r.ms(s, "backward_ms", w) : 2 * g.forward_ms;
         g.saved_bytes = r.u64(s, "saved_bytes", w);
