@@ -220,9 +220,7 @@ if [ $PROFILE = 1 ] && [ -f "$LM" ] && command -v perf >/dev/null; then
 fi
 
 # ---------------------------------------------------------------- peak RSS vs checkpoint size
-# scripts/gen_checkpoint.py by default: its moments are shaped like a trained LM's (log8 takes
-# ~1 us/value on them). GEN=scripts/make_big_checkpoint.py (the hardening generator) also works,
-# but its moments (|m|/sqrt(v) in [0.5, 1], beta2 0.999) send log8 down its slow escape path.
+# scripts/gen_checkpoint.py (moments shaped like a trained LM's; also used by rss_check.sh).
 GEN=${GEN:-$ROOT/scripts/gen_checkpoint.py}
 for gib in $RSS_GIB; do
     big="$TMP/big_${gib}g.pt"

@@ -1,5 +1,7 @@
 #include "codec/codec.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -41,6 +43,8 @@ unsigned g_threads = 0;  // 0: all cores
 void set_cpu_threads(unsigned n) { g_threads = n; }
 unsigned cpu_threads() {
     if (g_threads) return g_threads;
+    cpu_set_t set;  // the cores this process may run on (taskset, cgroup cpusets)
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return unsigned(CPU_COUNT(&set));
     const unsigned hw = std::thread::hardware_concurrency();
     return hw ? hw : 1;
 }

@@ -69,8 +69,8 @@ struct TensorSetup {
 };
 
 /// CPU threads that encode_chunk / decode_chunk split a chunk's blocks over (contiguous
-/// block ranges; output identical for any count). Default: all cores
-/// (std::thread::hardware_concurrency). n = 0 restores the default.
+/// block ranges; output identical for any count). Default: the cores this process may run
+/// on (sched_getaffinity, so taskset applies). n = 0 restores the default.
 void set_cpu_threads(unsigned n);
 unsigned cpu_threads();
 
