@@ -1,6 +1,6 @@
 #!/bin/bash
 # Sanitizer stage: build everything with -fsanitize=address,undefined in build-asan and run
-# the whole CTest suite there: every doctest unit, the fuzz-target regression replays
+# the whole CTest suite there (except rss_4gib): every doctest unit, the fuzz-target regression replays
 # (fuzz_regress_*), and the pytest round trips (roundtrip_pytest = test/py, replay_pytest =
 # test/py/replay, run by /usr/bin/python3 -m pytest with CKPTKIT_BIN=build-asan/apps, so
 # every ckpt-compress / ckpt-verify / ckpt-restore / replay-plan they start is the sanitized
@@ -33,7 +33,9 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:exitcod
 export LSAN_OPTIONS=${LSAN_OPTIONS:-exitcode=99}
 cd "$B"
 rc=0
-ctest --output-on-failure -j"$JOBS" "$@" || rc=$?
+# rss_4gib (4 GiB through the tools, ~5 min unsanitized) runs in stage 1 only: under ASan it
+# would take ~3x longer and measure the sanitizer's shadow memory, not ours.
+ctest --output-on-failure -j"$JOBS" -E '^rss_4gib$' "$@" || rc=$?
 t2=$(date +%s)
 echo "test_sanitize.sh: build $((t1 - t0)) s, tests $((t2 - t1)) s, ctest exit $rc"
 exit $rc
