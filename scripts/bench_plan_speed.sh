@@ -1,5 +1,5 @@
 #!/bin/bash
-# Joint-planner speed vs trace size and sweep size (docs/benchmarks_planner.md). Usage:
+# Joint-planner speed vs trace size and sweep size (docs/benchmarks.md, planner part). Usage:
 #   scripts/bench_plan_speed.sh BUILD_DIR [OUT_DIR] [SIZES] [SWEEPS]
 # SIZES (default "10 100 1000 10000 100000") segments of scripts/synth_trace.py
 # --pattern sparse-write --segments N; SWEEPS (default "1 8 64") budgets per run, spread evenly
