@@ -7,6 +7,7 @@
 #include <cmath>
 #include <memory>
 
+#include "common/xxh3.h"
 #include "ckpt/pipeline.h"
 #include "ckpt/values.h"
 #include "common/error.h"
@@ -160,7 +161,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
                     prog.advance(n);
                 }
             };
-            std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> h(XXH3_createState(), XXH3_freeState);
+            const Xxh3State h = make_xxh3();
             for (auto& s : man.storages) {
                 copy(pos, s.offset, nullptr);
                 if (s.param < 0) {
@@ -185,8 +186,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
         ct::Appender escidx(file.get(), ct::kEscapeIndex, H5T_NATIVE_UINT64, 8);
         std::vector<double> est(jobs.size(), 0);
         const std::size_t chunk = std::max<std::size_t>(codec::kBlock, o.chunk / codec::kBlock * codec::kBlock);
-        std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hs[3] = {
-            {XXH3_createState(), XXH3_freeState}, {XXH3_createState(), XXH3_freeState}, {XXH3_createState(), XXH3_freeState}};
+        const Xxh3State hs[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
         // chunk buffers, reused by every tensor (allocated and cleared once)
         std::vector<uint8_t> bytes[3];
         std::vector<float> vals[3], theta;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "common/xxh3.h"
 #include "ckpt/decode.h"
 #include "ckpt/pipeline.h"
 #include "ckpt/values.h"
@@ -55,14 +56,14 @@ Report restore(const std::string& path, const std::string& out, const RestoreOpt
             }
         };
         uint64_t pos = 0;
-        XXH3_state_t* h = XXH3_createState();
+        const Xxh3State hash = make_xxh3();
+        XXH3_state_t* h = hash.get();
         for (const auto& s : man.storages) {
             copy(pos, s.offset, nullptr);
             if (s.param < 0) {
                 XXH3_64bits_reset(h);
                 copy(s.offset, s.offset + s.nbytes, h);
                 if (XXH3_64bits_digest(h) != s.xxh3) {
-                    XXH3_freeState(h);
                     throw CheckFailed(path + ": stored tensor bytes at source offset " + std::to_string(s.offset) +
                                       " do not match their hash");
                 }
@@ -71,7 +72,6 @@ Report restore(const std::string& path, const std::string& out, const RestoreOpt
             }
             pos = s.offset + s.nbytes;
         }
-        XXH3_freeState(h);
         copy(pos, man.source_size, nullptr);
         // moments, in place
         std::vector<uint8_t> bytes;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/xxh3.h"
 #include "ckpt/decode.h"
 #include "ckpt/pipeline.h"
 #include "ckpt/values.h"
@@ -52,7 +53,8 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     uint64_t raw_checked = 0;
     {
         std::vector<uint8_t> buf(1 << 20);
-        XXH3_state_t* h = XXH3_createState();
+        const Xxh3State hash = make_xxh3();
+        XXH3_state_t* h = hash.get();
         for (const auto& s : man.storages) {
             if (s.param >= 0) continue;
             XXH3_64bits_reset(h);
@@ -69,7 +71,6 @@ Report verify(const std::string& path, const VerifyOptions& o) {
             }
             ++raw_checked;
         }
-        XXH3_freeState(h);
     }
     rep.checks.push_back(fmt::format("integrity: all datasets and {} stored tensors hashed", raw_checked));
 
@@ -116,8 +117,8 @@ Report verify(const std::string& path, const VerifyOptions& o) {
         const int nm = e.moments();
         double max_bound = 0;
         uint64_t escapes = 0, over = 0, grid_fail = 0, esc_fail = 0;
-        XXH3_state_t* hs[3] = {XXH3_createState(), XXH3_createState(), XXH3_createState()};
-        for (auto* h : hs) XXH3_64bits_reset(h);
+        const Xxh3State hash[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
+        XXH3_state_t* hs[3] = {hash[0].get(), hash[1].get(), hash[2].get()};
         try {
             cr.for_each_chunk(j, 1 << 18, true, [&](const ContainerReader::Chunk& c) {
                 std::vector<char> esc(c.n, 0);
@@ -160,7 +161,6 @@ Report verify(const std::string& path, const VerifyOptions& o) {
             for (int k = 0; k < nm; ++k)
                 if (XXH3_64bits_digest(hs[k]) != man.storages[std::size_t(e.storage[k])].xxh3)
                     fail(e.name + ": original " + container::kRoleNames[k] + " differs from the one that was compressed");
-        for (auto* h : hs) XXH3_freeState(h);
         if (escapes != e.escapes) fail(fmt::format("{}: {} escapes found, manifest says {}", e.name, escapes, e.escapes));
         if (over) fail(fmt::format("{}: {} coordinates kept with a certificate above tolerance", e.name, over));
         if (max_bound != e.max_bound) fail(fmt::format("{}: re-derived max bound {} differs from stored {}", e.name, max_bound, e.max_bound));

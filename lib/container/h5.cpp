@@ -195,16 +195,15 @@ Appender::Appender(hid_t file, const std::string& path, hid_t type, std::size_t 
     if (slash > 0) make_groups(file, path.substr(0, slash));
     ds_ = Handle(H5Dcreate2(file, path.c_str(), type, sp.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
     if (!ds_) fail("cannot create dataset " + path);
-    hash_ = XXH3_createState();
-    XXH3_64bits_reset(hash_);
+    hash_ = make_xxh3();
     buf_.reserve(chunk_elems_ * elem_);
 }
 
-Appender::~Appender() { XXH3_freeState(hash_); }
+Appender::~Appender() = default;
 
 void Appender::append(const void* data, std::size_t count) {
     const auto* p = static_cast<const unsigned char*>(data);
-    XXH3_64bits_update(hash_, p, count * elem_);
+    XXH3_64bits_update(hash_.get(), p, count * elem_);
     count_ += count;
     while (count > 0) {
         const std::size_t room = chunk_elems_ - buf_.size() / elem_;
@@ -231,7 +230,7 @@ void Appender::flush() {
 
 uint64_t Appender::finish() {
     flush();
-    set_attr(ds_.get(), "xxh3", uint64_t(XXH3_64bits_digest(hash_)));
+    set_attr(ds_.get(), "xxh3", uint64_t(XXH3_64bits_digest(hash_.get())));
     set_attr(ds_.get(), "count", count_);
     return H5Dget_storage_size(ds_.get());
 }
@@ -265,23 +264,16 @@ void DatasetReader::read(uint64_t offset, uint64_t n, void* out) const {
 
 bool DatasetReader::checksum_ok() const {
     const uint64_t want = get_attr_u64(ds_.get(), "xxh3");
-    XXH3_state_t* st = XXH3_createState();
-    XXH3_64bits_reset(st);
+    const Xxh3State hash = make_xxh3();
+    XXH3_state_t* st = hash.get();
     const uint64_t step = std::max<uint64_t>(1, (1u << 20) / elem_);
     std::vector<unsigned char> buf(step * elem_);
-    try {
-        for (uint64_t off = 0; off < count_; off += step) {
-            const uint64_t n = std::min(step, count_ - off);
-            read(off, n, buf.data());
-            XXH3_64bits_update(st, buf.data(), n * elem_);
-        }
-    } catch (...) {
-        XXH3_freeState(st);
-        throw;
+    for (uint64_t off = 0; off < count_; off += step) {
+        const uint64_t n = std::min(step, count_ - off);
+        read(off, n, buf.data());
+        XXH3_64bits_update(st, buf.data(), n * elem_);
     }
-    const bool ok = XXH3_64bits_digest(st) == want;
-    XXH3_freeState(st);
-    return ok;
+    return XXH3_64bits_digest(st) == want;
 }
 
 }  // namespace ckpt::container

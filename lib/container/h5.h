@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "common/xxh3.h"
+
 namespace ckpt::container {
 
 /// HDF5 filter id of Zstandard (registered by the HDF Group for HDF5Plugin-Zstandard).
@@ -74,7 +76,7 @@ private:
     std::size_t elem_, chunk_elems_;
     std::vector<unsigned char> buf_;
     uint64_t count_ = 0, written_ = 0;
-    XXH3_state_t* hash_ = nullptr;
+    Xxh3State hash_;
 public:
     ~Appender();
 };
