@@ -3,6 +3,9 @@
 #include "replay/json_tree.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include <fmt/format.h>
@@ -207,7 +210,7 @@ void JsonTree::Node::dump_to(std::string& out) const {
         case Kind::Bool: out += v_.b ? "true" : "false"; return;
         case Kind::Int: fmt::format_to(std::back_inserter(out), "{}", v_.i); return;
         case Kind::Uint: fmt::format_to(std::back_inserter(out), "{}", v_.u); return;
-        case Kind::Float: out += json(v_.f).dump(); return;
+        case Kind::Float: append_python_float(out, v_.f); return;
         case Kind::String: dump_string(out, str()); return;
         case Kind::Array:
             out += '[';
@@ -240,6 +243,89 @@ std::string JsonTree::Node::dump() const {
     std::string out;
     out.reserve(tree_->pool_.size() + tree_->nodes_.size() * 8);
     dump_to(out);
+    return out;
+}
+
+void append_python_float(std::string& out, double x) {
+    if (!std::isfinite(x)) {  // not JSON; nlohmann writes null
+        out += "null";
+        return;
+    }
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::scientific);  // shortest
+    const std::string_view sci(buf, std::size_t(r.ptr - buf));       // [-]d[.ddd]e[+-]XX
+    const std::size_t e = sci.find('e');
+    std::string_view mant = sci.substr(0, e);
+    const int exp10 = std::stoi(std::string(sci.substr(e + 1)));
+    if (!mant.empty() && mant[0] == '-') {
+        out += '-';
+        mant.remove_prefix(1);
+    }
+    std::string digits;
+    for (char c : mant)
+        if (c != '.') digits += c;
+    const int decpt = exp10 + 1;  // x = 0.d1d2... * 10^decpt
+    const int nd = int(digits.size());
+    if (decpt > -4 && decpt <= 16) {  // Python's float_repr_style 'short' rule
+        if (decpt <= 0) {
+            out += "0.";
+            out.append(std::size_t(-decpt), '0');
+            out += digits;
+        } else if (decpt >= nd) {
+            out += digits;
+            out.append(std::size_t(decpt - nd), '0');
+            out += ".0";
+        } else {
+            out.append(digits, 0, std::size_t(decpt));
+            out += '.';
+            out.append(digits, std::size_t(decpt), std::string::npos);
+        }
+        return;
+    }
+    out += digits[0];
+    if (nd > 1) {
+        out += '.';
+        out.append(digits, 1, std::string::npos);
+    }
+    fmt::format_to(std::back_inserter(out), "e{}{:02d}", exp10 < 0 ? '-' : '+', std::abs(exp10));
+}
+
+namespace {
+void canonical_to(std::string& out, const json& j) {
+    switch (j.type()) {
+        case json::value_t::number_float: append_python_float(out, j.get<double>()); return;
+        case json::value_t::array: {
+            out += '[';
+            bool first = true;
+            for (const auto& v : j) {
+                if (!first) out += ',';
+                first = false;
+                canonical_to(out, v);
+            }
+            out += ']';
+            return;
+        }
+        case json::value_t::object: {  // std::map: keys already sorted
+            out += '{';
+            bool first = true;
+            for (auto it = j.begin(); it != j.end(); ++it) {
+                if (!first) out += ',';
+                first = false;
+                dump_string(out, it.key());
+                out += ':';
+                canonical_to(out, it.value());
+            }
+            out += '}';
+            return;
+        }
+        default: out += j.dump(); return;  // null, bool, integers, strings
+    }
+}
+}  // namespace
+
+std::string canonical_dump(const json& j) {
+    std::string out;
+    canonical_to(out, j);
     return out;
 }
 

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace ckpt::replay {
 
 class JsonTree {
@@ -49,8 +51,8 @@ public:
         /// get<T>() of member key, or def when absent (as nlohmann::json::value).
         std::string value(std::string_view key, const char* def) const;
         bool value(std::string_view key, bool def) const;
-        /// nlohmann::json::dump() of this value (keys sorted, no spaces); Unsupported on a
-        /// repeated key.
+        /// canonical_dump() of this value (keys sorted, no spaces, Python float format: the
+        /// trace hash's text); Unsupported on a repeated key.
         std::string dump() const;
 
     private:
@@ -89,5 +91,16 @@ private:
     std::vector<uint32_t> kids_;
     std::string pool_;
 };
+
+/// Append a double as Python's repr() / json.dumps() writes it (shortest round-trip digits;
+/// fixed notation for decimal exponents -4 < e <= 16 with at least one decimal, else
+/// d.ddde+XX): the trace hash's number format (formats/trace.md), which nlohmann's
+/// grisu2 dump does not always match.
+void append_python_float(std::string& out, double x);
+
+/// The trace hash's canonical JSON of a nlohmann value: keys sorted, no spaces, strings as
+/// nlohmann escapes them (UTF-8 kept), floats by append_python_float. Equals
+/// json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False).
+std::string canonical_dump(const nlohmann::json& j);
 
 }  // namespace ckpt::replay

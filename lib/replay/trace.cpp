@@ -16,6 +16,12 @@
 
 namespace ckpt::replay {
 namespace {
+/// The text the trace hash is taken of (formats/trace.md), from either JSON model.
+std::string hash_text(const nlohmann::json& j) { return canonical_dump(j); }
+std::string hash_text(const JsonTree::Node& j) { return j.dump(); }
+}  // namespace
+
+namespace {
 
 using json = nlohmann::json;
 
@@ -201,7 +207,7 @@ Trace read_trace(const J& j, const std::string& file) {
             r.fail("backward_order must be the reverse of the forward order (the only order "
                    "this planner models)");
     }
-    t.hash = fnv1a64_hex(j.dump());
+    t.hash = fnv1a64_hex(hash_text(j));
     return t;
 }
 

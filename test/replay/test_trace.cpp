@@ -132,13 +132,13 @@ TEST_CASE("budget parsing") {
     CHECK(human_bytes(1536) == "1.50 KiB");
 }
 
-TEST_CASE("JsonTree: dump is nlohmann's dump; repeated keys and bad JSON are refused") {
+TEST_CASE("JsonTree: dump is canonical_dump of the nlohmann value; repeated keys and bad JSON are refused") {
     for (const char* text :
          {R"({"b":1,"a":[1.5,-2,3e20,0.1,4.0,18446744073709551615,"x\"y\u00e9\n\t",true,null,{}],"c":{"z":[],"y":-0}})",
           R"([])", R"("\u0001")", R"({"\u00e9":{"b":2,"a":1}})"}) {
         auto t = JsonTree::parse(text);
         REQUIRE(t);
-        CHECK(t->root().dump() == nlohmann::json::parse(text).dump());
+        CHECK(t->root().dump() == canonical_dump(nlohmann::json::parse(text)));
     }
     auto dup = JsonTree::parse(R"({"a":1,"a":2})");
     REQUIRE(dup);
@@ -161,4 +161,21 @@ TEST_CASE("load_trace's fast path reads example traces as trace_from_json does")
     // a repeated key: the DOM path reads it (the last one wins), as before
     CHECK(bad_input_message(R"({"format":"x","format":"ckptkit-trace","format_version":2})") ==
           "unsupported format_version (this tool reads 1)");
+}
+
+TEST_CASE("trace hash floats are written as Python's repr (apply_plan.py hashes json.dumps)") {
+    // expected strings: repr() of the same doubles in CPython 3.11
+    const std::pair<double, const char*> cases[] = {
+        {1.35259, "1.35259"}, {10.0, "10.0"}, {1e+16, "1e+16"}, {1000000000000000.0, "1000000000000000.0"},
+        {0.0001, "0.0001"}, {1e-05, "1e-05"}, {-0.0, "-0.0"}, {0.0, "0.0"}, {123456.789, "123456.789"},
+        {1.5e-07, "1.5e-07"}, {5e-324, "5e-324"}, {1.7976931348623157e+308, "1.7976931348623157e+308"},
+        {0.1 + 0.2, "0.30000000000000004"}, {2.5e-05, "2.5e-05"}, {-3e+20, "-3e+20"},
+        {1234567890123456.8, "1234567890123456.8"}, {0.00012, "0.00012"}};
+    for (const auto& [x, want] : cases) {
+        std::string got;
+        ckpt::replay::append_python_float(got, x);
+        CHECK(got == want);
+    }
+    const auto j = nlohmann::json::parse(R"({"b":[1,2.5,"x\u00e9"],"a":{"z":null,"y":true,"t":1.35259}})");
+    CHECK(ckpt::replay::canonical_dump(j) == "{\"a\":{\"t\":1.35259,\"y\":true,\"z\":null},\"b\":[1,2.5,\"x\xc3\xa9\"]}");
 }
