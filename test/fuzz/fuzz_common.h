@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "io/checkpoint.h"
+
 namespace fuzz {
 
 /// Write data to this process's scratch file (truncated first); returns its path. The file
@@ -37,6 +39,16 @@ inline const std::string& as_file(const uint8_t* data, size_t size) {
         off += size_t(n);
     }
     return path;
+}
+
+/// Reader limits for the torch-file targets: small enough that one input stays fast
+/// (4 MiB pickle, 2^20 objects, 2^16 memo entries).
+inline ckpt::Limits small_limits() {
+    ckpt::Limits lim;
+    lim.max_pickle_bytes = 1 << 22;
+    lim.max_objects = 1 << 20;
+    lim.max_memo_entries = 1 << 16;
+    return lim;
 }
 
 }  // namespace fuzz

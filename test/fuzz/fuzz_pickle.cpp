@@ -9,10 +9,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string& path = fuzz::as_file(data, size);
-    ckpt::Limits lim;
-    lim.max_pickle_bytes = 1 << 22;
-    lim.max_objects = 1 << 20;
-    lim.max_memo_entries = 1 << 16;
+    const ckpt::Limits lim = fuzz::small_limits();
     for (auto ids : {ckpt::io::PersistentIds::TorchZip, ckpt::io::PersistentIds::None,
                      ckpt::io::PersistentIds::TorchLegacy}) {
         try {
