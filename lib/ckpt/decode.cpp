@@ -1,5 +1,10 @@
 #include "ckpt/decode.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
 #include "ckpt/values.h"
 #include "common/error.h"
 #include "gpu_codec.h"
@@ -90,20 +95,61 @@ uint64_t ContainerReader::moment_bytes() const {
 
 std::vector<TensorRow> ContainerReader::rows() const {
     std::vector<TensorRow> rows;
-    uint64_t total = 0;
-    for (const auto& p : man_.params) total += p.numel * uint64_t(p.moments());
-    const uint64_t bytes = moment_bytes();
+    const uint64_t cb = uint64_t(codec::code_bytes(man_.codec)), pb = uint64_t(codec::params_per_block(man_.codec));
+    std::vector<double> weight;
+    double total = 0;
     for (const auto& p : man_.params) {
+        const uint64_t nm = uint64_t(p.moments()), blocks = (p.numel + codec::kBlock - 1) / codec::kBlock;
+        weight.push_back(double(nm * (p.numel * cb + blocks * pb * 2) + p.escapes * (8 + 4 * nm)));
+        total += weight.back();
+    }
+    const uint64_t bytes = moment_bytes();
+    for (std::size_t j = 0; j < man_.params.size(); ++j) {
+        const auto& p = man_.params[j];
         TensorRow r;
         r.name = p.name;
+        r.shape = p.shape;
         r.values = p.numel * uint64_t(p.moments());
         r.escapes = p.escapes * uint64_t(p.moments());
         r.bytes_fp32 = 4 * r.values;
-        r.bytes_out = total ? uint64_t(double(bytes) * double(r.values) / double(total)) : 0;
+        r.bytes_out = total > 0 ? uint64_t(std::llround(double(bytes) * weight[j] / total)) : 0;
         r.max_bound = p.max_bound;
         rows.push_back(r);
     }
+    for (const auto& k : man_.kept) {
+        TensorRow r;
+        r.name = k.name;
+        r.values = k.values;
+        r.escapes = k.values;
+        r.bytes_fp32 = 4 * k.values;
+        r.bytes_out = k.nbytes;
+        r.note = k.note;
+        rows.push_back(r);
+    }
     return rows;
+}
+
+std::vector<GroupRow> ContainerReader::groups() const {
+    std::vector<GroupRow> out;
+    for (const auto& p : man_.params) {
+        GroupRow g;
+        g.optimizer = !p.domain.l2 ? (p.hyper.weight_decay != 0 ? "adamw" : "adam|adamw") : p.domain.plain ? "adam|adamw" : "adam";
+        const std::string G = std::isfinite(man_.grad_bound) ? fmt::format("{}", man_.grad_bound) : "inf";
+        if (!p.domain.l2 || !std::isfinite(man_.grad_bound)) g.domain = "|g| <= " + G;
+        else {
+            const std::string shift = p.theta_storage >= 0 ? "wd*theta" : fmt::format("wd*theta, |theta| <= {:.6g}", p.domain.theta_bound);
+            g.domain = p.domain.plain ? "|g| <= " + G + ", and shifted by " + shift : "|g| <= " + G + " shifted by " + shift;
+        }
+        g.lr = p.hyper.lr; g.beta1 = p.hyper.beta1; g.beta2 = p.hyper.beta2; g.eps = p.hyper.eps;
+        g.weight_decay = p.hyper.weight_decay; g.step = p.hyper.step; g.amsgrad = p.hyper.amsgrad; g.maximize = p.hyper.maximize;
+        auto same = [&](const GroupRow& x) {
+            return x.optimizer == g.optimizer && x.domain == g.domain && x.lr == g.lr && x.beta1 == g.beta1 && x.beta2 == g.beta2 &&
+                   x.eps == g.eps && x.weight_decay == g.weight_decay && x.step == g.step && x.amsgrad == g.amsgrad && x.maximize == g.maximize;
+        };
+        auto it = std::find_if(out.begin(), out.end(), same);
+        if (it == out.end()) { g.tensors = 1; out.push_back(g); } else ++it->tensors;
+    }
+    return out;
 }
 
 codec::TensorSetup ContainerReader::setup(std::size_t j) const {

@@ -27,8 +27,12 @@ public:
     codec::TensorSetup setup(std::size_t j) const;
     /// Stored (compressed) bytes of all moment datasets plus the manifest's params part.
     uint64_t moment_bytes() const;
-    /// Summary rows (values, escapes, bytes apportioned by value count, stored max bound).
+    /// Summary rows, one accounting for every tool: coded parameters get the stored moment
+    /// bytes apportioned by the uncompressed size of their streams (codes, block
+    /// parameters, escape rows), kept-exact states their source bytes; stored max bound.
     std::vector<struct TensorRow> rows() const;
+    /// What was certified, per distinct (hyper-parameters, gradient domain).
+    std::vector<struct GroupRow> groups() const;
 
     /// One decoded chunk of parameter j: values per role (escapes applied), the chunk's
     /// escaped coordinates (chunk-local) with their exact bits, and optionally the

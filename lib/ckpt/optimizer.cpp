@@ -1,6 +1,10 @@
 #include "ckpt/optimizer.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
 
 #include <cstring>
 #include <functional>
@@ -38,37 +42,107 @@ double as_double(const Value& v, const std::string& what, const std::string& fil
     throw BadInput(file, "param_groups value '" + what + "' is not a number");
 }
 
-/// Hyper-parameters of one param group given as a key -> number/bool lookup.
+const char* kHyperNames[7] = {"lr", "beta1", "beta2", "eps", "weight_decay", "amsgrad", "maximize"};
+double* hyper_field(codec::AdamHyper& h, int k) {
+    double* f[5] = {&h.lr, &h.beta1, &h.beta2, &h.eps, &h.weight_decay};
+    return k < 5 ? f[k] : nullptr;
+}
+
+/// Hyper-parameters of one param group given as a key -> number/bool lookup; sets the
+/// HyperKey bit of every key the group states.
 template <class Get>
-void read_group(codec::AdamHyper& h, std::optional<bool>& decoupled, Get get) {
-    if (auto v = get("lr")) h.lr = *v;
-    if (auto v = get("beta1")) h.beta1 = *v;
-    if (auto v = get("beta2")) h.beta2 = *v;
-    if (auto v = get("eps")) h.eps = *v;
-    if (auto v = get("weight_decay")) h.weight_decay = *v;
-    if (auto v = get("amsgrad")) h.amsgrad = *v != 0;
-    if (auto v = get("maximize")) h.maximize = *v != 0;
+void read_group(codec::AdamHyper& h, unsigned& stated, std::optional<bool>& decoupled, Get get) {
+    for (int k = 0; k < 7; ++k)
+        if (auto v = get(kHyperNames[k])) {
+            stated |= 1u << k;
+            if (k < 5) *hyper_field(h, k) = *v;
+            else (k == 5 ? h.amsgrad : h.maximize) = *v != 0;
+        }
     if (auto v = get("decoupled_weight_decay")) decoupled = *v != 0;
 }
 
-void apply(codec::AdamHyper& h, const HyperOverrides& o) {
-    if (o.lr) h.lr = *o.lr;
-    if (o.beta1) h.beta1 = *o.beta1;
-    if (o.beta2) h.beta2 = *o.beta2;
-    if (o.eps) h.eps = *o.eps;
-    if (o.weight_decay) h.weight_decay = *o.weight_decay;
-    if (o.amsgrad) h.amsgrad = *o.amsgrad;
-    if (o.maximize) h.maximize = *o.maximize;
+/// Overrides fill in what the file does not state; a different value for a stated key is
+/// BadInput (the guarantee must hold for the hyper-parameters torch will load).
+void apply(codec::AdamHyper& h, unsigned stated, const HyperOverrides& o, const std::string& file,
+           const std::string& name) {
+    const std::optional<double> num[5] = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
+    const std::optional<bool> flag[2] = {o.amsgrad, o.maximize};
+    for (int k = 0; k < 7; ++k) {
+        const bool given = k < 5 ? num[k].has_value() : flag[k - 5].has_value();
+        if (!given) continue;
+        const double want = k < 5 ? *num[k] : (*flag[k - 5] ? 1.0 : 0.0);
+        const double have = k < 5 ? *hyper_field(h, k) : ((k == 5 ? h.amsgrad : h.maximize) ? 1.0 : 0.0);
+        if ((stated >> k & 1u) && want != have)
+            throw BadInput(file, fmt::format("--{} {} contradicts the file's {} = {} for {}; overrides only fill in "
+                                             "what the file does not state",
+                                             kHyperNames[k] == std::string("weight_decay") ? "weight-decay" : kHyperNames[k],
+                                             want, kHyperNames[k], have, name));
+        if (k < 5) *hyper_field(h, k) = want;
+        else (k == 5 ? h.amsgrad : h.maximize) = want != 0;
+    }
 }
 
-/// Decide whether the moments can be replaced by codes: each one a whole, contiguous,
-/// unshared storage of FP32/F16/BF16 with the same element count.
-void check_compressible(const Checkpoint& ck, ParamState& p) {
-    std::map<std::size_t, int> uses;
-    for (const auto& t : ck.tensors) uses[t.storage]++;
+/// Why hyper-parameters are outside what the guard covers ("" when inside): torch.optim.Adam's
+/// own argument checks (0 <= betas < 1, eps >= 0, lr >= 0), a whole step count >= 0, and
+/// lr / (1 - beta1^t) <= 2 (the FP32 range argument of the guard, codec/guard.h fp32_gate).
+/// load_state_dict accepts all of these, so such states are kept exact, never refused.
+std::string out_of_range(const codec::AdamHyper& h) {
+    for (double x : {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step})
+        if (!std::isfinite(x)) return "non-finite hyper-parameter";
+    if (!(h.lr >= 0)) return fmt::format("lr = {} < 0", h.lr);
+    if (!(h.beta1 >= 0 && h.beta1 < 1)) return fmt::format("beta1 = {} outside [0, 1)", h.beta1);
+    if (!(h.beta2 >= 0 && h.beta2 < 1)) return fmt::format("beta2 = {} outside [0, 1)", h.beta2);
+    if (!(h.eps >= 0)) return fmt::format("eps = {} < 0", h.eps);
+    if (!(h.step >= 0) || h.step != std::floor(h.step) || h.step > 1e15) return fmt::format("step = {} is not a whole count >= 0", h.step);
+    if (h.lr / (1 - std::pow(h.beta1, h.step + 1)) > 2) return "lr / (1 - beta1^t) > 2 (outside the FP32-safe range)";
+    return "";
+}
+
+/// Why an optimizer state is not torch Adam/AdamW ("" when it is), from its param group's
+/// keys and its state keys (torch/optim/{adam,adamw,nadam,radam,adamax}.py, transformers
+/// Adafactor and AdamW, bitsandbytes): Adam and AdamW have 'amsgrad' and 'betas' in every
+/// group and only step / exp_avg / exp_avg_sq / max_exp_avg_sq in the state.
+std::string not_adam(const std::vector<std::string>& group_keys, const std::vector<std::string>& state_keys) {
+    auto has = [](const std::vector<std::string>& v, const char* k) { return std::find(v.begin(), v.end(), k) != v.end(); };
+    if (has(group_keys, "momentum_decay") || has(state_keys, "mu_product")) return "NAdam state (not Adam)";
+    if (has(state_keys, "exp_inf")) return "Adamax state (not Adam)";
+    for (const char* k : {"clip_threshold", "decay_rate", "relative_step", "scale_parameter", "warmup_init"})
+        if (has(group_keys, k)) return "Adafactor state (not Adam)";
+    for (const auto& k : state_keys)
+        if (k.rfind("exp_avg_sq_", 0) == 0 || k == "RMS") return "Adafactor state (not Adam)";
+    if (has(group_keys, "correct_bias")) return "transformers AdamW state (not torch's AdamW update)";
+    for (const auto& k : state_keys)
+        if (k.rfind("state1", 0) == 0 || k.rfind("state2", 0) == 0 || k.rfind("qmap", 0) == 0 || k.rfind("absmax", 0) == 0)
+            return "bitsandbytes quantized state (not FP32 Adam)";
+    for (const auto& k : state_keys)
+        if (k != "step" && k != "exp_avg" && k != "exp_avg_sq" && k != "max_exp_avg_sq")
+            return "optimizer state with '" + k + "' (not Adam)";
+    if (!has(group_keys, "betas")) return "param group without 'betas' (not Adam)";
+    if (!has(group_keys, "amsgrad")) return "param group without 'amsgrad' (RAdam or another Adam variant, not Adam)";
+    for (const char* k : {"momentum", "nesterov", "dampening", "lr_decay", "rho", "lambd", "alpha", "t0", "etas",
+                          "step_sizes", "beta3", "initial_accumulator_value", "rectify", "degenerated_to_sgd"})
+        if (has(group_keys, k)) return std::string("param group with '") + k + "' (not Adam)";
+    return "";
+}
+
+/// Tensor references per storage over the whole object tree: a memo-shared tensor object
+/// counts once per place it appears, so a moment shared with any other leaf is seen.
+void count_refs(const Checkpoint& ck, const Value& v, std::map<std::size_t, int>& refs) {
+    if (auto t = std::get_if<Value::Tensor>(&v.v)) { refs[ck.tensors[t->index].storage]++; return; }
+    if (auto l = std::get_if<Value::List>(&v.v)) for (const auto& x : *l) count_refs(ck, x, refs);
+    if (auto d = std::get_if<Value::Dict>(&v.v))
+        for (const auto& [k, x] : *d) { count_refs(ck, k, refs); count_refs(ck, x, refs); }
+}
+
+/// Decide whether the moments can be replaced by codes: each one a whole, contiguous
+/// storage of FP32/F16/BF16 with the same element count, referenced once in the whole
+/// file (not shared with another moment or any other leaf).
+void check_compressible(const Checkpoint& ck, const std::map<std::size_t, int>& refs, ParamState& p) {
+    if (!p.why_not.empty()) return;  // not Adam, or hyper-parameters out of range
     const int nm = p.hyper.amsgrad ? 3 : 2;
     int64_t n = -1;
     DType dt{};
+    std::set<std::size_t> used;
     for (int k = 0; k < nm; ++k) {
         if (p.tensor[k] < 0) { p.why_not = std::string(kMomentNames[k]) + " is missing"; return; }
         const TensorInfo& t = ck.tensors[std::size_t(p.tensor[k])];
@@ -77,65 +151,70 @@ void check_compressible(const Checkpoint& ck, ParamState& p) {
         if (k == 0) { n = numel(t); dt = t.dtype; }
         if (numel(t) != n || t.dtype != dt) { p.why_not = "moments differ in size or dtype"; return; }
         if (!contiguous(t) || t.storage_offset != 0 || int64_t(s.numel) != n || s.dtype != t.dtype) { p.why_not = "moment is a view"; return; }
-        if (uses[t.storage] != 1) { p.why_not = "moment storage is shared"; return; }
+        if (!used.insert(t.storage).second) { p.why_not = std::string(kMomentNames[k]) + " is the same tensor as another moment"; return; }
+        const auto r = refs.find(t.storage);
+        if (r == refs.end() || r->second != 1) { p.why_not = std::string(kMomentNames[k]) + " shares its storage with another leaf"; return; }
     }
-    if (p.theta >= 0) {
-        const TensorInfo& th = ck.tensors[std::size_t(p.theta)];
-        if (numel(th) != n || th.shape != ck.tensors[std::size_t(p.tensor[0])].shape) p.theta = -1;
-    }
-    p.compressible = n > 0;
-    if (n == 0) p.why_not = "empty";
+    if (n == 0) { p.why_not = "empty"; return; }
+    auto shape_ok = [&](int th) {
+        const TensorInfo& x = ck.tensors[std::size_t(th)];
+        return numel(x) == n && x.shape == ck.tensors[std::size_t(p.tensor[0])].shape;
+    };
+    if (p.theta >= 0 && !shape_ok(p.theta)) p.theta = -1;
+    p.compressible = true;
 }
 
-/// Model parameters in optimizer index order: the float tensors of a module state_dict,
-/// without BatchNorm statistics, deduplicated (tied weights appear once, as in
-/// model.parameters()).
-std::vector<int> model_params(const Checkpoint& ck, const Value& model) {
-    std::vector<int> out;
-    std::set<std::tuple<std::size_t, int64_t, std::vector<int64_t>>> seen;
+/// Float tensors of a module state_dict by key (the model's parameters and buffers).
+std::vector<std::pair<std::string, int>> model_tensors(const Checkpoint& ck, const Value& model) {
+    std::vector<std::pair<std::string, int>> out;
     for (const auto& [k, v] : std::get<Value::Dict>(model.v)) {
         auto t = std::get_if<Value::Tensor>(&v.v);
-        if (!t) return {};
-        const TensorInfo& ti = ck.tensors[t->index];
-        const std::string name = k.key_text();
-        auto ends = [&](const char* s) { return name.size() >= strlen(s) && name.compare(name.size() - strlen(s), std::string::npos, s) == 0; };
-        if (ends("running_mean") || ends("running_var") || ends("num_batches_tracked")) continue;
-        if (ti.dtype != DType::F32 && ti.dtype != DType::F16 && ti.dtype != DType::BF16 && ti.dtype != DType::F64) continue;
-        if (!seen.insert({ti.storage, ti.storage_offset, ti.shape}).second) continue;
-        out.push_back(int(t->index));
+        if (!t) continue;
+        const DType d = ck.tensors[t->index].dtype;
+        if (d != DType::F32 && d != DType::F16 && d != DType::BF16 && d != DType::F64) continue;
+        out.push_back({k.key_text(), int(t->index)});
     }
     return out;
 }
 
-/// Map optimizer param ids to model parameters. Torch numbers params group by group; each
-/// group keeps model order, so the model's parameter list is an interleaving of the
-/// groups. Shapes (from exp_avg) decide the interleaving; when none or more than one
-/// interleaving fits, nothing is mapped (the caller then refuses L2 mode: soundness first).
-std::map<std::string, int> map_params(const Checkpoint& ck, const std::vector<int>& params,
-                                      const std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>>& groups) {
-    std::size_t total = 0;
-    for (const auto& g : groups) total += g.size();
-    if (params.size() != total) return {};
-    std::vector<std::size_t> pos(groups.size(), 0);
-    std::map<std::string, int> found, current;
-    int solutions = 0;
-    long budget = 200000;
-    std::function<void(std::size_t)> go = [&](std::size_t k) {
-        if (solutions > 1 || --budget < 0) return;
-        if (k == params.size()) { if (++solutions == 1) found = current; return; }
-        const auto& shape = ck.tensors[std::size_t(params[k])].shape;
-        for (std::size_t g = 0; g < groups.size(); ++g) {
-            if (pos[g] >= groups[g].size()) continue;
-            const auto& [id, want] = groups[g][pos[g]];
-            if (want && *want != shape) continue;
-            current[id] = params[k];
-            ++pos[g];
-            go(k + 1);
-            --pos[g];
-        }
-    };
-    go(0);
-    return solutions == 1 && budget >= 0 ? found : std::map<std::string, int>{};
+/// Map one optimizer state to its parameter: by name (param_names or an FQN state key,
+/// also with the "model." / "module." prefixes Lightning and DDP add) when one is given,
+/// otherwise every model tensor of the same shape is a candidate (one candidate: mapped;
+/// several: theta_candidates, the union of their domains is certified).
+void map_theta(const Checkpoint& ck, const std::vector<std::pair<std::string, int>>& model,
+               const std::string& given_name, ParamState& p) {
+    if (p.tensor[0] < 0) return;
+    const auto& shape = ck.tensors[std::size_t(p.tensor[0])].shape;
+    auto fits = [&](int t) { return ck.tensors[std::size_t(t)].shape == shape; };
+    if (!given_name.empty()) {
+        p.name = given_name;
+        for (const std::string& pre : {std::string(), std::string("model."), std::string("module.")})
+            for (const auto& [k, t] : model)
+                if (k == pre + given_name && fits(t)) { p.theta = t; return; }
+    }
+    std::set<std::pair<std::size_t, int64_t>> seen;  // tied weights appear once
+    std::string only;
+    for (const auto& [k, t] : model) {
+        const TensorInfo& ti = ck.tensors[std::size_t(t)];
+        if (!fits(t) || !seen.insert({ti.storage, ti.storage_offset}).second) continue;
+        p.theta_candidates.push_back(t);
+        only = k;
+    }
+    if (p.theta_candidates.size() == 1) {
+        p.theta = p.theta_candidates[0];
+        p.theta_candidates.clear();
+        if (given_name.empty()) p.name = only;
+    }
+}
+
+bool is_integer_key(const std::string& s) {
+    return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+std::vector<std::string> dict_keys(const Value& v) {
+    std::vector<std::string> k;
+    if (auto d = std::get_if<Value::Dict>(&v.v)) for (const auto& kv : *d) k.push_back(kv.first.key_text());
+    return k;
 }
 
 std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f, const HyperOverrides& o) {
@@ -159,29 +238,24 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
     if (!opt) return out;
     const auto* groups = std::get_if<Value::List>(&opt->get("param_groups")->v);
     if (!groups) throw BadInput(f.path(), "param_groups is not a list");
-    // index -> (group, position in flattened param order)
-    std::map<std::string, std::pair<const Value*, std::size_t>> where;
-    std::size_t flat = 0;
+    // index -> (group, name from param_names when the group has them)
+    std::map<std::string, std::pair<const Value*, std::string>> where;
     for (const Value& g : *groups) {
         const Value* ps = g.get("params");
         const auto* pl = ps ? std::get_if<Value::List>(&ps->v) : nullptr;
         if (!pl) throw BadInput(f.path(), "a param group has no 'params' list");
-        for (const Value& p : *pl) where[p.key_text()] = {&g, flat++};
-    }
-    const std::vector<int> params = model ? model_params(ck, *model) : std::vector<int>{};
-    std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>> seq;
-    const Value* state_dict = opt->get("state");
-    for (const Value& g : *groups) {
-        seq.emplace_back();
-        for (const Value& p : std::get<Value::List>(g.get("params")->v)) {
-            const std::vector<int64_t>* shape = nullptr;
-            if (const Value* st = state_dict->get(p.key_text()))
-                if (const Value* m = st->get("exp_avg"))
-                    if (auto ti = std::get_if<Value::Tensor>(&m->v)) shape = &ck.tensors[ti->index].shape;
-            seq.back().push_back({p.key_text(), shape});
+        const Value* pn = g.get("param_names");
+        const auto* nl = pn ? std::get_if<Value::List>(&pn->v) : nullptr;
+        for (std::size_t i = 0; i < pl->size(); ++i) {
+            std::string name;
+            if (nl && nl->size() == pl->size())
+                if (auto s = std::get_if<std::string>(&(*nl)[i].v)) name = *s;
+            where[(*pl)[i].key_text()] = {&g, name};
         }
     }
-    const std::map<std::string, int> theta_of = model ? map_params(ck, params, seq) : std::map<std::string, int>{};
+    const auto mt = model ? model_tensors(ck, *model) : std::vector<std::pair<std::string, int>>{};
+    std::map<std::size_t, int> refs;
+    count_refs(ck, ck.root, refs);
     for (const auto& [k, st] : std::get<Value::Dict>(opt->get("state")->v)) {
         if (!st.is_dict()) continue;
         ParamState p;
@@ -190,11 +264,11 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
         for (int m = 0; m < 3; ++m)
             if (const Value* t = st.get(kMomentNames[m]))
                 if (auto ti = std::get_if<Value::Tensor>(&t->v)) p.tensor[m] = int(ti->index);
-        if (p.tensor[0] < 0 && p.tensor[1] < 0) continue;  // not Adam state
+        if (p.tensor[0] < 0 && p.tensor[1] < 0) continue;  // no Adam-like moments
         auto w = where.find(p.index);
         if (w == where.end()) throw BadInput(f.path(), "optimizer state " + p.index + " belongs to no param group");
         const Value& g = *w->second.first;
-        read_group(p.hyper, p.decoupled, [&](const char* key) -> std::optional<double> {
+        read_group(p.hyper, p.stated, p.decoupled, [&](const char* key) -> std::optional<double> {
             std::string kk = key;
             if (kk == "beta1" || kk == "beta2") {
                 const Value* b = g.get("betas");
@@ -204,6 +278,11 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
             }
             const Value* v = g.get(kk);
             if (!v || std::holds_alternative<Value::None>(v->v)) return std::nullopt;
+            if (auto ti = std::get_if<Value::Tensor>(&v->v)) {  // lr as a 0-d tensor (capturable)
+                const auto x = read_small_tensor(ck, f, int(ti->index));
+                if (x.size() != 1) throw BadInput(f.path(), "param_groups value '" + kk + "' is not a scalar");
+                return x[0];
+            }
             return as_double(*v, kk, f.path());
         });
         const Value* step = st.get("step");
@@ -215,9 +294,11 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
         } else {
             p.hyper.step = as_double(*step, "step", f.path());
         }
-        apply(p.hyper, o);
-        if (auto t = theta_of.find(p.index); t != theta_of.end()) p.theta = t->second;
-        check_compressible(ck, p);
+        map_theta(ck, mt, !w->second.second.empty() ? w->second.second : is_integer_key(p.index) ? "" : p.index, p);
+        apply(p.hyper, p.stated, o, f.path(), p.name);
+        p.why_not = not_adam(dict_keys(g), dict_keys(st));
+        if (p.why_not.empty()) p.why_not = out_of_range(p.hyper);
+        check_compressible(ck, refs, p);
         out.push_back(std::move(p));
     }
     return out;
@@ -225,20 +306,25 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
 
 std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFile& f, const HyperOverrides& o) {
     std::map<std::string, ParamState> by_index;
+    std::map<std::string, std::vector<std::string>> fields;
     std::map<std::string, int> step_tensor;
-    std::map<std::string, int> by_name;
+    std::vector<std::pair<std::string, int>> model;
     for (const auto& [k, v] : std::get<Value::Dict>(ck.root.v)) {
         auto t = std::get_if<Value::Tensor>(&v.v);
         if (!t) continue;
         const std::string name = k.key_text();
-        by_name[name] = int(t->index);
-        if (name.rfind("state.", 0) != 0) continue;
+        if (name.rfind("state.", 0) != 0) {
+            const DType d = ck.tensors[t->index].dtype;
+            if (d == DType::F32 || d == DType::F16 || d == DType::BF16 || d == DType::F64) model.push_back({name, int(t->index)});
+            continue;
+        }
         const auto dot = name.rfind('.');
         if (dot <= 6) continue;
         const std::string idx = name.substr(6, dot - 6), field = name.substr(dot + 1);
         ParamState& p = by_index[idx];
         p.index = idx;
         p.name = "state." + idx;
+        fields[idx].push_back(field);
         for (int m = 0; m < 3; ++m)
             if (field == kMomentNames[m]) p.tensor[m] = int(t->index);
         if (field == "step") step_tensor[idx] = int(t->index);
@@ -254,18 +340,23 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
     } catch (const std::exception& e) {
         throw BadInput(f.path(), std::string("__metadata__ JSON is malformed: ") + e.what());
     }
+    std::map<std::size_t, int> refs;
+    count_refs(ck, ck.root, refs);
     std::vector<ParamState> out;
     for (auto& [idx, p] : by_index) {
         if (p.tensor[0] < 0 && p.tensor[1] < 0) continue;
         std::size_t flat = 0;
         bool found = false;
+        std::string pname;
+        std::vector<std::string> gkeys;
         for (const auto& g : groups) {
             if (!g.is_object() || !g.contains("params") || !g["params"].is_array()) continue;
             for (const auto& pid : g["params"]) {
                 const std::string s = pid.is_string() ? pid.get<std::string>() : pid.dump();
                 if (s == idx && !found) {
                     found = true;
-                    read_group(p.hyper, p.decoupled, [&](const char* key) -> std::optional<double> {
+                    for (auto it = g.begin(); it != g.end(); ++it) gkeys.push_back(it.key());
+                    read_group(p.hyper, p.stated, p.decoupled, [&](const char* key) -> std::optional<double> {
                         std::string kk = key;
                         if ((kk == "beta1" || kk == "beta2") && g.contains("betas") && g["betas"].is_array() && g["betas"].size() == 2 && g["betas"][kk == "beta1" ? 0 : 1].is_number())
                             return g["betas"][kk == "beta1" ? 0 : 1].get<double>();
@@ -274,27 +365,41 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
                         if (g[kk].is_boolean()) return g[kk].get<bool>() ? 1.0 : 0.0;
                         return std::nullopt;
                     });
-                    if (names.is_array() && flat < names.size() && names[flat].is_string()) {
-                        auto n = by_name.find(names[flat].get<std::string>());
-                        if (n != by_name.end()) p.theta = n->second;
-                    }
+                    if (names.is_array() && flat < names.size() && names[flat].is_string()) pname = names[flat].get<std::string>();
                 }
                 ++flat;
             }
         }
         if (meta.count("optimizer")) {
             if (meta["optimizer"] == "adamw") p.decoupled = true;
-            if (meta["optimizer"] == "adam") p.decoupled = false;
+            else if (meta["optimizer"] == "adam") p.decoupled = false;
+            else p.why_not = "optimizer '" + meta["optimizer"] + "' (not Adam)";
         }
         if (!step_tensor.count(idx)) throw BadInput(f.path(), "state." + idx + ".step is missing");
         const auto s = read_small_tensor(ck, f, step_tensor[idx]);
         if (s.size() != 1) throw BadInput(f.path(), "state." + idx + ".step is not a scalar");
         p.hyper.step = s[0];
-        apply(p.hyper, o);
-        check_compressible(ck, p);
+        map_theta(ck, model, pname.empty() && !is_integer_key(idx) ? idx : pname, p);
+        apply(p.hyper, p.stated, o, f.path(), p.name);
+        if (p.why_not.empty()) {
+            if (!found) p.why_not = "no param_groups entry in __metadata__ (optimizer unknown)";
+            else p.why_not = not_adam(gkeys, fields[idx]);
+        }
+        if (p.why_not.empty()) p.why_not = out_of_range(p.hyper);
+        check_compressible(ck, refs, p);
         out.push_back(std::move(p));
     }
     return out;
+}
+
+/// --optimizer adam|adamw against what the file says (decoupled_weight_decay): BadInput on
+/// a contradiction.
+void check_kind(const std::vector<ParamState>& states, const std::string& optimizer, const std::string& file) {
+    if (optimizer != "adam" && optimizer != "adamw") return;
+    for (const auto& p : states)
+        if (p.decoupled && *p.decoupled != (optimizer == "adamw"))
+            throw BadInput(file, "--optimizer " + optimizer + " contradicts the file: " + p.name +
+                                     " has decoupled_weight_decay = " + (*p.decoupled ? "True" : "False"));
 }
 
 }  // namespace
@@ -332,8 +437,10 @@ std::vector<double> read_small_tensor(const Checkpoint& ck, const io::InputFile&
 }
 
 std::vector<ParamState> find_param_states(const Checkpoint& ck, const io::InputFile& f,
-                                          const HyperOverrides& o) {
-    return ck.format == Format::Safetensors ? scan_safetensors(ck, f, o) : scan_torch(ck, f, o);
+                                          const HyperOverrides& o, const std::string& optimizer) {
+    auto states = ck.format == Format::Safetensors ? scan_safetensors(ck, f, o) : scan_torch(ck, f, o);
+    check_kind(states, optimizer, f.path());
+    return states;
 }
 
 }  // namespace ckpt

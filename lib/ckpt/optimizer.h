@@ -20,23 +20,36 @@ struct HyperOverrides {
     std::optional<bool> amsgrad, maximize;
 };
 
+/// Hyper-parameter keys a file may state (ParamState::stated bits).
+enum HyperKey : unsigned { kLr = 1, kBeta1 = 2, kBeta2 = 4, kEps = 8, kWeightDecay = 16, kAmsgrad = 32, kMaximize = 64 };
+
 /// One parameter's optimizer state.
 struct ParamState {
-    std::string name;                 ///< path of its state entry, e.g. "optimizer/state/3"
+    std::string name;                 ///< parameter name when the file gives it (param_names, FQN key,
+                                      ///< the model's key), else the state entry path "optimizer/state/3"
     std::string index;                ///< the state key (param index or fqn)
     int tensor[3] = {-1, -1, -1};     ///< Checkpoint::tensors index of exp_avg, exp_avg_sq, max_exp_avg_sq
-    int theta = -1;                   ///< parameter tensor, -1 when not located
+    int theta = -1;                   ///< parameter tensor when the mapping is proven, else -1
+    /// Model tensors of the right shape when the mapping is not proven (the Adam L2 domain
+    /// is then certified over the union of their domains, as |theta| <= max over them).
+    std::vector<int> theta_candidates;
     codec::AdamHyper hyper;
+    unsigned stated = 0;              ///< HyperKey bits the file states
     std::optional<bool> decoupled;    ///< AdamW (true) / Adam (false) when the file says so
-    bool compressible = false;        ///< moments are whole, contiguous, unshared FP32/F16/BF16 storages
-    std::string why_not;              ///< reason when !compressible
+    bool compressible = false;        ///< provably Adam/AdamW, moments are whole, contiguous,
+                                      ///< unshared FP32/F16/BF16 storages, hyper-parameters in range
+    std::string why_not;              ///< reason when !compressible ("NAdam state (not Adam)")
 };
 
-/// Scan a checkpoint. Throws BadInput (e.g. a state entry whose moments disagree in
-/// shape, a missing param group, unreadable step). An input without Adam state gives an
-/// empty list (the caller decides whether that is an error).
+/// Scan a checkpoint for optimizer states holding exp_avg / exp_avg_sq. States that are
+/// not provably torch Adam/AdamW (NAdam, RAdam, Adafactor, ...: decided from the
+/// param_groups keys and the state keys) come back with compressible = false and a reason.
+/// Overrides fill in hyper-parameters the file does not state; one that contradicts a
+/// stated value is BadInput, as are `optimizer` = "adam"/"adamw" against the file's
+/// decoupled_weight_decay, a missing param group or an unreadable step. An input without
+/// such state gives an empty list (the caller decides whether that is an error).
 std::vector<ParamState> find_param_states(const Checkpoint&, const io::InputFile&,
-                                          const HyperOverrides&);
+                                          const HyperOverrides&, const std::string& optimizer = "auto");
 
 /// Read every element of a tensor (any float dtype, any strides) as double. For small
 /// tensors only (step); throws BadInput.

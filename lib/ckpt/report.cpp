@@ -44,6 +44,10 @@ std::string Report::table() const {
     if (file_bytes_in)
         s += fmt::format("file: {} bytes in, {} bytes out ({:.2f}% of input)\n", file_bytes_in, file_bytes_out,
                          100.0 * double(file_bytes_out) / double(file_bytes_in));
+    for (auto& g : groups)
+        s += fmt::format("certified: {} x {}: {}, lr={} betas=({}, {}) eps={} weight_decay={} step={}{}{}\n", g.tensors,
+                         g.optimizer, g.domain, g.lr, g.beta1, g.beta2, g.eps, g.weight_decay, g.step,
+                         g.amsgrad ? " amsgrad" : "", g.maximize ? " maximize" : "");
     for (auto& c : checks) s += "check: " + c + "\n";
     for (auto& f : failures) s += "FAILED: " + f + "\n";
     s += ok ? "ok\n" : "NOT OK\n";
@@ -71,9 +75,17 @@ std::string Report::json() const {
     j["failures"] = failures;
     nlohmann::json t = nlohmann::json::array();
     for (auto& r : rows)
-        t.push_back({{"name", r.name}, {"values", r.values}, {"escapes", r.escapes}, {"bytes_fp32", r.bytes_fp32},
-                     {"bytes_out", r.bytes_out}, {"max_bound_lr", r.max_bound}, {"note", r.note}});
+        t.push_back({{"name", r.name}, {"shape", r.shape}, {"values", r.values}, {"escapes", r.escapes},
+                     {"moment_bytes_fp32", r.bytes_fp32}, {"moment_bytes_out", r.bytes_out},
+                     {"moment_reduction", r.bytes_fp32 ? 1.0 - double(r.bytes_out) / double(r.bytes_fp32) : 0.0},
+                     {"max_bound_lr", r.max_bound}, {"note", r.note}});
     j["tensors"] = t;
+    nlohmann::json gs = nlohmann::json::array();
+    for (auto& g : groups)
+        gs.push_back({{"optimizer", g.optimizer}, {"domain", g.domain}, {"lr", g.lr}, {"betas", {g.beta1, g.beta2}},
+                      {"eps", g.eps}, {"weight_decay", g.weight_decay}, {"step", g.step}, {"amsgrad", g.amsgrad},
+                      {"maximize", g.maximize}, {"tensors", g.tensors}});
+    j["param_groups"] = gs;
     return j.dump(2);
 }
 

@@ -9,13 +9,24 @@ namespace ckpt {
 
 /// Per-parameter row of the summary table.
 struct TensorRow {
-    std::string name;
+    std::string name;           ///< parameter name where the file gives one, else the state path
+    std::vector<int64_t> shape; ///< of exp_avg (empty when unknown)
     uint64_t values = 0;        ///< moment values (coordinates x moments)
     uint64_t escapes = 0;       ///< escaped moment values
     uint64_t bytes_fp32 = 0;    ///< 4 bytes x values
     uint64_t bytes_out = 0;     ///< bytes encoding these moments in the container
     double max_bound = 0;       ///< largest certificate kept, lr units
     std::string note;           ///< e.g. why a tensor was kept exact
+};
+
+/// What was certified for one param group (tensors with the same hyper-parameters and
+/// gradient domain).
+struct GroupRow {
+    std::string optimizer;      ///< "adam", "adamw", or "adam|adamw" (auto: union of domains)
+    std::string domain;         ///< e.g. "|g| <= 1", "|g| <= 1 shifted by wd*theta", "|g| <= inf"
+    double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, step = 0;
+    bool amsgrad = false, maximize = false;
+    uint64_t tensors = 0;
 };
 
 struct Report {
@@ -26,6 +37,7 @@ struct Report {
     std::string tool, input, output, codec;
     double tolerance = 0, grad_bound = 0;
     std::vector<TensorRow> rows;
+    std::vector<GroupRow> groups;
     uint64_t file_bytes_in = 0, file_bytes_out = 0;
     bool ok = true;
     std::vector<std::string> failures;   ///< verify: what failed

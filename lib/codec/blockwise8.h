@@ -45,12 +45,21 @@ struct Blockwise8 {
 #endif
     }
 
+    /// Index of the map's +0.0 entry (signed map: 127; unsigned: 0).
+    CKPT_HD static int zero_code(Role r) { return r == Role::ExpAvg ? 127 : 0; }
     CKPT_HD static float absmax(const int16_t* p) { float f; memcpy(&f, p, 4); return f; }
     CKPT_HD static double dec(int k, Role r, const int16_t* p) {
         return double(map_at(k, r) * absmax(p));
     }
     CKPT_HD static bool encode(float x, Role r, const int16_t* p, double, uint16_t* code) {
         if (!isfinite(x)) return false;
+        // exact zeros stay exact: +0.0 takes the map's zero entry (which decodes to +0.0
+        // whatever the scale); -0.0 has no code and escapes
+        if (x == 0) {
+            if (signbit(x)) return false;
+            *code = uint16_t(zero_code(r));
+            return true;
+        }
         const float am = absmax(p);
         if (!(am > 0)) { if (x != 0) return false; }
         // nearest decoded value; ties go down

@@ -39,6 +39,7 @@ struct AdamHyper {
 struct GuardConst {
     double b1, b2, eps, inv_bc1, sqrt_bc2, tail;  ///< tail = (1-b1)/(2 sqrt(1-b2))
     double tolerance;   ///< tau, in lr units
+    double lr;          ///< learning rate (absolute FP32 margins and the overflow gate)
     double fp32_rel;    ///< relative FP32 rounding margin applied to max|f| (see margin())
     /// sup over g of |d f / d ln v| for m = 0: the guard's v-term per unit relative error of
     /// v. Maximum of (1-b1) c b2 / (2 (b2 + (1-b2) c^2)^1.5) at c^2 = b2 / (2 (1-b2)),
@@ -66,6 +67,7 @@ inline GuardConst make_guard_const(const AdamHyper& h, double tolerance) {
     c.sqrt_bc2 = std::sqrt(1.0 - std::pow(h.beta2, t));
     c.tail = (1.0 - h.beta1) / (2.0 * std::sqrt(1.0 - h.beta2));
     c.tolerance = tolerance;
+    c.lr = h.lr;
     // Each FP32 run of the update rounds |u| by at most ~8 ulp (sqrt, div, add, mul,
     // addcdiv); two runs are compared, so 16 ulp; we take 64 ulp = 4x headroom.
     c.fp32_rel = 64.0 * 5.9604644775390625e-08;
@@ -211,6 +213,34 @@ CKPT_HD double side_bound(const GuardConst& c, const GuardInput& in, double dm, 
     return worst;
 }
 
+/// FP32 range gate and absolute margin (docs/design.md, "The FP32 margin"). The relative
+/// margin (fp32_rel) holds while every FP32 intermediate of torch's update is a normal
+/// number and nothing overflows. Returns +inf when that cannot be shown for this
+/// coordinate (it then escapes), otherwise the absolute margin in lr units that covers
+/// roundings in the subnormal range:
+///  - overflow: with |m|, v, vmax < 2^100 and lr/bc1 <= 2, the state terms fl(b1 m) and
+///    fl(b2 v) are below half an ulp of any float sum that could overflow (ulp >= 2^104
+///    there), so both states round such sums to the same float (or the same inf); the
+///    update itself stays below lr * update_bound < 2^100;
+///  - subnormals: fl(b2 v) and vmax must be normal (>= 2^-126) unless the cell is one
+///    exact value; then v', sqrt and the divisions round relatively. m' and the final
+///    update may still round in the subnormal range, by at most 2^-150 each: in lr units
+///    that is <= inv_bc1 2^-149 / D_min + 2^-149 / lr, taken 8x here.
+CKPT_HD double fp32_gate(const GuardConst& c, const GuardInput& in) {
+    const double big = 0x1p100, tiny = 0x1p-126;
+    const double ma = fmax(fabs(in.m.lo), fabs(in.m.hi));
+    if (!(ma < big) || !(fabs(in.m.dec) < big) || !(in.v.hi < big)) return INFINITY;
+    if (in.amsgrad && !(in.vmax.hi < big)) return INFINITY;
+    if (!(c.lr * c.inv_bc1 <= 2)) return INFINITY;
+    if (in.v.hi > in.v.lo && !(c.b2 * in.v.lo >= tiny)) return INFINITY;
+    if (in.amsgrad && in.vmax.hi > in.vmax.lo && !(in.vmax.lo >= tiny)) return INFINITY;
+    double v0 = c.b2 * in.v.lo;
+    if (in.amsgrad && in.vmax.lo > v0) v0 = in.vmax.lo;
+    const double dmin = sqrt(v0) / c.sqrt_bc2 + c.eps;
+    if (!(dmin > 0) || !(c.lr > 0)) return INFINITY;
+    return 8 * 0x1p-149 * (c.inv_bc1 / dmin + 1 / c.lr);
+}
+
 /// Certificate: an upper bound of sup_{g in domain} |u(g) - u~(g)| / lr including the
 /// FP32 margin, or a value above the tolerance (+inf/NaN when no bound exists). Order:
 /// closed_bound (passes ~90% of log8 coordinates), one cell over the whole domain, a
@@ -221,7 +251,13 @@ CKPT_HD double certify(const GuardConst& c, const GuardInput& in) {
     double dv = fmax(in.v.dec - in.v.lo, in.v.hi - in.v.dec) * c.b2;
     if (in.amsgrad) dv = fmax(dv, fmax(in.vmax.dec - in.vmax.lo, in.vmax.hi - in.vmax.dec));
     // identical decoded state computes identically: no FP32 margin is needed then
-    const double margin = (dm == 0 && dv == 0) ? 0.0 : c.fp32_rel * update_bound(c, in);
+    double margin = 0;
+    if (!(dm == 0 && dv == 0)) {
+        const double abs_margin = fp32_gate(c, in);
+        const double ub = update_bound(c, in);
+        if (!(abs_margin < INFINITY) || !(c.lr * ub < 0x1p100)) return INFINITY;
+        margin = c.fp32_rel * ub + abs_margin;
+    }
     const double slack = 1 + 1e-9;  // covers double rounding inside the bound itself
     const double closed = (closed_bound(c, in, dm, dv) + margin) * slack;
     if (closed <= c.tolerance) return closed;

@@ -99,7 +99,8 @@ struct Log8 {
         const int K = top_code(r);
         const bool sign = signbit(x);
         const int sbit = (r == Role::ExpAvg && sign) ? 0x80 : 0;
-        if (x == 0) { *code = uint16_t(sbit); return true; }
+        // exact zeros stay exact, sign included: -0.0 exp_avg_sq has no code (an escape)
+        if (x == 0 && (!sign || r == Role::ExpAvg)) { *code = uint16_t(sbit); return true; }
         if (!isfinite(x) || (sign && r != Role::ExpAvg)) return false;
         const double a = fabs(double(x));
         double lo, hi;

@@ -57,6 +57,7 @@ std::string Manifest::to_json() const {
     j["tolerance"] = tolerance;
     j["grad_bound"] = num(grad_bound);
     j["optimizer"] = optimizer;
+    j["param_bound"] = param_bound;
     json st = json::array();
     for (const auto& s : storages)
         st.push_back({{"offset", s.offset}, {"nbytes", s.nbytes}, {"xxh3", s.xxh3},
@@ -65,19 +66,23 @@ std::string Manifest::to_json() const {
     json ps = json::array();
     for (const auto& p : params) {
         const auto& h = p.hyper;
-        ps.push_back({{"name", p.name}, {"numel", p.numel}, {"dtype", p.dtype},
+        ps.push_back({{"name", p.name}, {"numel", p.numel}, {"shape", p.shape}, {"dtype", p.dtype},
                       {"hyper", {{"lr", h.lr}, {"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps},
                                  {"weight_decay", h.weight_decay}, {"amsgrad", h.amsgrad},
                                  {"maximize", h.maximize}, {"step", h.step}}},
                       {"domain", {{"l2", p.domain.l2}, {"plain", p.domain.plain},
                                   {"theta_bound", p.domain.theta_bound}}},
                       {"theta_storage", p.theta_storage}, {"theta_dtype", p.theta_dtype},
+                      {"theta_candidates", p.theta_candidates},
                       {"code_offset", p.code_offset}, {"block_offset", p.block_offset},
                       {"escape_offset", p.escape_offset}, {"escapes", p.escapes},
                       {"max_bound", p.max_bound},
                       {"storage", {p.storage[0], p.storage[1], p.storage[2]}}});
     }
     j["params"] = ps;
+    json kp = json::array();
+    for (const auto& k : kept) kp.push_back({{"name", k.name}, {"values", k.values}, {"nbytes", k.nbytes}, {"note", k.note}});
+    j["kept"] = kp;
     return j.dump();
 }
 
@@ -110,8 +115,19 @@ Manifest Manifest::from_json(const std::string& text) {
     m.grad_bound = get_num(j, "grad_bound");
     if (!(m.tolerance > 0) || !(m.grad_bound > 0)) throw std::runtime_error("manifest tolerance/grad_bound must be positive");
     m.optimizer = get_str(j, "optimizer");
+    if (j.contains("param_bound")) {
+        m.param_bound = get_num(j, "param_bound");
+        if (!(m.param_bound == -1 || m.param_bound >= 0)) throw std::runtime_error("manifest param_bound is invalid");
+    }
     if (!j.contains("storages") || !j["storages"].is_array() || !j.contains("params") || !j["params"].is_array())
         throw std::runtime_error("manifest lacks 'storages' or 'params'");
+    if (j.contains("kept")) {
+        if (!j["kept"].is_array()) throw std::runtime_error("manifest field 'kept' is not a list");
+        for (const auto& k : j["kept"]) {
+            if (!k.is_object()) throw std::runtime_error("manifest kept entry is not an object");
+            m.kept.push_back({get_str(k, "name"), get_u64(k, "values"), get_u64(k, "nbytes"), get_str(k, "note")});
+        }
+    }
     for (const auto& p : j["params"]) {
         if (!p.is_object()) throw std::runtime_error("manifest param entry is not an object");
         ParamEntry e;
@@ -135,8 +151,8 @@ Manifest Manifest::from_json(const std::string& text) {
         // torch.optim.Adam's own argument checks, and a state exists only after a step
         if (!(e.hyper.lr >= 0) || !(e.hyper.beta1 >= 0 && e.hyper.beta1 < 1) ||
             !(e.hyper.beta2 >= 0 && e.hyper.beta2 < 1) || !(e.hyper.eps >= 0) ||
-            !(e.hyper.step >= 1) || e.hyper.step != std::floor(e.hyper.step))
-            throw std::runtime_error("param " + e.name + ": hyper-parameters out of range (lr >= 0, 0 <= betas < 1, eps >= 0, integer step >= 1)");
+            !(e.hyper.step >= 0) || e.hyper.step != std::floor(e.hyper.step))
+            throw std::runtime_error("param " + e.name + ": hyper-parameters out of range (lr >= 0, 0 <= betas < 1, eps >= 0, integer step >= 0)");
         e.domain.l2 = get_bool(p["domain"], "l2");
         e.domain.plain = get_bool(p["domain"], "plain");
         e.domain.theta_bound = get_num(p["domain"], "theta_bound");
@@ -144,6 +160,18 @@ Manifest Manifest::from_json(const std::string& text) {
         e.domain.weight_decay = e.hyper.weight_decay;
         e.theta_storage = get_i64(p, "theta_storage");
         e.theta_dtype = get_str(p, "theta_dtype");
+        if (p.contains("theta_candidates")) e.theta_candidates = int(get_i64(p, "theta_candidates"));
+        if (p.contains("shape")) {
+            if (!p["shape"].is_array()) throw std::runtime_error("param " + e.name + ": shape malformed");
+            int64_t n = 1;
+            for (const auto& d : p["shape"]) {
+                if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t(1) << 40))
+                    throw std::runtime_error("param " + e.name + ": shape malformed");
+                e.shape.push_back(d.get<int64_t>());
+                n = std::min<int64_t>(n * e.shape.back(), int64_t(1) << 62);
+            }
+            if (uint64_t(n) != e.numel) throw std::runtime_error("param " + e.name + ": shape does not match numel");
+        }
         if (e.theta_storage >= 0 ? (e.theta_dtype != "F32" && e.theta_dtype != "F16" && e.theta_dtype != "BF16")
                                  : !e.theta_dtype.empty())
             throw std::runtime_error("param " + e.name + ": bad theta_dtype");

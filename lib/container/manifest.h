@@ -36,17 +36,27 @@ struct StorageEntry {
 struct ParamEntry {
     std::string name;
     uint64_t numel = 0;
+    std::vector<int64_t> shape;        ///< of exp_avg (report only; absent in older containers)
     std::string dtype;                 ///< F32, F16 or BF16
     codec::AdamHyper hyper;
     codec::DomainRule domain;
     int64_t theta_storage = -1;        ///< storage index of theta (raw), -1 when absent
     std::string theta_dtype;
+    int theta_candidates = 0;          ///< > 0: theta not mapped; |theta| <= domain.theta_bound is the
+                                       ///< max over this many same-shape model tensors
     uint64_t code_offset = 0;          ///< values into /moments/codes/* (x code bytes)
     uint64_t block_offset = 0;         ///< blocks into /moments/params/* (x params/block)
     uint64_t escape_offset = 0, escapes = 0;  ///< rows of the escape table
     double max_bound = 0;              ///< largest certificate kept, lr units
     int storage[3] = {-1, -1, -1};     ///< StorageEntry index per role
     int moments() const { return hyper.amsgrad ? 3 : 2; }
+};
+
+/// An optimizer state kept exact (its moments stay in /raw), for the reports.
+struct KeptEntry {
+    std::string name;
+    uint64_t values = 0, nbytes = 0;   ///< moment values, their bytes in the source
+    std::string note;                  ///< why ("kept exact: NAdam state (not Adam)")
 };
 
 struct Manifest {
@@ -59,8 +69,10 @@ struct Manifest {
     int block = codec::kBlock;
     double tolerance = 0.01, grad_bound = 1.0;
     std::string optimizer = "auto";
+    double param_bound = -1;           ///< --param-bound B, -1 when not given
     std::vector<StorageEntry> storages;   ///< sorted by offset, non-overlapping
     std::vector<ParamEntry> params;
+    std::vector<KeptEntry> kept;
 
     std::string to_json() const;
     /// Parse and validate (ranges tile inside source_size, indices in range, known codec,

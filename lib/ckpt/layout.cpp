@@ -1,0 +1,184 @@
+#include "ckpt/layout.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "ckpt/values.h"
+#include "common/error.h"
+
+namespace ckpt {
+
+namespace {
+
+namespace ct = container;
+
+std::string basename_of(const std::string& p) {
+    const auto s = p.rfind('/');
+    return s == std::string::npos ? p : p.substr(s + 1);
+}
+
+/// max |theta| over whole-storage float tensors, read in 1 MiB pieces.
+double max_abs(const Checkpoint& ck, const io::InputFile& f, int tensor) {
+    const TensorInfo& t = ck.tensors[std::size_t(tensor)];
+    const StorageInfo& st = ck.storages[t.storage];
+    const std::string dt = dtype_name(t.dtype);
+    const std::size_t es = float_dtype_size(dt);
+    if (es == 0) throw BadInput(f.path(), "parameter " + t.path + " is not FP32/F16/BF16; pass --param-bound B");
+    double m = 0;
+    std::vector<uint8_t> b;
+    std::vector<float> v;
+    for (uint64_t i = 0; i < st.numel;) {  // the whole storage bounds any view of it
+        const std::size_t n = std::size_t(std::min<uint64_t>(1 << 18, st.numel - i));
+        b.resize(n * es);
+        v.resize(n);
+        f.read_at(st.file_offset + i * es, b.data(), n * es, "parameter storage");
+        bytes_to_float(dt, b.data(), n, v.data());
+        for (float x : v) {
+            const double a = std::fabs(double(x));
+            if (!(a <= m)) m = a;  // NaN propagates: no finite bound
+        }
+        i += n;
+    }
+    return m;
+}
+
+/// Gradient-domain rule of one parameter: [-G, G] for AdamW, shifted by wd * theta for
+/// Adam's L2 mode, the union of both when the kind is unknown ("auto").
+codec::DomainRule domain_for(const ParamState& p, const CompressOptions& o) {
+    codec::DomainRule d;
+    d.grad_bound = o.grad_bound;
+    d.weight_decay = p.hyper.weight_decay;
+    const bool wd = p.hyper.weight_decay != 0;
+    bool adamw = false, adam = false;
+    if (p.decoupled) (*p.decoupled ? adamw : adam) = true;
+    else if (o.optimizer == "adamw") adamw = true;
+    else if (o.optimizer == "adam") adam = true;
+    else { adamw = true; adam = true; }  // unknown kind: union of both domains
+    d.plain = adamw || !wd;
+    d.l2 = adam && wd;
+    return d;
+}
+
+}  // namespace
+
+Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressOptions& o) {
+    const std::vector<ParamState> states = find_param_states(ck, f, o.hyper, o.optimizer);
+    if (states.empty()) throw BadInput(f.path(), "no Adam/AdamW optimizer state (exp_avg, exp_avg_sq) found");
+    Layout L;
+    ct::Manifest& man = L.man;
+    man.tool_version = CKPTKIT_VERSION;
+    man.source_format = format_name(ck.format);
+    man.source_name = basename_of(f.path());
+    man.source_size = f.size();
+    man.codec = o.codec;
+    man.tolerance = o.tolerance;
+    man.grad_bound = o.grad_bound;
+    man.optimizer = o.optimizer;
+    man.param_bound = o.param_bound ? *o.param_bound : -1;
+    for (const auto& s : ck.storages) {
+        ct::StorageEntry e;
+        e.offset = s.file_offset;
+        e.nbytes = s.nbytes;
+        e.crc_offsets = s.crc_offsets;
+        man.storages.push_back(e);
+    }
+    std::map<int, double> bound_of;  // candidate tensor -> max |theta|
+    for (const auto& p : states) {
+        if (!p.compressible) {
+            TensorRow row;
+            row.name = p.name;
+            for (int k = 0; k < 3; ++k)
+                if (p.tensor[k] >= 0 && (k < 2 || p.hyper.amsgrad)) {
+                    const auto& st = ck.storages[ck.tensors[std::size_t(p.tensor[k])].storage];
+                    row.values += st.numel;
+                    row.bytes_fp32 += 4 * st.numel;
+                    row.bytes_out += st.nbytes;
+                }
+            row.escapes = row.values;
+            row.note = "kept exact: " + p.why_not;
+            L.kept.push_back(row);
+            continue;
+        }
+        ct::ParamEntry e;
+        e.name = p.name;
+        const TensorInfo& m = ck.tensors[std::size_t(p.tensor[0])];
+        e.numel = ck.storages[m.storage].numel;
+        e.shape = m.shape;
+        e.dtype = dtype_name(m.dtype);
+        e.hyper = p.hyper;
+        e.domain = domain_for(p, o);
+        if (e.domain.l2 && std::isfinite(o.grad_bound)) {
+            if (p.theta >= 0) {
+                const TensorInfo& th = ck.tensors[std::size_t(p.theta)];
+                const auto& st = ck.storages[th.storage];
+                if (float_dtype_size(dtype_name(th.dtype)) == 0 || th.storage_offset != 0 || st.numel != e.numel)
+                    throw BadInput(f.path(), "parameter of " + p.name + " is not a whole FP32/F16/BF16 storage; pass --param-bound B");
+                e.theta_storage = int64_t(th.storage);
+                e.theta_dtype = dtype_name(th.dtype);
+            } else if (!p.theta_candidates.empty()) {
+                double b = 0;
+                for (int t : p.theta_candidates) {
+                    if (!bound_of.count(t)) bound_of[t] = max_abs(ck, f, t);
+                    b = std::max(b, bound_of[t]);
+                }
+                if (!std::isfinite(b)) throw BadInput(f.path(), "a parameter candidate of " + p.name + " holds non-finite values");
+                e.domain.theta_bound = b;
+                e.theta_candidates = int(p.theta_candidates.size());
+            } else if (o.param_bound) {
+                e.domain.theta_bound = *o.param_bound;
+            } else {
+                throw BadInput(f.path(), "cannot locate the parameter of optimizer state " + p.name +
+                                             " for the Adam L2 gradient domain; pass --optimizer adamw, "
+                                             "--grad-bound inf or --param-bound B");
+            }
+        }
+        for (int k = 0; k < e.moments(); ++k) {
+            const std::size_t s = ck.tensors[std::size_t(p.tensor[k])].storage;
+            e.storage[k] = int(s);
+            man.storages[s].param = int(man.params.size());
+            man.storages[s].role = k;
+        }
+        man.params.push_back(e);
+        L.stated.push_back(p.stated);
+    }
+    for (const auto& e : man.params)
+        if (e.theta_storage >= 0 && man.storages[std::size_t(e.theta_storage)].param >= 0)
+            throw BadInput(f.path(), "parameter storage of " + e.name + " is also a moment storage");
+    return L;
+}
+
+std::vector<std::string> compare_layout(const ct::Manifest& a, const Layout& L) {
+    const ct::Manifest& b = L.man;
+    std::vector<std::string> out;
+    if (a.params.size() != b.params.size()) {
+        out.push_back(fmt::format("the manifest codes {} optimizer states, the checkpoint has {} compressible ones",
+                                  a.params.size(), b.params.size()));
+        return out;
+    }
+    auto off = [](const ct::Manifest& m, int64_t s) { return s < 0 ? int64_t(-1) : int64_t(m.storages[std::size_t(s)].offset); };
+    for (std::size_t j = 0; j < a.params.size(); ++j) {
+        const auto &x = a.params[j], &y = b.params[j];
+        auto bad = [&](const std::string& what) { out.push_back(x.name + ": " + what + " differs from the checkpoint's own state"); };
+        if (x.name != y.name) bad(fmt::format("name ('{}' vs '{}')", x.name, y.name));
+        if (x.numel != y.numel || x.dtype != y.dtype) bad("size or dtype");
+        for (int k = 0; k < 3; ++k)
+            if (off(a, x.storage[k]) != off(b, y.storage[k])) bad(std::string("storage of ") + ct::kRoleNames[k]);
+        if (off(a, x.theta_storage) != off(b, y.theta_storage)) bad("parameter (theta) storage");
+        const unsigned st = L.stated[j];
+        const double hx[5] = {x.hyper.lr, x.hyper.beta1, x.hyper.beta2, x.hyper.eps, x.hyper.weight_decay};
+        const double hy[5] = {y.hyper.lr, y.hyper.beta1, y.hyper.beta2, y.hyper.eps, y.hyper.weight_decay};
+        const char* names[5] = {"lr", "beta1", "beta2", "eps", "weight_decay"};
+        for (int k = 0; k < 5; ++k)
+            if ((st >> k & 1u) && hx[k] != hy[k]) bad(fmt::format("{} ({} vs {})", names[k], hx[k], hy[k]));
+        if ((st & kAmsgrad) && x.hyper.amsgrad != y.hyper.amsgrad) bad("amsgrad");
+        if ((st & kMaximize) && x.hyper.maximize != y.hyper.maximize) bad("maximize");
+        if (x.hyper.step != y.hyper.step) bad(fmt::format("step ({} vs {})", x.hyper.step, y.hyper.step));
+        if (x.domain.l2 != y.domain.l2 || x.domain.plain != y.domain.plain || x.domain.theta_bound < y.domain.theta_bound)
+            bad("gradient domain");
+    }
+    return out;
+}
+
+}  // namespace ckpt

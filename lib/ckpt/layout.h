@@ -1,0 +1,37 @@
+// Which storages of a checkpoint become codes, and under which guarantee: the one plan
+// that ckpt-compress writes into the manifest and ckpt-verify re-derives from the source
+// bytes kept in the container (so a manifest that disagrees with the checkpoint's own
+// param_groups, step or parameter mapping fails verification).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "ckpt/optimizer.h"
+#include "ckpt/pipeline.h"
+#include "ckpt/report.h"
+#include "container/manifest.h"
+#include "io/file.h"
+
+namespace ckpt {
+
+/// The plan of one checkpoint: the manifest's storages and params (everything except the
+/// stream offsets, escapes and bounds that encoding fills in), the rows of states kept
+/// exact, and per param the HyperKey bits its file states.
+struct Layout {
+    container::Manifest man;
+    std::vector<TensorRow> kept;      ///< states kept exact, with the reason in `note`
+    std::vector<unsigned> stated;     ///< per man.params entry
+};
+
+/// Plan `ck` (read from `f`) under the options. Reads the parameter values of ambiguous
+/// Adam-L2 mappings (max |theta| over the candidates). Throws BadInput when the Adam L2
+/// domain needs a parameter that cannot be found (and no --param-bound), when the parameter
+/// storage is also a moment, or when an override contradicts the file.
+Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressOptions& o);
+
+/// Compare a stored manifest with the plan re-derived from its source; returns one line
+/// per disagreement (empty when they agree). Hyper-parameters are compared where the
+/// source states them.
+std::vector<std::string> compare_layout(const container::Manifest& stored, const Layout& derived);
+
+}  // namespace ckpt
