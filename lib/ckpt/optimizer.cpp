@@ -207,6 +207,58 @@ void map_theta(const Checkpoint& ck, const std::vector<std::pair<std::string, in
     }
 }
 
+/// Model parameters in optimizer index order: the float tensors of a module state_dict,
+/// without BatchNorm statistics, deduplicated (tied weights appear once, as in
+/// model.parameters()).
+std::vector<int> model_params(const Checkpoint& ck, const Value& model) {
+    std::vector<int> out;
+    std::set<std::tuple<std::size_t, int64_t, std::vector<int64_t>>> seen;
+    for (const auto& [k, v] : std::get<Value::Dict>(model.v)) {
+        auto t = std::get_if<Value::Tensor>(&v.v);
+        if (!t) return {};
+        const TensorInfo& ti = ck.tensors[t->index];
+        const std::string name = k.key_text();
+        auto ends = [&](const char* s) { return name.size() >= strlen(s) && name.compare(name.size() - strlen(s), std::string::npos, s) == 0; };
+        if (ends("running_mean") || ends("running_var") || ends("num_batches_tracked")) continue;
+        if (ti.dtype != DType::F32 && ti.dtype != DType::F16 && ti.dtype != DType::BF16 && ti.dtype != DType::F64) continue;
+        if (!seen.insert({ti.storage, ti.storage_offset, ti.shape}).second) continue;
+        out.push_back(int(t->index));
+    }
+    return out;
+}
+
+/// Names for optimizer param ids when the file gives none: torch numbers params group by
+/// group, and when each group keeps model order the model's parameter list is an
+/// interleaving of the groups. Shapes (from exp_avg) decide the interleaving; when none or
+/// more than one fits, nothing is named. Groups built in another order give wrong names,
+/// so this names rows in reports only, never theta (map_theta).
+std::map<std::string, int> map_params(const Checkpoint& ck, const std::vector<int>& params,
+                                      const std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>>& groups) {
+    std::size_t total = 0;
+    for (const auto& g : groups) total += g.size();
+    if (params.size() != total) return {};
+    std::vector<std::size_t> pos(groups.size(), 0);
+    std::map<std::string, int> found, current;
+    int solutions = 0;
+    long budget = 200000;
+    std::function<void(std::size_t)> go = [&](std::size_t k) {
+        if (solutions > 1 || --budget < 0) return;
+        if (k == params.size()) { if (++solutions == 1) found = current; return; }
+        const auto& shape = ck.tensors[std::size_t(params[k])].shape;
+        for (std::size_t g = 0; g < groups.size(); ++g) {
+            if (pos[g] >= groups[g].size()) continue;
+            const auto& [id, want] = groups[g][pos[g]];
+            if (want && *want != shape) continue;
+            current[id] = params[k];
+            ++pos[g];
+            go(k + 1);
+            --pos[g];
+        }
+    };
+    go(0);
+    return solutions == 1 && budget >= 0 ? found : std::map<std::string, int>{};
+}
+
 bool is_integer_key(const std::string& s) {
     return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
@@ -254,6 +306,24 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
         }
     }
     const auto mt = model ? model_tensors(ck, *model) : std::vector<std::pair<std::string, int>>{};
+    std::map<std::string, std::string> likely_name;  // state index -> model key (reports only)
+    if (model) {
+        std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>> seq;
+        const Value* state_dict = opt->get("state");
+        for (const Value& g : *groups) {
+            seq.emplace_back();
+            for (const Value& p : std::get<Value::List>(g.get("params")->v)) {
+                const std::vector<int64_t>* shape = nullptr;
+                if (const Value* st = state_dict->get(p.key_text()))
+                    if (const Value* m = st->get("exp_avg"))
+                        if (auto ti = std::get_if<Value::Tensor>(&m->v)) shape = &ck.tensors[ti->index].shape;
+                seq.back().push_back({p.key_text(), shape});
+            }
+        }
+        std::map<int, std::string> key_of;
+        for (const auto& [k, t] : mt) key_of[t] = k;
+        for (const auto& [idx, t] : map_params(ck, model_params(ck, *model), seq)) likely_name[idx] = key_of[t];
+    }
     std::map<std::size_t, int> refs;
     count_refs(ck, ck.root, refs);
     for (const auto& [k, st] : std::get<Value::Dict>(opt->get("state")->v)) {
@@ -295,6 +365,7 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
             p.hyper.step = as_double(*step, "step", f.path());
         }
         map_theta(ck, mt, !w->second.second.empty() ? w->second.second : is_integer_key(p.index) ? "" : p.index, p);
+        if (p.name.rfind(prefix + "state/", 0) == 0 && likely_name.count(p.index)) p.name = likely_name[p.index];
         apply(p.hyper, p.stated, o, f.path(), p.name);
         p.why_not = not_adam(dict_keys(g), dict_keys(st));
         if (p.why_not.empty()) p.why_not = out_of_range(p.hyper);
