@@ -145,7 +145,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
     try {
         ct::Handle file = ct::create_file(atomic.temp_path());
         uint64_t work = f.size();
-        Progress prog(o.progress, "ckpt-compress", work);
+        Progress prog(o.progress, "ckpt-compress", work, jobs.size());
         // 1. /raw: every byte outside moment storages, in file order; hash raw storages.
         {
             ct::Appender raw(file.get(), ct::kRaw, H5T_NATIVE_UINT8, 1);
@@ -252,6 +252,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
                 e.max_bound = std::max(e.max_bound, co.max_bound);
             }
             for (int k = 0; k < nm; ++k) man.storages[std::size_t(e.storage[k])].xxh3 = XXH3_64bits_digest(hs[k].get());
+            prog.item_done();
         }
         uint64_t moment_out = 0;
         for (int r = 0; r < roles; ++r)
