@@ -23,7 +23,7 @@ std::string dir_of(const std::string& p) {
 
 /// Where a path points: device + inode when it exists, else the canonical folder + name.
 struct FileId {
-    bool exists = false, is_dir = false;
+    bool exists = false, is_dir = false, is_special = false;
     dev_t dev = 0;
     ino_t ino = 0;
     std::string canon;
@@ -32,6 +32,7 @@ struct FileId {
         if (::stat(p.c_str(), &st) == 0) {
             exists = true;
             is_dir = S_ISDIR(st.st_mode);
+            is_special = !is_dir && !S_ISREG(st.st_mode);
             dev = st.st_dev;
             ino = st.st_ino;
             return;
@@ -60,6 +61,8 @@ void check_outputs(const std::vector<std::string>& inputs, const std::vector<std
         for (const auto& [other, oid] : seen)
             if (id.same(oid)) throw BadInput(out, "also given for another output (" + other + "); give each output its own path");
         if (id.is_dir) throw BadInput(out, "output is a folder; give a file name");
+        // the output is renamed into place: never over a device, pipe or socket (/dev/null)
+        if (id.is_special) throw BadInput(out, "output is not a regular file; give a file name");
         if (id.exists && !force) throw BadInput(out, "output already exists; pass --force to overwrite it");
         seen.emplace_back(out, id);
     }

@@ -31,7 +31,7 @@ void fsync_path(const std::string& path);
 /// The never-clobber rule (as zstd and gzip), checked before any work starts. Throws
 /// BadInput(output, reason) when an output is one of the inputs (same device and inode when
 /// the output exists, else the same canonical folder + name: symlinks, hard links and ".."
-/// all count), when an output is a folder, when one path is given for two outputs, or when
+/// all count), when an output is a folder or not a regular file, when one path is given for two outputs, or when
 /// an output already exists and `force` is false. Empty paths (an output not asked for)
 /// are skipped.
 void check_outputs(const std::vector<std::string>& inputs, const std::vector<std::string>& outputs,

@@ -154,6 +154,17 @@ def test_existing_output_needs_force(tmp_path, container, tool):
     assert sha256(inp) == before[0] and out.read_bytes() != b"precious"
 
 
+@pytest.mark.parametrize("kind", ["folder", "device"])
+def test_output_folder_or_device_refused_even_with_force(tmp_path, kind):
+    src = copy_fixture(tmp_path, "cnn_adamw.pt")
+    out, what = (tmp_path, "output is a folder; give a file name") if kind == "folder" else \
+        ("/dev/null", "output is not a regular file; give a file name")
+    before = sha256(src)
+    p = run("ckpt-compress", src, "-o", out, "--force")
+    assert_error(p, f"ckpt-compress: error: {out}: {what}")
+    assert sha256(src) == before and os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
+
+
 def test_clobber_is_checked_before_any_work(tmp_path):
     """An unreadable input behind an existing output: the output is refused first, so no
     parsing (and no temporary file) happens."""
