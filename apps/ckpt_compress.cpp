@@ -8,16 +8,19 @@
 #include "gpu_codec.h"
 
 int main(int argc, char** argv) {
-    CLI::App app{"Compress the Adam/AdamW moments of a PyTorch or safetensors checkpoint with a "
-                 "guarded 8-bit codec; every other byte is kept exactly."};
+    ckpt::app::Cli cli("ckpt-compress", "Compress the Adam/AdamW moments of a PyTorch or safetensors "
+                       "checkpoint with a guarded 8-bit codec; every other byte is kept exactly. "
+                       "Exit 0 ok, 1 a check failed, 2 bad input or usage.");
+    CLI::App& app = cli.app;
     std::string in, out, grad = "1.0", codec = "log8";
     ckpt::CompressOptions o;
-    bool json = false;
     double param_bound = 0;
     app.add_option("input", in, "checkpoint (.pt torch.save zip or legacy, .safetensors)")->required();
     app.add_option("-o,--output", out, "container to write (.ckz.h5)")->required();
+    cli.add_force();
     ckpt::app::add_threads_option(app);
-    app.add_option("--tolerance", o.tolerance, "max |first update - FP32 update|, in units of lr")->capture_default_str();
+    app.add_option("--tolerance", o.tolerance, "max |first update - FP32 update|, in units of lr, in (0, 1]")
+        ->capture_default_str()->check(ckpt::app::unit_interval());
     app.add_option("--grad-bound", grad, "per-coordinate gradient bound G, or inf")->capture_default_str();
     app.add_option("--codec", codec, "log8 | bf16 | blockwise8")->capture_default_str()
         ->check(CLI::IsMember({"log8", "bf16", "blockwise8"}));
@@ -37,13 +40,11 @@ int main(int argc, char** argv) {
     app.add_option("--max-memo-entries", o.limits.max_memo_entries, "pickle memo entries limit")->capture_default_str();
     app.add_option("--device", o.device, "cpu | cuda | auto (auto: the GPU when one is present)")
         ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-    app.add_flag("--json", json, "print one JSON object on stdout");
-    CLI11_PARSE(app, argc, argv);
-    return ckpt::app::run("ckpt-compress", [&] {
+    return cli.main(argc, argv, in, [&] {
         try {
             o.grad_bound = ckpt::app::parse_bound(grad);
         } catch (const std::exception& e) {
-            throw ckpt::BadInput(in, std::string("--grad-bound: ") + e.what());
+            throw ckpt::app::UsageError(std::string("--grad-bound: ") + e.what());
         }
         o.codec = ckpt::codec::kind_from_name(codec);
         try {
@@ -52,9 +53,10 @@ int main(int argc, char** argv) {
             throw ckpt::BadInput(in, e.what());
         }
         if (pb->count()) o.param_bound = param_bound;
-        o.progress = !json;
+        ckpt::check_outputs({in}, {out}, cli.force);
+        o.progress = !cli.json;
         const ckpt::Report r = ckpt::compress(in, out, o);
-        std::cout << (json ? r.json() + "\n" : r.table());
+        std::cout << (cli.json ? r.json() + "\n" : r.table());
         return r.ok ? 0 : 1;
     });
 }

@@ -8,26 +8,28 @@
 #include "gpu_codec.h"
 
 int main(int argc, char** argv) {
-    CLI::App app{"Rebuild the checkpoint from a container (torch.load / safetensors readers accept it)."};
+    ckpt::app::Cli cli("ckpt-restore", "Rebuild the checkpoint from a container (torch.load / safetensors "
+                       "readers accept it). Exit 0 ok, 1 a check failed, 2 bad input or usage.");
+    CLI::App& app = cli.app;
     std::string in, out, device = "auto";
-    bool json = false;
     app.add_option("input", in, "container (.ckz.h5)")->required();
     app.add_option("-o,--output", out, "checkpoint to write (.pt or .safetensors, as the source)")->required();
+    cli.add_force();
     app.add_option("--device", device, "cpu | cuda | auto (auto: the GPU when one is present)")
         ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     ckpt::app::add_threads_option(app);
-    app.add_flag("--json", json, "print one JSON object on stdout");
-    CLI11_PARSE(app, argc, argv);
-    return ckpt::app::run("ckpt-restore", [&] {
+    return cli.main(argc, argv, in, [&] {
+        ckpt::check_outputs({in}, {out}, cli.force);
+        ckpt::app::require_container(in, "pass the container (.ckz.h5) that ckpt-compress wrote");
         try {
             ckpt::gpu::set_decode_device(ckpt::gpu::resolve_device(device));
         } catch (const std::exception& e) {
             throw ckpt::BadInput(in, e.what());
         }
         ckpt::RestoreOptions o;
-        o.progress = !json;
+        o.progress = !cli.json;
         const ckpt::Report r = ckpt::restore(in, out, o);
-        std::cout << (json ? r.json() + "\n" : r.table());
+        std::cout << (cli.json ? r.json() + "\n" : r.table());
         return 0;
     });
 }

@@ -1,39 +1,116 @@
-// What every ckpt-* front end shares: exit codes for errors (BadInput -> 2 with one line
-// "tool: error: FILE: reason", CheckFailed -> 1) and parsing of --grad-bound "inf".
+// What every front end shares (ckpt-compress, ckpt-verify, ckpt-restore, replay-plan):
+// --version, --json, --force; exit codes 0 ok, 1 a check failed, 2 bad input or bad usage
+// (every CLI11 parse error included); one stderr line per error, "TOOL: error: FILE: reason"
+// (usage errors end with "(run 'TOOL --help')"); under --json one object on stdout, also on
+// failure: {"ok": false, "tool", "file", "error", "exit_code"}. Also --grad-bound "inf",
+// --tolerance in (0, 1], --threads and the container check of verify and restore.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <functional>
+#include <iostream>
 #include <string>
 
 #include "codec/codec.h"
 #include "common/error.h"
+#include "common/file.h"
+
+#ifndef CKPTKIT_VERSION
+#error "CKPTKIT_VERSION must be defined (apps/CMakeLists.txt)"
+#endif
 
 namespace ckpt::app {
 
-/// Run the tool body; map exceptions to one stderr line and the exit code.
-inline int run(const char* tool, const std::function<int()>& body) {
-    std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit becomes a write error (exit 2), not a kill
-    spdlog::set_default_logger(spdlog::stderr_color_mt(tool));
-    spdlog::set_pattern("%n: %l: %v");
-    try {
-        return body();
-    } catch (const BadInput& e) {
-        std::fprintf(stderr, "%s: error: %s: %s\n", tool, e.file.c_str(), e.what());
-        return kExitBadInput;
-    } catch (const CheckFailed& e) {
-        std::fprintf(stderr, "%s: check failed: %s\n", tool, e.what());
-        return kExitCheckFailed;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s: error: %s\n", tool, e.what());
-        return kExitBadInput;
+/// A usage mistake found after parsing (e.g. no --budget): exit 2 with the --help hint.
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+/// One tool's front end: the CLI11 app with --version and --json, and the run loop that maps
+/// every error to its exit code, stderr line and (under --json) error object.
+class Cli {
+    const char* tool_;
+
+public:
+    CLI::App app;  ///< add the tool's own options here
+    bool json = false;   ///< --json given
+    bool force = false;  ///< --force given (after add_force)
+
+    /// `tool` is the program name used in every message.
+    Cli(const char* tool, const std::string& description) : tool_(tool), app(description, tool) {
+        app.set_version_flag("--version", std::string(tool) + " ckptkit " CKPTKIT_VERSION,
+                             "print the version and exit");
+        app.add_flag("--json", json, "print one JSON object on stdout (also on failure)");
     }
-}
+
+    /// --force: overwrite existing outputs (never an input). For tools that write files.
+    void add_force() { app.add_flag("-f,--force", force, "overwrite an existing output (never the input)"); }
+
+    /// Parse argv, then run `body` (returns the exit code). `file` names the main input for
+    /// error objects (it is read after parsing). Returns the process exit code.
+    int main(int argc, char** argv, const std::string& file, const std::function<int()>& body) {
+        std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit becomes a write error (exit 2), not a kill
+        spdlog::set_default_logger(spdlog::stderr_color_mt(tool_));
+        spdlog::set_pattern("%n: %l: %v");
+        try {
+            app.parse(argc, argv);
+        } catch (const CLI::Success& e) {  // --help, --version: print, exit 0
+            return app.exit(e);
+        } catch (const CLI::ParseError& e) {
+            json = json || json_requested(argc, argv);
+            return usage(e.what(), "");
+        }
+        try {
+            return body();
+        } catch (const UsageError& e) {
+            return usage(e.what(), file);
+        } catch (const BadInput& e) {
+            return error(e.file, e.what(), kExitBadInput);
+        } catch (const CheckFailed& e) {
+            std::fprintf(stderr, "%s: check failed: %s\n", tool_, one_line(e.what()).c_str());
+            if (json) print_json(file, e.what(), kExitCheckFailed);
+            return kExitCheckFailed;
+        } catch (const std::exception& e) {
+            return error("", e.what(), kExitBadInput);
+        }
+    }
+
+private:
+    static std::string one_line(std::string s) {
+        for (char& c : s)
+            if (c == '\n' || c == '\r') c = ' ';
+        return s;
+    }
+    // --json on the command line, for parse errors that stop before the flag is stored.
+    static bool json_requested(int argc, char** argv) {
+        for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i)
+            if (std::strcmp(argv[i], "--json") == 0) return true;
+        return false;
+    }
+    void print_json(const std::string& file, const std::string& what, int code) const {
+        nlohmann::json j{{"ok", false}, {"tool", tool_}, {"error", one_line(what)}, {"exit_code", code}};
+        if (!file.empty()) j["file"] = file;
+        std::cout << j.dump() << std::endl;
+    }
+    int usage(const std::string& what, const std::string& file) const {
+        return error("", what + " (run '" + tool_ + " --help')", kExitBadInput, file);
+    }
+    // "TOOL: error: [FILE: ]WHAT" on stderr; the error object under --json.
+    int error(const std::string& file, const std::string& what, int code, const std::string& json_file = "") const {
+        const std::string w = one_line(what);
+        if (file.empty()) std::fprintf(stderr, "%s: error: %s\n", tool_, w.c_str());
+        else std::fprintf(stderr, "%s: error: %s: %s\n", tool_, file.c_str(), w.c_str());
+        if (json) print_json(file.empty() ? json_file : file, w, code);
+        return code;
+    }
+};
 
 /// "inf" or a positive number.
 inline double parse_bound(const std::string& s) {
@@ -44,12 +121,31 @@ inline double parse_bound(const std::string& s) {
     return v;
 }
 
+/// CLI11 check for a tolerance: a number in (0, 1] (nan, 0, negatives and > 1 are usage errors).
+inline CLI::Validator unit_interval() {
+    return CLI::Validator(
+        [](std::string& s) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(s.c_str(), &end);
+            if (s.empty() || *end != '\0') return "not a number: " + s;
+            if (!(v > 0 && v <= 1)) return s + " is outside (0, 1] (units of lr)";
+            return {};
+        },
+        "in (0, 1]");
+}
+
 /// --threads N: CPU threads for encoding, decoding and certificates (codec::set_cpu_threads;
 /// default all cores; output identical for any N).
 inline void add_threads_option(CLI::App& app) {
     app.add_option_function<unsigned>("--threads", [](const unsigned& n) { codec::set_cpu_threads(n); },
                                       "CPU threads (default: all cores; output identical for any count)")
         ->check(CLI::Range(1u, 1024u));
+}
+
+/// Verify and restore read a container: a readable file without the HDF5 signature (a .pt,
+/// a .safetensors) is refused with what to pass instead. `what_to_do` ends the message.
+inline void require_container(const std::string& path, const std::string& what_to_do) {
+    if (readable_non_hdf5(path)) throw BadInput(path, "not a ckptkit container; " + what_to_do);
 }
 
 }  // namespace ckpt::app

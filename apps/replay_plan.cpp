@@ -3,19 +3,21 @@
 //
 //   replay-plan TRACE --budget 44GiB [--budget ...|--sweep MIN:MAX:STEP]
 //               [--planner joint|eager|stateless|all|none] [-o PLAN.json] [--svg PLOT.svg]
-//               [--json] [--check] [--timing]
+//               [--json] [--check] [--timing] [--force] [--version]
 //
-// Exit: 0 ok; 1 a budget is infeasible or --check found a violation; 2 bad input.
+// Exit: 0 ok; 1 a budget is infeasible or --check found a violation; 2 bad input or usage.
 #include <cstdio>
 #include <ctime>
-#include <unistd.h>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli.h"
 #include "common/error.h"
+#include "common/file.h"
+#include "common/progress.h"
 #include "replay/plan_io.h"
 #include "replay/planner.h"
 #include "replay/simulate.h"
@@ -27,11 +29,6 @@ namespace {
 
 // CPU time of this process so far (ms), for --timing.
 double cpu_ms() { return 1e3 * static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
-
-int fail(const std::string& what) {
-    fmt::print(stderr, "replay-plan: error: {}\n", what);
-    return ckpt::kExitBadInput;
-}
 
 void print_table(std::FILE* out, const std::vector<PlanResult>& rs) {
     fmt::print(out, "{:>12}  {:>8}  {:>12}  {:>12}  {:>6}  {:>5} {:>9} {:>8} {:>9}\n", "budget",
@@ -55,10 +52,12 @@ void print_table(std::FILE* out, const std::vector<PlanResult>& rs) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"replay-plan: state-safe activation recomputation plans from a step trace"};
+    ckpt::app::Cli cli("replay-plan", "replay-plan: state-safe activation recomputation plans from a step "
+                       "trace. Exit 0 ok, 1 a budget is infeasible or --check failed, 2 bad input or usage.");
+    CLI::App& app = cli.app;
     std::string trace_path, sweep, planner = "joint", out_path, svg_path;
     std::vector<std::string> budget_args;
-    bool as_json = false, check = false, timing = false;
+    bool check = false, timing = false;
     app.add_option("trace", trace_path, "trace JSON (ckptkit, PyTorch ET 1.0.1 or Chakra)")->required();
     app.add_option("--budget", budget_args, "memory budget, e.g. 44GiB (repeatable)");
     app.add_option("--sweep", sweep, "budget sweep MIN:MAX:STEP, e.g. 24GiB:48GiB:2GiB");
@@ -66,124 +65,113 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember(planner_names()));
     app.add_option("-o,--output", out_path, "plan JSON to write");
     app.add_option("--svg", svg_path, "SVG plot of step time vs budget (every planner)");
-    app.add_flag("--json", as_json, "print a JSON summary to stdout instead of the table");
+    cli.add_force();
     app.add_flag("--check", check, "run the replay simulator over every feasible plan");
     app.add_flag("--timing", timing, "print CPU ms per phase (load, contracts, plan, output) on stderr");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::CallForHelp& e) {
-        return app.exit(e);
-    } catch (const CLI::ParseError& e) {
-        return fail(e.what());
-    }
-
-    std::vector<uint64_t> budgets;
-    try {
-        for (const auto& b : budget_args) budgets.push_back(parse_bytes(b));
-        if (!sweep.empty())
-            for (uint64_t b : parse_sweep(sweep)) budgets.push_back(b);
-    } catch (const std::invalid_argument& e) {
-        return fail(e.what());
-    }
-    if (budgets.empty()) return fail("give at least one --budget or a --sweep");
-
-    const double t0 = cpu_ms();
-    Trace trace;
-    try {
-        trace = load_trace(trace_path);
-    } catch (const ckpt::BadInput& e) {
-        return fail(fmt::format("{}: {}", e.file, e.what()));
-    }
-    const double t_load = cpu_ms();
-    Problem problem(trace);
-    const double t_problem = cpu_ms();
-
-    std::vector<std::pair<std::string, std::vector<PlanResult>>> curves;
-    std::vector<std::string> names = {planner};
-    if (!sweep.empty() || !svg_path.empty()) {
-        names = planner_names();
-        std::erase(names, planner);
-        names.insert(names.begin(), planner);
-    }
-    // Progress on a terminal only (SPEC §4): sweeps of large traces take seconds.
-    const bool progress = isatty(fileno(stderr)) && names.size() * budgets.size() > 4;
-    size_t done = 0;
-    for (const auto& name : names) {
-        auto pl = make_planner(name);
-        std::vector<PlanResult> rs;
-        for (uint64_t b : budgets) {
-            rs.push_back(pl->plan(problem, b));
-            if (progress)
-                fmt::print(stderr, "\rplanning {}/{}", ++done, names.size() * budgets.size());
+    return cli.main(argc, argv, trace_path, [&] {
+        const bool as_json = cli.json;  // the JSON summary on stdout instead of the table
+        std::vector<uint64_t> budgets;
+        try {
+            for (const auto& b : budget_args) budgets.push_back(parse_bytes(b));
+            if (!sweep.empty())
+                for (uint64_t b : parse_sweep(sweep)) budgets.push_back(b);
+        } catch (const std::invalid_argument& e) {
+            throw ckpt::BadInput("", e.what());
         }
-        curves.emplace_back(name, std::move(rs));
-    }
-    if (progress) fmt::print(stderr, "\r{:20}\r", "");
-    const double t_plan = cpu_ms();
-    const std::vector<PlanResult>& results = curves.front().second;
+        if (budgets.empty()) throw ckpt::app::UsageError("give at least one --budget or a --sweep");
+        ckpt::check_outputs({trace_path}, {out_path, svg_path}, cli.force);
 
-    int rc = ckpt::kExitOk;
-    std::FILE* out = as_json ? stderr : stdout;
-    if (!as_json) {
-        fmt::print(out, "trace {}: {} segments, fixed memory {}, planner {}\n", trace_path,
-                   trace.segments.size(), human_bytes(trace.fixed_bytes()), planner);
-        print_table(out, results);
-        if (!sweep.empty()) {
-            fmt::print(out, "\nbudget vs predicted step time (ms; OOM = infeasible)\n{:>12}", "budget");
-            for (const auto& c : curves) fmt::print(out, "  {:>10}", c.first);
-            fmt::print(out, "\n");
-            for (size_t k = 0; k < budgets.size(); ++k) {
-                fmt::print(out, "{:>12}", human_bytes(budgets[k]));
-                for (const auto& c : curves) {
-                    const PlanResult& r = c.second[k];
-                    std::string cell = r.feasible ? fmt::format("{:.3f}{}", r.step_time_ns / 1e6, r.safe ? "" : "!") : "OOM";
-                    fmt::print(out, "  {:>10}", cell);
+        const double t0 = cpu_ms();
+        const Trace trace = load_trace(trace_path);
+        const double t_load = cpu_ms();
+        Problem problem(trace);
+        const double t_problem = cpu_ms();
+
+        std::vector<std::pair<std::string, std::vector<PlanResult>>> curves;
+        std::vector<std::string> names = {planner};
+        if (!sweep.empty() || !svg_path.empty()) {
+            names = planner_names();
+            std::erase(names, planner);
+            names.insert(names.begin(), planner);
+        }
+        {
+            // Progress on a terminal only (SPEC §4): sweeps of large traces take seconds.
+            ckpt::Progress progress(!as_json, "replay-plan", 0, names.size() * budgets.size(), "plans");
+            for (const auto& name : names) {
+                auto pl = make_planner(name);
+                std::vector<PlanResult> rs;
+                for (uint64_t b : budgets) {
+                    rs.push_back(pl->plan(problem, b));
+                    progress.item_done();
                 }
-                fmt::print(out, "\n");
+                curves.emplace_back(name, std::move(rs));
             }
-            fmt::print(out, "(! = unsafe: breaks a replay contract)\n");
         }
-    }
-    size_t sweep_oom = 0;
-    for (size_t k = 0; k < results.size(); ++k) {
-        const PlanResult& r = results[k];
-        if (!r.feasible && k >= budget_args.size()) {
-            ++sweep_oom;   // sweep points may be infeasible: summarised below, exit stays 0
-        } else if (!r.feasible) {
-            fmt::print(stderr, "replay-plan: budget {} is infeasible for planner {}: recomputing "
-                               "everything still needs {}\n",
-                       human_bytes(r.budget_bytes), planner, human_bytes(r.min_peak_bytes));
-            rc = ckpt::kExitCheckFailed;
+        const double t_plan = cpu_ms();
+        const std::vector<PlanResult>& results = curves.front().second;
+
+        int rc = ckpt::kExitOk;
+        std::FILE* out = as_json ? stderr : stdout;
+        if (!as_json) {
+            fmt::print(out, "trace {}: {} segments, fixed memory {}, planner {}\n", trace_path,
+                       trace.segments.size(), human_bytes(trace.fixed_bytes()), planner);
+            print_table(out, results);
+            if (!sweep.empty()) {
+                fmt::print(out, "\nbudget vs predicted step time (ms; OOM = infeasible)\n{:>12}", "budget");
+                for (const auto& c : curves) fmt::print(out, "  {:>10}", c.first);
+                fmt::print(out, "\n");
+                for (size_t k = 0; k < budgets.size(); ++k) {
+                    fmt::print(out, "{:>12}", human_bytes(budgets[k]));
+                    for (const auto& c : curves) {
+                        const PlanResult& r = c.second[k];
+                        std::string cell = r.feasible ? fmt::format("{:.3f}{}", r.step_time_ns / 1e6, r.safe ? "" : "!") : "OOM";
+                        fmt::print(out, "  {:>10}", cell);
+                    }
+                    fmt::print(out, "\n");
+                }
+                fmt::print(out, "(! = unsafe: breaks a replay contract)\n");
+            }
         }
-        if (r.feasible && !r.safe && !as_json)
-            for (const auto& u : r.unsafe) fmt::print(out, "  unsafe at {}: {}\n", human_bytes(r.budget_bytes), u);
-    }
-    if (sweep_oom)
-        fmt::print(stderr, "replay-plan: {} of {} sweep budgets are infeasible for planner {}\n",
-                   sweep_oom, results.size() - budget_args.size(), planner);
-    if (check) {
-        for (const auto& r : results) {
-            if (!r.feasible) continue;
-            SimReport s = simulate(problem, r.decisions);
-            fmt::print(stderr, "check {} @ {}: {} recomputes, {} recomputed reads verified: {}\n",
-                       planner, human_bytes(r.budget_bytes), s.recomputes, s.reads_checked,
-                       s.ok() ? "ok" : "FAILED");
-            for (const auto& v : s.violations) fmt::print(stderr, "  {}\n", v);
-            if (!s.ok()) rc = ckpt::kExitCheckFailed;
+        size_t sweep_oom = 0;
+        for (size_t k = 0; k < results.size(); ++k) {
+            const PlanResult& r = results[k];
+            if (!r.feasible && k >= budget_args.size()) {
+                ++sweep_oom;   // sweep points may be infeasible: summarised below, exit stays 0
+            } else if (!r.feasible) {
+                fmt::print(stderr, "replay-plan: budget {} is infeasible for planner {}: recomputing "
+                                   "everything still needs {}\n",
+                           human_bytes(r.budget_bytes), planner, human_bytes(r.min_peak_bytes));
+                rc = ckpt::kExitCheckFailed;
+            }
+            if (r.feasible && !r.safe && !as_json)
+                for (const auto& u : r.unsafe) fmt::print(out, "  unsafe at {}: {}\n", human_bytes(r.budget_bytes), u);
         }
-    }
-    try {
-        if (!out_path.empty())
-            write_file_atomic(out_path, plan_to_json(problem, trace_path, planner, results).dump(1) + "\n");
-        if (!svg_path.empty())
-            write_file_atomic(svg_path, sweep_svg(curves, "replay-plan: " + (trace.model.empty() ? trace_path : trace.model)));
-    } catch (const std::exception& e) {
-        fmt::print(stderr, "replay-plan: error: {}\n", e.what());
-        return ckpt::kExitBadInput;
-    }
-    if (as_json) std::cout << summary_json(planner, results).dump() << "\n";
-    if (timing)
-        fmt::print(stderr, "timing (CPU ms): load {:.1f} contracts {:.1f} plan {:.1f} output {:.1f} total {:.1f}\n",
-                   t_load - t0, t_problem - t_load, t_plan - t_problem, cpu_ms() - t_plan, cpu_ms());
-    return rc;
+        if (sweep_oom)
+            fmt::print(stderr, "replay-plan: {} of {} sweep budgets are infeasible for planner {}\n",
+                       sweep_oom, results.size() - budget_args.size(), planner);
+        if (check) {
+            for (const auto& r : results) {
+                if (!r.feasible) continue;
+                SimReport s = simulate(problem, r.decisions);
+                fmt::print(stderr, "check {} @ {}: {} recomputes, {} recomputed reads verified: {}\n",
+                           planner, human_bytes(r.budget_bytes), s.recomputes, s.reads_checked,
+                           s.ok() ? "ok" : "FAILED");
+                for (const auto& v : s.violations) fmt::print(stderr, "  {}\n", v);
+                if (!s.ok()) rc = ckpt::kExitCheckFailed;
+            }
+        }
+        try {
+            if (!out_path.empty())
+                write_file_atomic(out_path, plan_to_json(problem, trace_path, planner, results).dump(1) + "\n");
+            if (!svg_path.empty())
+                write_file_atomic(svg_path, sweep_svg(curves, "replay-plan: " + (trace.model.empty() ? trace_path : trace.model)));
+        } catch (const std::exception& e) {
+            throw ckpt::BadInput("", e.what());  // the message names the path
+        }
+        if (as_json) std::cout << summary_json(planner, results).dump() << "\n";
+        if (timing)
+            fmt::print(stderr, "timing (CPU ms): load {:.1f} contracts {:.1f} plan {:.1f} output {:.1f} total {:.1f}\n",
+                       t_load - t0, t_problem - t_load, t_plan - t_problem, cpu_ms() - t_plan, cpu_ms());
+        return rc;
+    });
 }

@@ -164,7 +164,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
     try {
         {
             ct::Handle file = ct::create_file(atomic.temp_path());
-            Progress prog(o.progress, "ckpt-compress", f.size());
+            Progress prog(o.progress, "ckpt-compress", f.size(), man.params.size());
             write_raw(file.get(), f, man, prog);  // phase 2
             const int roles = std::any_of(man.params.begin(), man.params.end(), [](auto& p) { return p.hyper.amsgrad; }) ? 3 : 2;
             Streams streams(file.get(), roles);
@@ -177,6 +177,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
                 setup.domain = e.domain;
                 setup.type = e.dtype == "F32" ? codec::MomentType::F32 : e.dtype == "F16" ? codec::MomentType::F16 : codec::MomentType::BF16;
                 encode_param(f, man, e, setup, device, chunk, streams, prog);
+                prog.item_done();
             }
             streams.finish();
             ct::write_manifest(file.get(), man);

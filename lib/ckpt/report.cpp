@@ -71,6 +71,7 @@ std::string Report::json() const {
     j["file_bytes_in"] = file_bytes_in;
     j["file_bytes_out"] = file_bytes_out;
     j["ok"] = ok;
+    j["exit_code"] = ok ? 0 : 1;   // the tool's exit status (errors: apps/cli.h error object)
     j["checks"] = checks;
     j["failures"] = failures;
     nlohmann::json t = nlohmann::json::array();

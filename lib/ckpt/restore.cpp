@@ -43,7 +43,7 @@ Report restore(const std::string& path, const std::string& out, const RestoreOpt
     AtomicOutput atomic(out);
     try {
         FileWriter w(atomic.temp_path());
-        Progress prog(o.progress, "ckpt-restore", man.source_size);
+        Progress prog(o.progress, "ckpt-restore", man.source_size, man.params.size());
         std::vector<uint8_t> buf(1 << 20);
         auto copy = [&](uint64_t from, uint64_t to, XXH3_state_t* h) {
             for (uint64_t off = from; off < to;) {
@@ -96,6 +96,7 @@ Report restore(const std::string& path, const std::string& out, const RestoreOpt
                 const uint8_t le[4] = {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)};
                 for (uint64_t off : man.storages[std::size_t(e.storage[k])].crc_offsets) w.pwrite(off, le, 4);
             }
+            prog.item_done();
         }
         w.close();
     } catch (const std::runtime_error& e) {

@@ -1,7 +1,5 @@
 #include "ckpt/values.h"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstring>
 
@@ -40,20 +38,6 @@ void store_bits(const std::string& d, uint32_t bits, uint8_t* out, std::size_t i
     if (d == "F32") { std::memcpy(out + 4 * i, &bits, 4); return; }
     out[2 * i] = uint8_t(bits);
     out[2 * i + 1] = uint8_t(bits >> 8);
-}
-
-Progress::Progress(bool enabled, std::string what, uint64_t total)
-    : on_(enabled && isatty(2)), what_(std::move(what)), total_(total ? total : 1) {}
-
-void Progress::advance(uint64_t n) {
-    done_ += n;
-    if (!on_) return;
-    const int p = int(100 * done_ / total_);
-    if (p != last_) { std::fprintf(stderr, "\r%s: %3d%%", what_.c_str(), p); last_ = p; }
-}
-
-Progress::~Progress() {
-    if (on_) std::fprintf(stderr, "\r%s: done\n", what_.c_str());
 }
 
 }  // namespace ckpt

@@ -1,8 +1,10 @@
 // Conversions between a moment storage's bytes and float values (FP32, F16, BF16), and
-// the progress line. Shared by compress, verify and restore.
+// the progress line (common/progress.h). Shared by compress, verify and restore.
 #pragma once
 #include <cstdint>
 #include <string>
+
+#include "common/progress.h"  // Progress (moved to lib/common for every tool)
 
 namespace ckpt {
 
@@ -15,18 +17,5 @@ void float_to_bytes(const std::string& dtype, const float* in, std::size_t n, ui
 /// Raw bits of element i (zero-extended for 2-byte types).
 uint32_t element_bits(const std::string& dtype, const uint8_t* in, std::size_t i);
 void store_bits(const std::string& dtype, uint32_t bits, uint8_t* out, std::size_t i);
-
-/// Progress on stderr, only when stderr is a terminal.
-class Progress {
-public:
-    Progress(bool enabled, std::string what, uint64_t total);
-    void advance(uint64_t n);
-    ~Progress();
-private:
-    bool on_;
-    std::string what_;
-    uint64_t total_, done_ = 0;
-    int last_ = -1;
-};
 
 }  // namespace ckpt

@@ -198,6 +198,9 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     std::vector<double> g;
     std::vector<uint8_t> ob[3];
     std::vector<float> ov[3];
+    uint64_t moment_bytes = 0;
+    for (const auto& e : man.params) moment_bytes += e.numel * uint64_t(e.moments()) * float_dtype_size(e.dtype);
+    Progress prog(o.progress, "ckpt-verify", moment_bytes, man.params.size());
     for (std::size_t j = 0; j < man.params.size(); ++j) {
         const auto& e = man.params[j];
         const codec::TensorSetup s = cr.setup(j);
@@ -210,6 +213,7 @@ Report verify(const std::string& path, const VerifyOptions& o) {
         XXH3_state_t* hs[3] = {hash[0].get(), hash[1].get(), hash[2].get()};
         try {
             cr.for_each_chunk(j, 1 << 18, true, [&](const ContainerReader::Chunk& c) {
+                prog.advance(c.n * uint64_t(nm) * es);
                 std::vector<char> esc(c.n, 0);
                 for (uint32_t q : c.escaped) esc[q] = 1;
                 escapes += c.escaped.size();
@@ -258,6 +262,7 @@ Report verify(const std::string& path, const VerifyOptions& o) {
         if (grid_fail) fail(fmt::format("{}: {} grid points exceed their certificate", e.name, grid_fail));
         if (esc_fail) fail(fmt::format("{}: {} escaped values differ from the original", e.name, esc_fail));
         rep.rows[j].max_bound = max_bound;
+        prog.item_done();
     }
     rep.checks.push_back(fmt::format("certificates: {} coordinates re-derived from codes, all <= tolerance {}", certified, man.tolerance));
     if (cmp)

@@ -2,12 +2,15 @@
 
 #include <atomic>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <stdexcept>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/error.h"
 
 namespace ckpt {
 
@@ -17,7 +20,68 @@ std::string dir_of(const std::string& p) {
     const auto s = p.rfind('/');
     return s == std::string::npos ? "." : (s == 0 ? "/" : p.substr(0, s));
 }
+
+/// Where a path points: device + inode when it exists, else the canonical folder + name.
+struct FileId {
+    bool exists = false, is_dir = false, is_special = false;
+    dev_t dev = 0;
+    ino_t ino = 0;
+    std::string canon;
+    explicit FileId(const std::string& p) {
+        struct stat st {};
+        if (::stat(p.c_str(), &st) == 0) {
+            exists = true;
+            is_dir = S_ISDIR(st.st_mode);
+            is_special = !is_dir && !S_ISREG(st.st_mode);
+            dev = st.st_dev;
+            ino = st.st_ino;
+            return;
+        }
+        char buf[PATH_MAX];
+        const auto s = p.rfind('/');
+        const std::string name = s == std::string::npos ? p : p.substr(s + 1);
+        canon = ::realpath(dir_of(p).c_str(), buf) ? std::string(buf) + "/" + name : p;
+    }
+    bool same(const FileId& o) const {
+        if (exists != o.exists) return false;
+        return exists ? dev == o.dev && ino == o.ino : canon == o.canon;
+    }
+};
 }  // namespace
+
+void check_outputs(const std::vector<std::string>& inputs, const std::vector<std::string>& outputs,
+                   bool force) {
+    std::vector<std::pair<std::string, FileId>> seen;
+    for (const auto& out : outputs) {
+        if (out.empty()) continue;
+        const FileId id(out);
+        for (const auto& in : inputs)
+            if (id.same(FileId(in)))
+                throw BadInput(out, "output is the input " + in + "; write the output to another path");
+        for (const auto& [other, oid] : seen)
+            if (id.same(oid)) throw BadInput(out, "also given for another output (" + other + "); give each output its own path");
+        if (id.is_dir) throw BadInput(out, "output is a folder; give a file name");
+        // the output is renamed into place: never over a device, pipe or socket (/dev/null)
+        if (id.is_special) throw BadInput(out, "output is not a regular file; give a file name");
+        if (id.exists && !force) throw BadInput(out, "output already exists; pass --force to overwrite it");
+        seen.emplace_back(out, id);
+    }
+}
+
+bool readable_non_hdf5(const std::string& path) {
+    static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    struct stat st {};
+    bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode), found = false, read_ok = regular;
+    for (uint64_t off = 0; regular && !found && off + 8 <= uint64_t(st.st_size); off = off ? 2 * off : 512) {
+        unsigned char b[8];
+        if (::pread(fd, b, 8, off_t(off)) != 8) { read_ok = false; break; }
+        found = std::memcmp(b, sig, 8) == 0;
+    }
+    ::close(fd);
+    return read_ok && !found;
+}
 
 void fsync_path(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

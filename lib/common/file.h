@@ -1,4 +1,5 @@
-// Crash-safe outputs (temporary name in the same folder, fsync, rename). SPEC §4.
+// Crash-safe outputs (temporary name in the same folder, fsync, rename), the never-clobber
+// rule for output paths, and a cheap HDF5 signature test. SPEC §4.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -26,6 +27,20 @@ private:
 
 /// fsync a path (file or folder). Throws std::runtime_error.
 void fsync_path(const std::string& path);
+
+/// The never-clobber rule (as zstd and gzip), checked before any work starts. Throws
+/// BadInput(output, reason) when an output is one of the inputs (same device and inode when
+/// the output exists, else the same canonical folder + name: symlinks, hard links and ".."
+/// all count), when an output is a folder or not a regular file, when one path is given for two outputs, or when
+/// an output already exists and `force` is false. Empty paths (an output not asked for)
+/// are skipped.
+void check_outputs(const std::vector<std::string>& inputs, const std::vector<std::string>& outputs,
+                   bool force);
+
+/// True when `path` is a readable regular file without the HDF5 superblock signature (at
+/// offset 0, 512, 1024, 2048, ...): certainly not a container. False when it has one, or
+/// cannot be read (the reader then reports why).
+bool readable_non_hdf5(const std::string& path);
 
 /// Sequential writer with positional patching, for restore outputs. Throws
 /// std::runtime_error on any write failure (disk full, file-size limit).

@@ -303,7 +303,7 @@ def test_kill_compress(good, tmp_path):
         assert digest(r) == good["ref_hash"], f"{what}: output restores to different bytes"
         os.remove(r)
 
-    stats = _kill_trials(lambda o: [tool("ckpt-compress"), SRC, "-o", o, *GOOD_ARGS], out, previous,
+    stats = _kill_trials(lambda o: [tool("ckpt-compress"), SRC, "-o", o, "--force", *GOOD_ARGS], out, previous,
                          complete, 7, "ckpt-compress", str(tmp_path))
     record("kill_compress", stats)
     assert stats["killed"] >= KILLS // 2, stats
@@ -317,7 +317,7 @@ def test_kill_restore(good, tmp_path):
     def complete(path, what):
         assert digest(path) == good["ref_hash"], f"{what}: output is not the complete restore"
 
-    stats = _kill_trials(lambda o: [tool("ckpt-restore"), good["container"], "-o", o], out, OTHER,
+    stats = _kill_trials(lambda o: [tool("ckpt-restore"), good["container"], "-o", o, "--force"], out, OTHER,
                          complete, 11, "ckpt-restore", str(tmp_path))
     record("kill_restore", stats)
     assert stats["killed"] >= KILLS // 2, stats
@@ -344,7 +344,7 @@ def test_file_size_limit_compress(limit, with_previous, tmp_path):
     if with_previous:
         shutil.copyfile(OTHER, out)
         before = digest(out)
-    p = subprocess.run([tool("ckpt-compress"), SRC, "-o", out], capture_output=True, text=True,
+    p = subprocess.run([tool("ckpt-compress"), SRC, "-o", out, "--force"], capture_output=True, text=True,
                        timeout=120, preexec_fn=_fsize_limit(limit))
     # safety first, whatever the exit: the final path holds the previous file or nothing
     if with_previous:
@@ -372,7 +372,7 @@ def test_file_size_limit_restore(good, limit, with_previous, tmp_path):
     if with_previous:
         shutil.copyfile(OTHER, out)
         before = digest(out)
-    p = subprocess.run([tool("ckpt-restore"), good["container"], "-o", out], capture_output=True,
+    p = subprocess.run([tool("ckpt-restore"), good["container"], "-o", out, "--force"], capture_output=True,
                        text=True, timeout=120, preexec_fn=_fsize_limit(limit))
     lines = p.stderr.splitlines()
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])

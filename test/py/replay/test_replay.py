@@ -103,7 +103,7 @@ def test_execution_trace_recorded_and_imported(replay_plan, tmp_path):
     assert raw["schema"] == "1.0.1"
     for f in (et, chakra):
         out = tmp_path / "p.json"
-        r = run([replay_plan, f, "--budget", "1GiB", "--planner", "all", "-o", out, "--check"])
+        r = run([replay_plan, f, "--budget", "1GiB", "--planner", "all", "-o", out, "--check", "--force"])
         assert r.returncode == 0, r.stderr
         segs = json.load(open(out))["budgets"][0]["segments"]
         snap = [s["name"] for s in segs if s["decision"] == "recompute+snapshot"]
