@@ -143,6 +143,11 @@ void check_compressible(const Checkpoint& ck, const std::map<std::size_t, int>& 
     int64_t n = -1;
     DType dt{};
     std::set<std::size_t> used;
+    for (int k = 0; k < nm; ++k)
+        if (p.tensor[k] >= 0 && !used.insert(ck.tensors[std::size_t(p.tensor[k])].storage).second) {
+            p.why_not = std::string(kMomentNames[k]) + " is the same tensor as another moment";
+            return;
+        }
     for (int k = 0; k < nm; ++k) {
         if (p.tensor[k] < 0) { p.why_not = std::string(kMomentNames[k]) + " is missing"; return; }
         const TensorInfo& t = ck.tensors[std::size_t(p.tensor[k])];
@@ -151,7 +156,6 @@ void check_compressible(const Checkpoint& ck, const std::map<std::size_t, int>& 
         if (k == 0) { n = numel(t); dt = t.dtype; }
         if (numel(t) != n || t.dtype != dt) { p.why_not = "moments differ in size or dtype"; return; }
         if (!contiguous(t) || t.storage_offset != 0 || int64_t(s.numel) != n || s.dtype != t.dtype) { p.why_not = "moment is a view"; return; }
-        if (!used.insert(t.storage).second) { p.why_not = std::string(kMomentNames[k]) + " is the same tensor as another moment"; return; }
         const auto r = refs.find(t.storage);
         if (r == refs.end() || r->second != 1) { p.why_not = std::string(kMomentNames[k]) + " shares its storage with another leaf"; return; }
     }

@@ -1,0 +1,422 @@
+"""The guarantee's edge cases (issue "close every hole"), each on a real torch file.
+
+Each case builds a real model and a real torch optimizer, trains it a few steps, shapes the
+optimizer state as the case needs, saves it with torch.save, and runs compress -> verify
+--original -> restore -> torch.load. It then asserts the exact outcome (a coordinate
+escaped or the state kept exact: restored bit for bit; a refusal: exit 2 and its message;
+a container that restores) and one real `optimizer.step()` of the optimizer's own class,
+on the original and on the restored state with the same gradient: every parameter moves by
+the same amount within tolerance * lr (plus the float32 rounding slack of the parameter
+update itself, scripts/torch_step_check.py).
+"""
+import copy
+import json
+import math
+import os
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import parse_json_stdout, require_ckptkit_bin, run_tool
+
+TOL = 0.01
+MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+
+
+class Net(nn.Module):
+    """Two linear layers of equal shape (so the parameter mapping is ambiguous by shape)."""
+
+    def __init__(self, width=64):
+        super().__init__()
+        self.a = nn.Linear(width, width)
+        self.b = nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+def train(opt_cls, groups_fn=None, steps=60, seed=0, **kw):
+    """A Net and a real optimizer of opt_cls after `steps` real steps."""
+    torch.manual_seed(seed)
+    net = Net()
+    params = groups_fn(net) if groups_fn else net.parameters()
+    opt = opt_cls(params, **kw)
+    for _ in range(steps):  # a fresh random batch each step: noisy gradients, as in training
+        x, y = torch.randn(32, 64), torch.randn(32, 64)
+        opt.zero_grad()
+        ((net(x) - y) ** 2).mean().backward()
+        opt.step()
+    return net, opt
+
+
+def save(path, net, opt, extra=None):
+    obj = {"model": net.state_dict(), "optimizer": opt.state_dict()}
+    obj.update(extra or {})
+    torch.save(obj, path)
+    return path
+
+
+def roundtrip(tmp_path, src, *flags, expect_verify=0):
+    """compress -> verify --original -> restore; returns (compress JSON, restored object)."""
+    b = require_ckptkit_bin()
+    out, back = tmp_path / "c.ckz.h5", tmp_path / "back.pt"
+    c = run_tool(b, "ckpt-compress", src, "-o", out, "--json", *flags)
+    assert c.returncode == 0, c.stderr + c.stdout
+    rep = parse_json_stdout(c)
+    assert rep["ok"] and rep["max_bound_lr"] <= TOL
+    v = run_tool(b, "ckpt-verify", out, "--original", src, timeout=600)
+    assert v.returncode == expect_verify, v.stdout + v.stderr
+    r = run_tool(b, "ckpt-restore", out, "-o", back)
+    assert r.returncode == 0, r.stderr
+    return rep, torch.load(back)
+
+
+def one_step(opt_cls, groups_fn, kw, model_sd, opt_sd, grads):
+    """Parameter change of one real step from the given state with the given gradients."""
+    net = Net()
+    net.load_state_dict(model_sd)
+    opt = opt_cls(groups_fn(net) if groups_fn else net.parameters(), **kw)
+    opt.load_state_dict(copy.deepcopy(opt_sd))
+    before = [p.detach().clone() for p in net.parameters()]
+    for p, g in zip(net.parameters(), grads):
+        p.grad = g.clone()
+    opt.step()
+    return [p.detach() - b0 for p, b0 in zip(net.parameters(), before)]
+
+
+def assert_step_close(opt_cls, orig, back, grads, groups_fn=None, **kw):
+    """One real step from the original and from the restored state agree within tau*lr."""
+    d0 = one_step(opt_cls, groups_fn, kw, orig["model"], orig["optimizer"], grads)
+    d1 = one_step(opt_cls, groups_fn, kw, back["model"], back["optimizer"], grads)
+    lrs = [g["lr"] for g in orig["optimizer"]["param_groups"] for _ in g["params"]]
+    order = [i for g in orig["optimizer"]["param_groups"] for i in g["params"]]
+    lr_of = dict(zip(order, lrs))
+    for i, (a, b) in enumerate(zip(d0, d1)):
+        both_nan = torch.isnan(a) & torch.isnan(b)
+        diff = (a - b).abs().double()
+        diff[both_nan] = 0
+        slack = 8 * torch.finfo(torch.float32).eps * (a.abs() + b.abs()).double() + 1e-30
+        assert torch.all(diff <= TOL * lr_of[i] + slack), (i, float(diff.max()), lr_of[i])
+
+
+def grads_like(net, scale=1.0, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [scale * (2 * torch.rand(p.shape, generator=g) - 1) for p in net.parameters()]
+
+
+def state_bits_equal(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(-1).view(torch.int32 if a.element_size() == 4 else torch.int16), b.view(-1).view(torch.int32 if b.element_size() == 4 else torch.int16))
+
+
+# ---------------------------------------------------------------------------- 1. overflow
+
+def test_overflow_edge_escapes_and_real_step_agrees(tmp_path):
+    """exp_avg_sq near 1e36 with G = inf: the coordinates whose FP32 update could overflow
+    in one state and not the other escape (restored bit for bit); one real step at
+    g = 6e20 (where b2*v + (1-b2)*g^2 crosses FLT_MAX) agrees within tolerance."""
+    net, opt = train(torch.optim.Adam, lr=1e-3)
+    st = opt.state_dict()["state"]
+    huge = torch.tensor([1e36, 3.3e38, 2e30, 1.5e30])
+    st[0]["exp_avg_sq"].view(-1)[:4] = huge
+    st[0]["exp_avg"].view(-1)[:4] = torch.tensor([1e17, -1e18, 1e14, 1e14])
+    src = save(tmp_path / "ovf.pt", net, opt)
+    orig = torch.load(src)
+    rep, back = roundtrip(tmp_path, src, "--grad-bound", "inf")
+    for k in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(back["optimizer"]["state"][0][k].view(-1)[:4], orig["optimizer"]["state"][0][k].view(-1)[:4])
+    assert rep["escapes"] >= 8
+    for gscale in (6e20, 5.8e20, 1.0, 1e25):
+        assert_step_close(torch.optim.Adam, orig, back, grads_like(net, gscale), lr=1e-3)
+
+
+def test_overflow_edge_l2_shift(tmp_path):
+    """Adam L2 with wd*theta on the overflow edge at g = 0 (theta ~ 1e19, wd = 1): kept
+    coordinates agree in one real step at g = 0."""
+    kw = dict(lr=1e-3, weight_decay=1.0)
+    net, opt = train(torch.optim.Adam, **kw)
+    with torch.no_grad():
+        net.a.weight.view(-1)[:4] = torch.tensor([5.8e20, 1e19, -3e20, 2e18])
+    st = opt.state_dict()["state"]
+    st[0]["exp_avg_sq"].view(-1)[:4] = torch.tensor([1e36, 1e35, 2e37, 1e30])
+    src = save(tmp_path / "l2ovf.pt", net, opt)
+    orig = torch.load(src)
+    rep, back = roundtrip(tmp_path, src, "--optimizer", "adam")
+    zero = [torch.zeros_like(p) for p in net.parameters()]
+    assert_step_close(torch.optim.Adam, orig, back, zero, **kw)
+    assert_step_close(torch.optim.Adam, orig, back, grads_like(net), **kw)
+
+
+# ---------------------------------------------------------------------------- 2. subnormal
+
+@pytest.mark.parametrize("beta2", [0.5, 0.9, 0.999])
+def test_subnormal_exp_avg_sq_escapes(tmp_path, beta2):
+    """exp_avg_sq of a few hundred subnormal ulps: fl(b2*v) rounds absolutely, so such
+    coordinates escape (restored bit for bit) and a real step at g = 0 agrees."""
+    kw = dict(lr=1e-3, betas=(0.9, beta2), eps=0.0)
+    net, opt = train(torch.optim.Adam, **kw)
+    st = opt.state_dict()["state"]
+    ulp = 1.401298464324817e-45
+    v = st[0]["exp_avg_sq"].view(-1)
+    m = st[0]["exp_avg"].view(-1)
+    g = torch.Generator().manual_seed(3)
+    v[:64] = ulp * torch.randint(200, 800, (64,), generator=g).float()  # one whole block
+    m[:64] = 2.5 * v[:64].double().sqrt().float() * torch.sign(torch.rand(64, generator=g) - 0.5)
+    v[64:68] = torch.tensor([1e-39, 2e-38, 1.2e-38, 1e-37])
+    src = save(tmp_path / "sub.pt", net, opt)
+    orig = torch.load(src)
+    rep, back = roundtrip(tmp_path, src, "--grad-bound", "inf")
+    bv = back["optimizer"]["state"][0]["exp_avg_sq"].view(-1)
+    assert torch.equal(bv[:64], v[:64])  # fl(b2 * v) subnormal: escaped, exact
+    zero = [torch.zeros_like(p) for p in net.parameters()]
+    assert_step_close(torch.optim.Adam, orig, back, zero, **kw)
+    assert_step_close(torch.optim.Adam, orig, back, grads_like(net, 1e-21), **kw)
+
+
+# ---------------------------------------------------------------------------- 3. theta mapping
+
+def test_param_group_order_unlike_model_is_certified_over_both(tmp_path):
+    """An Adam-L2 group listing [b.weight, a.weight] (same shapes) in another order than the
+    model: theta comes from the union of both candidates, never from the wrong one. The
+    weights sit at [-1, 1] and [39, 41]; a real step with |g| <= G agrees."""
+    kw = dict(lr=1e-3, weight_decay=0.5)
+
+    def groups(net):
+        return [{"params": [net.b.weight, net.a.weight]}, {"params": [net.a.bias, net.b.bias]}]
+
+    net, opt = train(torch.optim.Adam, groups, **kw)
+    with torch.no_grad():
+        net.a.weight.uniform_(39, 41)
+        net.b.weight.uniform_(-1, 1)
+    src = save(tmp_path / "order.pt", net, opt)
+    orig = torch.load(src)
+    rep, back = roundtrip(tmp_path, src, "--optimizer", "adam")
+    doms = {g["domain"] for g in rep["param_groups"]}
+    assert any("|theta| <= 4" in d for d in doms), doms  # bound over both weights (max ~41)
+    for s in (1.0, 0.5, 0.01):
+        assert_step_close(torch.optim.Adam, orig, back, grads_like(net, s), groups, **kw)
+
+
+# ---------------------------------------------------------------------------- 4. overrides
+
+@pytest.mark.parametrize("flag,value,key", [("--eps", "0.01", "eps"), ("--beta2", "0.9", "beta2"),
+                                            ("--lr", "0.5", "lr"), ("--weight-decay", "0.1", "weight_decay")])
+def test_override_contradicting_the_file_is_refused(tmp_path, flag, value, key):
+    b = require_ckptkit_bin()
+    net, opt = train(torch.optim.Adam, lr=1e-3)
+    src = save(tmp_path / "h.pt", net, opt)
+    before = open(src, "rb").read()
+    r = run_tool(b, "ckpt-compress", src, "-o", tmp_path / "o.h5", flag, value)
+    assert r.returncode == 2
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"ckpt-compress: error: {src}: {flag} {value} contradicts the file's {key} = ")
+    assert not (tmp_path / "o.h5").exists() and open(src, "rb").read() == before
+
+
+def test_override_equal_to_the_file_is_accepted(tmp_path):
+    net, opt = train(torch.optim.Adam, lr=1e-3)
+    src = save(tmp_path / "h.pt", net, opt)
+    roundtrip(tmp_path, src, "--eps", "1e-8", "--lr", "0.001")
+
+
+def test_optimizer_flag_contradicting_decoupled_weight_decay(tmp_path):
+    b = require_ckptkit_bin()
+    net, opt = train(torch.optim.AdamW, lr=1e-3)
+    sd = opt.state_dict()
+    for g in sd["param_groups"]:
+        g["decoupled_weight_decay"] = False
+    torch.save({"model": net.state_dict(), "optimizer": sd}, tmp_path / "d.pt")
+    r = run_tool(b, "ckpt-compress", tmp_path / "d.pt", "-o", tmp_path / "o.h5", "--optimizer", "adamw")
+    assert r.returncode == 2
+    assert "--optimizer adamw contradicts the file: " in r.stderr and "decoupled_weight_decay = False" in r.stderr
+
+
+def _h5_plugin():
+    """Our zstd filter for h5py: build/lib/container next to CKPTKIT_BIN (build/apps)."""
+    os.environ["HDF5_PLUGIN_PATH"] = os.path.join(require_ckptkit_bin(), "..", "lib", "container")
+
+
+def _manifest(path):
+    _h5_plugin()
+    with h5py.File(path, "r") as f:
+        return json.loads(bytes(np.asarray(f["manifest"])).decode())
+
+
+def _rewrite_manifest(path, m):
+    import make_bad_containers as mbc  # scripts/: recomputes the dataset's count and xxh3
+    with h5py.File(path, "r+") as f:
+        mbc._set_manifest_bytes(f, json.dumps(m).encode())
+
+
+@pytest.mark.parametrize("edit", ["swap_storages", "eps", "step", "beta1"])
+def test_verify_rereads_param_groups_and_binds_moments(tmp_path, edit):
+    """A manifest edited consistently (hashes recomputed) but disagreeing with the source's
+    own param_groups, step or moment-to-parameter binding fails verify (exit 1), also
+    without --original."""
+    b = require_ckptkit_bin()
+    net, opt = train(torch.optim.Adam, lr=1e-3)
+    src = save(tmp_path / "h.pt", net, opt)
+    out = tmp_path / "c.h5"
+    assert run_tool(b, "ckpt-compress", src, "-o", out).returncode == 0
+    m = _manifest(out)
+    p0, p2 = m["params"][0], m["params"][2]  # a.weight and b.weight: same shape
+    if edit == "swap_storages":
+        p0["storage"], p2["storage"] = p2["storage"], p0["storage"]
+        for j, p in enumerate(m["params"]):
+            for r, s in enumerate(p["storage"]):
+                if s >= 0:
+                    m["storages"][s]["param"], m["storages"][s]["role"] = j, r
+    elif edit == "eps":
+        p0["hyper"]["eps"] = 1e-2
+    elif edit == "step":
+        p0["hyper"]["step"] += 1
+    else:
+        p0["hyper"]["beta1"] = 0.8
+    _rewrite_manifest(out, m)
+    v = run_tool(b, "ckpt-verify", out)
+    assert v.returncode == 1, v.stdout + v.stderr
+    assert "differs from the checkpoint's own state" in v.stdout
+
+
+# ---------------------------------------------------------------------------- 5-8. restorable
+
+def test_mixed_amsgrad_groups(tmp_path):
+    kw = dict(lr=1e-3)
+
+    def groups(net):
+        return [{"params": [net.a.weight, net.a.bias], "amsgrad": True}, {"params": [net.b.weight, net.b.bias]}]
+
+    net, opt = train(torch.optim.Adam, groups, **kw)
+    src = save(tmp_path / "ams.pt", net, opt)
+    orig = torch.load(src)
+    rep, back = roundtrip(tmp_path, src)
+    assert rep["escapes"] < rep["moment_values"] // 10
+    assert_step_close(torch.optim.Adam, orig, back, grads_like(net), groups, **kw)
+
+
+def test_step_zero(tmp_path):
+    kw = dict(lr=1e-3)
+    net, opt = train(torch.optim.Adam, **kw)
+    sd = opt.state_dict()
+    for s in sd["state"].values():
+        s["step"] = torch.tensor(0.0)
+    torch.save({"model": net.state_dict(), "optimizer": sd}, tmp_path / "s0.pt")
+    orig = torch.load(tmp_path / "s0.pt")
+    rep, back = roundtrip(tmp_path, tmp_path / "s0.pt")
+    assert rep["escapes"] < rep["moment_values"]
+    assert_step_close(torch.optim.Adam, orig, back, grads_like(net), **kw)
+
+
+@pytest.mark.parametrize("key,value,why", [
+    ("betas", (1.0, 0.999), "beta1 = 1 outside [0, 1)"), ("betas", (-0.1, 0.999), "beta1 = -0.1 outside [0, 1)"),
+    ("betas", (0.9, 1.0), "beta2 = 1 outside [0, 1)"), ("eps", -1e-8, "eps = -1e-08 < 0"),
+    ("lr", -1e-3, "lr = -0.001 < 0"), ("step", -1.0, "step = -1 is not a whole count >= 0"),
+    ("step", 2.5, "step = 2.5 is not a whole count >= 0")])
+def test_hyper_parameters_torch_loads_but_adam_rejects_are_kept_exact(tmp_path, key, value, why):
+    b = require_ckptkit_bin()
+    net, opt = train(torch.optim.Adam, lr=1e-3)
+    sd = opt.state_dict()
+    if key == "step":
+        sd["state"][0]["step"] = torch.tensor(value)
+    else:
+        sd["param_groups"][0][key] = value
+    torch.save({"model": net.state_dict(), "optimizer": sd}, tmp_path / "w.pt")
+    orig = torch.load(tmp_path / "w.pt")
+    rep, back = roundtrip(tmp_path, tmp_path / "w.pt")
+    notes = {t["name"]: t["note"] for t in rep["tensors"]}
+    kept = [n for n, t in notes.items() if t == "kept exact: " + why]
+    assert kept, notes
+    for i, s in orig["optimizer"]["state"].items():
+        for k in ("exp_avg", "exp_avg_sq"):
+            if key != "step" or i == 0:
+                assert torch.equal(back["optimizer"]["state"][i][k], s[k])
+
+
+def test_max_exp_avg_sq_same_object_as_exp_avg_sq(tmp_path):
+    net, opt = train(torch.optim.Adam, lr=1e-3, amsgrad=True)
+    sd = opt.state_dict()
+    sd["state"][0]["max_exp_avg_sq"] = sd["state"][0]["exp_avg_sq"]
+    torch.save({"model": net.state_dict(), "optimizer": sd}, tmp_path / "same.pt")
+    orig = torch.load(tmp_path / "same.pt")
+    rep, back = roundtrip(tmp_path, tmp_path / "same.pt")
+    assert any(t["note"] == "kept exact: max_exp_avg_sq is the same tensor as another moment" for t in rep["tensors"])
+    s = back["optimizer"]["state"][0]
+    assert s["max_exp_avg_sq"] is s["exp_avg_sq"] or s["max_exp_avg_sq"].data_ptr() == s["exp_avg_sq"].data_ptr()
+    assert torch.equal(s["exp_avg_sq"], orig["optimizer"]["state"][0]["exp_avg_sq"])
+
+
+def test_leaf_sharing_a_moment_is_kept_exact(tmp_path):
+    net, opt = train(torch.optim.Adam, lr=1e-3)
+    sd = opt.state_dict()
+    extra = {"ema_of_first_moment": sd["state"][1]["exp_avg"]}
+    torch.save({"model": net.state_dict(), "optimizer": sd, **extra}, tmp_path / "ema.pt")
+    orig = torch.load(tmp_path / "ema.pt")
+    rep, back = roundtrip(tmp_path, tmp_path / "ema.pt")
+    assert any(t["note"] == "kept exact: exp_avg shares its storage with another leaf" for t in rep["tensors"])
+    assert torch.equal(back["ema_of_first_moment"], orig["ema_of_first_moment"])
+    assert torch.equal(back["optimizer"]["state"][1]["exp_avg"], orig["optimizer"]["state"][1]["exp_avg"])
+
+
+# ---------------------------------------------------------------------------- 10. -0.0
+
+@pytest.mark.parametrize("codec", ["log8", "blockwise8", "bf16"])
+def test_signed_zeros_stay_exact(tmp_path, codec):
+    net, opt = train(torch.optim.Adam, lr=1e-3)
+    st = opt.state_dict()["state"]
+    m, v = st[0]["exp_avg"].view(-1), st[0]["exp_avg_sq"].view(-1)
+    m[:3] = torch.tensor([-0.0, 0.0, -0.0])
+    m[3:6] = 0.0  # m = 0 where v is a zero: such a coordinate keeps its codes (certificate 0)
+    v[3:6] = torch.tensor([-0.0, 0.0, -0.0])
+    st[2]["exp_avg"].view(-1)[:256] = 0.0  # an all-zero blockwise8 block (+0.0)
+    st[2]["exp_avg_sq"].view(-1)[:256] = 1e-6
+    src = save(tmp_path / "z.pt", net, opt)
+    orig = torch.load(src)
+    rep, back = roundtrip(tmp_path, src, "--codec", codec)
+    for i in (0, 2):
+        for k in ("exp_avg", "exp_avg_sq"):
+            a, b2 = orig["optimizer"]["state"][i][k].view(-1), back["optimizer"]["state"][i][k].view(-1)
+            zeros = a == 0
+            assert torch.equal(torch.signbit(a[zeros]), torch.signbit(b2[zeros])), (i, k)
+            assert torch.all(b2[zeros] == 0)
+
+
+# ---------------------------------------------------------------------------- NAdam and friends
+
+@pytest.mark.parametrize("cls,why", [
+    (torch.optim.NAdam, "kept exact: NAdam state (not Adam)"),
+    (torch.optim.RAdam, "kept exact: param group without 'amsgrad' (RAdam or another Adam variant, not Adam)"),
+    (torch.optim.Adamax, "kept exact: Adamax state (not Adam)")])
+def test_adam_variants_are_kept_exact_not_compressed(tmp_path, cls, why):
+    """An NAdam (RAdam, Adamax) state is never coded as Adam: kept exact with one note,
+    exit 0, and one real step of its own class is bit-identical."""
+    b = require_ckptkit_bin()
+    net, opt = train(cls, lr=1e-3)
+    src = save(tmp_path / "v.pt", net, opt)
+    orig = torch.load(src)
+    c = run_tool(b, "ckpt-compress", src, "-o", tmp_path / "o.h5", "--json")
+    assert c.returncode == 0, c.stderr
+    rep = parse_json_stdout(c)
+    assert {t["note"] for t in rep["tensors"]} == {why} and rep["escapes"] == rep["moment_values"]
+    assert sum(1 for line in c.stderr.splitlines() if why in line) == len(rep["tensors"])
+    r = run_tool(b, "ckpt-restore", tmp_path / "o.h5", "-o", tmp_path / "back.pt")
+    assert r.returncode == 0
+    back = torch.load(tmp_path / "back.pt")
+    g = grads_like(net)
+    d0 = one_step(cls, None, dict(lr=1e-3), orig["model"], orig["optimizer"], g)
+    d1 = one_step(cls, None, dict(lr=1e-3), back["model"], back["optimizer"], g)
+    assert all(torch.equal(a, b2) for a, b2 in zip(d0, d1))
+
+
+# ---------------------------------------------------------------------------- 12. NaN == NaN
+
+def test_verify_accepts_nan_in_both_states(tmp_path):
+    """m = v = 0, eps = 0, g = 0 gives NaN in torch for both states: not a violation."""
+    kw = dict(lr=1e-3, eps=0.0)
+    net, opt = train(torch.optim.Adam, **kw)
+    st = opt.state_dict()["state"]
+    st[0]["exp_avg"].view(-1)[:64] = 0.0
+    st[0]["exp_avg_sq"].view(-1)[:64] = 0.0
+    src = save(tmp_path / "nan.pt", net, opt)
+    roundtrip(tmp_path, src)
