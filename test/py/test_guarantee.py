@@ -69,7 +69,7 @@ def roundtrip(tmp_path, src, *flags, expect_verify=0):
     assert rep["ok"] and rep["max_bound_lr"] <= TOL
     v = run_tool(b, "ckpt-verify", out, "--original", src, timeout=600)
     assert v.returncode == expect_verify, v.stdout + v.stderr
-    r = run_tool(b, "ckpt-restore", out, "-o", back)
+    r = run_tool(b, "ckpt-restore", out, "-o", back, *(["--force"] if "--force" in flags else []))
     assert r.returncode == 0, r.stderr
     return rep, torch.load(back)
 
@@ -420,3 +420,68 @@ def test_verify_accepts_nan_in_both_states(tmp_path):
     st[0]["exp_avg_sq"].view(-1)[:64] = 0.0
     src = save(tmp_path / "nan.pt", net, opt)
     roundtrip(tmp_path, src)
+
+
+# ---------------------------------------------------------------------------- 11. cell edges
+
+def _log8_cells(container):
+    """Per coded parameter (manifest order): decoded exp_avg_sq and the rounding cells of
+    exp_avg and exp_avg_sq, recomputed from the stored log8 codes (formats/container.md)."""
+    _h5_plugin()
+    table = np.float32(2.0 ** (np.arange(65) / 64.0)).astype(np.float64)
+
+    def value(e):
+        e = np.asarray(e, dtype=np.int64)
+        q = e // 64
+        return (table[e - 64 * q] * np.power(2.0, np.clip(q, -200, 200))).astype(np.float32).astype(np.float64)
+
+    with h5py.File(container, "r") as f:
+        man = json.loads(bytes(np.asarray(f["manifest"])).decode())
+        codes = [np.asarray(f["moments/codes/" + r]).astype(np.int64) for r in ("exp_avg", "exp_avg_sq")]
+        pars = [np.asarray(f["moments/params/" + r]).reshape(-1, 2).astype(np.int64) for r in ("exp_avg", "exp_avg_sq")]
+    out = []
+    for p in man["params"]:
+        n, c0 = p["numel"], p["code_offset"]
+        blk = np.arange(n) // 64 + p["block_offset"]
+        kv, et, s = codes[1][c0:c0 + n], pars[1][blk, 0], pars[1][blk, 1]
+        x = lambda k: value(et - (255 - k) * s)  # noqa: E731
+        vd = np.where(kv == 0, 0.0, x(kv))
+        cm = codes[0][c0:c0 + n]
+        km, neg = cm & 0x7F, (cm & 0x80) != 0
+        d = value(pars[0][blk, 0]) * np.sqrt(vd)
+        lo, hi = np.where(km == 0, -0.5 * d, (km - 0.5) * d), (km + 0.5) * d
+        mlo, mhi = np.where(neg & (km > 0), -hi, lo), np.where(neg & (km > 0), -lo, hi)
+        out.append((kv, (x(kv) + x(kv - 1)) / 2, (x(kv) + x(kv + 1)) / 2, mlo, mhi))
+    return out
+
+
+def _inward(x, lo, hi, up):
+    """The float32 nearest the upper (lower) cell edge that is still inside the cell."""
+    t = np.float32(hi if up else lo)
+    while (float(t) > hi) if up else (float(t) < lo):
+        t = np.nextafter(t, np.float32(-np.inf if up else np.inf))
+    return t
+
+
+@pytest.mark.parametrize("kind,kw", [("adam", dict(lr=1e-3)), ("adam", dict(lr=1e-3, weight_decay=0.1))])
+def test_originals_at_both_cell_edges_verify(tmp_path, kind, kw):
+    """Originals pushed to the far edges of their log8 cells (each of the four corner
+    combinations) still verify with --original: every per-coordinate certificate bounds
+    the true error on the dense grid, and one real step agrees within tolerance."""
+    b = require_ckptkit_bin()
+    net, opt = train(torch.optim.Adam, steps=100, **kw)
+    src = save(tmp_path / "o.pt", net, opt)
+    assert run_tool(b, "ckpt-compress", src, "-o", tmp_path / "o.h5", "--optimizer", kind).returncode == 0
+    cells = _log8_cells(tmp_path / "o.h5")
+    for mup, vup in ((1, 1), (0, 0), (1, 0), (0, 1)):
+        sd = torch.load(src)
+        for j, (kv, vlo, vhi, mlo, mhi) in enumerate(cells):
+            mn = sd["optimizer"]["state"][j]["exp_avg"].view(-1).numpy()
+            vn = sd["optimizer"]["state"][j]["exp_avg_sq"].view(-1).numpy()
+            for i in np.nonzero(kv)[0]:
+                vn[i] = _inward(vn[i], vlo[i], vhi[i], vup)
+                mn[i] = _inward(mn[i], mlo[i], mhi[i], mup)
+        edge = tmp_path / f"edge{mup}{vup}.pt"
+        torch.save(sd, edge)
+        rep, back = roundtrip(tmp_path, edge, "--optimizer", kind, "--force")
+        assert_step_close(torch.optim.Adam, torch.load(edge), back, grads_like(net), **kw)
