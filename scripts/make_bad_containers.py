@@ -278,7 +278,7 @@ def variants():
     M("m_hyper_eps_neg", p0(lambda p: p["hyper"].__setitem__("eps", -1.0)), "eps -1")
     M("m_hyper_beta1_2", p0(lambda p: p["hyper"].__setitem__("beta1", 2.0)), "beta1 2")
     M("m_hyper_beta2_1", p0(lambda p: p["hyper"].__setitem__("beta2", 1.0)), "beta2 1 (bias correction 0)")
-    M("m_hyper_step_0", p0(lambda p: p["hyper"].__setitem__("step", 0.0)), "step 0 (bias correction 0)")
+    M("m_hyper_step_frac", p0(lambda p: p["hyper"].__setitem__("step", 2.5)), "step 2.5 (not a whole count)")
     M("m_hyper_step_neg", p0(lambda p: p["hyper"].__setitem__("step", -5.0)), "step -5")
     M("m_hyper_lr_0", p0(lambda p: p["hyper"].__setitem__("lr", 0.0)), "lr 0")
     M("m_hyper_amsgrad_true", p0(lambda p: p["hyper"].__setitem__("amsgrad", True)),
