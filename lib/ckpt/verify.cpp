@@ -29,18 +29,25 @@ namespace ckpt {
 
 namespace {
 
-/// Gradient grid inside [lo, hi]: 0, the ends, and +-sqrt(v) * 10^k for k in [-3, 4].
-void grid(double lo, double hi, double scale, int points, std::vector<double>& g) {
+/// Dense-grid multipliers 10^k for k in [-3, 4], per_side points (computed once per run:
+/// the grid of every coordinate is scale * these, so no pow in the per-coordinate loop).
+std::vector<double> grid_multipliers(int points) {
+    const int per_side = std::max(1, (points - 3) / 2);
+    std::vector<double> m(static_cast<std::size_t>(per_side));
+    for (int i = 0; i < per_side; ++i) m[std::size_t(i)] = std::pow(10.0, -3.0 + 7.0 * i / std::max(1, per_side - 1));
+    return m;
+}
+
+/// Gradient grid inside [lo, hi]: 0, the ends, and +-scale * mult[k].
+void grid(double lo, double hi, double scale, const std::vector<double>& mult, std::vector<double>& g) {
     g.clear();
     auto add = [&](double x) { if (x >= lo && x <= hi && std::isfinite(x)) g.push_back(x); };
     add(0);
     add(lo);
     add(hi);
-    const int per_side = std::max(1, (points - 3) / 2);
-    for (int i = 0; i < per_side; ++i) {
-        const double x = scale * std::pow(10.0, -3.0 + 7.0 * i / std::max(1, per_side - 1));
-        add(x);
-        add(-x);
+    for (double k : mult) {
+        add(scale * k);
+        add(-scale * k);
     }
 }
 
@@ -195,7 +202,7 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     }
     uint64_t certified = 0, grid_points = 0, escapes_checked = 0;
     double max_true = 0;
-    std::vector<double> g;
+    const std::vector<double> mult = grid_multipliers(o.grid);
     std::vector<uint8_t> ob[3];
     std::vector<float> ov[3];
     uint64_t moment_bytes = 0;
@@ -227,26 +234,41 @@ Report verify(const std::string& path, const VerifyOptions& o) {
                         for (std::size_t q = 0; q < c.escaped.size(); ++q, ++escapes_checked)
                             if (element_bits(e.dtype, ob[k].data(), c.escaped[q]) != c.escaped_bits[k][q]) ++esc_fail;
                     }
-                for (std::size_t i = 0; i < c.n; ++i) {
-                    if (esc[i]) continue;
-                    const double b = c.bounds[i];
-                    if (!(b <= man.tolerance)) { ++over; continue; }
-                    ++certified;
-                    max_bound = std::max(max_bound, b);
-                    if (!cmp) continue;
-                    double lo, hi;
-                    codec::gradient_domain(e.domain, c.theta.empty() ? nullptr : c.theta.data(), i, lo, hi);
-                    const double vt = nm == 3 ? c.values[2][i] : 0.0, vo = nm == 3 ? ov[2][i] : 0.0;
-                    grid(lo, hi, std::sqrt(std::max<double>(ov[1][i], 1e-30)), o.grid, g);
-                    for (double x : g) {
-                        const double uo = codec::update_lr(gc, ov[0][i], ov[1][i], vo, nm == 3, x);
-                        const double ut = codec::update_lr(gc, c.values[0][i], c.values[1][i], vt, nm == 3, x);
-                        ++grid_points;
-                        if (std::isnan(uo) && std::isnan(ut)) continue;  // torch gives NaN for both: no difference
-                        const double d = std::fabs(uo - ut);
-                        max_true = std::max(max_true, d);
-                        if (!(d <= b)) ++grid_fail;
+                // per-coordinate checks, split over the CPU threads (one accumulator each)
+                struct Acc { uint64_t certified = 0, over = 0, grid_points = 0, grid_fail = 0; double max_bound = 0, max_true = 0; };
+                std::vector<Acc> acc(codec::parallel_parts(c.n));
+                codec::parallel_ranges(c.n, [&](unsigned part, std::size_t i0, std::size_t i1) {
+                    Acc& a = acc[part];
+                    std::vector<double> g;
+                    for (std::size_t i = i0; i < i1; ++i) {
+                        if (esc[i]) continue;
+                        const double b = c.bounds[i];
+                        if (!(b <= man.tolerance)) { ++a.over; continue; }
+                        ++a.certified;
+                        a.max_bound = std::max(a.max_bound, b);
+                        if (!cmp) continue;
+                        double lo, hi;
+                        codec::gradient_domain(e.domain, c.theta.empty() ? nullptr : c.theta.data(), i, lo, hi);
+                        const double vt = nm == 3 ? c.values[2][i] : 0.0, vo = nm == 3 ? ov[2][i] : 0.0;
+                        grid(lo, hi, std::sqrt(std::max<double>(ov[1][i], 1e-30)), mult, g);
+                        for (double x : g) {
+                            const double uo = codec::update_lr(gc, ov[0][i], ov[1][i], vo, nm == 3, x);
+                            const double ut = codec::update_lr(gc, c.values[0][i], c.values[1][i], vt, nm == 3, x);
+                            ++a.grid_points;
+                            if (std::isnan(uo) && std::isnan(ut)) continue;  // torch gives NaN for both: no difference
+                            const double d = std::fabs(uo - ut);
+                            a.max_true = std::max(a.max_true, d);
+                            if (!(d <= b)) ++a.grid_fail;
+                        }
                     }
+                });
+                for (const Acc& a : acc) {
+                    certified += a.certified;
+                    over += a.over;
+                    grid_points += a.grid_points;
+                    grid_fail += a.grid_fail;
+                    max_bound = std::max(max_bound, a.max_bound);
+                    max_true = std::max(max_true, a.max_true);
                 }
             });
         } catch (const BadInput& ex) {

@@ -82,6 +82,16 @@ unsigned parts_for(std::size_t n) {
     return unsigned(std::min<std::size_t>(cpu_threads(), most));
 }
 
+}  // namespace
+
+unsigned parallel_parts(std::size_t n) { return parts_for(n); }
+
+void parallel_ranges(std::size_t n, const std::function<void(unsigned, std::size_t, std::size_t)>& fn) {
+    for_block_ranges(n, parts_for(n), fn);
+}
+
+namespace {
+
 // The loops over blocks and coordinates; the bodies are block.h's (shared with cuda/).
 template <class Q>
 ChunkOut encode_impl(const TensorSetup& s, const ChunkIn& in) {

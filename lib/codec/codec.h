@@ -5,6 +5,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,12 @@ struct TensorSetup {
 /// on (sched_getaffinity, so taskset applies). n = 0 restores the default.
 void set_cpu_threads(unsigned n);
 unsigned cpu_threads();
+
+/// Run fn(part, begin, end) over contiguous ranges of [0, n), one per CPU thread (at most
+/// one per 16k items; part 0 on the calling thread); rethrows the first exception.
+void parallel_ranges(std::size_t n, const std::function<void(unsigned, std::size_t, std::size_t)>& fn);
+/// The number of ranges parallel_ranges(n, ...) uses.
+unsigned parallel_parts(std::size_t n);
 
 /// Encode and certify one chunk (n need not be a multiple of kBlock only for the last).
 ChunkOut encode_chunk(const TensorSetup&, const ChunkIn&);
