@@ -386,6 +386,44 @@ def foreign_objects():
     }
 
 
+class KwNew:
+    """Needs keyword arguments to __new__: protocol 4 pickles it with NEWOBJ_EX."""
+    def __new__(cls, *, size=1):
+        obj = super().__new__(cls)
+        obj.size = size
+        return obj
+
+    def __getnewargs_ex__(self):
+        return (), {"size": self.size}
+
+
+class TaggedDict(dict):
+    """A dict subclass: NEWOBJ + SETITEMS + BUILD __dict__."""
+
+
+class TaggedList(list):
+    """A list subclass: NEWOBJ + APPENDS + BUILD __dict__."""
+
+
+def write_fuzz_seeds(out):
+    """Raw pickles with opaque objects for the fuzz_pickle seeds (test/corpus/good/opaque_*.pkl):
+    the data.pkl of the foreign-object and torch 2.x files, and CPython's own pickles of
+    NEWOBJ_EX, dict/list subclasses with state, and a slotted object."""
+    for name in ["foreign.pt", "foreign_p5.pt", "torch2_p4.pt"]:
+        with zipfile.ZipFile(os.path.join(OUT, name)) as z:
+            pkl = next(n for n in z.namelist() if n.endswith("/data.pkl"))
+            with open(os.path.join(out, "opaque_" + name.replace(".pt", ".pkl")), "wb") as f:
+                f.write(z.read(pkl))
+    d = TaggedDict(a=1, b=[2.5, None])
+    d.tag = "x"
+    lst = TaggedList([1, (2, 3)])
+    lst.note = {"k": b"v"}
+    obj = {"kw": KwNew(size=3), "d": d, "l": lst, "ns": argparse.Namespace(x=1), "od": collections.OrderedDict(z=1)}
+    for proto in (2, 4, 5):
+        with open(os.path.join(out, f"opaque_python_p{proto}.pkl"), "wb") as f:
+            f.write(pickle.dumps(obj, protocol=proto))
+
+
 def model_and_optim(amsgrad):
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
@@ -505,6 +543,9 @@ def main():
     # 8. torch 2.x forms pickled by hand with torch 2.x names, zipped like torch 2.x.
     write_torch2("torch2.pt", torch2_sample())
     write_torch2("torch2_p4.pt", torch2_sample(), protocol=4)
+
+    # 9. raw-pickle fuzz seeds with opaque objects.
+    write_fuzz_seeds(os.path.join(os.path.dirname(OUT), "..", "test", "corpus", "good"))
 
     # Sanity: torch loads what it wrote.
     for name in ["nested.pt", "optim_only.pt", "dtypes.pt", "handzip.pt", "rezipped.pt", "legacy.pt",

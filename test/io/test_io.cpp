@@ -536,3 +536,36 @@ TEST_CASE("protocol 0 text opcodes without calls, and opcodes a file cannot use"
     auto b = unpickle_bytes(std::string("\x80\x05\x96\x02\0\0\0\0\0\0\0xy.", 15), false);
     CHECK(b.root.is_bytes);
 }
+
+TEST_CASE("CPython's own pickles of opaque objects (fuzz seeds test/corpus/good/opaque_*.pkl) read by default") {
+    const std::string dir = std::string(CKPT_SOURCE_DIR) + "/test/corpus/good/";
+    for (const char* name : {"opaque_python_p2.pkl", "opaque_python_p4.pkl", "opaque_python_p5.pkl",
+                             "opaque_foreign.pkl", "opaque_foreign_p5.pkl", "opaque_torch2_p4.pkl"}) {
+        CAPTURE(name);
+        std::ifstream in(dir + name, std::ios::binary);
+        REQUIRE(in.good());
+        const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        if (std::string(name) == "opaque_python_p2.pkl") {
+            // Below protocol 4 CPython pickles keyword-only __new__ arguments as
+            // functools.partial(getattr(cls, '__new__'), ...): builtins.getattr, always refused.
+            CHECK_THROWS_WITH_AS(unpickle_bytes(bytes, false), doctest::Contains("__builtin__.getattr is not allowed"),
+                                 BadInput);
+            continue;
+        }
+        auto r = unpickle_bytes(bytes, false);
+        CHECK(r.root.is_dict());
+        if (std::string(name).rfind("opaque_python", 0) == 0) {
+            const auto& kw = obj(*r.root.get("kw"));
+            CHECK(kw.qualname() == "__main__.KwNew");
+            REQUIRE(kw.kwargs.size() == 1);   // NEWOBJ_EX with size=3
+            CHECK(std::get<int64_t>(kw.kwargs[0].second.v) == 3);
+            const auto& d = obj(*r.root.get("d"));
+            CHECK(d.dict_items.size() == 2);
+            CHECK(std::get<std::string>(d.attr("tag")->v) == "x");
+            const auto& l = obj(*r.root.get("l"));
+            CHECK(l.items.size() == 2);
+            CHECK(l.attr("note")->get("k")->is_bytes);
+        }
+        if (std::string(name) != "opaque_torch2_p4.pkl") CHECK_THROWS_AS(unpickle_bytes(bytes, true), BadInput);
+    }
+}
