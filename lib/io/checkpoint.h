@@ -30,7 +30,7 @@ const char* dtype_name(DType);
 /// Parse a safetensors spelling (the first 17 DTypes and F8_E8M0); nullopt for any other name.
 std::optional<DType> dtype_from_name(const std::string&);
 
-/// Configurable size limits for untrusted input (SPEC §4). Exceeding one is BadInput.
+/// Configurable size limits for untrusted input, and the reader mode. Exceeding a limit is BadInput.
 struct Limits {
     uint64_t max_header_bytes = 100'000'000;   ///< safetensors JSON header (reference reader)
     uint64_t max_pickle_bytes = 1ull << 30;    ///< data.pkl / legacy pickle
