@@ -22,7 +22,13 @@ constexpr DTypeRow kDTypes[] = {
     {DType::I16, "I16", 2},  {DType::I8, "I8", 1},     {DType::U8, "U8", 1},
     {DType::Bool, "BOOL", 1}, {DType::C64, "C64", 8},  {DType::C128, "C128", 16},
     {DType::F8_E5M2, "F8_E5M2", 1}, {DType::F8_E4M3, "F8_E4M3", 1}, {DType::U16, "U16", 2},
-    {DType::U32, "U32", 4},  {DType::U64, "U64", 8}};
+    {DType::U32, "U32", 4},  {DType::U64, "U64", 8},
+    {DType::F8_E4M3FNUZ, "F8_E4M3FNUZ", 1}, {DType::F8_E5M2FNUZ, "F8_E5M2FNUZ", 1},
+    {DType::F8_E8M0, "F8_E8M0", 1}, {DType::F4_E2M1X2, "F4_E2M1X2", 1}, {DType::C32, "C32", 4},
+    {DType::QI8, "QI8", 1}, {DType::QU8, "QU8", 1}, {DType::QI32, "QI32", 4}, {DType::QU4X2, "QU4X2", 1},
+    {DType::QU2X4, "QU2X4", 1}, {DType::Bits8, "BITS8", 1}, {DType::Bits16, "BITS16", 2},
+    {DType::Bits1x8, "BITS1X8", 1}, {DType::Bits2x4, "BITS2X4", 1}, {DType::Bits4x2, "BITS4X2", 1},
+    {DType::U1_7, "U1_7", 1}, {DType::I1_7, "I1_7", 1}};
 const DTypeRow& row(DType t) {
     for (const auto& r : kDTypes)
         if (r.t == t) return r;
@@ -34,7 +40,7 @@ std::size_t dtype_size(DType t) { return row(t).size; }
 const char* dtype_name(DType t) { return row(t).name; }
 std::optional<DType> dtype_from_name(const std::string& s) {
     for (const auto& r : kDTypes)
-        if (s == r.name) return r.t;
+        if (s == r.name && (r.t <= DType::U64 || r.t == DType::F8_E8M0)) return r.t;   // safetensors' own
     return std::nullopt;
 }
 
@@ -53,6 +59,26 @@ Value::Value(const Value&) = default;
 Value::Value(Value&&) noexcept = default;
 Value& Value::operator=(const Value&) = default;
 Value& Value::operator=(Value&&) noexcept = default;
+Value::Object::Object() = default;
+Value::Object::~Object() = default;
+Value::Object::Object(const Object&) = default;
+Value::Object::Object(Object&&) noexcept = default;
+Value::Object& Value::Object::operator=(const Object&) = default;
+Value::Object& Value::Object::operator=(Object&&) noexcept = default;
+
+const Value* Value::Object::attr(const std::string& key) const {
+    for (auto it = state.rbegin(); it != state.rend(); ++it) {
+        if (const Value* v = it->get(key)) return v;
+        // (state, slotstate) pair of CPython's load_build
+        auto pair = std::get_if<List>(&it->v);
+        if (pair && it->is_tuple && pair->size() == 2)
+            for (const Value& part : *pair)
+                if (const Value* v = part.get(key)) return v;
+    }
+    for (const auto& [k, val] : dict_items)
+        if (std::holds_alternative<std::string>(k.v) && std::get<std::string>(k.v) == key) return &val;
+    return nullptr;
+}
 
 std::string Value::key_text() const {
     if (auto s = std::get_if<std::string>(&v)) return *s;
@@ -60,6 +86,7 @@ std::string Value::key_text() const {
     if (auto b = std::get_if<bool>(&v)) return *b ? "True" : "False";
     if (auto d = std::get_if<double>(&v)) return fmt::format("{}", *d);
     if (std::holds_alternative<None>(v)) return "None";
+    if (auto o = std::get_if<Object>(&v)) return o->qualname();
     return "?";
 }
 

@@ -14,23 +14,33 @@
 
 namespace ckpt {
 
-/// Element types met in torch.save and safetensors files (FACTS.md).
+/// Element types met in torch.save and safetensors files. The first 17 are safetensors'
+/// spellings; the rest are the other torch 2.x dtypes (c10/core/ScalarType.h; torch.storage's
+/// _new_dtypes): fnuz/e8m0 float8, packed float4, complex32, the quantized types (their storages
+/// are QInt8Storage etc.), the bit-packed shells and the sub-byte uint1..7/int1..7 shells,
+/// which all take one byte per element in a storage.
 enum class DType { F64, F32, F16, BF16, I64, I32, I16, I8, U8, Bool, C64, C128,
-                   F8_E5M2, F8_E4M3, U16, U32, U64 };
+                   F8_E5M2, F8_E4M3, U16, U32, U64,
+                   F8_E4M3FNUZ, F8_E5M2FNUZ, F8_E8M0, F4_E2M1X2, C32, QI8, QU8, QI32, QU4X2, QU2X4,
+                   Bits8, Bits16, Bits1x8, Bits2x4, Bits4x2, U1_7, I1_7 };
 /// Bytes per element.
 std::size_t dtype_size(DType);
-/// safetensors spelling ("F32", "BF16", ...).
+/// safetensors spelling ("F32", "BF16", ...); ckptkit's own for dtypes safetensors lacks ("C32", "QI8").
 const char* dtype_name(DType);
-/// Parse a safetensors spelling; nullopt when unknown.
+/// Parse a safetensors spelling (the first 17 DTypes and F8_E8M0); nullopt for any other name.
 std::optional<DType> dtype_from_name(const std::string&);
 
-/// Configurable size limits for untrusted input (SPEC §4). Exceeding one is BadInput.
+/// Configurable size limits for untrusted input, and the reader mode. Exceeding a limit is BadInput.
 struct Limits {
     uint64_t max_header_bytes = 100'000'000;   ///< safetensors JSON header (reference reader)
     uint64_t max_pickle_bytes = 1ull << 30;    ///< data.pkl / legacy pickle
     uint64_t max_memo_entries = 1u << 24;      ///< pickle memo size
     uint64_t max_objects = 1u << 26;           ///< pickle stack + containers, total
     uint64_t max_zip_entries = 1u << 20;       ///< central-directory records
+    /// Pickle globals: false (default) keeps every global that is not on the tensor allowlist as
+    /// an opaque Value::Object; true refuses them like torch.load(weights_only=True)
+    /// (torch/_weights_only_unpickler.py). Globals that run code on load are refused either way.
+    bool strict = false;
 };
 
 /// One storage: a contiguous byte range of the input file.
@@ -57,13 +67,43 @@ struct TensorInfo {
 };
 
 /// A decoded Python value from the checkpoint's object tree (pickle or safetensors header).
-/// Tensors appear as Tensor{index into Checkpoint::tensors}.
+/// Tensors appear as Tensor{index into Checkpoint::tensors}. Objects the reader does not know
+/// (argparse.Namespace, numpy scalars, a pickled nn.Module, a DeepSpeed loss scaler...) appear
+/// as Object: the recorded call, never executed, with its arguments and state as Values.
 struct Value {
     struct None {};
     struct Tensor { std::size_t index; };
     using List = std::vector<Value>;                              // list or tuple
     using Dict = std::vector<std::pair<Value, Value>>;            // dict / OrderedDict, insertion order
-    std::variant<None, bool, int64_t, double, std::string, Tensor, List, Dict> v;
+    /// An opaque Python object as the pickle describes it (CPython Lib/pickle.py load_reduce,
+    /// load_newobj(_ex), load_build, load_append(s), load_setitem(s)): the global `module.name`,
+    /// called (REDUCE / NEWOBJ / NEWOBJ_EX) with `args` / `kwargs` or just referenced, then
+    /// given `state` by BUILD and items by APPEND(S) / SETITEM(S). Nothing here was run.
+    struct Object {
+        enum class Made { Global, Reduce, NewObj };   ///< bare GLOBAL reference, REDUCE, NEWOBJ(_EX)
+        std::string module;    ///< as spelled in the pickle ("argparse", "numpy.core.multiarray")
+        std::string name;      ///< "Namespace", "scalar"; dotted for nested classes
+        Made made = Made::Global;
+        List args;             ///< positional arguments of the call (empty when Made::Global)
+        Dict kwargs;           ///< NEWOBJ_EX keyword arguments
+        List state;            ///< BUILD states in order: usually none or one (a __dict__ dict,
+                               ///< or a (dict-or-None, slots dict) tuple, or any value)
+        List items;            ///< APPEND(S) items (list subclasses)
+        Dict dict_items;       ///< SETITEM(S) items (dict subclasses)
+
+        Object();                                 ///< out of line for clang 14, see below
+        ~Object();
+        Object(const Object&);
+        Object(Object&&) noexcept;
+        Object& operator=(const Object&);
+        Object& operator=(Object&&) noexcept;
+
+        std::string qualname() const { return module + "." + name; }   ///< "argparse.Namespace"
+        /// An attribute from the last BUILD state that names it (its __dict__ part, then its
+        /// slots part), else a SETITEM item with that str key; nullptr when absent.
+        const Value* attr(const std::string& key) const;
+    };
+    std::variant<None, bool, int64_t, double, std::string, Tensor, List, Dict, Object> v;
     bool is_tuple = false;   ///< List came from a tuple
     bool is_bytes = false;   ///< string holds raw bytes (python bytes)
 
@@ -81,8 +121,33 @@ struct Value {
     const Value* get(const std::string& key) const;   ///< Dict lookup by str or int key text; nullptr if absent
     bool is_dict() const { return std::holds_alternative<Dict>(v); }
     bool is_list() const { return std::holds_alternative<List>(v); }
-    std::string key_text() const;                      ///< str or int rendered as text (for paths)
+    bool is_object() const { return std::holds_alternative<Object>(v); }
+    const Object* object() const { return std::get_if<Object>(&v); }   ///< nullptr unless an Object
+    std::string key_text() const;   ///< str or int rendered as text (for paths); an Object's qualname
+
+    /// Visit the direct children with their path segments: list/tuple items by index, dict
+    /// values by key_text(), and an Object's parts as "@args/<i>", "@kwargs/<key>", "@state"
+    /// (more BUILDs: "@state1", ...), "@items/<i>", "@dict/<key>". Dict keys are not visited.
+    template <class F> void for_each_child(F&& f) const { visit_children(*this, f); }
+    template <class F> void for_each_child(F&& f) { visit_children(*this, f); }
+
+private:
+    template <class V, class F> static void visit_children(V& self, F& f);
 };
+
+template <class V, class F> void Value::visit_children(V& self, F& f) {
+    if (auto l = std::get_if<List>(&self.v)) {
+        for (std::size_t i = 0; i < l->size(); ++i) f(std::to_string(i), (*l)[i]);
+    } else if (auto d = std::get_if<Dict>(&self.v)) {
+        for (auto& kv : *d) f(kv.first.key_text(), kv.second);
+    } else if (auto o = std::get_if<Object>(&self.v)) {
+        for (std::size_t i = 0; i < o->args.size(); ++i) f("@args/" + std::to_string(i), o->args[i]);
+        for (auto& kv : o->kwargs) f("@kwargs/" + kv.first.key_text(), kv.second);
+        for (std::size_t i = 0; i < o->state.size(); ++i) f(i ? "@state" + std::to_string(i) : std::string("@state"), o->state[i]);
+        for (std::size_t i = 0; i < o->items.size(); ++i) f("@items/" + std::to_string(i), o->items[i]);
+        for (auto& kv : o->dict_items) f("@dict/" + kv.first.key_text(), kv.second);
+    }
+}
 
 enum class Format { TorchZip, TorchLegacy, Safetensors };
 const char* format_name(Format);

@@ -12,22 +12,54 @@
 namespace ckpt::io {
 namespace {
 
-/// Allowed callables / classes (torch.load(weights_only=True) plus _codecs.encode etc.).
-enum class Fn { OrderedDict, RebuildV2, RebuildV3, RebuildParameter, Storage, UntypedStorage, Size, Device,
-                Dtype, CodecsEncode, Set, FrozenSet, ByteArray, Complex };
+/// What a global is to the reader. Opaque: not on the allowlist, kept as a Value::Object.
+/// KnownObject: on torch's weights_only allowlist but not modelled (sparse, quantized, meta,
+/// nested, wrapper-subclass tensors), also kept as a Value::Object. Plain: an allowlisted class
+/// or constant that is only referenced (torch.Tensor, torch.FloatTensor, torch.per_tensor_affine).
+enum class Fn { Opaque, KnownObject, Plain, OrderedDict, Counter, RebuildTensor, RebuildV2, RebuildV3,
+                RebuildParameter, RebuildParameterWithState, RebuildFromType, GetLayout, Parameter, Storage,
+                UntypedStorage, Size, Device, Dtype, CodecsEncode, Set, FrozenSet, ByteArray, Complex };
 
 struct GlobalInfo {
-    Fn fn;
+    Fn fn = Fn::Opaque;
     DType dtype = DType::U8;   // Storage / Dtype
 };
 
+/// Globals torch.load(weights_only=True) accepts (torch/_weights_only_unpickler.py
+/// _get_allowed_globals, torch/_utils.py rebuild functions, torch/storage.py storage and dtype
+/// maps). nullopt for anything else.
 std::optional<GlobalInfo> lookup_global(const std::string& module, const std::string& name) {
-    if (module == "collections" && name == "OrderedDict") return GlobalInfo{Fn::OrderedDict};
+    if (module == "collections") {
+        if (name == "OrderedDict") return GlobalInfo{Fn::OrderedDict};
+        if (name == "Counter") return GlobalInfo{Fn::Counter};
+        return std::nullopt;
+    }
     if (module == "torch._utils") {
+        if (name == "_rebuild_tensor") return GlobalInfo{Fn::RebuildTensor};
         if (name == "_rebuild_tensor_v2") return GlobalInfo{Fn::RebuildV2};
         if (name == "_rebuild_tensor_v3") return GlobalInfo{Fn::RebuildV3};
         if (name == "_rebuild_parameter") return GlobalInfo{Fn::RebuildParameter};
+        if (name == "_rebuild_parameter_with_state") return GlobalInfo{Fn::RebuildParameterWithState};
+        static const char* objects[] = {"_rebuild_sparse_tensor", "_rebuild_sparse_csr_tensor", "_rebuild_qtensor",
+                                        "_rebuild_meta_tensor_no_storage", "_rebuild_wrapper_subclass",
+                                        "_rebuild_nested_tensor", "_rebuild_device_tensor_from_numpy",
+                                        "_rebuild_device_tensor_from_cpu_tensor", "_rebuild_xla_tensor"};
+        for (auto n : objects)
+            if (name == n) return GlobalInfo{Fn::KnownObject};
         return std::nullopt;
+    }
+    if (module == "torch._tensor" && name == "_rebuild_from_type_v2") return GlobalInfo{Fn::RebuildFromType};
+    if (module == "torch.serialization" && name == "_get_layout") return GlobalInfo{Fn::GetLayout};
+    if (module == "torch.nn.parameter" && name == "Parameter") return GlobalInfo{Fn::Parameter};
+    if (module == "torch.storage" && name == "UntypedStorage") return GlobalInfo{Fn::UntypedStorage, DType::U8};
+    if (module == "torch.storage" && name == "TypedStorage") return GlobalInfo{Fn::Plain};
+    if (module == "torch" || module == "torch.cuda" || module == "torch.sparse") {
+        // Tensor classes (torch._tensor_classes), only ever referenced.
+        static const char* tensor_classes[] = {"DoubleTensor", "FloatTensor", "HalfTensor", "BFloat16Tensor",
+                                               "LongTensor", "IntTensor", "ShortTensor", "CharTensor", "ByteTensor",
+                                               "BoolTensor", "ComplexFloatTensor", "ComplexDoubleTensor"};
+        for (auto n : tensor_classes)
+            if (name == n) return GlobalInfo{Fn::Plain};
     }
     if (module == "torch") {
         static const std::pair<const char*, DType> storages[] = {
@@ -35,22 +67,39 @@ std::optional<GlobalInfo> lookup_global(const std::string& module, const std::st
             {"BFloat16Storage", DType::BF16}, {"LongStorage", DType::I64}, {"IntStorage", DType::I32},
             {"ShortStorage", DType::I16}, {"CharStorage", DType::I8}, {"ByteStorage", DType::U8},
             {"BoolStorage", DType::Bool}, {"ComplexFloatStorage", DType::C64},
-            {"ComplexDoubleStorage", DType::C128}};
+            {"ComplexDoubleStorage", DType::C128}, {"QInt8Storage", DType::QI8}, {"QUInt8Storage", DType::QU8},
+            {"QInt32Storage", DType::QI32}, {"QUInt4x2Storage", DType::QU4X2}, {"QUInt2x4Storage", DType::QU2X4}};
         for (auto& [n, d] : storages)
             if (name == n) return GlobalInfo{Fn::Storage, d};
         if (name == "UntypedStorage") return GlobalInfo{Fn::UntypedStorage, DType::U8};
         if (name == "Size") return GlobalInfo{Fn::Size};
         if (name == "device") return GlobalInfo{Fn::Device};
+        if (name == "Tensor") return GlobalInfo{Fn::Plain};
         static const std::pair<const char*, DType> dtypes[] = {
             {"float32", DType::F32}, {"float", DType::F32}, {"float64", DType::F64}, {"double", DType::F64},
             {"float16", DType::F16}, {"half", DType::F16}, {"bfloat16", DType::BF16}, {"int64", DType::I64},
             {"long", DType::I64}, {"int32", DType::I32}, {"int", DType::I32}, {"int16", DType::I16},
             {"short", DType::I16}, {"int8", DType::I8}, {"uint8", DType::U8}, {"bool", DType::Bool},
             {"complex64", DType::C64}, {"cfloat", DType::C64}, {"complex128", DType::C128},
-            {"cdouble", DType::C128}, {"float8_e5m2", DType::F8_E5M2}, {"float8_e4m3fn", DType::F8_E4M3},
-            {"uint16", DType::U16}, {"uint32", DType::U32}, {"uint64", DType::U64}};
+            {"cdouble", DType::C128}, {"complex32", DType::C32}, {"chalf", DType::C32},
+            {"float8_e5m2", DType::F8_E5M2}, {"float8_e4m3fn", DType::F8_E4M3},
+            {"float8_e5m2fnuz", DType::F8_E5M2FNUZ}, {"float8_e4m3fnuz", DType::F8_E4M3FNUZ},
+            {"float8_e8m0fnu", DType::F8_E8M0}, {"float4_e2m1fn_x2", DType::F4_E2M1X2},
+            {"uint16", DType::U16}, {"uint32", DType::U32}, {"uint64", DType::U64},
+            {"qint8", DType::QI8}, {"quint8", DType::QU8}, {"qint32", DType::QI32}, {"quint4x2", DType::QU4X2},
+            {"quint2x4", DType::QU2X4}, {"bits8", DType::Bits8}, {"bits16", DType::Bits16},
+            {"bits1x8", DType::Bits1x8}, {"bits2x4", DType::Bits2x4}, {"bits4x2", DType::Bits4x2}};
         for (auto& [n, d] : dtypes)
             if (name == n) return GlobalInfo{Fn::Dtype, d};
+        // torch.uint1..uint7 / int1..int7 (sub-byte shells, one byte per element in a storage)
+        if (name.size() == 5 && name.compare(0, 4, "uint") == 0 && name[4] >= '1' && name[4] <= '7')
+            return GlobalInfo{Fn::Dtype, DType::U1_7};
+        if (name.size() == 4 && name.compare(0, 3, "int") == 0 && name[3] >= '1' && name[3] <= '7')
+            return GlobalInfo{Fn::Dtype, DType::I1_7};
+        static const char* qschemes[] = {"per_tensor_affine", "per_tensor_symmetric", "per_channel_affine",
+                                         "per_channel_symmetric", "per_channel_affine_float_qparams"};
+        for (auto n : qschemes)
+            if (name == n) return GlobalInfo{Fn::Plain};
         return std::nullopt;
     }
     if (module == "_codecs" && name == "encode") return GlobalInfo{Fn::CodecsEncode};
@@ -63,18 +112,82 @@ std::optional<GlobalInfo> lookup_global(const std::string& module, const std::st
     return std::nullopt;
 }
 
+bool in_module(const std::string& module, const char* m) {
+    const std::size_t n = std::strlen(m);
+    return module.compare(0, n, m) == 0 && (module.size() == n || module[n] == '.');
+}
+
+/// True when importing `module` and fetching `name` from it (pickle's find_class, which for
+/// protocol >= 4 walks a dotted name attribute by attribute) and then calling it can run code
+/// when the restored file is torch.load-ed: torch's own blocklist (_weights_only_unpickler.py
+/// _blocklisted_modules), picklescan's and fickling's unsafe globals, and the torch helpers
+/// that load or exec nested data (torch/storage.py _load_from_bytes, torch/fx/graph_module.py
+/// reduce_graph_module).
+bool runs_code(std::string module, const std::string& name) {
+    if (module == "__builtin__" || module == "exceptions") module = "builtins";   // pickle's IMPORT_MAPPING
+    static const char* modules[] = {
+        "os", "posix", "nt", "sys", "subprocess", "commands", "popen2", "importlib", "runpy", "pty", "socket",
+        "socketserver", "shutil", "webbrowser", "pickle", "_pickle", "cPickle", "marshal", "pdb", "bdb", "code",
+        "codeop", "ctypes", "_ctypes", "multiprocessing", "asyncio", "signal", "timeit", "trace", "profile",
+        "cProfile", "doctest", "pydoc", "antigravity", "idlelib", "tkinter", "turtle", "ensurepip", "pip",
+        "venv", "distutils", "setuptools", "dill", "cloudpickle", "joblib", "jsonpickle", "yaml", "httplib",
+        "http.client", "urllib.request", "urllib2", "requests", "aiohttp", "ftplib", "smtplib", "telnetlib",
+        "xmlrpc", "torch.hub", "torch.jit", "torch.package", "torch.fx.graph_module", "torch.utils.cpp_extension",
+        "torch._dynamo", "torch._inductor", "numpy.f2py", "numpy.distutils", "numpy.testing", "pandas.io.pickle"};
+    for (auto m : modules)
+        if (in_module(module, m)) return true;
+    static const char* full[] = {
+        "builtins.eval", "builtins.exec", "builtins.execfile", "builtins.compile", "builtins.__import__",
+        "builtins.getattr", "builtins.setattr", "builtins.delattr", "builtins.open", "builtins.file",
+        "builtins.breakpoint", "builtins.apply", "builtins.input", "builtins.raw_input", "builtins.globals",
+        "builtins.locals", "builtins.vars", "builtins.help", "builtins.exit", "builtins.quit", "builtins.reload",
+        "operator.attrgetter", "operator.methodcaller", "functools.reduce", "torch.load",
+        "torch.serialization.load", "torch.serialization._load", "torch.serialization._legacy_load",
+        "torch.storage._load_from_bytes", "numpy.load", "numpy.lib.npyio.load", "pandas.read_pickle",
+        "types.CodeType", "types.FunctionType", "types.LambdaType", "types.MethodType", "types.ModuleType"};
+    const std::string qual = module + "." + name;
+    for (auto f : full)
+        if (qual == f) return true;
+    if (name.find('.') == std::string::npos) return false;
+    // Dotted names reach attributes of the module: refuse any path through a dunder or an
+    // imported dangerous module (torch.os.system, argparse._os.system, x.__class__.__base__).
+    static const char* parts[] = {"os", "posix", "nt", "sys", "subprocess", "builtins", "__builtins__",
+                                  "importlib", "pickle", "marshal", "socket", "shutil", "runpy", "pty", "ctypes"};
+    std::size_t b = 0;
+    for (;;) {
+        std::size_t e = name.find('.', b);
+        std::string part = name.substr(b, e == std::string::npos ? std::string::npos : e - b);
+        if (part.size() >= 4 && part.compare(0, 2, "__") == 0 && part.compare(part.size() - 2, 2, "__") == 0)
+            return true;
+        std::string bare = part.substr(std::min(part.find_first_not_of('_'), part.size()));
+        for (auto p : parts)
+            if (part == p || bare == p) return true;
+        if (runs_code(module, part)) return true;   // the same name without the dots
+        if (e == std::string::npos) return false;
+        b = e + 1;
+    }
+}
+
 /// Python objects live in an arena and refer to each other by index, so hostile nesting
 /// or cycles can neither overflow the stack on destruction nor leak.
 struct Obj {
-    enum Kind { None, Bool, Int, Float, Str, Bytes, List, Tuple, Dict, Set, Tensor, Global, Storage } kind = None;
+    enum Kind { None, Bool, Int, Float, Str, Bytes, List, Tuple, Dict, Set, Tensor, Global, Storage, Object } kind = None;
     bool b = false;
-    int64_t i = 0;
+    int64_t i = 0;                  // Int; Global / Object: length of the module part of s
     double d = 0;
-    std::string s;                  // Str / Bytes / Global "module.name"
+    std::string s;                  // Str / Bytes; Global / Object: "module.name"
     std::vector<std::size_t> items; // List / Tuple / Set; Dict: k0, v0, k1, v1, ...
-    std::size_t index = 0;          // Tensor / Storage index
-    GlobalInfo global{Fn::Set};
+    std::size_t index = 0;          // Tensor / Storage index; Object: index into Unpickler::parts_
+    GlobalInfo global;              // Global / Object: what its global is
 };
+
+/// The recorded construction of an opaque object (Value::Object before conversion).
+struct Parts {
+    Value::Object::Made made = Value::Object::Made::Global;
+    std::vector<std::size_t> args, kwargs, states, items, kv;   // kwargs / kv: k0, v0, k1, v1, ...
+};
+
+constexpr std::size_t kNoView = ~std::size_t(0);
 
 class Unpickler {
 public:
@@ -94,6 +207,7 @@ private:
     }
     std::size_t make_kind(Obj::Kind k) { Obj o; o.kind = k; return make(std::move(o)); }
     std::size_t make_int(int64_t v) { Obj o; o.kind = Obj::Int; o.i = v; return make(std::move(o)); }
+    std::size_t make_float(double v) { Obj o; o.kind = Obj::Float; o.d = v; return make(std::move(o)); }
     std::size_t make_str(Obj::Kind k, std::string s) { Obj o; o.kind = k; o.s = std::move(s); return make(std::move(o)); }
     void push(std::size_t id) {
         if (stack_.size() + marks_.size() >= limits_.max_objects) fail("stack exceeds the object limit");
@@ -131,6 +245,19 @@ private:
         for (int k = n - 1; k >= 0; --k) v = (v << 8) | b[k];
         return v;
     }
+    /// The argument line of a protocol-0 text opcode (INT, LONG, FLOAT, PUT, GET).
+    std::string text_arg(const char* what) { return in_.line(256, what); }
+    uint64_t text_index(const char* what) {
+        const std::string t = text_arg(what);
+        uint64_t v = 0;
+        if (t.empty() || t.size() > 19) fail(fmt::format("{} index '{}' is not a number", what, t.substr(0, 20)));
+        for (char c : t) {
+            if (c < '0' || c > '9') fail(fmt::format("{} index '{}' is not a number", what, t.substr(0, 20)));
+            v = v * 10 + static_cast<uint64_t>(c - '0');
+        }
+        return v;
+    }
+    std::size_t text_int(std::string t, bool is_long);
     void memo_put(uint64_t idx, std::size_t id) {
         if (memo_.size() >= limits_.max_memo_entries && !memo_.count(idx))
             fail(fmt::format("memo exceeds {} entries (limit)", limits_.max_memo_entries));
@@ -146,18 +273,28 @@ private:
         if (kind == Obj::List || kind == Obj::Dict || kind == Obj::Set)
             fail("unhashable dict key (list, dict or set)");
     }
+    /// SETITEM(S): into a dict, or recorded on an opaque object (a dict subclass).
     void set_items(std::size_t dict, const std::vector<std::size_t>& kv) {
-        if (arena_[dict].kind != Obj::Dict) fail("SETITEM(S) on an object that is not a dict");
+        const auto kind = arena_[dict].kind;
+        if (kind != Obj::Dict && kind != Obj::Object) fail("SETITEM(S) on an object that is not a dict");
         if (kv.size() % 2) fail("SETITEMS with an odd number of items");
-        for (std::size_t k = 0; k < kv.size(); k += 2) {
-            check_hashable(kv[k]);
-            auto& items = arena_[dict].items;
-            items.push_back(kv[k]);
-            items.push_back(kv[k + 1]);
-        }
+        for (std::size_t k = 0; k < kv.size(); k += 2) check_hashable(kv[k]);
+        auto& dst = kind == Obj::Dict ? arena_[dict].items : parts_[arena_[dict].index].kv;
+        dst.insert(dst.end(), kv.begin(), kv.end());
+    }
+    /// APPEND(S): onto a list, or recorded on an opaque object (a list subclass).
+    void append_items(std::size_t list, const std::vector<std::size_t>& items, const char* op) {
+        const auto kind = arena_[list].kind;
+        if (kind != Obj::List && kind != Obj::Object) fail(fmt::format("{} to an object that is not a list", op));
+        auto& dst = kind == Obj::List ? arena_[list].items : parts_[arena_[list].index].items;
+        dst.insert(dst.end(), items.begin(), items.end());
     }
     std::size_t long_from_bytes(const std::string& b);
+    std::size_t global(std::string module, std::string name);
+    std::size_t call(std::size_t fn, std::size_t args, Value::Object::Made made, std::size_t kwargs, const char* op);
+    std::size_t record(std::size_t fn, std::size_t args, Value::Object::Made made, std::size_t kwargs);
     std::size_t reduce(std::size_t fn, std::size_t args);
+    std::size_t make_tensor(const std::string& fn, const std::vector<std::size_t>& a, std::optional<std::size_t> dtype);
     std::size_t persistent(std::size_t pid);
     const std::vector<std::size_t>& tuple_items(std::size_t id, const char* what) {
         if (arena_[id].kind != Obj::Tuple && arena_[id].kind != Obj::List) fail(fmt::format("{} must be a tuple", what));
@@ -177,17 +314,31 @@ private:
         return out;
     }
     Value convert(std::size_t id, int depth);
+    Value::List convert_all(const std::vector<std::size_t>& ids, int depth) {
+        Value::List l;
+        l.reserve(ids.size());
+        for (auto e : ids) l.push_back(convert(e, depth + 1));
+        return l;
+    }
+    Value::Dict convert_pairs(const std::vector<std::size_t>& kv, int depth) {
+        Value::Dict d;
+        for (std::size_t k = 0; k + 1 < kv.size(); k += 2)
+            d.emplace_back(convert(kv[k], depth + 1), convert(kv[k + 1], depth + 1));
+        return d;
+    }
 
     RangeReader& in_;
     const Limits& limits_;
     PersistentIds ids_;
     uint64_t op_offset_ = 0;
     std::vector<Obj> arena_;
+    std::vector<Parts> parts_;
     std::vector<std::size_t> stack_;
     std::vector<std::size_t> marks_;
     std::unordered_map<uint64_t, std::size_t> memo_;
     PickleResult res_;
     std::unordered_map<std::string, std::size_t> storage_by_key_;
+    std::vector<std::size_t> storage_view_;   // per storage: tensor index of its whole-storage view
     uint64_t converted_ = 0, convert_budget_ = 0;
 };
 
@@ -206,9 +357,50 @@ std::size_t Unpickler::long_from_bytes(const std::string& b) {
         uint8_t byte = static_cast<uint8_t>(b[k]);
         d = d * 256.0 + (neg ? static_cast<uint8_t>(~byte) : byte);
     }
+    return make_float(neg ? -(d + 1) : d);
+}
+
+std::size_t Unpickler::text_int(std::string t, bool is_long) {
+    // INT: "00"/"01" are False/True (protocol 0 bools); LONG ends in 'L'. Decimal only: CPython's
+    // writers never emit another base. Values beyond int64 are rendered as a double.
+    if (!is_long && (t == "00" || t == "01")) {
+        Obj o; o.kind = Obj::Bool; o.b = t == "01"; return make(std::move(o));
+    }
+    if (is_long && !t.empty() && t.back() == 'L') t.pop_back();
+    std::size_t k = 0;
+    bool neg = false;
+    if (k < t.size() && (t[k] == '-' || t[k] == '+')) neg = t[k++] == '-';
+    if (k == t.size()) fail(fmt::format("{} argument '{}' is not a decimal integer", is_long ? "LONG" : "INT", t.substr(0, 20)));
+    uint64_t v = 0;
+    double d = 0;
+    bool big = false;
+    for (; k < t.size(); ++k) {
+        if (t[k] < '0' || t[k] > '9')
+            fail(fmt::format("{} argument '{}' is not a decimal integer", is_long ? "LONG" : "INT", t.substr(0, 20)));
+        unsigned digit = static_cast<unsigned>(t[k] - '0');
+        d = d * 10 + digit;
+        if (!big && (__builtin_mul_overflow(v, 10u, &v) || __builtin_add_overflow(v, digit, &v))) big = true;
+    }
+    if (big || v > (neg ? uint64_t(1) << 63 : (uint64_t(1) << 63) - 1)) return make_float(neg ? -d : d);
+    return make_int(neg ? static_cast<int64_t>(~v + 1) : static_cast<int64_t>(v));
+}
+
+std::size_t Unpickler::global(std::string module, std::string name) {
+    std::string full = module + "." + name;
+    for (char& ch : full)
+        if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f) ch = '?';
+    if (runs_code(module, name))
+        fail(fmt::format("pickle global {} is not allowed: it can run code when the file is loaded", full));
+    auto info = lookup_global(module, name);
+    if (!info && limits_.strict)
+        fail(fmt::format("pickle global {} is not allowed in strict mode (only torch.load(weights_only=True) "
+                         "globals)", full));
     Obj o;
-    o.kind = Obj::Float;
-    o.d = neg ? -(d + 1) : d;
+    o.kind = Obj::Global;
+    o.global = info.value_or(GlobalInfo{});
+    o.i = static_cast<int64_t>(module.size());
+    o.s = full == "torch.float" ? "torch.float32" : full;
+    if (full == "torch.float") o.i = 5;
     return make(std::move(o));
 }
 
@@ -241,6 +433,7 @@ std::size_t Unpickler::persistent(std::size_t pid) {
         index = res_.storages.size();
         storage_by_key_.emplace(st.key, index);
         res_.storages.push_back(std::move(st));
+        storage_view_.push_back(kNoView);
     }
     Obj o;
     o.kind = Obj::Storage;
@@ -248,15 +441,76 @@ std::size_t Unpickler::persistent(std::size_t pid) {
     return make(std::move(o));
 }
 
+/// A strided view: torch/_utils.py _rebuild_tensor(storage, storage_offset, size, stride),
+/// _v2 (+ requires_grad, backward_hooks[, metadata]) and _v3 (+ dtype[, metadata]; the storage
+/// is then an UntypedStorage counted in bytes). `dtype` is the index of v3's dtype argument.
+std::size_t Unpickler::make_tensor(const std::string& fn, const std::vector<std::size_t>& a,
+                                   std::optional<std::size_t> dtype) {
+    if (arena_[a[0]].kind != Obj::Storage) fail(fmt::format("{} argument 0 is not a storage", fn));
+    PickleTensor t;
+    t.storage = arena_[a[0]].index;
+    t.dtype = res_.storages[t.storage].dtype;
+    t.storage_offset = as_int(a[1], "tensor storage offset");
+    t.shape = int_tuple(a[2], "tensor size");
+    t.stride = int_tuple(a[3], "tensor stride");
+    if (t.shape.size() != t.stride.size())
+        fail(fmt::format("tensor size has {} dims but stride has {}", t.shape.size(), t.stride.size()));
+    if (a.size() > 4 && arena_[a[4]].kind != Obj::Bool) fail("tensor requires_grad must be a bool");
+    if (dtype) {
+        const Obj& dt = arena_[a[*dtype]];
+        if (dt.kind != Obj::Global || dt.global.fn != Fn::Dtype) fail(fmt::format("{} dtype is not a torch dtype", fn));
+        t.dtype = dt.global.dtype;
+    }
+    Obj o;
+    o.kind = Obj::Tensor;
+    o.index = res_.tensors.size();
+    res_.tensors.push_back(std::move(t));
+    return make(std::move(o));
+}
+
+/// An opaque object: `fn` called with `args` (a tuple) and `kwargs` (a dict or kNoView), recorded.
+std::size_t Unpickler::record(std::size_t fn, std::size_t args, Value::Object::Made made, std::size_t kwargs) {
+    Parts p;
+    p.made = made;
+    p.args = arena_[args].items;
+    if (kwargs != kNoView) p.kwargs = arena_[kwargs].items;
+    parts_.push_back(std::move(p));
+    Obj o;
+    o.kind = Obj::Object;
+    o.s = arena_[fn].s;
+    o.i = arena_[fn].i;
+    o.global = arena_[fn].global;
+    o.index = parts_.size() - 1;
+    return make(std::move(o));
+}
+
+/// REDUCE / NEWOBJ / NEWOBJ_EX: `fn` must be a global. Allowlisted ones are modelled (tensors,
+/// dicts, sizes...), everything else is recorded as an opaque object; nothing is called.
+std::size_t Unpickler::call(std::size_t fn, std::size_t args, Value::Object::Made made, std::size_t kwargs,
+                            const char* op) {
+    if (arena_[fn].kind != Obj::Global) fail(fmt::format("{} on an object that is not a global (a class or function)", op));
+    if (arena_[args].kind != Obj::Tuple)
+        fail(fmt::format("{} of {} with arguments that are not a tuple", op, arena_[fn].s));
+    if (kwargs != kNoView && arena_[kwargs].kind != Obj::Dict)
+        fail(fmt::format("{} of {} with keyword arguments that are not a dict", op, arena_[fn].s));
+    const Fn f = arena_[fn].global.fn;
+    if (f == Fn::Opaque || f == Fn::KnownObject || f == Fn::Plain || (kwargs != kNoView && !arena_[kwargs].items.empty()))
+        return record(fn, args, made, kwargs);
+    return reduce(fn, args);
+}
+
 std::size_t Unpickler::reduce(std::size_t fn_id, std::size_t args_id) {
     const Obj& fn = arena_[fn_id];
-    if (fn.kind != Obj::Global) fail("REDUCE on an object that is not an allowed callable");
-    if (arena_[args_id].kind != Obj::Tuple) fail(fmt::format("REDUCE of {} with arguments that are not a tuple", fn.s));
     const std::vector<std::size_t> a = arena_[args_id].items;
     const std::string name = fn.s;
     auto nargs = [&](std::size_t lo, std::size_t hi) {
         if (a.size() < lo || a.size() > hi)
             fail(fmt::format("{} called with {} arguments", name, a.size()));
+    };
+    auto tensor_like = [&](std::size_t id, const char* what) {
+        if (arena_[id].kind != Obj::Tensor && arena_[id].kind != Obj::Object)
+            fail(fmt::format("{} argument 0 is not a tensor", what));
+        return id;
     };
     switch (fn.global.fn) {
     case Fn::OrderedDict: {
@@ -271,35 +525,52 @@ std::size_t Unpickler::reduce(std::size_t fn_id, std::size_t args_id) {
         }
         return d;
     }
-    case Fn::RebuildV2:
-    case Fn::RebuildV3: {
-        bool v3 = fn.global.fn == Fn::RebuildV3;
-        nargs(v3 ? 7 : 6, v3 ? 8 : 7);
-        if (arena_[a[0]].kind != Obj::Storage) fail(fmt::format("{} argument 0 is not a storage", name));
-        PickleTensor t;
-        t.storage = arena_[a[0]].index;
-        t.dtype = res_.storages[t.storage].dtype;
-        t.storage_offset = as_int(a[1], "tensor storage offset");
-        t.shape = int_tuple(a[2], "tensor size");
-        t.stride = int_tuple(a[3], "tensor stride");
-        if (t.shape.size() != t.stride.size())
-            fail(fmt::format("tensor size has {} dims but stride has {}", t.shape.size(), t.stride.size()));
-        if (arena_[a[4]].kind != Obj::Bool) fail("tensor requires_grad must be a bool");
-        if (v3) {
-            const Obj& dt = arena_[a[6]];
-            if (dt.kind != Obj::Global || dt.global.fn != Fn::Dtype) fail("_rebuild_tensor_v3 dtype is not a torch dtype");
-            t.dtype = dt.global.dtype;
+    case Fn::Counter: {   // collections.Counter.__reduce__: (Counter, (dict(self),))
+        nargs(0, 1);
+        std::size_t d = make_kind(Obj::Dict);
+        if (a.size() == 1) {
+            if (arena_[a[0]].kind != Obj::Dict) fail("collections.Counter argument must be a dict");
+            arena_[d].items = arena_[a[0]].items;
         }
-        Obj o;
-        o.kind = Obj::Tensor;
-        o.index = res_.tensors.size();
-        res_.tensors.push_back(std::move(t));
-        return make(std::move(o));
+        return d;
     }
-    case Fn::RebuildParameter:
+    case Fn::RebuildTensor:
+        nargs(4, 4);
+        return make_tensor(name, a, std::nullopt);
+    case Fn::RebuildV2:
+        nargs(6, 7);
+        return make_tensor(name, a, std::nullopt);
+    case Fn::RebuildV3:
+        nargs(7, 8);
+        return make_tensor(name, a, 6);
+    case Fn::RebuildParameter:   // (data, requires_grad, backward_hooks)
         nargs(3, 3);
-        if (arena_[a[0]].kind != Obj::Tensor) fail("_rebuild_parameter argument 0 is not a tensor");
-        return a[0];
+        return tensor_like(a[0], "_rebuild_parameter");
+    case Fn::RebuildParameterWithState:   // (data, requires_grad, backward_hooks, state): state dropped
+        nargs(4, 4);
+        return tensor_like(a[0], "_rebuild_parameter_with_state");
+    case Fn::Parameter:   // torch.nn.Parameter(data[, requires_grad])
+        nargs(1, 2);
+        return tensor_like(a[0], "torch.nn.parameter.Parameter");
+    case Fn::RebuildFromType: {
+        // torch/_tensor.py _rebuild_from_type_v2(func, new_type, args, state): func(*args),
+        // then as_subclass(new_type) and the Python attributes in state. A plain Tensor or
+        // Parameter is the tensor itself; a subclass is kept as an object holding it.
+        nargs(4, 4);
+        const Obj& func = arena_[a[0]];
+        if (func.kind != Obj::Global || arena_[a[2]].kind != Obj::Tuple)
+            fail("_rebuild_from_type_v2 needs a global function and an argument tuple");
+        const Obj& type = arena_[a[1]];
+        const bool plain = type.kind == Obj::Global && (type.s == "torch.Tensor" || type.global.fn == Fn::Parameter);
+        std::size_t inner = call(a[0], a[2], Value::Object::Made::Reduce, kNoView, "_rebuild_from_type_v2");
+        if (plain && arena_[inner].kind == Obj::Tensor) return inner;
+        std::size_t t = make_kind(Obj::Tuple);
+        arena_[t].items = {a[0], a[1], inner, a[3]};
+        return record(fn_id, t, Value::Object::Made::Reduce, kNoView);
+    }
+    case Fn::GetLayout:   // torch/serialization.py _get_layout("torch.sparse_coo")
+        nargs(1, 1);
+        return make_str(Obj::Str, as_str(a[0], "_get_layout name"));
     case Fn::Size: {
         nargs(1, 1);
         std::size_t t = make_kind(Obj::Tuple);
@@ -311,7 +582,7 @@ std::size_t Unpickler::reduce(std::size_t fn_id, std::size_t args_id) {
     case Fn::Device: {
         nargs(1, 2);
         std::string s = as_str(a[0], "torch.device type");
-        if (a.size() == 2) s += fmt::format(":{}", as_int(a[1], "torch.device index"));
+        if (a.size() == 2 && arena_[a[1]].kind != Obj::None) s += fmt::format(":{}", as_int(a[1], "torch.device index"));
         return make_str(Obj::Str, std::move(s));
     }
     case Fn::CodecsEncode: {
@@ -373,26 +644,51 @@ Value Unpickler::convert(std::size_t id, int depth) {
     case Obj::Float: v.v = o.d; break;
     case Obj::Str: v.v = o.s; break;
     case Obj::Bytes: v.v = o.s; v.is_bytes = true; break;
-    case Obj::Global: v.v = o.s; break;   // dtype objects etc. render as "torch.float32"
     case Obj::Tensor: v.v = Value::Tensor{o.index}; break;
-    case Obj::Storage: fail("a bare storage object is not supported outside a tensor");
+    case Obj::Storage: {
+        // A storage saved on its own (torch.save(t.untyped_storage())) or held by an object:
+        // a 1-d tensor over the whole storage, so that it is found and kept like any tensor.
+        std::size_t& view = storage_view_[o.index];
+        if (view == kNoView) {
+            PickleTensor t;
+            t.storage = o.index;
+            t.dtype = res_.storages[o.index].dtype;
+            t.shape = {static_cast<int64_t>(std::min<uint64_t>(res_.storages[o.index].numel, INT64_MAX))};
+            t.stride = {1};
+            view = res_.tensors.size();
+            res_.tensors.push_back(std::move(t));
+        }
+        v.v = Value::Tensor{view};
+        break;
+    }
+    case Obj::Global:
+        if (o.global.fn != Fn::Opaque) { v.v = o.s; break; }   // dtype objects etc. render as "torch.float32"
+        [[fallthrough]];
+    case Obj::Object: {
+        Value::Object obj;
+        obj.module = o.s.substr(0, static_cast<std::size_t>(o.i));
+        obj.name = o.s.substr(std::min(o.s.size(), static_cast<std::size_t>(o.i) + 1));
+        if (o.kind == Obj::Object) {
+            const Parts p = parts_[o.index];   // copy: keep it simple across the recursion
+            obj.made = p.made;
+            obj.args = convert_all(p.args, depth);
+            obj.kwargs = convert_pairs(p.kwargs, depth);
+            obj.state = convert_all(p.states, depth);
+            obj.items = convert_all(p.items, depth);
+            obj.dict_items = convert_pairs(p.kv, depth);
+        }
+        v.v = std::move(obj);
+        break;
+    }
     case Obj::List: case Obj::Tuple: case Obj::Set: {
-        Value::List l;
-        auto items = o.items;   // copy: arena_ is stable here, but keep the reference simple
-        l.reserve(items.size());
-        for (auto e : items) l.push_back(convert(e, depth + 1));
-        v.v = std::move(l);
-        v.is_tuple = o.kind == Obj::Tuple;
+        const bool tuple = o.kind == Obj::Tuple;
+        v.v = convert_all(std::vector<std::size_t>(o.items), depth);
+        v.is_tuple = tuple;
         break;
     }
-    case Obj::Dict: {
-        Value::Dict d;
-        auto items = o.items;
-        for (std::size_t k = 0; k + 1 < items.size(); k += 2)
-            d.emplace_back(convert(items[k], depth + 1), convert(items[k + 1], depth + 1));
-        v.v = std::move(d);
+    case Obj::Dict:
+        v.v = convert_pairs(std::vector<std::size_t>(o.items), depth);
         break;
-    }
     }
     return v;
 }
@@ -430,6 +726,16 @@ PickleResult Unpickler::run() {
         case 'J': push(make_int(static_cast<int32_t>(static_cast<uint32_t>(le(4))))); break;   // BININT
         case 'K': push(make_int(static_cast<int64_t>(le(1)))); break;                             // BININT1
         case 'M': push(make_int(static_cast<int64_t>(le(2)))); break;                             // BININT2
+        case 'I': push(text_int(text_arg("pickle INT"), false)); break;                         // INT (text)
+        case 'L': push(text_int(text_arg("pickle LONG"), true)); break;                         // LONG (text)
+        case 'F': {    // FLOAT (text, repr of a double)
+            const std::string t = text_arg("pickle FLOAT");
+            char* end = nullptr;
+            double d = std::strtod(t.c_str(), &end);
+            if (t.empty() || end != t.c_str() + t.size()) fail(fmt::format("FLOAT argument '{}' is not a number", t.substr(0, 20)));
+            push(make_float(d));
+            break;
+        }
         case 0x8a: push(long_from_bytes(counted(le(1), "LONG1"))); break;
         case 0x8b: {   // LONG4
             int64_t n = static_cast<int32_t>(static_cast<uint32_t>(le(4)));
@@ -442,7 +748,9 @@ PickleResult Unpickler::run() {
             in_.read(b, 8, "pickle");
             uint64_t bits = 0;
             for (uint8_t c : b) bits = (bits << 8) | c;
-            Obj o; o.kind = Obj::Float; std::memcpy(&o.d, &bits, 8); push(make(std::move(o)));
+            double d;
+            std::memcpy(&d, &bits, 8);
+            push(make_float(d));
             break;
         }
         case 'X': push(make_str(Obj::Str, counted(le(4), "BINUNICODE"))); break;
@@ -451,6 +759,7 @@ PickleResult Unpickler::run() {
         case 'B': push(make_str(Obj::Bytes, counted(le(4), "BINBYTES"))); break;
         case 'C': push(make_str(Obj::Bytes, counted(le(1), "SHORT_BINBYTES"))); break;
         case 0x8e: push(make_str(Obj::Bytes, counted(le(8), "BINBYTES8"))); break;
+        case 0x96: push(make_str(Obj::Bytes, counted(le(8), "BYTEARRAY8"))); break;
         case 'U': push(make_str(Obj::Str, counted(le(1), "SHORT_BINSTRING"))); break;
         case 'T': {
             int64_t n = static_cast<int32_t>(static_cast<uint32_t>(le(4)));
@@ -489,17 +798,12 @@ PickleResult Unpickler::run() {
         }
         case 'a': {    // APPEND
             std::size_t v = pop();
-            std::size_t l = top();
-            if (arena_[l].kind != Obj::List) fail("APPEND to an object that is not a list");
-            arena_[l].items.push_back(v);
+            append_items(top(), {v}, "APPEND");
             break;
         }
         case 'e': {    // APPENDS
             auto items = pop_mark();
-            std::size_t l = top();
-            if (arena_[l].kind != Obj::List) fail("APPENDS to an object that is not a list");
-            auto& dst = arena_[l].items;
-            dst.insert(dst.end(), items.begin(), items.end());
+            append_items(top(), items, "APPENDS");
             break;
         }
         case 0x90: {   // ADDITEMS
@@ -522,38 +826,43 @@ PickleResult Unpickler::run() {
             set_items(top(), items);
             break;
         }
-        case 'c': case 0x93: {   // GLOBAL / STACK_GLOBAL
-            std::string module, name;
-            if (op == 'c') {
-                module = in_.line(256, "pickle GLOBAL");
-                name = in_.line(256, "pickle GLOBAL");
-            } else {
-                std::size_t n = pop(), m = pop();
-                name = as_str(n, "STACK_GLOBAL name");
-                module = as_str(m, "STACK_GLOBAL module");
-            }
-            auto info = lookup_global(module, name);
-            std::string full = module + "." + name;
-            for (char& ch : full)
-                if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f) ch = '?';
-            if (!info) fail(fmt::format("pickle global {} is not allowed", full));
-            Obj o;
-            o.kind = Obj::Global;
-            o.global = *info;
-            o.s = full == "torch.float" ? "torch.float32" : full;
-            push(make(std::move(o)));
+        case 'c': {    // GLOBAL
+            std::string module = in_.line(256, "pickle GLOBAL");
+            std::string name = in_.line(256, "pickle GLOBAL");
+            push(global(std::move(module), std::move(name)));
+            break;
+        }
+        case 0x93: {   // STACK_GLOBAL
+            std::size_t n = pop(), m = pop();
+            push(global(as_str(m, "STACK_GLOBAL module"), as_str(n, "STACK_GLOBAL name")));
             break;
         }
         case 'R': {    // REDUCE
             std::size_t args = pop();
             std::size_t fn = pop();
-            push(reduce(fn, args));
+            push(call(fn, args, Value::Object::Made::Reduce, kNoView, "REDUCE"));
             break;
         }
-        case 'b': {    // BUILD: allowed on OrderedDict and tensors; the state is ignored
-            pop();
-            auto kind = arena_[top()].kind;
-            if (kind != Obj::Dict && kind != Obj::Tensor) fail("BUILD on an object that is not an OrderedDict or tensor");
+        case 0x81: {   // NEWOBJ: cls.__new__(cls, *args)
+            std::size_t args = pop();
+            std::size_t cls = pop();
+            push(call(cls, args, Value::Object::Made::NewObj, kNoView, "NEWOBJ"));
+            break;
+        }
+        case 0x92: {   // NEWOBJ_EX: cls.__new__(cls, *args, **kwargs)
+            std::size_t kwargs = pop();
+            std::size_t args = pop();
+            std::size_t cls = pop();
+            push(call(cls, args, Value::Object::Made::NewObj, kwargs, "NEWOBJ_EX"));
+            break;
+        }
+        case 'b': {    // BUILD: recorded on opaque objects; ignored on OrderedDict (_metadata) and tensors
+            std::size_t state = pop();
+            std::size_t target = top();
+            auto kind = arena_[target].kind;
+            if (kind == Obj::Object) parts_[arena_[target].index].states.push_back(state);
+            else if (kind != Obj::Dict && kind != Obj::Tensor)
+                fail("BUILD on an object that is not an OrderedDict, tensor or object");
             break;
         }
         case 'Q': {    // BINPERSID
@@ -563,9 +872,16 @@ PickleResult Unpickler::run() {
         }
         case 'q': memo_put(le(1), top()); break;           // BINPUT
         case 'r': memo_put(le(4), top()); break;           // LONG_BINPUT
+        case 'p': memo_put(text_index("pickle PUT"), top()); break;   // PUT (text)
         case 0x94: memo_put(memo_.size(), top()); break;   // MEMOIZE
         case 'h': push(memo_get(le(1))); break;            // BINGET
         case 'j': push(memo_get(le(4))); break;            // LONG_BINGET
+        case 'g': push(memo_get(text_index("pickle GET"))); break;    // GET (text)
+        case 0x82: case 0x83: case 0x84:                   // EXT1 / EXT2 / EXT4
+            fail(fmt::format("opcode 0x{:02x} (EXT) needs copyreg's extension registry, which a stock Python "
+                             "leaves empty", op));
+        case 0x97: case 0x98:                              // NEXT_BUFFER / READONLY_BUFFER
+            fail(fmt::format("opcode 0x{:02x} refers to an out-of-band buffer, which a file cannot carry", op));
         default:
             fail(fmt::format("opcode 0x{:02x} is not supported", op));
         }

@@ -1,7 +1,11 @@
-// A safe unpickler for torch checkpoints (FACTS.md "torch.save zip format"): it builds
-// ckpt::Value trees and executes nothing. GLOBAL is checked against an allowlist mirroring
-// torch.load(weights_only=True); every other global, bad opcode, truncation, oversize
-// length field, limit overflow or stack/MARK misuse is BadInput.
+// A safe unpickler for torch checkpoints (torch/serialization.py _save/_load): it builds
+// ckpt::Value trees and calls nothing. Globals on the allowlist of torch.load(weights_only=True)
+// (torch/_weights_only_unpickler.py) are modelled: tensors, OrderedDict, torch.Size, ...; any
+// other global and what REDUCE / NEWOBJ / NEWOBJ_EX / BUILD / APPEND(S) / SETITEM(S) do with it
+// is recorded as an opaque Value::Object, or refused when Limits::strict is set. Globals that
+// can run code when the file is torch.load-ed (os.*, subprocess.*, builtins.eval, torch.load,
+// ...) are BadInput in every mode, as is a bad opcode, truncation, oversize length field,
+// limit overflow or stack/MARK misuse.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -20,7 +24,8 @@ struct PickleStorage {
     std::string location;   ///< "cpu", "cuda:0", ...
 };
 
-/// A tensor rebuilt by torch._utils._rebuild_tensor_v2/_v3: a strided view of a storage.
+/// A tensor rebuilt by torch._utils._rebuild_tensor/_v2/_v3 (also under _rebuild_parameter*,
+/// nn.Parameter and _rebuild_from_type_v2), or a bare storage seen as a 1-d view of all of it.
 struct PickleTensor {
     std::size_t storage = 0;       ///< index into PickleResult::storages
     DType dtype = DType::F32;
@@ -44,8 +49,11 @@ struct PickleResult {
 };
 
 /// Unpickle one pickle (through STOP) from `in`, which is left just after STOP.
-/// Protocols 2-5 opcodes as emitted by CPython's Pickler for plain data are understood.
-/// Throws BadInput naming the file and the offending opcode offset.
+/// Every opcode of protocols 2-5 that does not need the running interpreter is understood,
+/// plus the protocol-0 text forms INT, LONG, FLOAT, PUT and GET; EXT1/2/4 (copyreg registry),
+/// NEXT_BUFFER/READONLY_BUFFER (out-of-band buffers) and the protocol-0/1 string and calling
+/// opcodes (STRING, UNICODE, PERSID, INST, OBJ) are refused. Throws BadInput naming the file
+/// and the offending opcode offset.
 PickleResult unpickle(RangeReader& in, const Limits& limits, PersistentIds ids);
 
 }  // namespace ckpt::io

@@ -14,11 +14,11 @@
 namespace ckpt::io {
 namespace {
 
-/// Assign '/'-joined paths to the tensors reachable from the root (first path wins);
-/// returns the reachable tensors, renumbering Value::Tensor indices accordingly.
+/// Assign '/'-joined paths to the tensors reachable from the root (first path wins, in the
+/// order of Value::for_each_child, so tensors held by opaque objects get "@args"/"@state"
+/// segments); renumbers Value::Tensor indices to the reachable tensors in `out`.
 void walk(Value& v, const std::string& path, const std::vector<PickleTensor>& in, std::vector<long>& map,
           std::vector<TensorInfo>& out) {
-    auto join = [&](const std::string& k) { return path.empty() ? k : path + "/" + k; };
     if (auto t = std::get_if<Value::Tensor>(&v.v)) {
         if (map[t->index] < 0) {
             const PickleTensor& p = in[t->index];
@@ -33,11 +33,11 @@ void walk(Value& v, const std::string& path, const std::vector<PickleTensor>& in
             out.push_back(std::move(ti));
         }
         t->index = static_cast<std::size_t>(map[t->index]);
-    } else if (auto l = std::get_if<Value::List>(&v.v)) {
-        for (std::size_t i = 0; i < l->size(); ++i) walk((*l)[i], join(std::to_string(i)), in, map, out);
-    } else if (auto d = std::get_if<Value::Dict>(&v.v)) {
-        for (auto& [k, val] : *d) walk(val, join(k.key_text()), in, map, out);
+        return;
     }
+    v.for_each_child([&](const std::string& k, Value& child) {
+        walk(child, path.empty() ? k : path + "/" + k, in, map, out);
+    });
 }
 
 /// Build the format-neutral checkpoint from an unpickled object; `where` gives the file

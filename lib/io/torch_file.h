@@ -1,4 +1,4 @@
-// Readers for torch.save files (FACTS.md): the zip format (torch >= 1.6) and the legacy
+// Readers for torch.save files (torch/serialization.py): the zip format (torch >= 1.6) and the legacy
 // non-zip format (_use_new_zipfile_serialization=False). Both return a Checkpoint whose
 // storages are not yet sorted; read_checkpoint() runs finalize_checkpoint() on it.
 #pragma once

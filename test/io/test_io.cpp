@@ -2,7 +2,11 @@
 // and the hostile corpus (scripts/make_bad_corpus.py).
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +17,7 @@
 #include "common/error.h"
 #include "io/checkpoint.h"
 #include "io/file.h"
+#include "io/pickle.h"
 
 using namespace ckpt;
 namespace fs = std::filesystem;
@@ -175,7 +180,11 @@ TEST_CASE("safetensors written by hand") {
     CHECK(std::get<Value::Dict>(ck.root.v).size() == 6);
 }
 
-TEST_CASE("every file of the hostile corpus is BadInput with its expected message, nothing executed") {
+TEST_CASE("every file of the hostile corpus is BadInput with its expected message, nothing executed, in both modes") {
+  for (bool strict : {false, true}) {
+    CAPTURE(strict);
+    Limits lim;
+    lim.strict = strict;
     const std::string dir = std::string(CKPT_SOURCE_DIR) + "/test/corpus/bad";
     std::ifstream in(std::string(CKPT_SOURCE_DIR) + "/test/corpus/bad_expected.json");
     REQUIRE(in.good());
@@ -196,7 +205,7 @@ TEST_CASE("every file of the hostile corpus is BadInput with its expected messag
         CHECK_THROWS_AS(
             [&] {
                 try {
-                    read_checkpoint(dir + "/" + name);
+                    read_checkpoint(dir + "/" + name, lim);
                 } catch (const BadInput& e) {
                     got = e.what();
                     CHECK(e.file == dir + "/" + name);
@@ -209,6 +218,7 @@ TEST_CASE("every file of the hostile corpus is BadInput with its expected messag
         CHECK(got.find('\n') == std::string::npos);
     }
     for (auto p : pwned) CHECK_MESSAGE(!fs::exists(p), p);
+  }
 }
 
 TEST_CASE("Limits are enforced on good files") {
@@ -294,4 +304,268 @@ TEST_CASE("hand-made protocol 4 pickle: _rebuild_parameter(_rebuild_tensor_v3(Un
     CHECK(t.shape == std::vector<int64_t>{2});
     CHECK(t.stride == std::vector<int64_t>{1});
     CHECK(std::get<Value::Tensor>(at(ck.root, {"p"}).v).index == 0);
+}
+
+namespace {
+
+// Raw pickle pieces for hand-made inputs (CPython Lib/pickle.py opcodes).
+std::string glob(const std::string& m, const std::string& n) { return "c" + m + "\n" + n + "\n"; }
+std::string bu(const std::string& s) {
+    std::string out = "X";
+    for (int k = 0; k < 4; ++k) out.push_back(static_cast<char>((s.size() >> (8 * k)) & 0xff));
+    return out + s;
+}
+std::string sbu(const std::string& s) { return std::string("\x8c") + static_cast<char>(s.size()) + s; }
+
+/// Unpickle `bytes` (a whole data.pkl) from a scratch file.
+io::PickleResult unpickle_bytes(const std::string& bytes, bool strict) {
+    const std::string path = (fs::temp_directory_path() / ("ckptkit-test-io-" + std::to_string(::getpid()))).string();
+    {
+        std::ofstream out(path, std::ios::binary | std::ios::trunc);
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    }
+    Limits lim;
+    lim.strict = strict;
+    io::InputFile f(path);
+    io::RangeReader r(f, 0, f.size());
+    struct Rm { std::string p; ~Rm() { std::remove(p.c_str()); } } rm{path};
+    return io::unpickle(r, lim, io::PersistentIds::TorchZip);
+}
+
+const Value::Object& obj(const Value& v) {
+    REQUIRE(v.object() != nullptr);
+    return *v.object();
+}
+
+}  // namespace
+
+TEST_CASE("foreign objects written by torch 1.13 at protocols 2, 4, 5 are opaque values, tensors inside kept") {
+    for (const char* name : {"foreign.pt", "foreign_p4.pt", "foreign_p5.pt"}) {
+        CAPTURE(name);
+        check_expected(name);
+        Checkpoint ck = read_checkpoint(data_path(name));
+        const auto& ns = obj(at(ck.root, {"args"}));
+        CHECK(ns.qualname() == "argparse.Namespace");
+        CHECK(ns.made == Value::Object::Made::NewObj);
+        REQUIRE(ns.attr("lr") != nullptr);
+        CHECK(std::get<double>(ns.attr("lr")->v) == 1e-3);
+        CHECK(std::get<std::string>(ns.attr("arch")->v) == "mlp");
+        CHECK(std::get<Value::List>(ns.attr("layers")->v).size() == 3);
+        CHECK(ns.attr("nope") == nullptr);
+        // numpy scalar: numpy.core.multiarray.scalar(numpy.dtype('float64'), 8 bytes)
+        const auto& acc = obj(at(ck.root, {"best_acc"}));
+        CHECK(acc.qualname() == "numpy.core.multiarray.scalar");
+        CHECK(acc.made == Value::Object::Made::Reduce);
+        REQUIRE(acc.args.size() == 2);
+        CHECK(obj(acc.args[0]).qualname() == "numpy.dtype");
+        CHECK(std::get<std::string>(obj(acc.args[0]).args[0].v) == "f8");
+        CHECK(acc.args[1].is_bytes);
+        double d;
+        REQUIRE(std::get<std::string>(acc.args[1].v).size() == 8);
+        std::memcpy(&d, std::get<std::string>(acc.args[1].v).data(), 8);
+        CHECK(d == 0.9375);
+        // custom class instance holding tensors
+        const auto& h = obj(at(ck.root, {"holder"}));
+        CHECK(h.qualname() == "__main__.Holder");
+        const auto* w = h.attr("w");
+        REQUIRE(w != nullptr);
+        CHECK(ck.tensors.at(std::get<Value::Tensor>(w->v).index).path == "holder/@state/w");
+        // a whole nn.Module: Sequential -> _modules -> Linear -> _parameters
+        const auto& ema = obj(at(ck.root, {"ema"}));
+        CHECK(ema.qualname() == "torch.nn.modules.container.Sequential");
+        const auto& lin = obj(*ema.attr("_modules")->get("0"));
+        CHECK(lin.qualname() == "torch.nn.modules.linear.Linear");
+        const auto& wt = ck.tensors.at(std::get<Value::Tensor>(lin.attr("_parameters")->get("weight")->v).index);
+        CHECK(wt.path == "ema/@state/_modules/0/@state/_parameters/weight");
+        CHECK(wt.shape == std::vector<int64_t>{2, 2});
+        // plain values around them
+        CHECK(std::get<Value::List>(at(ck.root, {"tags"}).v).size() == 2);
+        CHECK(std::get<Value::List>(at(ck.root, {"frozen"}).v).size() == 2);
+        CHECK(std::get<std::string>(at(ck.root, {"raw"}).v) == std::string("\0\xff" "bytes", 7));
+        CHECK(std::get<std::string>(at(ck.root, {"ba"}).v) == "xy");
+        CHECK(std::isinf(std::get<double>(at(ck.root, {"huge"}).v)));
+        // a bare storage is a 1-d tensor over all of it
+        const auto& st = ck.tensors.at(std::get<Value::Tensor>(at(ck.root, {"storage"}).v).index);
+        CHECK(st.dtype == DType::I32);
+        CHECK(st.shape == std::vector<int64_t>{4});
+        // the optimizer state next to them is unchanged
+        CHECK(at(ck.root, {"optimizer", "state", "0"}).get("exp_avg") != nullptr);
+        // strict mode refuses the first foreign global, naming it
+        Limits strict;
+        strict.strict = true;
+        CHECK_THROWS_WITH_AS(read_checkpoint(data_path(name), strict),
+                             doctest::Contains("pickle global argparse.Namespace is not allowed in strict mode"), BadInput);
+    }
+}
+
+TEST_CASE("sparse COO tensor and nn.Parameter from torch 1.13: index/value tensors are ordinary tensors") {
+    check_expected("sparse.pt");
+    Limits strict;
+    strict.strict = true;
+    Checkpoint ck = read_checkpoint(data_path("sparse.pt"), strict);
+    const auto& sp = obj(at(ck.root, {"sparse"}));
+    CHECK(sp.qualname() == "torch._utils._rebuild_sparse_tensor");
+    REQUIRE(sp.args.size() == 2);
+    CHECK(std::get<std::string>(sp.args[0].v) == "torch.sparse_coo");
+    const auto& parts = std::get<Value::List>(sp.args[1].v);
+    REQUIRE(parts.size() >= 3);
+    CHECK(ck.tensors.at(std::get<Value::Tensor>(parts[0].v).index).dtype == DType::I64);
+    CHECK(ck.tensors.at(std::get<Value::Tensor>(parts[1].v).index).path == "sparse/@args/1/1");
+    CHECK(std::holds_alternative<Value::Tensor>(at(ck.root, {"p"}).v));
+}
+
+TEST_CASE("torch 2.x forms (hand-pickled with torch 2.x names, protocols 2 and 4) read in both modes") {
+    for (const char* name : {"torch2.pt", "torch2_p4.pt"}) {
+        CAPTURE(name);
+        check_expected(name);
+        for (bool strict : {false, true}) {
+            Limits lim;
+            lim.strict = strict;
+            Checkpoint ck = read_checkpoint(data_path(name), lim);
+            auto tensor = [&](std::initializer_list<const char*> keys) -> const TensorInfo& {
+                return ck.tensors.at(std::get<Value::Tensor>(at(ck.root, keys).v).index);
+            };
+            CHECK(tensor({"model", "f8"}).dtype == DType::F8_E4M3);
+            CHECK(ck.storages[tensor({"model", "f8"}).storage].dtype == DType::U8);   // numel in bytes
+            CHECK(tensor({"model", "u64"}).dtype == DType::U64);
+            CHECK(tensor({"model", "u64"}).storage_offset == 1);
+            CHECK(tensor({"model", "c32"}).dtype == DType::C32);
+            CHECK(tensor({"model", "fnuz"}).dtype == DType::F8_E5M2FNUZ);
+            CHECK(tensor({"model", "conj"}).dtype == DType::C64);
+            CHECK(tensor({"model", "w"}).shape == std::vector<int64_t>{2, 3});
+            CHECK(tensor({"model", "w_tp"}).storage == tensor({"model", "w"}).storage);   // parameter with state
+            CHECK(std::get<std::string>(at(ck.root, {"device"}).v) == "cuda:0");
+            CHECK(at(ck.root, {"size"}).is_tuple);
+            const auto& group = std::get<Value::List>(at(ck.root, {"optimizer", "param_groups"}).v).at(0);
+            const auto& lr = ck.tensors.at(std::get<Value::Tensor>(at(group, {"lr"}).v).index);   // 0-d lr
+            CHECK(lr.shape.empty());
+            CHECK(lr.path == "optimizer/param_groups/0/lr");
+            CHECK(std::get<bool>(at(group, {"decoupled_weight_decay"}).v));
+        }
+    }
+}
+
+TEST_CASE("globals that run code are refused in both modes, also dotted, nested in objects or via NEWOBJ") {
+    const std::pair<std::string, std::string> evil[] = {
+        {"subprocess", "Popen"}, {"runpy", "_run_code"}, {"nt", "system"}, {"sys", "modules"},
+        {"importlib", "import_module"}, {"shutil", "rmtree"}, {"socket", "socket"}, {"pty", "spawn"},
+        {"webbrowser", "open"}, {"pickle", "loads"}, {"torch.jit", "load"}, {"torch", "load"},
+        {"torch.storage", "_load_from_bytes"}, {"numpy", "load"}, {"builtins", "__import__"},
+        {"builtins", "exec"}, {"builtins", "compile"}, {"builtins", "open"}, {"__builtin__", "eval"},
+        {"os.path", "join"}, {"torch", "os.system"}, {"argparse", "_os.system"}, {"collections", "OrderedDict.__class__"},
+        {"builtins", "str.__class__"}, {"operator", "attrgetter"}, {"torch.fx.graph_module", "reduce_graph_module"}};
+    for (const auto& [m, n] : evil) {
+        const std::string full = m + "." + n;
+        CAPTURE(full);
+        const std::string want = "pickle global " + full + " is not allowed: it can run code";
+        // GLOBAL + REDUCE, protocol-4 STACK_GLOBAL + NEWOBJ, and nested inside an opaque object's state.
+        const std::string forms[] = {
+            "\x80\x02" + glob(m, n) + bu("x") + "\x85R.",
+            "\x80\x04" + sbu(m) + sbu(n) + "\x93)\x81.",
+            "\x80\x02" + glob("argparse", "Namespace") + ")\x81}" + bu("f") + glob(m, n) + "sb."};
+        for (const auto& p : forms)
+            for (bool strict : {false, true}) {
+                CAPTURE(strict);
+                // strict mode refuses the harmless argparse.Namespace around the nested one first
+                const bool nested = &p == &forms[2];
+                CHECK_THROWS_WITH_AS(unpickle_bytes(p, strict),
+                                     doctest::Contains(strict && nested ? "argparse.Namespace" : want.c_str()), BadInput);
+            }
+    }
+    // Harmless look-alikes stay opaque.
+    for (const auto& [m, n] : std::vector<std::pair<std::string, std::string>>{
+             {"platform", "system"}, {"pathlib", "PosixPath"}, {"numpy", "dtype"}, {"__main__", "Outer.Inner"},
+             {"osmodule", "x"}, {"torch.optim.adamw", "AdamW"}}) {
+        CAPTURE(m + "." + n);
+        auto r = unpickle_bytes("\x80\x02" + glob(m, n) + ".", false);
+        CHECK(obj(r.root).qualname() == m + "." + n);
+        CHECK(obj(r.root).made == Value::Object::Made::Global);
+        CHECK_THROWS_WITH_AS(unpickle_bytes("\x80\x02" + glob(m, n) + ".", true), doctest::Contains("strict mode"),
+                             BadInput);
+    }
+}
+
+TEST_CASE("opaque objects record NEWOBJ_EX kwargs, BUILD states, list and dict subclass items") {
+    // NEWOBJ_EX(mod.Cls, (1,), {'k': 2}) + APPENDS [3, 4] + SETITEMS {'a': 5} + BUILD ({'s': 6}, {'slot': 7})
+    const std::string p = "\x80\x04" + std::string("\x95\x10\0\0\0\0\0\0\0", 9) + sbu("mod") + "\x94" + sbu("Cls") + "\x94\x93\x94K\x01\x85}" +
+                          sbu("k") + "K\x02s\x92\x94(K\x03K\x04" "e(" + sbu("a") + "K\x05u}" + sbu("s") + "K\x06s}" +
+                          sbu("slot") + "K\x07s\x86" "b.";
+    auto r = unpickle_bytes(p, false);
+    const auto& o = obj(r.root);
+    CHECK(o.qualname() == "mod.Cls");
+    CHECK(o.made == Value::Object::Made::NewObj);
+    REQUIRE(o.args.size() == 1);
+    CHECK(std::get<int64_t>(o.args[0].v) == 1);
+    REQUIRE(o.kwargs.size() == 1);
+    CHECK(std::get<int64_t>(o.kwargs[0].second.v) == 2);
+    REQUIRE(o.items.size() == 2);
+    CHECK(std::get<int64_t>(o.items[1].v) == 4);
+    REQUIRE(o.dict_items.size() == 1);
+    REQUIRE(o.state.size() == 1);
+    CHECK(std::get<int64_t>(o.attr("s")->v) == 6);
+    CHECK(std::get<int64_t>(o.attr("slot")->v) == 7);
+    CHECK(std::get<int64_t>(o.attr("a")->v) == 5);
+    std::vector<std::string> segs;
+    r.root.for_each_child([&](const std::string& k, const Value&) { segs.push_back(k); });
+    CHECK(segs == std::vector<std::string>{"@args/0", "@kwargs/k", "@state", "@items/0", "@items/1", "@dict/a"});
+    CHECK(r.root.key_text() == "mod.Cls");
+    // Same object in strict mode: refused, naming it.
+    CHECK_THROWS_WITH_AS(unpickle_bytes(p, true), doctest::Contains("pickle global mod.Cls is not allowed in strict mode"),
+                         BadInput);
+}
+
+TEST_CASE("protocol 0 text opcodes without calls, and opcodes a file cannot use") {
+    // {'i': INT 5, 't': INT True, 'l': LONG -12L, 'big': LONG 2^70, 'f': FLOAT 0.25, 'g': GET of PUT 9}
+    auto r = unpickle_bytes("\x80\x02}(" + bu("i") + "I5\n" + bu("t") + "I01\n" + bu("l") + "L-12L\n" + bu("big") +
+                                "L1180591620717411303424L\n" + bu("f") + "F0.25\n" + bu("g") + "I7\np9\n0g9\nu.",
+                            true);
+    CHECK(std::get<int64_t>(r.root.get("i")->v) == 5);
+    CHECK(std::get<bool>(r.root.get("t")->v) == true);
+    CHECK(std::get<int64_t>(r.root.get("l")->v) == -12);
+    CHECK(std::get<double>(r.root.get("big")->v) == 1180591620717411303424.0);
+    CHECK(std::get<double>(r.root.get("f")->v) == 0.25);
+    CHECK(std::get<int64_t>(r.root.get("g")->v) == 7);
+    CHECK_THROWS_WITH_AS(unpickle_bytes("\x80\x02\x82\x01.", false), doctest::Contains("extension registry"), BadInput);
+    CHECK_THROWS_WITH_AS(unpickle_bytes("\x80\x05\x97.", false), doctest::Contains("out-of-band buffer"), BadInput);
+    CHECK_THROWS_WITH_AS(unpickle_bytes("\x80\x02Iabc\n.", false), doctest::Contains("not a decimal integer"), BadInput);
+    CHECK_THROWS_WITH_AS(unpickle_bytes("\x80\x02" "F1.5x\n.", false), doctest::Contains("not a number"), BadInput);
+    // REDUCE on something that is not a global (a call's result) is refused: nothing is callable.
+    CHECK_THROWS_WITH_AS(unpickle_bytes("\x80\x02" + glob("m", "f") + ")R)R.", false),
+                         doctest::Contains("not a global"), BadInput);
+    // BYTEARRAY8 (protocol 5)
+    auto b = unpickle_bytes(std::string("\x80\x05\x96\x02\0\0\0\0\0\0\0xy.", 15), false);
+    CHECK(b.root.is_bytes);
+}
+
+TEST_CASE("CPython's own pickles of opaque objects (fuzz seeds test/corpus/good/opaque_*.pkl) read by default") {
+    const std::string dir = std::string(CKPT_SOURCE_DIR) + "/test/corpus/good/";
+    for (const char* name : {"opaque_python_p2.pkl", "opaque_python_p4.pkl", "opaque_python_p5.pkl",
+                             "opaque_foreign.pkl", "opaque_foreign_p5.pkl", "opaque_torch2_p4.pkl"}) {
+        CAPTURE(name);
+        std::ifstream in(dir + name, std::ios::binary);
+        REQUIRE(in.good());
+        const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        if (std::string(name) == "opaque_python_p2.pkl") {
+            // Below protocol 4 CPython pickles keyword-only __new__ arguments as
+            // functools.partial(getattr(cls, '__new__'), ...): builtins.getattr, always refused.
+            CHECK_THROWS_WITH_AS(unpickle_bytes(bytes, false), doctest::Contains("__builtin__.getattr is not allowed"),
+                                 BadInput);
+            continue;
+        }
+        auto r = unpickle_bytes(bytes, false);
+        CHECK(r.root.is_dict());
+        if (std::string(name).rfind("opaque_python", 0) == 0) {
+            const auto& kw = obj(*r.root.get("kw"));
+            CHECK(kw.qualname() == "__main__.KwNew");
+            REQUIRE(kw.kwargs.size() == 1);   // NEWOBJ_EX with size=3
+            CHECK(std::get<int64_t>(kw.kwargs[0].second.v) == 3);
+            const auto& d = obj(*r.root.get("d"));
+            CHECK(d.dict_items.size() == 2);
+            CHECK(std::get<std::string>(d.attr("tag")->v) == "x");
+            const auto& l = obj(*r.root.get("l"));
+            CHECK(l.items.size() == 2);
+            CHECK(l.attr("note")->get("k")->is_bytes);
+        }
+        if (std::string(name) != "opaque_torch2_p4.pkl") CHECK_THROWS_AS(unpickle_bytes(bytes, true), BadInput);
+    }
 }
