@@ -129,9 +129,9 @@ std::string not_adam(const std::vector<std::string>& group_keys, const std::vect
 /// counts once per place it appears, so a moment shared with any other leaf is seen.
 void count_refs(const Checkpoint& ck, const Value& v, std::map<std::size_t, int>& refs) {
     if (auto t = std::get_if<Value::Tensor>(&v.v)) { refs[ck.tensors[t->index].storage]++; return; }
-    if (auto l = std::get_if<Value::List>(&v.v)) for (const auto& x : *l) count_refs(ck, x, refs);
-    if (auto d = std::get_if<Value::Dict>(&v.v))
-        for (const auto& [k, x] : *d) { count_refs(ck, k, refs); count_refs(ck, x, refs); }
+    if (auto d = std::get_if<Value::Dict>(&v.v))  // tensors as dict keys count too
+        for (const auto& kv : *d) count_refs(ck, kv.first, refs);
+    v.for_each_child([&](const std::string&, const Value& c) { count_refs(ck, c, refs); });
 }
 
 /// Decide whether the moments can be replaced by codes: each one a whole, contiguous
@@ -273,26 +273,13 @@ std::vector<std::string> dict_keys(const Value& v) {
     return k;
 }
 
-std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f, const HyperOverrides& o) {
-    // The optimizer state_dict: the root, or a value of the root dict.
-    const Value* opt = nullptr;
-    const Value* model = nullptr;
-    std::string prefix;
-    auto is_opt = [](const Value& v) { return v.is_dict() && v.get("state") && v.get("param_groups") && v.get("state")->is_dict(); };
-    if (is_opt(ck.root)) opt = &ck.root;
-    else if (ck.root.is_dict()) {
-        for (const auto& [k, v] : std::get<Value::Dict>(ck.root.v))
-            if (is_opt(v)) { opt = &v; prefix = k.key_text() + "/"; break; }
-        for (const auto& [k, v] : std::get<Value::Dict>(ck.root.v))
-            if (&v != opt && v.is_dict() && !std::get<Value::Dict>(v.v).empty()) {
-                bool all = true;
-                for (const auto& kv : std::get<Value::Dict>(v.v)) all = all && std::holds_alternative<Value::Tensor>(kv.second.v);
-                if (all) { model = &v; break; }
-            }
-    }
-    std::vector<ParamState> out;
-    if (!opt) return out;
-    const auto* groups = std::get_if<Value::List>(&opt->get("param_groups")->v);
+/// The states of one optimizer state_dict `opt` found at `prefix`; `model` is the file's
+/// only module state_dict (for report names) or null, `mt` every model tensor of the file,
+/// `masters` DeepSpeed's fp32 partitions for its flat groups (or null). Appends to out.
+void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOverrides& o, const Value& opt,
+                    const std::string& prefix, const Value* model, const std::vector<std::pair<std::string, int>>& mt,
+                    const Value::List* masters, const std::map<std::size_t, int>& refs, std::vector<ParamState>& out) {
+    const auto* groups = std::get_if<Value::List>(&opt.get("param_groups")->v);
     if (!groups) throw BadInput(f.path(), "param_groups is not a list");
     // index -> (group, name from param_names when the group has them)
     std::map<std::string, std::pair<const Value*, std::string>> where;
@@ -309,11 +296,10 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
             where[(*pl)[i].key_text()] = {&g, name};
         }
     }
-    const auto mt = model ? model_tensors(ck, *model) : std::vector<std::pair<std::string, int>>{};
     std::map<std::string, std::string> likely_name;  // state index -> model key (reports only)
     if (model) {
         std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>> seq;
-        const Value* state_dict = opt->get("state");
+        const Value* state_dict = opt.get("state");
         for (const Value& g : *groups) {
             seq.emplace_back();
             for (const Value& p : std::get<Value::List>(g.get("params")->v)) {
@@ -328,9 +314,7 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
         for (const auto& [k, t] : mt) key_of[t] = k;
         for (const auto& [idx, t] : map_params(ck, model_params(ck, *model), seq)) likely_name[idx] = key_of[t];
     }
-    std::map<std::size_t, int> refs;
-    count_refs(ck, ck.root, refs);
-    for (const auto& [k, st] : std::get<Value::Dict>(opt->get("state")->v)) {
+    for (const auto& [k, st] : std::get<Value::Dict>(opt.get("state")->v)) {
         if (!st.is_dict()) continue;
         ParamState p;
         p.index = k.key_text();
@@ -368,7 +352,13 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
         } else {
             p.hyper.step = as_double(*step, "step", f.path());
         }
-        map_theta(ck, mt, !w->second.second.empty() ? w->second.second : is_integer_key(p.index) ? "" : p.index, p);
+        if (masters) {  // DeepSpeed: state i of flat group g <-> master partition g
+            const auto gi = std::size_t(std::find_if(groups->begin(), groups->end(), [&](const Value& x) { return &x == &g; }) - groups->begin());
+            if (gi < masters->size())
+                if (auto t = std::get_if<Value::Tensor>(&(*masters)[gi].v)) p.theta = int(t->index);
+        } else {
+            map_theta(ck, mt, !w->second.second.empty() ? w->second.second : is_integer_key(p.index) ? "" : p.index, p);
+        }
         if (p.name.rfind(prefix + "state/", 0) == 0 && likely_name.count(p.index)) p.name = likely_name[p.index];
         apply(p.hyper, p.stated, o, f.path(), p.name);
         p.why_not = not_adam(dict_keys(g), dict_keys(st));
@@ -376,6 +366,57 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
         check_compressible(ck, refs, p);
         out.push_back(std::move(p));
     }
+}
+
+
+/// Where optimizer state_dicts and module state_dicts sit in a checkpoint's object tree.
+struct Found {
+    std::vector<std::pair<const Value*, std::string>> opts;   ///< state_dict, path prefix ("optimizer/")
+    std::vector<std::pair<const Value*, std::string>> models; ///< dicts of tensors (module state_dicts)
+    /// DeepSpeed ZeRO: the fp32 master partitions next to base_optimizer_state, per opt
+    std::map<const Value*, const Value::List*> masters;
+};
+
+bool is_opt(const Value& v) {
+    return v.is_dict() && v.get("state") && v.get("param_groups") && v.get("state")->is_dict() &&
+           v.get("param_groups")->is_list();
+}
+
+/// Search the whole tree (dicts, lists, tuples, opaque objects' arguments and state) for
+/// optimizer state_dicts (a dict with a 'state' dict and a 'param_groups' list: torch,
+/// HF optimizer.pt, Lightning's optimizer_states list, DeepSpeed's base_optimizer_state,
+/// several optimizers per file) and module state_dicts (a non-empty dict of tensors).
+void find_tree(const Value& v, const std::string& path, int depth, Found& out) {
+    if (depth > 64) return;
+    if (is_opt(v)) {
+        out.opts.push_back({&v, path});
+        return;
+    }
+    if (auto d = std::get_if<Value::Dict>(&v.v); d && !d->empty()) {
+        bool all = true;
+        for (const auto& kv : *d) all = all && std::holds_alternative<Value::Tensor>(kv.second.v);
+        if (all) { out.models.push_back({&v, path}); return; }
+        // DeepSpeed ZeRO 1/2 (runtime/zero/stage_1_and_2.py state_dict): the master weights
+        // of base_optimizer_state's flat groups
+        if (const Value* b = v.get("base_optimizer_state"); b && is_opt(*b))
+            if (const Value* m = v.get("single_partition_of_fp32_groups"))
+                if (auto l = std::get_if<Value::List>(&m->v)) out.masters[b] = l;
+    }
+    v.for_each_child([&](const std::string& seg, const Value& c) { find_tree(c, path + seg + "/", depth + 1, out); });
+}
+
+std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f, const HyperOverrides& o) {
+    Found found;
+    find_tree(ck.root, "", 0, found);
+    std::vector<ParamState> out;
+    std::vector<std::pair<std::string, int>> mt;  // every model tensor in the file (theta candidates)
+    for (const auto& [m, path] : found.models)
+        for (auto& kv : model_tensors(ck, *m)) mt.push_back(kv);
+    std::map<std::size_t, int> refs;
+    count_refs(ck, ck.root, refs);
+    for (const auto& [opt, prefix] : found.opts)
+        scan_optimizer(ck, f, o, *opt, prefix, found.models.size() == 1 ? found.models[0].first : nullptr, mt,
+                       found.masters.count(opt) ? found.masters.at(opt) : nullptr, refs, out);
     return out;
 }
 
