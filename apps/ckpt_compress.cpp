@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
     app.add_option("--max-header-bytes", o.limits.max_header_bytes, "safetensors header limit")->capture_default_str();
     app.add_option("--max-pickle-bytes", o.limits.max_pickle_bytes, "data.pkl / legacy pickle limit")->capture_default_str();
     app.add_option("--max-memo-entries", o.limits.max_memo_entries, "pickle memo entries limit")->capture_default_str();
+    app.add_flag("--strict", o.limits.strict, "accept only the globals torch.load(weights_only=True) accepts "
+                 "(default: any other object is read as opaque data, never run)");
     app.add_option("--device", o.device, "cpu | cuda | auto (auto: the GPU when one is present)")
         ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     return cli.main(argc, argv, in, [&] {

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
     app.add_option("input", in, "container (.ckz.h5)")->required();
     auto* og = app.add_option("--original", orig, "the checkpoint that was compressed");
     app.add_option("--grid", o.grid, "gradient points per coordinate")->capture_default_str();
+    app.add_flag("--strict", o.strict, "read --original accepting only torch.load(weights_only=True) globals");
     ckpt::app::add_threads_option(app);
     return cli.main(argc, argv, in, [&] {
         ckpt::app::require_container(in, "pass the container (.ckz.h5), and the checkpoint with --original");

@@ -3,6 +3,7 @@
 // compressible parameter chunk by chunk through the codec; memory bounded by the chunk),
 // and a self-check: the written container must pass ckpt-verify (hence restore) before it
 // is renamed into place, so no container this tool calls ok fails to restore.
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
@@ -77,45 +78,101 @@ struct Streams {
     }
 };
 
+/// Reused buffers of one chunk's moment and parameter bytes and values.
+struct ChunkBuffers {
+    std::vector<uint8_t> bytes[3], tbytes;
+    std::vector<float> vals[3], theta;
+};
+
+/// Read coordinates [i0, i0+n) of parameter e (moments, and theta when its domain needs
+/// it) from the source; hashes the moment bytes into hs and counts progress when given.
+codec::ChunkIn read_chunk(const io::InputFile& f, const ct::Manifest& man, const ct::ParamEntry& e, uint64_t i0,
+                          std::size_t n, ChunkBuffers& b, const Xxh3State* hs, Progress* prog) {
+    const std::size_t es = float_dtype_size(e.dtype);
+    const int nm = e.moments();
+    codec::ChunkIn ci;
+    ci.n = n;
+    for (int k = 0; k < nm; ++k) {
+        const auto& st = man.storages[std::size_t(e.storage[k])];
+        b.bytes[k].resize(n * es);
+        b.vals[k].resize(n);
+        f.read_at(st.offset + i0 * es, b.bytes[k].data(), n * es, "moment storage");
+        if (hs) XXH3_64bits_update(hs[k].get(), b.bytes[k].data(), n * es);
+        bytes_to_float(e.dtype, b.bytes[k].data(), n, b.vals[k].data());
+        if (prog) prog->advance(n * es);
+    }
+    ci.m = b.vals[0].data();
+    ci.v = b.vals[1].data();
+    ci.vmax = nm == 3 ? b.vals[2].data() : nullptr;
+    if (e.theta_storage >= 0) {
+        const auto& st = man.storages[std::size_t(e.theta_storage)];
+        const std::size_t ts = float_dtype_size(e.theta_dtype);
+        b.tbytes.resize(n * ts);
+        b.theta.resize(n);
+        f.read_at(st.offset + i0 * ts, b.tbytes.data(), n * ts, "parameter storage");
+        bytes_to_float(e.theta_dtype, b.tbytes.data(), n, b.theta.data());
+        ci.theta = b.theta.data();
+    }
+    return ci;
+}
+
+/// The codec setup of one parameter under a codec and tolerance.
+codec::TensorSetup setup_of(const ct::ParamEntry& e, codec::Kind kind, double tolerance) {
+    codec::TensorSetup setup;
+    setup.kind = kind;
+    setup.hyper = e.hyper;
+    setup.tolerance = tolerance;
+    setup.domain = e.domain;
+    setup.type = e.dtype == "F32" ? codec::MomentType::F32 : e.dtype == "F16" ? codec::MomentType::F16 : codec::MomentType::BF16;
+    return setup;
+}
+
+/// When more than 5% of the moment values escaped: estimate, on a sample (the first 16k
+/// coordinates of every coded parameter), what a larger tolerance or the bf16 codec would
+/// escape, and say so in one warning line.
+void warn_escapes(const io::InputFile& f, const ct::Manifest& man, const Report& rep) {
+    const uint64_t values = rep.moment_values(), esc = rep.escapes();
+    if (!values || double(esc) <= 0.05 * double(values)) return;
+    struct Try { codec::Kind kind; double tol; uint64_t esc = 0, n = 0; };
+    std::vector<Try> tries;
+    for (double x : {2.0, 5.0, 10.0})
+        if (man.tolerance * x <= 1) tries.push_back({man.codec, man.tolerance * x});
+    if (man.codec != codec::Kind::BF16) tries.push_back({codec::Kind::BF16, man.tolerance});
+    ChunkBuffers b;
+    for (const auto& e : man.params) {
+        const std::size_t n = std::size_t(std::min<uint64_t>(e.numel, 16384));
+        const codec::ChunkIn ci = read_chunk(f, man, e, 0, n, b, nullptr, nullptr);
+        for (auto& t : tries) {
+            t.esc += codec::encode_chunk(setup_of(e, t.kind, t.tol), ci).escapes.size() * uint64_t(e.moments());
+            t.n += n * uint64_t(e.moments());
+        }
+    }
+    std::string s;
+    for (const auto& t : tries)
+        if (t.n)
+            s += fmt::format("{}{} escapes {:.1f}%", s.empty() ? "" : ", ",
+                             t.kind != man.codec ? std::string("--codec ") + codec::kind_name(t.kind) : fmt::format("--tolerance {}", t.tol),
+                             100.0 * double(t.esc) / double(t.n));
+    spdlog::warn("{}: {:.1f}% of the moment values escaped (more than 5%){}", f.path(), 100.0 * double(esc) / double(values),
+                 s.empty() ? "" : "; on a sample: " + s);
+}
+
 /// Phase 3: encode parameter e chunk by chunk, appending to the streams.
 void encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntry& e, const codec::TensorSetup& setup,
                   const gpu::Device device, std::size_t chunk, Streams& out, Progress& prog) {
     const int nm = e.moments(), roles = int(out.codes.size());
     const int cb = codec::code_bytes(man.codec), pb = codec::params_per_block(man.codec);
-    const std::size_t es = float_dtype_size(e.dtype);
     e.code_offset = out.codes[0]->count() / std::size_t(cb);
     e.block_offset = pb == 0 ? 0 : out.params[0]->count() / std::size_t(pb);
     e.escape_offset = out.escidx.count();
     const Xxh3State hs[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
-    std::vector<uint8_t> bytes[3], tbytes, zeros;
-    std::vector<float> vals[3], theta;
+    ChunkBuffers buf;
+    std::vector<uint8_t> zeros;
     std::vector<int16_t> zero_params;
     uint64_t last_escape = 0;
     for (uint64_t i0 = 0; i0 < e.numel; i0 += chunk) {
         const std::size_t n = std::size_t(std::min<uint64_t>(chunk, e.numel - i0));
-        codec::ChunkIn ci;
-        ci.n = n;
-        for (int k = 0; k < nm; ++k) {
-            const auto& st = man.storages[std::size_t(e.storage[k])];
-            bytes[k].resize(n * es);
-            vals[k].resize(n);
-            f.read_at(st.offset + i0 * es, bytes[k].data(), n * es, "moment storage");
-            XXH3_64bits_update(hs[k].get(), bytes[k].data(), n * es);
-            bytes_to_float(e.dtype, bytes[k].data(), n, vals[k].data());
-            prog.advance(n * es);
-        }
-        ci.m = vals[0].data();
-        ci.v = vals[1].data();
-        ci.vmax = nm == 3 ? vals[2].data() : nullptr;
-        if (e.theta_storage >= 0) {
-            const auto& st = man.storages[std::size_t(e.theta_storage)];
-            const std::size_t ts = float_dtype_size(e.theta_dtype);
-            tbytes.resize(n * ts);
-            theta.resize(n);
-            f.read_at(st.offset + i0 * ts, tbytes.data(), n * ts, "parameter storage");
-            bytes_to_float(e.theta_dtype, tbytes.data(), n, theta.data());
-            ci.theta = theta.data();
-        }
+        const codec::ChunkIn ci = read_chunk(f, man, e, i0, n, buf, hs, &prog);
         const codec::ChunkOut co = gpu::encode_chunk_on(device, setup, ci);
         for (int k = 0; k < nm; ++k) {
             out.codes[std::size_t(k)]->append(co.codes[k].data(), co.codes[k].size());
@@ -133,7 +190,7 @@ void encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntry& e, 
             last_escape = gi;
             out.escidx.append(&delta, 1);
             for (int k = 0; k < roles; ++k) {
-                const uint32_t b = k < nm ? element_bits(e.dtype, bytes[k].data(), li) : 0;
+                const uint32_t b = k < nm ? element_bits(e.dtype, buf.bytes[k].data(), li) : 0;
                 out.escv[std::size_t(k)]->append(&b, 1);
             }
         }
@@ -170,13 +227,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
             Streams streams(file.get(), roles);
             const std::size_t chunk = std::max<std::size_t>(codec::kBlock, o.chunk / codec::kBlock * codec::kBlock);
             for (auto& e : man.params) {  // phase 3
-                codec::TensorSetup setup;
-                setup.kind = o.codec;
-                setup.hyper = e.hyper;
-                setup.tolerance = o.tolerance;
-                setup.domain = e.domain;
-                setup.type = e.dtype == "F32" ? codec::MomentType::F32 : e.dtype == "F16" ? codec::MomentType::F16 : codec::MomentType::BF16;
-                encode_param(f, man, e, setup, device, chunk, streams, prog);
+                encode_param(f, man, e, setup_of(e, o.codec, o.tolerance), device, chunk, streams, prog);
                 prog.item_done();
             }
             streams.finish();
@@ -210,6 +261,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
     rep.file_bytes_in = f.size();
     rep.file_bytes_out = io::InputFile(out).size();
     rep.ok = rep.max_bound() <= o.tolerance;
+    warn_escapes(f, man, rep);
     return rep;
 }
 

@@ -31,6 +31,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
 struct VerifyOptions {
     std::optional<std::string> original;  ///< also check against the original checkpoint
     int grid = 257;                       ///< gradient points per coordinate on the dense grid
+    bool strict = false;                  ///< read the original with Limits::strict
     bool progress = false;
 };
 

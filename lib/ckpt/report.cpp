@@ -30,7 +30,10 @@ std::string Report::table() const {
     std::size_t w = 6;
     for (auto& r : rows) w = std::max(w, r.name.size());
     w = std::min<std::size_t>(w, 48);
-    std::string s = fmt::format("{}: {} -> {}  codec={} tolerance={} grad_bound={}\n", tool, input, output,
+    const std::string what = tool == "ckpt-verify"
+                                 ? input + (output.empty() ? "" : " (original: " + output + ")")
+                                 : input + " -> " + output;
+    std::string s = fmt::format("{}: {}  codec={} tolerance={} grad_bound={}\n", tool, what,
                                 codec, tolerance, grad_bound);
     s += fmt::format("{:<{}}  {:>12}  {:>9}  {:>11}  {:>14}\n", "tensor", w, "values", "escapes %",
                      "reduction %", "max bound (lr)");
@@ -58,7 +61,8 @@ std::string Report::json() const {
     nlohmann::json j;
     j["tool"] = tool;
     j["input"] = input;
-    j["output"] = output;
+    if (tool == "ckpt-verify") j["original"] = output.empty() ? nlohmann::json(nullptr) : nlohmann::json(output);
+    else j["output"] = output;
     j["codec"] = codec;
     j["tolerance"] = tolerance;
     j["grad_bound"] = std::isfinite(grad_bound) ? nlohmann::json(grad_bound) : nlohmann::json("inf");

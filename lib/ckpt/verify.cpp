@@ -173,7 +173,9 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     // 2 + 3. certificates, and the original when given
     std::unique_ptr<io::InputFile> orig;
     if (o.original) {
-        read_checkpoint(*o.original);  // validates the original as any input
+        Limits lim;
+        lim.strict = o.strict;
+        read_checkpoint(*o.original, lim);  // validates the original as any input
         orig = std::make_unique<io::InputFile>(*o.original);
         if (orig->size() != man.source_size)
             fail(fmt::format("original has {} bytes, the container's source had {}", orig->size(), man.source_size));
