@@ -273,12 +273,36 @@ std::vector<std::string> dict_keys(const Value& v) {
     return k;
 }
 
+/// DeepSpeed FusedAdam (deepspeed/ops/adam/fused_adam.py) has torch Adam's update when
+/// bias_correction is on; Adam vs AdamW is its adam_w_mode, which only the engine's
+/// ds_config records (`optimizer.type` Adam/AdamW, `params.adam_w_mode`, default True in
+/// runtime/config.py). Sets p.decoupled; returns why not Adam ("" when it is).
+std::string fused_adam(const Value& g, const Value* ds_config, ParamState& p) {
+    const Value* bc = g.get("bias_correction");
+    if (!bc || !std::holds_alternative<bool>(bc->v) || !std::get<bool>(bc->v)) return "FusedAdam without bias correction (not Adam)";
+    const Value* oc = ds_config ? ds_config->get("optimizer") : nullptr;
+    const Value* type = oc ? oc->get("type") : nullptr;
+    const auto* ts = type ? std::get_if<std::string>(&type->v) : nullptr;
+    if (!ts) return "DeepSpeed FusedAdam state without ds_config.optimizer (adam_w_mode unknown)";
+    std::string t = *ts;
+    std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    if (t != "adam" && t != "adamw" && t != "fusedadam") return "ds_config optimizer '" + *ts + "' (not Adam)";
+    bool w = true;
+    if (const Value* prm = oc->get("params"))
+        if (const Value* m = prm->get("adam_w_mode"))
+            if (auto b = std::get_if<bool>(&m->v)) w = *b;
+    p.decoupled = t == "adamw" || w;
+    p.hyper.amsgrad = false;  // FusedAdam has no amsgrad
+    return "";
+}
+
 /// The states of one optimizer state_dict `opt` found at `prefix`; `model` is the file's
 /// only module state_dict (for report names) or null, `mt` every model tensor of the file,
 /// `masters` DeepSpeed's fp32 partitions for its flat groups (or null). Appends to out.
 void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOverrides& o, const Value& opt,
                     const std::string& prefix, const Value* model, const std::vector<std::pair<std::string, int>>& mt,
-                    const Value::List* masters, const std::map<std::size_t, int>& refs, std::vector<ParamState>& out) {
+                    const Value::List* masters, const std::map<std::size_t, int>& refs, const Value* ds_config,
+                    std::vector<ParamState>& out) {
     const auto* groups = std::get_if<Value::List>(&opt.get("param_groups")->v);
     if (!groups) throw BadInput(f.path(), "param_groups is not a list");
     // index -> (group, name from param_names when the group has them)
@@ -344,6 +368,8 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
             return as_double(*v, kk, f.path());
         });
         const Value* step = st.get("step");
+        const bool fused = g.get("bias_correction") != nullptr;  // DeepSpeed FusedAdam keeps step in the group
+        if (!step && fused) step = g.get("step");
         if (!step) throw BadInput(f.path(), "optimizer state " + p.index + " has no step");
         if (auto ti = std::get_if<Value::Tensor>(&step->v)) {
             const auto s = read_small_tensor(ck, f, int(ti->index));
@@ -361,7 +387,7 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
         }
         if (p.name.rfind(prefix + "state/", 0) == 0 && likely_name.count(p.index)) p.name = likely_name[p.index];
         apply(p.hyper, p.stated, o, f.path(), p.name);
-        p.why_not = not_adam(dict_keys(g), dict_keys(st));
+        p.why_not = fused ? fused_adam(g, ds_config, p) : not_adam(dict_keys(g), dict_keys(st));
         if (p.why_not.empty()) p.why_not = out_of_range(p.hyper);
         check_compressible(ck, refs, p);
         out.push_back(std::move(p));
@@ -416,7 +442,8 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
     count_refs(ck, ck.root, refs);
     for (const auto& [opt, prefix] : found.opts)
         scan_optimizer(ck, f, o, *opt, prefix, found.models.size() == 1 ? found.models[0].first : nullptr, mt,
-                       found.masters.count(opt) ? found.masters.at(opt) : nullptr, refs, out);
+                       found.masters.count(opt) ? found.masters.at(opt) : nullptr, refs,
+                       ck.root.is_dict() ? ck.root.get("ds_config") : nullptr, out);
     return out;
 }
 

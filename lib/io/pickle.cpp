@@ -292,6 +292,9 @@ private:
     std::size_t long_from_bytes(const std::string& b);
     std::size_t global(std::string module, std::string name);
     std::size_t call(std::size_t fn, std::size_t args, Value::Object::Made made, std::size_t kwargs, const char* op);
+    /// getattr(cls, name) with cls an opaque class and name a public identifier: the global
+    /// cls.name (an enum member); anything else is refused as code-running.
+    std::size_t enum_member(std::size_t args, const char* op, const std::string& spelled);
     std::size_t record(std::size_t fn, std::size_t args, Value::Object::Made made, std::size_t kwargs);
     std::size_t reduce(std::size_t fn, std::size_t args);
     std::size_t make_tensor(const std::string& fn, const std::vector<std::size_t>& a, std::optional<std::size_t> dtype);
@@ -389,9 +392,10 @@ std::size_t Unpickler::global(std::string module, std::string name) {
     std::string full = module + "." + name;
     for (char& ch : full)
         if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f) ch = '?';
-    if (runs_code(module, name))
+    const bool getattr_global = (module == "builtins" || module == "__builtin__") && name == "getattr" && !limits_.strict;
+    if (runs_code(module, name) && !getattr_global)
         fail(fmt::format("pickle global {} is not allowed: it can run code when the file is loaded", full));
-    auto info = lookup_global(module, name);
+    auto info = getattr_global ? std::optional<GlobalInfo>(GlobalInfo{}) : lookup_global(module, name);
     if (!info && limits_.strict)
         fail(fmt::format("pickle global {} is not allowed in strict mode (only torch.load(weights_only=True) "
                          "globals)", full));
@@ -486,6 +490,20 @@ std::size_t Unpickler::record(std::size_t fn, std::size_t args, Value::Object::M
 
 /// REDUCE / NEWOBJ / NEWOBJ_EX: `fn` must be a global. Allowlisted ones are modelled (tensors,
 /// dicts, sizes...), everything else is recorded as an opaque object; nothing is called.
+std::size_t Unpickler::enum_member(std::size_t args, const char* op, const std::string& spelled) {
+    const auto& a = arena_[args];
+    const std::string refuse = "pickle global " + spelled + " is not allowed: it can run code when the file is loaded";
+    if (std::string(op) != "REDUCE" || a.kind != Obj::Tuple || a.items.size() != 2) fail(refuse);
+    const Obj& cls = arena_[a.items[0]];
+    const Obj& attr = arena_[a.items[1]];
+    if (cls.kind != Obj::Global || cls.global.fn != Fn::Opaque || attr.kind != Obj::Str || attr.s.empty() ||
+        attr.s[0] == '_' || attr.s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") != std::string::npos)
+        fail(refuse);
+    const std::string module = cls.s.substr(0, std::size_t(cls.i)), name = cls.s.substr(std::size_t(cls.i) + 1) + "." + attr.s;
+    if (runs_code(module, name)) fail(refuse);
+    return global(module, name);
+}
+
 std::size_t Unpickler::call(std::size_t fn, std::size_t args, Value::Object::Made made, std::size_t kwargs,
                             const char* op) {
     if (arena_[fn].kind != Obj::Global) fail(fmt::format("{} on an object that is not a global (a class or function)", op));
@@ -493,6 +511,7 @@ std::size_t Unpickler::call(std::size_t fn, std::size_t args, Value::Object::Mad
         fail(fmt::format("{} of {} with arguments that are not a tuple", op, arena_[fn].s));
     if (kwargs != kNoView && arena_[kwargs].kind != Obj::Dict)
         fail(fmt::format("{} of {} with keyword arguments that are not a dict", op, arena_[fn].s));
+    if (arena_[fn].s == "builtins.getattr" || arena_[fn].s == "__builtin__.getattr") return enum_member(args, op, arena_[fn].s);
     const Fn f = arena_[fn].global.fn;
     if (f == Fn::Opaque || f == Fn::KnownObject || f == Fn::Plain || (kwargs != kNoView && !arena_[kwargs].items.empty()))
         return record(fn, args, made, kwargs);

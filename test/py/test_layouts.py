@@ -1,0 +1,190 @@
+"""The layouts real training stacks write (scripts/make_layouts.py), each round-tripped:
+compress -> verify --original -> restore -> torch.load -> every non-moment leaf
+bit-identical -> one real step of each optimizer (its own torch class) from the original and
+the restored state, within tolerance * lr where coded."""
+import copy
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import ROOT, parse_json_stdout, require_ckptkit_bin, run_tool
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import make_layouts as ml  # noqa: E402
+
+TOL = 0.01
+MOMENTS = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}
+
+
+def _same_leaves(a, b, path=""):
+    """Every leaf except moment tensors is identical (tensors bit for bit)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, path
+        if path.rsplit("/", 1)[-1] not in MOMENTS:
+            assert torch.equal(a.view(torch.uint8) if a.dim() else a.reshape(1).view(torch.uint8),
+                               b.view(torch.uint8) if b.dim() else b.reshape(1).view(torch.uint8)), path
+    elif isinstance(a, dict):
+        assert type(a) is type(b) and list(a) == list(b), path
+        for k in a:
+            _same_leaves(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same_leaves(x, y, f"{path}/{i}")
+    elif hasattr(a, "__dict__") and not isinstance(a, type):
+        assert type(a) is type(b), path
+        _same_leaves(vars(a), vars(b), path + "/@")
+    else:
+        assert a == b or (a != a and b != b), path
+
+
+def _torch_group(g):
+    """A param group as torch.optim.Adam/AdamW's step reads it: lr as a float, the keys a
+    DeepSpeed FusedAdam group lacks filled with torch's defaults."""
+    g = dict(g)
+    if isinstance(g["lr"], torch.Tensor):
+        g["lr"] = float(g["lr"])
+    for k, v in (("amsgrad", False), ("maximize", False), ("foreach", None), ("capturable", False),
+                 ("differentiable", False), ("fused", None)):
+        g.setdefault(k, v)
+    return g
+
+
+def _torch_state(osd):
+    """FusedAdam keeps `step` in the group; torch wants it per state entry."""
+    osd = copy.deepcopy(osd)
+    osd["param_groups"] = [_torch_group(g) for g in osd["param_groups"]]
+    for g in osd["param_groups"]:
+        step = g.pop("step", None)
+        if step is not None:
+            for i in g["params"]:
+                osd["state"][i].setdefault("step", torch.tensor(float(step)))
+    return osd
+
+
+def _step(cls, thetas, osd, grads):
+    params = {i: nn.Parameter(thetas[i].detach().clone()) for i in thetas}
+    groups = [{"params": [params[i] for i in g["params"]]} for g in osd["param_groups"]]
+    opt = cls(groups, lr=1e-3)
+    opt.load_state_dict(osd)
+    for i, p in params.items():
+        p.grad = grads[i].clone()
+    opt.step()
+    return {i: params[i].detach() - thetas[i] for i in params}
+
+
+def _step_close(cls, thetas, osd_a, osd_b, exact=False):
+    a, b = _torch_state(osd_a), _torch_state(osd_b)
+    gen = torch.Generator().manual_seed(5)
+    grads = {i: 2 * torch.rand(t.shape, generator=gen) - 1 for i, t in thetas.items()}
+    da, db = _step(cls, thetas, a, grads), _step(cls, thetas, b, grads)
+    lr = {i: g["lr"] for g in a["param_groups"] for i in g["params"]}
+    for i in thetas:
+        diff = (da[i] - db[i]).abs().double()
+        if exact:
+            assert torch.equal(da[i], db[i]), i
+        slack = 8 * torch.finfo(torch.float32).eps * (da[i].abs() + db[i].abs()).double()
+        assert torch.all(diff <= TOL * lr[i] + slack + 1e-30), (i, float(diff.max()))
+
+
+def _model_thetas(sd, names, prefix=""):
+    return {n: sd[prefix + n] for n in names}
+
+
+def _in_order(sd, prefix, osd):
+    """Index ids of osd's groups -> the module's parameters in state_dict order."""
+    keys = [k for k in sd if k.startswith(prefix)]
+    ids = [i for g in osd["param_groups"] for i in g["params"]]
+    assert len(keys) == len(ids)
+    return dict(zip(ids, (sd[k] for k in keys)))
+
+
+def _views(name, obj):
+    """(optimizer class, theta per param id, optimizer state_dict) for every optimizer."""
+    if name == "torch2.pt":
+        osd = obj["optimizer"]
+        th = {i: obj["model"][n] for g in osd["param_groups"] for i, n in zip(g["params"], g["param_names"])}
+        return [(torch.optim.AdamW, th, osd)]
+    if name == "lightning.ckpt":
+        sd = obj["state_dict"]
+        og, od = obj["optimizer_states"]
+        return [(torch.optim.Adam, _in_order(sd, "model.gen.", og), og),
+                (torch.optim.AdamW, _in_order(sd, "model.disc.", od), od)]
+    if name in ("zero_fused.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"):
+        o = obj["optimizer_state_dict"]
+        base = o["base_optimizer_state"]
+        return [(torch.optim.AdamW, {0: o["single_partition_of_fp32_groups"][0]}, base)]
+    if name == "fsdp_full.pt":
+        osd = obj["optim"]
+        return [(torch.optim.Adam, {n: obj["model"][n] for n in osd["state"]}, osd)]
+    if name == "gan.pt":
+        return [(torch.optim.Adam, _in_order(obj["G"], "", obj["opt_G"]), obj["opt_G"]),
+                (torch.optim.Adam, _in_order(obj["D"], "", obj["opt_D"]), obj["opt_D"])]
+    raise AssertionError(name)
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    ml.register_standins()
+    return ml.write_all(str(tmp_path_factory.mktemp("layouts")))
+
+
+NAMES = ["torch2.pt", "lightning.ckpt", "zero_fused.pt", "fsdp_full.pt", "gan.pt",
+         "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+KIND = {"fsdp_full.pt": ["--optimizer", "adam"]}  # Adam L2: theta is mapped by FQN
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_layout_roundtrip(layouts, tmp_path, name):
+    b = require_ckptkit_bin()
+    src = next(p for p in layouts if os.path.basename(p) == name)
+    before = open(src, "rb").read()
+    out, back = tmp_path / "c.h5", tmp_path / ("back" + os.path.splitext(name)[1])
+    c = run_tool(b, "ckpt-compress", src, "-o", out, "--json", *KIND.get(name, []))
+    assert c.returncode == 0, c.stderr
+    rep = parse_json_stdout(c)
+    assert rep["ok"] and all(not t["note"] for t in rep["tensors"]), rep["tensors"]
+    assert rep["escapes"] < 0.5 * rep["moment_values"]
+    v = run_tool(b, "ckpt-verify", out, "--original", src)
+    assert v.returncode == 0, v.stdout
+    assert run_tool(b, "ckpt-restore", out, "-o", back).returncode == 0
+    assert open(src, "rb").read() == before
+    orig, rest = torch.load(src), torch.load(back)
+    _same_leaves(orig, rest)
+    for (cls, th, oa), (_, _, ob) in zip(_views(name, orig), _views(name, rest)):
+        _step_close(cls, th, oa, ob)
+
+
+def test_layout_names_and_detection(layouts, tmp_path):
+    """Parameter names where the file gives them (param_names, FQN keys, Lightning's
+    `model.` keys), DeepSpeed's flat groups by their state path, and FusedAdam identified
+    from ds_config as AdamW."""
+    b = require_ckptkit_bin()
+    by = {os.path.basename(p): p for p in layouts}
+
+    def rep(name, *flags):
+        c = run_tool(b, "ckpt-compress", by[name], "-o", tmp_path / (name + ".h5"), "--json", *flags)
+        assert c.returncode == 0, c.stderr
+        return parse_json_stdout(c)
+
+    assert [t["name"] for t in rep("torch2.pt")["tensors"]][:2] == ["inp.weight", "h1.weight"]
+    assert [t["name"] for t in rep("fsdp_full.pt", "--optimizer", "adam")["tensors"]][:2] == ["inp.weight", "inp.bias"]
+    assert rep("lightning.ckpt")["tensors"][0]["name"] == "model.gen.inp.weight"
+    z = rep("zero_fused.pt")
+    assert z["tensors"][0]["name"] == "optimizer_state_dict/base_optimizer_state/state/0"
+    assert [g["optimizer"] for g in z["param_groups"]] == ["adamw"]
+
+
+def test_fused_adam_without_ds_config_is_kept_exact(layouts, tmp_path):
+    b = require_ckptkit_bin()
+    src = next(p for p in layouts if p.endswith("zero_fused.pt"))
+    obj = torch.load(src)
+    del obj["ds_config"]
+    torch.save(obj, tmp_path / "nocfg.pt")
+    c = run_tool(b, "ckpt-compress", tmp_path / "nocfg.pt", "-o", tmp_path / "o.h5", "--json")
+    assert c.returncode == 0
+    notes = {t["note"] for t in parse_json_stdout(c)["tensors"]}
+    assert notes == {"kept exact: DeepSpeed FusedAdam state without ds_config.optimizer (adam_w_mode unknown)"}
