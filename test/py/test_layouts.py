@@ -188,3 +188,36 @@ def test_fused_adam_without_ds_config_is_kept_exact(layouts, tmp_path):
     assert c.returncode == 0
     notes = {t["note"] for t in parse_json_stdout(c)["tensors"]}
     assert notes == {"kept exact: DeepSpeed FusedAdam state without ds_config.optimizer (adam_w_mode unknown)"}
+
+
+def test_transformer_with_float_buffers_needs_no_flags(tmp_path):
+    """A transformer-like model with a float causal-mask buffer and int position_ids,
+    trained with Adam + L2 weight decay, compresses with no flags (auto certifies the union
+    of Adam's and AdamW's domains; theta from the model's same-shape tensors)."""
+    b = require_ckptkit_bin()
+
+    class Block(nn.Module):
+        def __init__(self, t=8, d=16):
+            super().__init__()
+            self.register_buffer("mask", torch.tril(torch.ones(t, t)))
+            self.register_buffer("position_ids", torch.arange(t))
+            self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+        def forward(self, x):
+            a = (self.q(x) @ self.k(x).transpose(-1, -2)).masked_fill(self.mask == 0, -1e9).softmax(-1)
+            return a @ self.v(x)
+
+    torch.manual_seed(0)
+    m = Block()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3, weight_decay=0.01)
+    for s in range(30):
+        opt.zero_grad()
+        (m(torch.randn(4, 8, 16)) ** 2).mean().backward()
+        opt.step()
+    torch.save({"model": m.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "tf.pt")
+    c = run_tool(b, "ckpt-compress", tmp_path / "tf.pt", "-o", tmp_path / "tf.h5", "--json")
+    assert c.returncode == 0, c.stderr
+    rep = parse_json_stdout(c)
+    assert rep["ok"] and all(not t["note"] for t in rep["tensors"])
+    assert all("shifted by wd*theta" in g["domain"] for g in rep["param_groups"])
+    assert run_tool(b, "ckpt-verify", tmp_path / "tf.h5", "--original", tmp_path / "tf.pt").returncode == 0
