@@ -238,6 +238,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
         }
         // phase 4: what ckpt-verify and ckpt-restore will see, before the rename
         VerifyOptions vo;
+        vo.certificates = device != gpu::Device::Cpu;  // a device encoder is checked in full
         const Report chk = verify(atomic.temp_path(), vo);
         if (!chk.ok) {
             std::string why;

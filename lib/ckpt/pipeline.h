@@ -32,6 +32,11 @@ struct VerifyOptions {
     std::optional<std::string> original;  ///< also check against the original checkpoint
     int grid = 257;                       ///< gradient points per coordinate on the dense grid
     bool strict = false;                  ///< read the original with Limits::strict
+    /// Re-derive every certificate from the codes (ckpt-verify always does). compress's
+    /// self-check turns it off on the CPU path: its encoder computed the certificates with
+    /// the same function on the same decoded cells (block.h), so only decoding, integrity
+    /// and the manifest-against-source checks remain to be shown there.
+    bool certificates = true;
     bool progress = false;
 };
 
