@@ -42,11 +42,11 @@ std::vector<double> grid_multipliers(int points) {
 /// codec::update_lr's formula with 1/sqrt(bc2) as a product) over g in {0, lo, hi, +-scale * mult[k]} clamped to the domain
 /// [lo, hi] (an infinite end is replaced by 0), and how many points exceed `bound`. Both
 /// updates NaN (torch gives NaN for both) is no difference. Branch-free over the points so
-/// the compiler vectorises it; target_clones picks AVX2 at run time where present (results
+/// the compiler vectorises it; target_clones picks AVX-512 or AVX2 at run time (results
 /// do not depend on the ISA: the same IEEE operations in the same order).
 struct GridResult { double max_diff = 0; uint64_t points = 0, over = 0; };
 #if defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx2", "default")))
+__attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
                       double vmaxt, double lo, double hi, double scale, double bound, const double* mult, int nm,
