@@ -37,7 +37,6 @@ struct Moments {
     std::vector<float> m, v, vmax, theta;
 };
 
-float bits_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 uint32_t float_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 
 Moments make(std::size_t n, uint64_t seed, bool adversarial) {
