@@ -54,7 +54,8 @@ void print_table(std::FILE* out, const std::vector<PlanResult>& rs) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// The tool (main() only adds the last line of defence against aborting).
+int run(int argc, char** argv) {
     CLI::App app{"replay-plan: state-safe activation recomputation plans from a step trace"};
     std::string trace_path, sweep, planner = "joint", out_path, svg_path;
     std::vector<std::string> budget_args;
@@ -186,4 +187,15 @@ int main(int argc, char** argv) {
         fmt::print(stderr, "timing (CPU ms): load {:.1f} contracts {:.1f} plan {:.1f} output {:.1f} total {:.1f}\n",
                    t_load - t0, t_problem - t_load, t_plan - t_problem, cpu_ms() - t_plan, cpu_ms());
     return rc;
+}
+
+int main(int argc, char** argv) {
+    // Never abort (uncaught exception, exit 134): anything that escapes is one line, exit 2.
+    try {
+        return run(argc, argv);
+    } catch (const std::bad_alloc&) {
+        return fail("out of memory");
+    } catch (const std::exception& e) {
+        return fail(e.what());
+    }
 }

@@ -2,6 +2,7 @@
 #include "replay/trace.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -30,6 +31,15 @@ constexpr const char* kFormat = "ckptkit-trace";
 // <= 2^44 (16 TiB), times <= 1e7 ms, at most 2^20 segments (planner benchmarks go to 100,000).
 constexpr uint64_t kMaxValue = 1ull << 44;
 constexpr size_t kMaxSegments = size_t{1} << 20;
+// Per-value limits alone do not bound the sums at 2^20 segments (2^20 x 2^44 = 2^64), so the
+// trace's totals are bounded too: every byte figure summed (sizes, state, regions' metadata)
+// <= 2^50 (1 PiB) and every time summed <= 1e9 ms. Then every held prefix, work and preserved
+// sum fits, and step time <= 2 x 1e9 ms + copies (3 x 2^50 bytes at >= 0.001 GB/s) < 2^63 ns.
+constexpr double kMaxTotalBytes = 1125899906842624.0;   // 2^50
+constexpr double kMaxTotalMs = 1e9;
+constexpr uint64_t kMaxRegionMeta = 16;   // bytes of index metadata per region (contract.h)
+// Largest trace file read (the compact tree uses 32-bit offsets).
+constexpr uint64_t kMaxFileBytes = uint64_t{4} << 30;
 
 // Member `key` of object o, or nullptr (J = nlohmann::json or JsonTree::Node).
 const json* member(const json& o, const char* key) {
@@ -128,6 +138,8 @@ Trace read_trace(const J& j, const std::string& file) {
     t.param_bytes = r.u64(fixed, "param_bytes", "fixed");
     t.grad_bytes = r.u64(fixed, "grad_bytes", "fixed");
     t.optimizer_bytes = r.u64(fixed, "optimizer_bytes", "fixed");
+    double total_bytes = double(t.param_bytes) + double(t.grad_bytes) + double(t.optimizer_bytes);
+    double total_ms = 0;
 
     std::map<std::string, uint64_t> size, version;
     const J& bufs = r.arr(j, "buffers", "trace");
@@ -137,6 +149,7 @@ Trace read_trace(const J& j, const std::string& file) {
         if (size.count(b.id)) r.fail(fmt::format("{}: duplicate buffer id '{}'", w, b.id));
         size[b.id] = b.bytes;
         version[b.id] = 0;
+        total_bytes += double(b.bytes);
         t.buffers.push_back(b);
     }
     const J& segs = r.arr(j, "segments", "trace");
@@ -159,6 +172,9 @@ Trace read_trace(const J& j, const std::string& file) {
         g.input_bytes = r.u64_or(s, "input_bytes", w, 0);
         g.output_bytes = r.u64(s, "output_bytes", w);
         g.transient_bytes = r.u64_or(s, "transient_bytes", w, 0);
+        total_ms += g.forward_ms + g.backward_ms;
+        total_bytes += double(g.saved_bytes) + double(g.input_bytes) + double(g.output_bytes) +
+                       double(g.transient_bytes);
         const J* st = s.contains("state") ? &r.arr(s, "state", w) : nullptr;
         const size_t n_state = st ? st->size() : 0;
         for (size_t k = 0; k < n_state; ++k) {
@@ -186,7 +202,10 @@ Trace read_trace(const J& j, const std::string& file) {
                 acc.regions = read_regions(r, r.arr(a, "regions", wa), wa, acc.bytes_written);
                 version[acc.buffer] = acc.version_written;
                 size[acc.buffer] = acc.bytes_written;
+                total_bytes += double(acc.bytes_written) +
+                               double(kMaxRegionMeta) * double(acc.regions.size());
             }
+            total_bytes += double(acc.bytes_read);
             g.state.push_back(std::move(acc));
         }
         const J* rng = s.contains("rng") ? &r.arr(s, "rng", w) : nullptr;
@@ -194,7 +213,12 @@ Trace read_trace(const J& j, const std::string& file) {
         for (size_t k = 0; k < n_rng; ++k) {
             auto wr = fmt::format("{}.rng[{}]", w, k);
             g.rng.push_back({r.str((*rng)[k], "stream", wr), r.u64((*rng)[k], "state_bytes", wr)});
+            total_bytes += double(g.rng.back().state_bytes);
         }
+        if (total_bytes > kMaxTotalBytes)
+            r.fail(fmt::format("{}: the trace's sizes add up to more than 2^50 bytes (1 PiB)", w));
+        if (total_ms > kMaxTotalMs)
+            r.fail(fmt::format("{}: the trace's times add up to more than 1e9 ms", w));
         t.segments.push_back(std::move(g));
     }
     if (j.contains("backward_order")) {
@@ -272,21 +296,34 @@ json trace_to_json(const Trace& t) {
     return j;
 }
 
-Trace load_trace(const std::string& path) {
+namespace {
+// Whole file (or pipe) as text; BadInput for a folder, an unreadable file, or more than
+// kMaxFileBytes.
+std::string read_text(const std::string& path) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) throw BadInput(path, "is a folder, not a trace file");
     std::ifstream in(path, std::ios::binary);
     if (!in) throw BadInput(path, "cannot open file");
     std::string text;   // sized from the file's length, then whatever is left (pipes)
     in.seekg(0, std::ios::end);
     if (auto size = in.tellg(); size > 0 && in.seekg(0)) {
+        if (static_cast<uint64_t>(size) > kMaxFileBytes) throw BadInput(path, "larger than 4 GiB");
         text.resize(static_cast<size_t>(size));
         in.read(text.data(), size);
         text.resize(static_cast<size_t>(in.gcount()));
     }
     in.clear(in.rdstate() & std::ios::badbit);
     char buf[1 << 16];
-    while (!in.bad() && (in.read(buf, sizeof buf) || in.gcount() > 0))
+    while (!in.bad() && (in.read(buf, sizeof buf) || in.gcount() > 0)) {
         text.append(buf, static_cast<size_t>(in.gcount()));
+        if (text.size() > kMaxFileBytes) throw BadInput(path, "larger than 4 GiB");
+    }
     if (in.bad()) throw BadInput(path, "read error");
+    return text;
+}
+
+// Parse, detect the kind and read. Every failure is BadInput except std::bad_alloc.
+Trace load_text(const std::string& text, const std::string& path) {
     // Fast path for ckptkit traces: the compact tree (no per-node allocation; 100,000-segment
     // traces). Anything it rejects or does not model, valid or not, is read again below with
     // nlohmann::json, which gives the same Trace or the error message.
@@ -301,6 +338,15 @@ Trace load_trace(const std::string& path) {
         j = json::parse(text);
     } catch (const json::parse_error& e) {
         throw BadInput(path, fmt::format("not valid JSON (byte {})", e.byte));
+    } catch (const json::exception& e) {
+        // out_of_range.406: a number no double holds (1e999, a 400-digit integer).
+        std::string what = e.what();
+        auto q = what.find('\'');
+        std::string number = q == std::string::npos ? "" : what.substr(q + 1);
+        if (!number.empty() && number.back() == '\'') number.pop_back();
+        if (number.size() > 24) number = number.substr(0, 20) + "...";
+        throw BadInput(path, number.empty() ? std::string("not valid JSON: ") + e.what()
+                                            : fmt::format("number {} is out of range", number));
     }
     if (j.is_object() && j.contains("format")) {
         try {
@@ -318,6 +364,19 @@ Trace load_trace(const std::string& path) {
     }
     throw BadInput(path, "neither a ckptkit trace (no 'format') nor a PyTorch Execution Trace "
                          "(no 'schema'/'nodes')");
+}
+}  // namespace
+
+Trace load_trace(const std::string& path) {
+    try {
+        return load_text(read_text(path), path);
+    } catch (const BadInput&) {
+        throw;
+    } catch (const std::bad_alloc&) {
+        throw BadInput(path, "out of memory while reading the trace");
+    } catch (const std::exception& e) {   // nothing known reaches here; never abort
+        throw BadInput(path, std::string("malformed trace: ") + e.what());
+    }
 }
 
 }  // namespace ckpt::replay

@@ -179,3 +179,31 @@ TEST_CASE("trace hash floats are written as Python's repr (apply_plan.py hashes 
     const auto j = nlohmann::json::parse(R"({"b":[1,2.5,"x\u00e9"],"a":{"z":null,"y":true,"t":1.35259}})");
     CHECK(ckpt::replay::canonical_dump(j) == "{\"a\":{\"t\":1.35259,\"y\":true,\"z\":null},\"b\":[1,2.5,\"x\xc3\xa9\"]}");
 }
+
+TEST_CASE("malformed-trace corpus: every file is BadInput with its expected message") {
+    // test/corpus/fuzz/trace/ (also replayed by fuzz_regress_trace): inputs that once aborted
+    // the tool (uncaught exception, exit 134); test/corpus/bad_traces_expected.json: file ->
+    // the exact message.
+    const std::string dir = std::string(CKPT_SOURCE_DIR) + "/test/corpus/";
+    nlohmann::json expected = nlohmann::json::parse(std::ifstream(dir + "bad_traces_expected.json"));
+    REQUIRE(expected.size() == 9);
+    for (const auto& [name, msg] : expected.items()) {
+        CAPTURE(name);
+        const std::string path = dir + "fuzz/trace/" + name;
+        std::string got;
+        try {
+            load_trace(path);
+        } catch (const ckpt::BadInput& e) {
+            CHECK(e.file == path);
+            got = e.what();
+        }
+        CHECK(got == msg.get<std::string>());
+    }
+    std::string got;
+    try {
+        load_trace(dir);   // a folder given as the trace
+    } catch (const ckpt::BadInput& e) {
+        got = e.what();
+    }
+    CHECK(got == "is a folder, not a trace file");
+}

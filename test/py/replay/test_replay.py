@@ -124,6 +124,16 @@ def test_bad_input_one_line_exit_2_no_output(replay_plan, tmp_path):
         assert len(lines) == 1 and lines[0].startswith(f"replay-plan: error: {path}: "), r.stderr
         assert not out.exists()
         assert list(tmp_path.glob(name + ".plan*")) == []
+    # the malformed-trace corpus (inputs that once aborted with exit 134) and a folder
+    expected = json.load(open(ROOT / "test" / "corpus" / "bad_traces_expected.json"))
+    for name, msg in sorted(expected.items()):
+        path = ROOT / "test" / "corpus" / "fuzz" / "trace" / name
+        r = run([replay_plan, path, "--budget", "1GiB", "--check"])
+        assert r.returncode == 2, (name, r.returncode, r.stderr)
+        assert r.stderr == f"replay-plan: error: {path}: {msg}\n"
+    r = run([replay_plan, tmp_path, "--budget", "1GiB"])
+    assert r.returncode == 2
+    assert r.stderr == f"replay-plan: error: {tmp_path}: is a folder, not a trace file\n"
     r = run([replay_plan, tmp_path / "missing.json", "--budget", "1GiB"])
     assert r.returncode == 2 and "cannot open file" in r.stderr
     r = run([replay_plan, ROOT / "data" / "traces" / "bn.trace.json", "--budget", "many"])
