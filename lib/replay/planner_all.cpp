@@ -4,14 +4,23 @@
 #include "replay/planner_impl.h"
 
 namespace ckpt::replay {
+namespace {
+std::vector<Decision> all_recomputed(const Problem& p) {
+    std::vector<Decision> d(p.size());
+    for (size_t i = 0; i < p.size(); ++i)
+        d[i] = p.contracts[i].stateful() ? Decision::Snapshot : Decision::Recompute;
+    return d;
+}
+}  // namespace
 
 std::string AllPlanner::name() const { return "all"; }
 
 PlanResult AllPlanner::plan(const Problem& p, uint64_t budget) const {
-    std::vector<Decision> d(p.size());
-    for (size_t i = 0; i < p.size(); ++i)
-        d[i] = p.contracts[i].stateful() ? Decision::Snapshot : Decision::Recompute;
-    return finish_plan(p, name(), budget, d);
+    return finish_plan(p, name(), budget, all_recomputed(p), min_peak(p));
+}
+
+uint64_t AllPlanner::min_peak(const Problem& p) const {
+    return evaluate(p, all_recomputed(p)).peak_bytes;
 }
 
 }  // namespace ckpt::replay

@@ -8,6 +8,7 @@
 #include <map>
 #include <unordered_set>
 #include <sstream>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -17,9 +18,22 @@
 
 namespace ckpt::replay {
 namespace {
-/// The text the trace hash is taken of (formats/trace.md), from either JSON model.
-std::string hash_text(const nlohmann::json& j) { return canonical_dump(j); }
-std::string hash_text(const JsonTree::Node& j) { return j.dump(); }
+constexpr uint64_t kFnvOffset = 1469598103934665603ull, kFnvPrime = 1099511628211ull;
+uint64_t fnv1a64(uint64_t h, std::string_view bytes) {
+    for (unsigned char c : bytes) {
+        h ^= c;
+        h *= kFnvPrime;
+    }
+    return h;
+}
+/// The trace hash (formats/trace.md) of either JSON model: FNV-1a 64 of the canonical text
+/// (the compact tree's is streamed in chunks, never held whole).
+std::string trace_hash(const nlohmann::json& j) { return fnv1a64_hex(canonical_dump(j)); }
+std::string trace_hash(const JsonTree::Node& j) {
+    uint64_t h = kFnvOffset;
+    j.dump([&h](std::string_view chunk) { h = fnv1a64(h, chunk); });
+    return fmt::format("{:016x}", h);
+}
 }  // namespace
 
 namespace {
@@ -33,10 +47,12 @@ constexpr uint64_t kMaxValue = 1ull << 44;
 constexpr size_t kMaxSegments = size_t{1} << 20;
 // Per-value limits alone do not bound the sums at 2^20 segments (2^20 x 2^44 = 2^64), so the
 // trace's totals are bounded too: every byte figure summed (sizes, state, regions' metadata)
-// <= 2^50 (1 PiB) and every time summed <= 1e9 ms. Then every held prefix, work and preserved
-// sum fits, and step time <= 2 x 1e9 ms + copies (3 x 2^50 bytes at >= 0.001 GB/s) < 2^63 ns.
-constexpr double kMaxTotalBytes = 1125899906842624.0;   // 2^50
+// <= 2^60 (1 EiB), every time summed <= 1e9 ms, and copying 3 x that byte total at the
+// device's copy_gbps <= 4e18 ns. Then every held prefix, work and preserved sum fits in
+// int64, and step time <= 2 x 1e9 ms + 4e18 ns < 2^63 ns.
+constexpr double kMaxTotalBytes = 1152921504606846976.0;   // 2^60
 constexpr double kMaxTotalMs = 1e9;
+constexpr double kMaxCopyNs = 4e18;
 constexpr uint64_t kMaxRegionMeta = 16;   // bytes of index metadata per region (contract.h)
 // Largest trace file read (the compact tree uses 32-bit offsets).
 constexpr uint64_t kMaxFileBytes = uint64_t{4} << 30;
@@ -155,7 +171,7 @@ Trace read_trace(const J& j, const std::string& file) {
     const J& segs = r.arr(j, "segments", "trace");
     if (segs.empty()) r.fail("trace has no segments");
     if (segs.size() > kMaxSegments) r.fail("more than 1048576 segments");
-    std::unordered_set<std::string> names;
+    std::unordered_set<std::string_view> names;   // views of t.segments[k].name (reserved)
     names.reserve(segs.size());
     t.segments.reserve(segs.size());
     for (size_t i = 0; i < segs.size(); ++i) {
@@ -165,7 +181,6 @@ Trace read_trace(const J& j, const std::string& file) {
         g.name = r.str(s, "name", w);
         if (g.name.empty() || names.count(g.name))
             r.fail(fmt::format("{}: empty or duplicate segment name '{}'", w, g.name));
-        names.insert(g.name);
         g.forward_ms = r.ms(s, "forward_ms", w);
         g.backward_ms = s.contains("backward_ms") ? r.ms(s, "backward_ms", w) : 2 * g.forward_ms;
         g.saved_bytes = r.u64(s, "saved_bytes", w);
@@ -216,10 +231,14 @@ Trace read_trace(const J& j, const std::string& file) {
             total_bytes += double(g.rng.back().state_bytes);
         }
         if (total_bytes > kMaxTotalBytes)
-            r.fail(fmt::format("{}: the trace's sizes add up to more than 2^50 bytes (1 PiB)", w));
+            r.fail(fmt::format("{}: the trace's sizes add up to more than 2^60 bytes (1 EiB)", w));
+        if (3 * total_bytes / t.copy_gbps > kMaxCopyNs)
+            r.fail(fmt::format("{}: copying the trace's bytes at {} GB/s would take more than "
+                               "4e18 ns", w, t.copy_gbps));
         if (total_ms > kMaxTotalMs)
             r.fail(fmt::format("{}: the trace's times add up to more than 1e9 ms", w));
         t.segments.push_back(std::move(g));
+        names.insert(t.segments.back().name);   // no reallocation: reserved above
     }
     if (j.contains("backward_order")) {
         const J& bo = r.arr(j, "backward_order", "trace");
@@ -231,19 +250,14 @@ Trace read_trace(const J& j, const std::string& file) {
             r.fail("backward_order must be the reverse of the forward order (the only order "
                    "this planner models)");
     }
-    t.hash = fnv1a64_hex(hash_text(j));
+    t.hash = trace_hash(j);
     return t;
 }
 
 }  // namespace
 
 std::string fnv1a64_hex(const std::string& bytes) {
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : bytes) {
-        h ^= c;
-        h *= 1099511628211ull;
-    }
-    return fmt::format("{:016x}", h);
+    return fmt::format("{:016x}", fnv1a64(kFnvOffset, bytes));
 }
 
 Trace trace_from_json(const json& j, const std::string& file) { return read_trace(j, file); }
@@ -323,15 +337,21 @@ std::string read_text(const std::string& path) {
 }
 
 // Parse, detect the kind and read. Every failure is BadInput except std::bad_alloc.
-Trace load_text(const std::string& text, const std::string& path) {
+Trace load_text(std::string text, const std::string& path) {
     // Fast path for ckptkit traces: the compact tree (no per-node allocation; 100,000-segment
     // traces). Anything it rejects or does not model, valid or not, is read again below with
     // nlohmann::json, which gives the same Trace or the error message.
     if (auto tree = JsonTree::parse(text); tree && tree->root().contains("format")) {
+        // A large text is not needed while the tree is read (10^6 segments: ~400 MB); it is
+        // read again in the rare case the fallback needs it.
+        const bool drop = text.size() > (size_t{64} << 20);
+        if (drop) std::string().swap(text);
         try {
             return read_trace(tree->root(), path);
         } catch (const std::exception&) {
         }
+        tree.reset();
+        if (drop) text = read_text(path);
     }
     json j;
     try {
