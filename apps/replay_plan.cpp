@@ -179,9 +179,9 @@ int run(int argc, char** argv) {
     }
     if (sweep_oom) {   // as --budget: exit 1 (the table and the outputs are still written)
         fmt::print(stderr, "replay-plan: {} of {} sweep budgets are infeasible for planner {}: "
-                           "{} needs {}\n",
+                           "{} needs {} ({} B)\n",
                    sweep_oom, results.size() - budget_args.size(), planner, least_text(planner),
-                   human_bytes(least));
+                   human_bytes(least), least);
         rc = ckpt::kExitCheckFailed;
     }
     if (check) {

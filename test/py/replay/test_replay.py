@@ -160,12 +160,26 @@ def test_json_summary_and_sweep_svg(replay_plan, tmp_path):
     assert set(ok["decisions"]) == set(DECISIONS) and sum(ok["decisions"].values()) == 7
     assert not bad["feasible"]
     svg = tmp_path / "s.svg"
+    # a sweep with infeasible budgets exits 1 as --budget does, table and SVG still written
     r = run([replay_plan, trace, "--sweep", "1MiB:2MiB:64KiB", "--svg", svg])
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("replay-plan: 7 of 17 sweep budgets are infeasible for planner "
+                               "joint: its smallest plan needs 1.40 MiB (")
     assert "budget vs predicted step time" in r.stdout
     text = svg.read_text()
     for p in ("joint", "eager", "stateless", "all", "none"):
         assert f">{p}</text>" in text
+    assert ">budget (MiB)</text>" in text and ">1.00</text>" in text and ">2.00</text>" in text
+    assert text.count('class="oom"') >= 7 and 'class="unsafe"' in text
+    r = run([replay_plan, trace, "--sweep", "1.5MiB:2MiB:64KiB"])
+    assert r.returncode == 0, r.stderr
+    # the feasible range without probing, and the recomputed segments by name
+    r = run([replay_plan, trace, "--budget", "1.45MiB"])
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()
+    assert lines[1].startswith("feasible budgets for joint: >= 1.40 MiB (")
+    assert lines[1].endswith("B) keeps every activation")
+    assert lines[4].strip().startswith("recomputed: ")
 
 
 def test_stateless_plans_are_unsafe_and_fail_the_check(replay_plan):
