@@ -146,6 +146,10 @@ int run(int argc, char** argv) {
         fmt::print(out, "feasible budgets for {}: >= {} ({} B, {}); >= {} ({} B) keeps every "
                         "activation\n", planner, human_bytes(least), least, least_text(planner),
                    human_bytes(keep_all), keep_all);
+        for (const auto& sg : trace.segments)   // kept by every safe planner
+            if (!sg.non_replayable.empty())
+                fmt::print(out, "segment {} is non-replayable (always kept): {}\n", sg.name,
+                           sg.non_replayable);
         print_table(out, results, trace);
         if (!sweep.empty()) {
             fmt::print(out, "\nbudget vs predicted step time (ms; OOM = infeasible)\n{:>12}", "budget");

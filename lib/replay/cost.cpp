@@ -79,7 +79,8 @@ Problem::Problem(const Trace& t)
             costs_[i][static_cast<size_t>(d)] =
                 option_cost(t.segments[i], contracts[i], d, t.copy_gbps);
         const Contract& c = contracts[i];
-        if (!c.stateful()) safe_[i] = {Decision::Keep, Decision::Recompute};
+        if (!c.replayable) safe_[i] = {Decision::Keep};
+        else if (!c.stateful()) safe_[i] = {Decision::Keep, Decision::Recompute};
         else if (c.restore.empty()) safe_[i] = {Decision::Keep, Decision::Snapshot};
         else safe_[i] = {Decision::Keep, Decision::Snapshot, Decision::Selective};
     }
@@ -136,7 +137,8 @@ PlanResult finish_plan(const Problem& p, const std::string& planner, uint64_t bu
     r.feasible = true;
     size_t unsafe_segments = 0;
     for (size_t i = 0; i < d.size(); ++i)
-        if (d[i] == Decision::Recompute && p.contracts[i].stateful()) {
+        if ((d[i] == Decision::Recompute && p.contracts[i].stateful()) ||
+            (d[i] != Decision::Keep && !p.contracts[i].replayable)) {
             r.safe = false;
             if (++unsafe_segments > kMaxUnsafeListed) continue;
             for (const auto& h : p.contracts[i].hazards)

@@ -52,7 +52,8 @@ struct Problem {
     /// on a stateful segment is costed as a plain recompute (what an unsafe plan would do).
     OptionCost cost(size_t i, Decision d) const { return costs_.at(i)[static_cast<size_t>(d)]; }
     /// Decisions that honour segment i's contract: keep and recompute when it is stateless;
-    /// keep, recompute+snapshot and (when it has buffers to restore) recompute+selective.
+    /// keep, recompute+snapshot and (when it has buffers to restore) recompute+selective;
+    /// keep only when it is not replayable.
     const std::vector<Decision>& safe_options(size_t i) const { return safe_.at(i); }
     /// safe_options(i) of every segment (index = segment), computed once.
     const std::vector<std::vector<Decision>>& safe_options() const { return safe_; }

@@ -1,5 +1,5 @@
 // The `all` baseline (SPEC §3.3): recompute every segment, plain when stateless, whole
-// snapshot when stateful.
+// snapshot when stateful; a non-replayable segment is kept.
 #include "replay/planner.h"
 #include "replay/planner_impl.h"
 
@@ -8,7 +8,9 @@ namespace {
 std::vector<Decision> all_recomputed(const Problem& p) {
     std::vector<Decision> d(p.size());
     for (size_t i = 0; i < p.size(); ++i)
-        d[i] = p.contracts[i].stateful() ? Decision::Snapshot : Decision::Recompute;
+        d[i] = !p.contracts[i].replayable ? Decision::Keep
+               : p.contracts[i].stateful() ? Decision::Snapshot
+                                           : Decision::Recompute;
     return d;
 }
 }  // namespace

@@ -65,6 +65,7 @@ std::vector<Step> greedy_order(const Problem& p) {
     };
     std::vector<Cand> cands;
     for (size_t i = 0; i < p.size(); ++i) {
+        if (!p.contracts[i].replayable) continue;   // always kept
         Decision o = p.contracts[i].stateful() ? Decision::Snapshot : Decision::Recompute;
         OptionCost k = p.cost(i, Decision::Keep), c = p.cost(i, o);
         if (c.held >= k.held) continue;

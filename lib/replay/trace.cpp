@@ -138,9 +138,13 @@ Trace read_trace(const J& j, const std::string& file) {
     if (!j.is_object()) r.fail("expected a JSON object");
     if (r.str(j, "format", "trace") != kFormat)
         r.fail(fmt::format("format is not '{}'", kFormat));
-    if (r.u64(j, "format_version", "trace") != 1)
-        r.fail("unsupported format_version (this tool reads 1)");
+    const uint64_t format_version = r.u64(j, "format_version", "trace");
+    if (format_version != 1 && format_version != 2)
+        r.fail(fmt::format("unsupported format_version {} (this tool reads 1 and 2)", format_version));
     Trace t;
+    t.format_version = static_cast<int>(format_version);
+    if (format_version >= 2 && j.contains("fingerprint"))
+        t.fingerprint = r.str(r.field(j, "fingerprint", "trace"), "hash", "fingerprint");
     t.source = j.value("source", "");
     t.model = j.value("model", "");
     if (j.contains("device")) {
@@ -162,6 +166,11 @@ Trace read_trace(const J& j, const std::string& file) {
     for (size_t k = 0; k < bufs.size(); ++k) {
         auto w = fmt::format("buffers[{}]", k);
         BufferInfo b{r.str(bufs[k], "id", w), r.u64(bufs[k], "bytes", w)};
+        if (format_version >= 2 && bufs[k].contains("kind")) {
+            b.kind = r.str(bufs[k], "kind", w);
+            if (b.kind != "buffer" && b.kind != "param" && b.kind != "input")
+                r.fail(fmt::format("{}.kind: '{}' is not buffer, param or input", w, b.kind));
+        }
         if (size.count(b.id)) r.fail(fmt::format("{}: duplicate buffer id '{}'", w, b.id));
         size[b.id] = b.bytes;
         version[b.id] = 0;
@@ -237,6 +246,10 @@ Trace read_trace(const J& j, const std::string& file) {
                                "4e18 ns", w, t.copy_gbps));
         if (total_ms > kMaxTotalMs)
             r.fail(fmt::format("{}: the trace's times add up to more than 1e9 ms", w));
+        if (format_version >= 2 && s.contains("non_replayable")) {
+            g.non_replayable = r.str(s, "non_replayable", w);
+            if (g.non_replayable.empty()) r.fail(w + ".non_replayable: empty reason");
+        }
         t.segments.push_back(std::move(g));
         names.insert(t.segments.back().name);   // no reallocation: reserved above
     }
@@ -264,7 +277,7 @@ Trace trace_from_json(const json& j, const std::string& file) { return read_trac
 
 json trace_to_json(const Trace& t) {
     json j = {{"format", kFormat},
-              {"format_version", 1},
+              {"format_version", 2},
               {"source", t.source},
               {"model", t.model},
               {"device", {{"copy_gbps", t.copy_gbps}}},
@@ -273,8 +286,10 @@ json trace_to_json(const Trace& t) {
                 {"grad_bytes", t.grad_bytes},
                 {"optimizer_bytes", t.optimizer_bytes}}}};
     json bufs = json::array();
-    for (const auto& b : t.buffers) bufs.push_back({{"id", b.id}, {"bytes", b.bytes}});
+    for (const auto& b : t.buffers)
+        bufs.push_back({{"id", b.id}, {"bytes", b.bytes}, {"kind", b.kind}});
     j["buffers"] = bufs;
+    if (!t.fingerprint.empty()) j["fingerprint"] = {{"hash", t.fingerprint}};
     json segs = json::array(), order = json::array();
     for (const auto& s : t.segments) {
         json st = json::array();
@@ -294,7 +309,7 @@ json trace_to_json(const Trace& t) {
         }
         json rng = json::array();
         for (const auto& u : s.rng) rng.push_back({{"stream", u.stream}, {"state_bytes", u.state_bytes}});
-        segs.push_back({{"name", s.name},
+        json sj = {{"name", s.name},
                         {"forward_ms", s.forward_ms},
                         {"backward_ms", s.backward_ms},
                         {"saved_bytes", s.saved_bytes},
@@ -302,7 +317,9 @@ json trace_to_json(const Trace& t) {
                         {"output_bytes", s.output_bytes},
                         {"transient_bytes", s.transient_bytes},
                         {"state", st},
-                        {"rng", rng}});
+                        {"rng", rng}};
+        if (!s.non_replayable.empty()) sj["non_replayable"] = s.non_replayable;
+        segs.push_back(std::move(sj));
     }
     for (auto it = t.segments.rbegin(); it != t.segments.rend(); ++it) order.push_back(it->name);
     j["backward_order"] = order;

@@ -241,6 +241,7 @@ std::vector<Decision> seed_eager(const Problem& p, uint64_t budget) {
     };
     std::vector<Cand> cands;
     for (size_t i = 0; i < p.size(); ++i) {
+        if (!p.contracts[i].replayable) continue;
         Decision o = p.contracts[i].stateful() ? Decision::Snapshot : Decision::Recompute;
         OptionCost k = p.cost(i, Decision::Keep), c = p.cost(i, o);
         if (c.held >= k.held) continue;
@@ -330,4 +331,40 @@ TEST_CASE("joint, thinned: never slower than eager (fallback), feasible from the
     }
     CHECK(thinned > 100);
     CHECK(fell_back > 0);   // the fallback was exercised, not just possible
+}
+
+TEST_CASE("non-replayable segment: kept by every safe planner, UNSAFE when stateless recomputes it") {
+    Trace t = load_trace(trace_path("counter.trace.json"));
+    // a stateless segment (an MLP block) made non-replayable, as the recorder's probe marks it
+    REQUIRE(t.segments[1].state.empty());
+    Trace base = t;
+    t.segments[1].non_replayable = "replay probe: output differs";
+    t = replay_test::finish(t);
+    Problem p(t), pb(base);
+    CHECK(!p.contracts[1].replayable);
+    CHECK(p.safe_options(1) == std::vector<Decision>{Decision::Keep});
+    bool stateless_unsafe = false;
+    for (uint64_t b : {p.fixed() * 2, make_planner("joint")->min_peak(p),
+                       make_planner("stateless")->min_peak(p)}) {
+        for (const auto& name : planner_names()) {
+            CAPTURE(name);
+            PlanResult r = make_planner(name)->plan(p, b);
+            if (!r.feasible) continue;
+            if (name == "stateless") {
+                if (r.decisions[1] != Decision::Keep) {
+                    stateless_unsafe = true;
+                    CHECK(!r.safe);
+                    CHECK(std::find(r.unsafe.begin(), r.unsafe.end(),
+                                    "1: non-replayable: replay probe: output differs") != r.unsafe.end());
+                }
+                continue;
+            }
+            CHECK(r.decisions[1] == Decision::Keep);
+            CHECK(r.safe);
+        }
+    }
+    CHECK(stateless_unsafe);
+    // the joint planner without the mark recomputes segment 1 at its tightest budget
+    auto jb = make_planner("joint")->plan(pb, make_planner("joint")->min_peak(pb));
+    CHECK(jb.decisions[1] == Decision::Recompute);
 }

@@ -159,8 +159,8 @@ TEST_CASE("load_trace's fast path reads example traces as trace_from_json does")
         CHECK(trace_to_json(fast) == trace_to_json(dom));
     }
     // a repeated key: the DOM path reads it (the last one wins), as before
-    CHECK(bad_input_message(R"({"format":"x","format":"ckptkit-trace","format_version":2})") ==
-          "unsupported format_version (this tool reads 1)");
+    CHECK(bad_input_message(R"({"format":"x","format":"ckptkit-trace","format_version":3})") ==
+          "unsupported format_version 3 (this tool reads 1 and 2)");
 }
 
 TEST_CASE("trace hash floats are written as Python's repr (apply_plan.py hashes json.dumps)") {
@@ -206,4 +206,26 @@ TEST_CASE("malformed-trace corpus: every file is BadInput with its expected mess
         got = e.what();
     }
     CHECK(got == "is a folder, not a trace file");
+}
+
+TEST_CASE("format v2: kinds, fingerprint, non-replayable segments; v1 traces still read") {
+    // v1 (data/traces) reads as before, buffers are of kind "buffer"
+    Trace v1 = load_trace(trace_path("bn.trace.json"));
+    CHECK(v1.format_version == 1);
+    CHECK(v1.fingerprint.empty());
+    for (const auto& b : v1.buffers) CHECK(b.kind == "buffer");
+    nlohmann::json j = trace_to_json(v1);   // written as v2
+    CHECK(j["format_version"] == 2);
+    j["fingerprint"] = {{"hash", "0123456789abcdef"}};
+    j["buffers"][0]["kind"] = "param";
+    j["segments"][3]["non_replayable"] = "replay probe: output differs";
+    Trace v2 = trace_from_json(j, "<v2>");
+    CHECK(v2.format_version == 2);
+    CHECK(v2.fingerprint == "0123456789abcdef");
+    CHECK(v2.buffers[0].kind == "param");
+    CHECK(v2.segments[3].non_replayable == "replay probe: output differs");
+    CHECK(trace_to_json(v2) == j);
+    j["buffers"][0]["kind"] = "weights";
+    CHECK_THROWS_WITH_AS(trace_from_json(j, "<v2>"), "buffers[0].kind: 'weights' is not buffer, param or input",
+                         ckpt::BadInput);
 }
