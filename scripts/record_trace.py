@@ -202,9 +202,26 @@ class OpLog(TorchDispatchMode):
     among the inputs), and the generator= argument of random ops, into the current segment's
     record (cur[0] is None outside segments: only generator use is checked there)."""
 
-    def __init__(self, cur, records, gen_names):
+    def __init__(self, cur, records, gen_names, model):
         super().__init__()
         self.cur, self.records, self.gen_names = cur, records, gen_names
+        self.gens = {name: generator_by_stream(model, "gen:" + name) for name in gen_names.values()}
+
+    def which_generator(self, v):
+        """The model generator name that the generator v (a new Python wrapper of the same
+        C++ generator, so not `is`) stands for, or None: a candidate whose state equals v's
+        is reseeded for a moment; v is that generator exactly when its state follows."""
+        state = v.get_state()
+        for name, g in self.gens.items():
+            s = g.get_state()
+            if not torch.equal(s, state):
+                continue
+            g.manual_seed(g.initial_seed() + 1)
+            follows = torch.equal(v.get_state(), g.get_state())
+            g.set_state(s)
+            if follows:
+                return name
+        return None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -226,8 +243,8 @@ class OpLog(TorchDispatchMode):
                     dev = next((t.device.type for t in tensors_in(list(args)) if t.device.type != "cpu"),
                                str(kwargs.get("device") or "cpu").split(":")[0])
                     rec["generators"].add("cpu" if dev == "cpu" else dev)
-                elif id(v) in self.gen_names:
-                    rec["generators"].add("gen:" + self.gen_names[id(v)])
+                elif self.which_generator(v) is not None:
+                    rec["generators"].add("gen:" + self.which_generator(v))
                 else:
                     rec["unknown_generator"] = str(func)
         out = func(*args, **kwargs)
@@ -403,7 +420,7 @@ def record(model_path, copy_gbps=10.0):
     handles = [m.register_forward_pre_hook(pre) for m in segs.values()]
     handles += [m.register_forward_hook(post) for m in segs.values()]
     t0 = time.perf_counter()
-    with OpLog(cur, records, gen_names):
+    with OpLog(cur, records, gen_names, model):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = loss_fn(model, batch)
     t1 = time.perf_counter()
@@ -566,7 +583,15 @@ def _probe(model, segs, order, info, st, gen_names, probing):
                         else:
                             st.tensor(name).data.copy_(pre)
                 _set_rng_states(model, d["rng"])
-                args = [x.clone() if torch.is_tensor(x) else x for x in d["probe_inputs"]]
+                # inputs as recorded; an argument that is a buffer or parameter is passed as
+                # the (restored) live tensor, as the step passes it
+                args, k = [], 0
+                for x in d["probe_inputs"]:
+                    if torch.is_tensor(x):
+                        an = d["arg_names"][k]
+                        k += 1
+                        x = st.tensor(an) if st.kind[an] != "input" else x.clone()
+                    args.append(x)
                 enabled, dtype = d["autocast"]
                 with torch.autocast("cpu", dtype=dtype, enabled=enabled):
                     out = segs[n](*args)
