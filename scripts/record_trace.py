@@ -4,7 +4,8 @@
 Usage: record_trace.py MODEL.py -o TRACE.json [--et ET.json [--chakra CHAKRA.json]]
                        [--copy-gbps G] [--quiet]
 
-The MODEL.py contract: MODEL.py defines build(), which returns
+The MODEL.py contract: build() -> (model, batch, loss_fn[, segments]). MODEL.py defines
+build(), which returns
     (model, batch, loss_fn)            or    (model, batch, loss_fn, segments)
 model is a torch.nn.Module, batch anything loss_fn accepts, and loss_fn(model, batch) returns
 the scalar loss of one step; the step recorded is loss_fn(model, batch).backward(), with
@@ -704,7 +705,7 @@ def write_json_atomic(obj, path):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1],
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  epilog=__doc__[__doc__.index("The MODEL.py contract"):],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="MODEL.py defining build() -> (model, batch, loss_fn[, segments])")

@@ -5,6 +5,7 @@ recomputation. Plain torch.utils.checkpoint over the same segments must NOT be, 
 pattern says so. Plus the command line contract (bad input, infeasible budgets, --json, SVG)."""
 import json
 import pathlib
+import re
 import subprocess
 
 import pytest
@@ -20,6 +21,17 @@ DECISIONS = ["keep", "recompute", "recompute+snapshot", "recompute+selective"]
 PLAIN_BREAKS = {
     "bn": ["plain"], "kvcache": ["plain"], "counter": ["plain"], "ema": ["plain"],
     "sparse_write": ["plain"], "dense_queue": ["plain"], "dropout": ["plain-norng"],
+}
+
+
+# issue 13: state outside module buffers. model -> what the v2 trace must say about it
+# (checked in test_state_pattern_round_trip); plain torch.utils.checkpoint breaks all five.
+STATE_PATTERNS = {
+    "inplace_input": {"kind": "input", "buffer": "3.input[0]", "reader": "3", "writer": "3"},
+    "shared_weight": {"kind": "param", "buffer": "1.weight", "reader": "1", "writer": "3"},
+    "root_buffer": {"kind": "buffer", "buffer": "temperature", "reader": "s1", "writer": "s3"},
+    "private_gen": {"rng": {"2": "gen:2.2.gen", "4": "gen:4.2.gen"}},
+    "py_global": {"non_replayable": ["2"]},
 }
 
 
@@ -64,7 +76,7 @@ def test_model_round_trip(replay_plan, tmp_path, model):
     tight = entries[2]
     stateful = tight["decisions"]["recompute+snapshot"] + tight["decisions"]["recompute+selective"]
     assert stateful >= 1, "the tight plan must recompute a stateful segment"
-    assert entries[0]["decisions"]["keep"] == 7      # loose: nothing to recompute
+    assert entries[0]["decisions"]["keep"] == len(entries[0]["segments"])   # loose: keep all
     args = [PY, SCRIPTS / "apply_plan.py", MODELS / f"{model}.py", trace, plan, "--json"]
     for b in budgets:
         args += ["--budget", str(b)]
@@ -245,3 +257,117 @@ def test_hostile_traces_never_crash(replay_plan, tmp_path, name, count):
             assert len(r.stderr.strip().splitlines()) == 1, r.stderr
             assert not out.exists()
     assert rejected >= count // 4      # most mutations are caught as bad input
+
+
+def exact_budgets(replay_plan, trace):
+    """loose = keep-everything peak, tight = the joint planner's smallest feasible budget
+    (from the feasible-range line, no probing), medium = halfway."""
+    r = run([replay_plan, trace, "--budget", "1GiB"])
+    m = re.search(r"feasible budgets for joint: >= [^(]+\((\d+) B, its smallest plan\); "
+                  r">= [^(]+\((\d+) B\) keeps every activation", r.stdout)
+    assert m, r.stdout
+    tight, loose = int(m.group(1)), int(m.group(2))
+    assert plan_json(replay_plan, trace, [tight - 1])["budgets"][0]["feasible"] is False
+    return loose, (loose + tight) // 2, tight
+
+
+def record(tmp_path, model):
+    """Record MODEL into tmp_path; returns (trace path, trace dict, the summary line)."""
+    trace = tmp_path / f"{model}.trace.json"
+    r = run([PY, SCRIPTS / "record_trace.py", MODELS / f"{model}.py", "-o", trace])
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"record_trace: {model}.py: "), r.stderr
+    return trace, json.load(open(trace)), lines[0]
+
+
+def apply(model, trace, plan, budgets, mode="contract"):
+    args = [PY, SCRIPTS / "apply_plan.py", MODELS / f"{model}.py", trace, plan, "--json", "--mode", mode]
+    for b in budgets:
+        args += ["--budget", str(b)]
+    r = run(args)
+    assert r.returncode in (0, 1), r.stderr
+    return r.returncode, [json.loads(line) for line in r.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("model", sorted(STATE_PATTERNS))
+def test_state_pattern_round_trip(replay_plan, tmp_path, model):
+    """Record (v2: op log, kinds, generators, probe), plan at loose / medium / tight joint
+    budgets, --check, apply in contract mode: byte-identical; plain checkpointing: not.
+    Every stateless plan marked UNSAFE really differs when applied."""
+    want = STATE_PATTERNS[model]
+    trace, t, summary = record(tmp_path, model)
+    assert t["format_version"] == 2 and set(t["fingerprint"]) == {"hash", "params", "buffers"}
+    segs = {s["name"]: s for s in t["segments"]}
+    if "kind" in want:
+        kinds = {b["id"]: b["kind"] for b in t["buffers"]}
+        assert kinds == {want["buffer"]: want["kind"]}
+        acc = {n: [a for a in s["state"] if a["buffer"] == want["buffer"]] for n, s in segs.items()}
+        assert acc[want["reader"]][0]["read"] and acc[want["reader"]][0]["version_read"] == 0
+        assert [a["version_written"] for a in acc[want["writer"]]] == [1]
+        assert f"1 {want['kind']}" in summary
+    if "rng" in want:
+        assert {n: [r["stream"] for r in s["rng"]] for n, s in segs.items() if s["rng"]} == \
+            {n: [st] for n, st in want["rng"].items()}
+    assert sorted(n for n, s in segs.items() if "non_replayable" in s) == want.get("non_replayable", [])
+    for n in want.get("non_replayable", []):
+        assert segs[n]["non_replayable"].startswith("replay probe: re-running the forward from "
+                                                    "the recorded state changed its output")
+        assert f"non-replayable: {n} ->" in summary
+    plan = tmp_path / "plan.json"
+    budgets = exact_budgets(replay_plan, trace)
+    args = [replay_plan, trace, "-o", plan, "--check"]
+    for b in budgets:
+        args += ["--budget", str(b)]
+    r = run(args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr.count(": ok") == 3
+    for n in want.get("non_replayable", []):
+        assert f"segment {n} is non-replayable (always kept): replay probe" in r.stdout
+    entries = json.load(open(plan))["budgets"]
+    tight = {s["name"]: s["decision"] for s in entries[2]["segments"]}
+    assert sum(d != "keep" for d in tight.values()) >= 2
+    for n in want.get("non_replayable", []):
+        assert all({s["name"]: s["decision"] for s in e["segments"]}[n] == "keep" for e in entries)
+    if "reader" in want:
+        assert tight[want["reader"]] in ("recompute+snapshot", "recompute+selective")
+    if "rng" in want:
+        assert any(tight[n] != "keep" for n in want["rng"])
+    rc, results = apply(model, trace, plan, budgets)
+    assert rc == 0 and [x["identical"] for x in results] == [True] * 3, results
+    rc, results = apply(model, trace, plan, budgets[:1], "plain")
+    assert rc == 1 and results[0]["differences"], "plain checkpointing unexpectedly byte-identical"
+    # the stateless baseline: every UNSAFE plan really breaks
+    splan = tmp_path / "stateless.json"
+    args = [replay_plan, trace, "--planner", "stateless", "-o", splan]
+    for b in budgets:
+        args += ["--budget", str(b)]
+    assert run(args).returncode == 0
+    unsafe = [e["budget_bytes"] for e in json.load(open(splan))["budgets"] if not e["safe"]]
+    assert unsafe, "the stateless baseline recomputes a stateful segment at the tight budget"
+    rc, results = apply(model, trace, splan, unsafe)
+    assert rc == 1 and not any(x["identical"] for x in results), results
+
+
+def test_apply_plan_refuses_another_model(replay_plan, tmp_path):
+    """Plans are tied to their model: another MODEL.py is exit 2 with one line."""
+    trace, _, _ = record(tmp_path, "root_buffer")
+    plan = tmp_path / "p.json"
+    assert run([replay_plan, trace, "--budget", "1GiB", "-o", plan]).returncode == 0
+    r = run([PY, SCRIPTS / "apply_plan.py", MODELS / "bn.py", trace, plan])
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"apply_plan: error: {MODELS / 'bn.py'} is not the model {trace} was recorded from"), r.stderr
+    broken = tmp_path / "broken.py"
+    broken.write_text("def build():\n    raise ValueError('no model here')\n")
+    r = run([PY, SCRIPTS / "apply_plan.py", broken, trace, plan])
+    assert r.returncode == 2
+    assert r.stderr == f"apply_plan: error: {broken}: cannot build the model: ValueError: no model here\n"
+
+
+def test_recorder_help_states_the_model_contract():
+    r = run([PY, SCRIPTS / "record_trace.py", "--help"])
+    assert r.returncode == 0
+    assert "build() -> (model, batch, loss_fn[, segments])" in r.stdout
+    assert r.stdout.splitlines()[4].startswith("Record one real training step of MODEL.py")
