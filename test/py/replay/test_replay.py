@@ -371,3 +371,23 @@ def test_recorder_help_states_the_model_contract():
     assert r.returncode == 0
     assert "build() -> (model, batch, loss_fn[, segments])" in r.stdout
     assert r.stdout.splitlines()[4].startswith("Record one real training step of MODEL.py")
+
+
+def _range(replay_plan, trace):
+    """(fixed bytes, keep-everything peak bytes) as replay-plan prints them."""
+    r = run([replay_plan, trace, "--planner", "none", "--budget", "1GiB", "--json"])
+    peak = json.loads(r.stdout)["budgets"][0]["peak_bytes"]
+    r = run([replay_plan, trace, "--budget", "1GiB", "-o", str(trace) + ".plan"])
+    return json.load(open(str(trace) + ".plan"))["trace"]["fixed_bytes"], peak
+
+
+@pytest.mark.parametrize("model", ["bn", "dropout"])
+def test_execution_trace_memory_within_10_percent(replay_plan, tmp_path, model):
+    """The same seeded step recorded by the recorder and by ExecutionGraphObserver: the
+    imported fixed memory and keep-everything peak agree within 10%."""
+    trace, et = tmp_path / "t.json", tmp_path / "et.json"
+    r = run([PY, SCRIPTS / "record_trace.py", MODELS / f"{model}.py", "-o", trace, "--et", et, "--quiet"])
+    assert r.returncode == 0, r.stderr
+    (f_rec, p_rec), (f_et, p_et) = _range(replay_plan, trace), _range(replay_plan, et)
+    assert abs(f_et / f_rec - 1) < 0.001, (f_et, f_rec)
+    assert abs(p_et / p_rec - 1) < 0.10, (p_et, p_rec)
