@@ -682,15 +682,16 @@ def et_to_chakra(et):
 
 
 def summary_line(trace, path):
-    """One line: segments, stateful ones, state by kind, RNG streams, non-replayable ones."""
+    """One line: segments, those that touch state or draw RNG, state by kind, RNG streams,
+    non-replayable segments, the output path."""
     segs = trace["segments"]
     kinds = {}
     for b in trace["buffers"]:
         kinds[b["kind"]] = kinds.get(b["kind"], 0) + 1
     streams = sorted({r["stream"] for s in segs for r in s["rng"]})
-    stateful = sum(1 for s in segs if any("version_written" in a for a in s["state"]) or s["rng"])
+    stateful = sum(1 for s in segs if s["state"] or s["rng"])
     nr = [s["name"] for s in segs if "non_replayable" in s]
-    return (f"record_trace: {trace['model']}: {len(segs)} segments, {stateful} stateful; state "
+    return (f"record_trace: {trace['model']}: {len(segs)} segments, {stateful} touch state or RNG; state "
             + (", ".join(f"{v} {k}{'s' if v > 1 else ''}" for k, v in sorted(kinds.items())) or "none")
             + f"; RNG streams {', '.join(streams) or 'none'}; non-replayable: "
             + (", ".join(nr) or "none") + f" -> {path}")

@@ -73,12 +73,13 @@ OptionCost option_cost(const Segment& s, const Contract& c, Decision d, double c
 
 Problem::Problem(const Trace& t)
     : trace(&t), contracts(derive_contracts(t)), fixed_(t.fixed_bytes()),
-      costs_(t.segments.size()), safe_(t.segments.size()) {
+      costs_(t.segments.size()), safe_(t.segments.size()), flags_(t.segments.size(), 0) {
     for (size_t i = 0; i < costs_.size(); ++i) {
         for (Decision d : kAllDecisions)
             costs_[i][static_cast<size_t>(d)] =
                 option_cost(t.segments[i], contracts[i], d, t.copy_gbps);
         const Contract& c = contracts[i];
+        flags_[i] = static_cast<uint8_t>((c.stateful() ? kStateful : 0) | (c.replayable ? 0 : kNotReplayable));
         if (!c.replayable) safe_[i] = {Decision::Keep};
         else if (!c.stateful()) safe_[i] = {Decision::Keep, Decision::Recompute};
         else if (c.restore.empty()) safe_[i] = {Decision::Keep, Decision::Snapshot};
@@ -122,12 +123,12 @@ Evaluation evaluate(const Problem& p, const std::vector<Decision>& d) {
 }
 
 PlanResult finish_plan(const Problem& p, const std::string& planner, uint64_t budget,
-                       std::vector<Decision> d, uint64_t min_peak) {
+                       std::vector<Decision> d, uint64_t min_peak, const Evaluation* known) {
     PlanResult r;
     r.planner = planner;
     r.budget_bytes = budget;
     Evaluation e;
-    if (!d.empty() && (e = evaluate(p, d)).peak_bytes > budget) d.clear();
+    if (!d.empty() && (e = known ? *known : evaluate(p, d)).peak_bytes > budget) d.clear();
     if (d.empty()) {
         r.min_peak_bytes = min_peak;
         return r;
@@ -137,8 +138,8 @@ PlanResult finish_plan(const Problem& p, const std::string& planner, uint64_t bu
     r.feasible = true;
     size_t unsafe_segments = 0;
     for (size_t i = 0; i < d.size(); ++i)
-        if ((d[i] == Decision::Recompute && p.contracts[i].stateful()) ||
-            (d[i] != Decision::Keep && !p.contracts[i].replayable)) {
+        if (d[i] != Decision::Keep &&
+            ((d[i] == Decision::Recompute && p.stateful(i)) || !p.replayable(i))) {
             r.safe = false;
             if (++unsafe_segments > kMaxUnsafeListed) continue;
             for (const auto& h : p.contracts[i].hazards)

@@ -33,7 +33,8 @@ struct Opt {
 // A solved frontier: per segment the links of its frontier states, and the final frontier
 // (segment 0) sorted by need ascending, time strictly descending.
 struct Frontier {
-    std::vector<std::vector<Link>> links;   // links[i][k]: state k of segment i's frontier
+    std::vector<Link> links;                // state k of segment i: links[start[i] + k]
+    std::vector<size_t> start;              // (flat: one allocation, sequential backtrack)
     std::vector<uint64_t> need;             // final frontier
     std::vector<int64_t> time;
     uint64_t quantum = 0;
@@ -79,7 +80,7 @@ void prune(std::vector<State>& v) {
 Frontier solve(const Costs& costs, uint64_t room, size_t max_states) {
     Frontier f;
     const size_t n = costs.size();
-    f.links.resize(n);
+    f.start.assign(n, 0);
     std::vector<State> cur(1, State{0, 0, -1, Decision::Keep}), next, part, merged;
     const auto less = [](const State& a, const State& b) {
         return a.need != b.need ? a.need < b.need : a.time < b.time;
@@ -127,9 +128,8 @@ Frontier solve(const Costs& costs, uint64_t room, size_t max_states) {
             f.need.clear();
             return f;
         }
-        auto& l = f.links[i];
-        l.resize(next.size());
-        for (size_t k = 0; k < next.size(); ++k) l[k] = {next[k].parent, next[k].d};
+        f.start[i] = f.links.size();
+        for (size_t k = 0; k < next.size(); ++k) f.links.push_back({next[k].parent, next[k].d});
         cur.swap(next);
     }
     f.need.resize(cur.size());
@@ -141,16 +141,18 @@ Frontier solve(const Costs& costs, uint64_t room, size_t max_states) {
     return f;
 }
 
-// The fastest plan of f with need <= room.
-std::optional<std::vector<Decision>> pick(const Frontier& f, uint64_t room) {
+// The fastest plan of f with need <= room; *need_time = its (need, time) when given.
+std::optional<std::vector<Decision>> pick(const Frontier& f, uint64_t room,
+                                          std::pair<uint64_t, int64_t>* need_time = nullptr) {
     if (f.empty()) return std::nullopt;
     // need ascending, time strictly descending: the last state with need <= room is fastest.
     auto it = std::upper_bound(f.need.begin(), f.need.end(), room);
     if (it == f.need.begin()) return std::nullopt;
     int32_t k = static_cast<int32_t>(it - f.need.begin()) - 1;
-    std::vector<Decision> d(f.links.size());
+    if (need_time) *need_time = {f.need[static_cast<size_t>(k)], f.time[static_cast<size_t>(k)]};
+    std::vector<Decision> d(f.start.size());
     for (size_t i = 0; i < d.size(); ++i) {
-        const Link& l = f.links[i][static_cast<size_t>(k)];
+        const Link& l = f.links[f.start[i] + static_cast<size_t>(k)];
         d[i] = l.d;
         k = l.parent;
     }
@@ -194,9 +196,12 @@ FrontierSweep::FrontierSweep(const Problem& p, const std::vector<std::vector<Dec
 
 FrontierSweep::~FrontierSweep() = default;
 
-std::optional<std::vector<Decision>> FrontierSweep::plan(uint64_t budget) const {
+std::optional<std::vector<Decision>> FrontierSweep::plan(uint64_t budget, Evaluation* e) const {
     if (impl_->fixed > budget) return std::nullopt;
-    return pick(impl_->f, budget - impl_->fixed);
+    std::pair<uint64_t, int64_t> nt;
+    auto d = pick(impl_->f, budget - impl_->fixed, &nt);
+    if (d && e) *e = {impl_->fixed + nt.first, nt.second};
+    return d;
 }
 
 uint64_t FrontierSweep::quantum() const { return impl_->f.quantum; }

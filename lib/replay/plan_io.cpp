@@ -70,6 +70,8 @@ json plan_to_json(const Problem& p, const std::string& trace_path, const std::st
                                           {"work_bytes", oc.work}, {"time_ms", to_ms(oc.time_ns)}};
             }
             s["options"] = opts;
+            if (!p.trace->segments[i].non_replayable.empty())
+                s["non_replayable"] = p.trace->segments[i].non_replayable;
             if (r.decisions[i] != Decision::Keep) s["contract"] = contract_json(p.contracts[i], r.decisions[i]);
             segs.push_back(s);
         }
@@ -80,6 +82,7 @@ json plan_to_json(const Problem& p, const std::string& trace_path, const std::st
                   {"segments", segs}};
         if (!r.feasible) b["min_peak_bytes"] = r.min_peak_bytes;
         if (!r.exact) b["quantum_bytes"] = r.quantum_bytes;
+        if (r.fallback) b["fallback"] = "eager";
         budgets.push_back(b);
     }
     return {{"format", "ckptkit-plan"},

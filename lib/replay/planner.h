@@ -57,11 +57,16 @@ struct Problem {
     const std::vector<Decision>& safe_options(size_t i) const { return safe_.at(i); }
     /// safe_options(i) of every segment (index = segment), computed once.
     const std::vector<std::vector<Decision>>& safe_options() const { return safe_; }
+    /// contracts[i].stateful() / .replayable, from a compact per-segment array (hot loops).
+    bool stateful(size_t i) const { return flags_[i] & kStateful; }
+    bool replayable(size_t i) const { return !(flags_[i] & kNotReplayable); }
 
 private:
     uint64_t fixed_ = 0;
     std::vector<std::array<OptionCost, 4>> costs_;   ///< [segment][Decision]
     std::vector<std::vector<Decision>> safe_;
+    static constexpr uint8_t kStateful = 1, kNotReplayable = 2;
+    std::vector<uint8_t> flags_;
 };
 
 /// Predicted peak (bytes, fixed memory included) and step time (ns) of a decision vector.
@@ -98,9 +103,11 @@ struct PlanResult {
 };
 
 /// Fill peak, time, feasibility and safety for `d` (empty d = infeasible; then
-/// min_peak_bytes = min_peak, the planner's smallest reachable peak in bytes).
+/// min_peak_bytes = min_peak, the planner's smallest reachable peak in bytes). known: the
+/// planner's own evaluate(p, d) when it has it (the DP, eager's running sums), else nullptr.
 PlanResult finish_plan(const Problem& p, const std::string& planner, uint64_t budget,
-                       std::vector<Decision> d, uint64_t min_peak);
+                       std::vector<Decision> d, uint64_t min_peak,
+                       const Evaluation* known = nullptr);
 
 /// The smallest predicted peak (bytes, fixed included) over every combination of `options`
 /// (one list per segment): R_i = min over options of max(W, H + R_{i+1}), exact because the
@@ -156,8 +163,9 @@ public:
     ~FrontierSweep();
     FrontierSweep(const FrontierSweep&) = delete;
     FrontierSweep& operator=(const FrontierSweep&) = delete;
-    /// The fastest plan with predicted peak <= budget (bytes), nullopt when none fits.
-    std::optional<std::vector<Decision>> plan(uint64_t budget) const;
+    /// The fastest plan with predicted peak <= budget (bytes), nullopt when none fits; *e (when
+    /// given) = its peak (fixed + the DP's need) and time, equal to evaluate() of the plan.
+    std::optional<std::vector<Decision>> plan(uint64_t budget, Evaluation* e = nullptr) const;
     /// 0 when exact, else the widest need window thinned (bytes).
     uint64_t quantum() const;
 

@@ -79,8 +79,9 @@ std::vector<Step> greedy_order(const Problem& p) {
     return out;
 }
 
-// peaks[k] = predicted peak (bytes, fixed included) after the first k greedy steps.
-std::vector<uint64_t> prefix_peaks(const Problem& p, const std::vector<Step>& order) {
+// [k] = evaluate() after the first k greedy steps: predicted peak (bytes, fixed included)
+// and step time (ns, a running sum).
+std::vector<Evaluation> prefix_peaks(const Problem& p, const std::vector<Step>& order) {
     const size_t n = p.size();
     std::vector<int64_t> v(n);
     int64_t prefix = 0;
@@ -90,12 +91,15 @@ std::vector<uint64_t> prefix_peaks(const Problem& p, const std::vector<Step>& or
         prefix += static_cast<int64_t>(o.held);
     }
     MaxTree tree(v);
-    int64_t total = prefix;
+    int64_t total = prefix, time = 0;
+    for (size_t i = 0; i < n; ++i) time += p.cost(i, Decision::Keep).time_ns;
     const int64_t fixed = static_cast<int64_t>(p.fixed());
-    std::vector<uint64_t> peaks;
+    std::vector<Evaluation> peaks;
     peaks.reserve(order.size() + 1);
-    auto peak = [&] { return static_cast<uint64_t>(fixed + std::max(total, tree.max())); };
-    peaks.push_back(peak());
+    auto now = [&] {
+        return Evaluation{static_cast<uint64_t>(fixed + std::max(total, tree.max())), time};
+    };
+    peaks.push_back(now());
     for (const Step& s : order) {
         OptionCost k = p.cost(s.i, Decision::Keep), c = p.cost(s.i, s.o);
         const int64_t dh = static_cast<int64_t>(c.held) - static_cast<int64_t>(k.held);
@@ -103,7 +107,8 @@ std::vector<uint64_t> prefix_peaks(const Problem& p, const std::vector<Step>& or
         tree.add(s.i, s.i + 1, dw);
         tree.add(s.i + 1, n, dh);
         total += dh;
-        peaks.push_back(peak());
+        time += c.time_ns - k.time_ns;
+        peaks.push_back(now());
     }
     return peaks;
 }
@@ -119,10 +124,11 @@ PlanResult EagerPlanner::plan(const Problem& p, uint64_t budget) const {
 std::vector<PlanResult> EagerPlanner::plan_all(const Problem& p,
                                                const std::vector<uint64_t>& budgets) const {
     const std::vector<Step> order = greedy_order(p);
-    const std::vector<uint64_t> peaks = prefix_peaks(p, order);
+    const std::vector<Evaluation> peaks = prefix_peaks(p, order);
     // running minimum: first k with peaks[k] <= B is the first k with runmin[k] <= B.
-    std::vector<uint64_t> runmin(peaks);
-    for (size_t k = 1; k < runmin.size(); ++k) runmin[k] = std::min(runmin[k], runmin[k - 1]);
+    std::vector<uint64_t> runmin(peaks.size());
+    for (size_t k = 0; k < runmin.size(); ++k)
+        runmin[k] = k ? std::min(runmin[k - 1], peaks[k].peak_bytes) : peaks[k].peak_bytes;
     std::vector<PlanResult> out;
     out.reserve(budgets.size());
     for (uint64_t b : budgets) {
@@ -132,14 +138,15 @@ std::vector<PlanResult> EagerPlanner::plan_all(const Problem& p,
         size_t steps = it == runmin.end() ? order.size() : static_cast<size_t>(it - runmin.begin());
         std::vector<Decision> d(p.size(), Decision::Keep);
         for (size_t k = 0; k < steps; ++k) d[order[k].i] = order[k].o;
-        out.push_back(finish_plan(p, name(), b, std::move(d), runmin.back()));
+        out.push_back(finish_plan(p, name(), b, std::move(d), runmin.back(), &peaks[steps]));
     }
     return out;
 }
 
 uint64_t EagerPlanner::min_peak(const Problem& p) const {
-    const std::vector<uint64_t> peaks = prefix_peaks(p, greedy_order(p));
-    return *std::min_element(peaks.begin(), peaks.end());
+    uint64_t least = UINT64_MAX;
+    for (const Evaluation& e : prefix_peaks(p, greedy_order(p))) least = std::min(least, e.peak_bytes);
+    return least;
 }
 
 }  // namespace ckpt::replay

@@ -26,8 +26,10 @@ std::vector<PlanResult> StatelessPlanner::plan_all(const Problem& p,
     out.reserve(budgets.size());
     const FrontierSweep sweep(p, options);
     for (uint64_t b : budgets) {
-        auto d = sweep.plan(b);
-        PlanResult r = finish_plan(p, name(), b, d ? std::move(*d) : std::vector<Decision>{}, least);
+        Evaluation e;
+        auto d = sweep.plan(b, &e);
+        PlanResult r = finish_plan(p, name(), b, d ? std::move(*d) : std::vector<Decision>{}, least,
+                                   d ? &e : nullptr);
         r.exact = sweep.quantum() == 0;
         r.quantum_bytes = sweep.quantum();
         out.push_back(std::move(r));

@@ -47,6 +47,9 @@ void check_joint_is_optimal(const Problem& p) {
         if (!j.feasible) continue;
         CHECK(j.step_time_ns == r.step_time_ns);
         CHECK(j.peak_bytes <= b);
+        const Evaluation e = evaluate(p, j.decisions);   // the DP's own (need, time) is exact
+        CHECK(j.peak_bytes == e.peak_bytes);
+        CHECK(j.step_time_ns == e.step_time_ns);
         CHECK(j.safe);
     }
 }
@@ -280,7 +283,12 @@ TEST_CASE("eager: plan_all equals the seed's greedy at every breakpoint budget")
             const auto ref = seed_eager(p, bs[k]);
             const bool fits = evaluate(p, ref).peak_bytes <= bs[k];
             REQUIRE(all[k].feasible == fits);
-            if (fits) CHECK(all[k].decisions == ref);
+            if (fits) {
+                CHECK(all[k].decisions == ref);
+                const Evaluation e = evaluate(p, ref);   // the running sums are exact
+                CHECK(all[k].peak_bytes == e.peak_bytes);
+                CHECK(all[k].step_time_ns == e.step_time_ns);
+            }
             ++compared;
         }
     }
