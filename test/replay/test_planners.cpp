@@ -9,6 +9,7 @@
 #include "helpers.h"
 #include "replay/planner.h"
 #include "replay/planner_impl.h"
+#include "replay/simulate.h"
 
 using namespace ckpt::replay;
 using replay_test::finish;
@@ -362,6 +363,10 @@ TEST_CASE("non-replayable segment: kept by every safe planner, UNSAFE when state
                 if (r.decisions[1] != Decision::Keep) {
                     stateless_unsafe = true;
                     CHECK(!r.safe);
+                    const SimReport sim = simulate(p, r.decisions);   // --check fails too
+                    CHECK(std::find(sim.violations.begin(), sim.violations.end(),
+                                    "segment 1: recomputed but not replayable (replay probe: "
+                                    "output differs)") != sim.violations.end());
                     CHECK(std::find(r.unsafe.begin(), r.unsafe.end(),
                                     "1: non-replayable: replay probe: output differs") != r.unsafe.end());
                 }

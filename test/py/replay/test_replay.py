@@ -241,10 +241,16 @@ def _mutations(obj, rng, n):
         yield s[: rng.randint(0, len(s))] if rng.random() < 0.1 else s
 
 
-@pytest.mark.parametrize("name,count", [("sparse_write.trace.json", 150), ("bn.et.json", 40)])
+@pytest.mark.parametrize("name,count", [("sparse_write.trace.json", 150), ("bn.et.json", 40),
+                                        ("root_buffer", 60)])
 def test_hostile_traces_never_crash(replay_plan, tmp_path, name, count):
+    """Seeded mutations of a v1 trace, an Execution Trace and a freshly recorded v2 trace
+    (kinds, args, fingerprint): exit 0, 1 or 2, never a crash; bad input is one line."""
     import random
-    base = json.load(open(ROOT / "data" / "traces" / name))
+    if name.endswith(".json"):
+        base = json.load(open(ROOT / "data" / "traces" / name))
+    else:
+        base = record(tmp_path, name)[1]
     rejected = 0
     for k, text in enumerate(_mutations(base, random.Random(1234), count)):
         path, out = tmp_path / f"m{k}.json", tmp_path / f"m{k}.plan"
