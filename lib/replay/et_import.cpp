@@ -18,7 +18,8 @@
 // - sizes: a storage's extent is the largest [offset, offset + numel) of its tensors, except
 //   broadcast views (outputs of aten::expand / expand_as / broadcast_to and the as_strided
 //   under them: numel counts repeated elements, 1.0.1 has no strides); fixed memory = 4 x the
-//   pre-existing storages the segments read, except the batch (segment 0's first input).
+//   pre-existing storages the segments read, except the batch (segment 0's first input);
+//   saved bytes = produced storages that nodes after the forward read (consumer rule).
 #include <algorithm>
 #include <map>
 #include <regex>
@@ -63,6 +64,14 @@ struct EtNode {
 
 const std::set<std::string> kBroadcastOps = {"aten::expand", "aten::expand_as",
                                              "aten::broadcast_to"};
+
+// True when node n takes tensor id `tensor` as an input (an in-place op returns its input).
+bool in_tensor_ids(const EtNode& n, int64_t tensor) {
+    for (const auto& a : n.inputs)
+        for (const auto& t : a)
+            if (t.tensor == tensor) return true;
+    return false;
+}
 
 // Fill explicit_generator / training from the argument values and types.
 void scalar_args(EtNode& e, const json& vals, const json& types) {
@@ -224,9 +233,13 @@ Trace import_execution_trace(const json& j, const std::string& file) {
         const bool bcast_op = kBroadcastOps.count(n.name) > 0 ||
                               (n.name == "aten::as_strided" && nodes.count(n.parent) &&
                                kBroadcastOps.count(nodes[n.parent].name) > 0);
-        if (bcast_op)
-            for (const auto& a : n.outputs)
-                for (const auto& t : a) broadcast.insert(t.tensor);
+        // Tensor ids are reused after a free: an id is a broadcast view from the broadcast op
+        // that outputs it until any other op outputs that id (a new tensor).
+        for (const auto& a : n.outputs)
+            for (const auto& t : a) {
+                if (bcast_op) broadcast.insert(t.tensor);
+                else if (!in_tensor_ids(n, t.tensor)) broadcast.erase(t.tensor);
+            }
         int64_t lab = find(id, 0);
         int64_t si = lab < 0 ? -1 : static_cast<int64_t>(seg_index[lab]);
         std::set<int64_t> in_ids;

@@ -246,9 +246,9 @@ uint64_t keep_all_peak(const Trace& t) {
 }
 }  // namespace
 
-TEST_CASE("Execution Trace import: memory close to the recorder's on the same model") {
-    // bn: fixed equal, keep-all peak -7.0%; dropout (this checked-in ET): -13.1%, a fresh
-    // recording -6.6% (test_replay.py records both and checks 10%).
+TEST_CASE("Execution Trace import: memory within 0.5% of the recorder's on the same model") {
+    // fixed memory equal, keep-all peak +0.4% (the ET's transient estimate); test_replay.py
+    // checks fresh recordings too.
     for (const char* m : {"bn", "dropout"}) {
         CAPTURE(m);
         Trace rec = load_trace(trace_path(std::string(m) + ".trace.json"));
@@ -257,8 +257,8 @@ TEST_CASE("Execution Trace import: memory close to the recorder's on the same mo
         const double peak = double(keep_all_peak(et)) / double(keep_all_peak(rec));
         CHECK(fixed > 0.9999);
         CHECK(fixed < 1.0001);   // params x 4 (+ buffers): the batch is not fixed memory
-        CHECK(peak > (std::string(m) == "bn" ? 0.92 : 0.86));   // saved = produced storages the
-        CHECK(peak < 0.95);                                       // backward reads (consumer rule)
+        CHECK(peak > 1.000);   // saved = produced storages the backward reads (consumer rule)
+        CHECK(peak < 1.005);
         REQUIRE(et.segments.size() == rec.segments.size());
         CHECK(et.segments[0].saved_bytes == rec.segments[0].saved_bytes);   // the batch
         CHECK(et.segments[1].saved_bytes == rec.segments[1].saved_bytes);   // an MLP block
