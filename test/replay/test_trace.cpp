@@ -306,3 +306,36 @@ TEST_CASE("Execution Trace import: a random op on an explicit torch.Generator is
     for (const auto& s : plain.segments) CHECK(s.non_replayable.empty());
     CHECK(plain.segments[2].rng.size() == 1);
 }
+
+TEST_CASE("JsonTree fast parser: accepts and reads exactly what nlohmann does") {
+    // valid and invalid JSON around the fast parser's edges; each either parses to the same
+    // canonical text as nlohmann's DOM or is refused by both
+    const std::vector<std::string> cases = {
+        R"({"a":1,"b":[1,2,3],"c":{"d":-4,"e":1.5e3,"f":true,"g":null,"h":"x"}})",
+        R"([0, -0, 1.0, 1e5, 1E-5, -2.5e+3, 18446744073709551615, -9223372036854775808])",
+        R"([18446744073709551616, -9223372036854775809, 123456789012345678901234567890])",
+        R"(["esc\"aped", "tab\t", "\u00e9", "é"])", " \t\n[ 1 ,\r\n 2 ] \n", "{}", "[]", "\"s\"",
+        "01", "1.", ".5", "-", "+1", "[1,]", R"({"a":1,})", "[1 2]", "tru", "nul", "[1]x",
+        "\"a\x01b\"", "[", "{\"a\"}", "{\"a\":}", "1e", "1e+", "--1", "[1.5.2]", "",
+        R"({"a":1,"a":2})"};
+    for (const auto& text : cases) {
+        CAPTURE(text);
+        auto tree = JsonTree::parse(text);
+        nlohmann::json dom;
+        bool dom_ok = true;
+        try {
+            dom = nlohmann::json::parse(text);
+        } catch (const nlohmann::json::exception&) {
+            dom_ok = false;
+        }
+        REQUIRE(bool(tree) == dom_ok);
+        if (!tree) continue;
+        std::string fast;
+        try {
+            fast = tree->root().dump();
+        } catch (const JsonTree::Unsupported&) {
+            continue;   // a repeated key: the DOM path reads it (see the test above)
+        }
+        CHECK(fast == canonical_dump(dom));
+    }
+}
