@@ -183,6 +183,10 @@ def test_json_summary_and_sweep_svg(replay_plan, tmp_path):
         assert f">{p}</text>" in text
     assert ">budget (MiB)</text>" in text and ">1.00</text>" in text and ">2.00</text>" in text
     assert text.count('class="oom"') >= 7 and 'class="unsafe"' in text
+    import xml.etree.ElementTree as ET
+    root = ET.fromstring(text)   # well-formed
+    widths = {e.get("stroke-width") for e in root.iter("{http://www.w3.org/2000/svg}polyline")}
+    assert len(widths) == 5      # one stroke width per planner: coinciding curves stay visible
     r = run([replay_plan, trace, "--sweep", "1.5MiB:2MiB:64KiB"])
     assert r.returncode == 0, r.stderr
     # the feasible range without probing, and the recomputed segments by name
