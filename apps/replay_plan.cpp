@@ -148,7 +148,7 @@ int run(int argc, char** argv) {
                    human_bytes(keep_all), keep_all);
         for (const auto& sg : trace.segments)   // kept by every safe planner
             if (!sg.non_replayable.empty())
-                fmt::print(out, "segment {} is non-replayable (always kept): {}\n", sg.name,
+                fmt::print(out, "segment {} is non-replayable (kept by every safe plan): {}\n", sg.name,
                            sg.non_replayable);
         print_table(out, results, trace);
         if (!sweep.empty()) {

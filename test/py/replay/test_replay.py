@@ -333,7 +333,7 @@ def test_state_pattern_round_trip(replay_plan, tmp_path, model):
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stderr.count(": ok") == 3
     for n in want.get("non_replayable", []):
-        assert f"segment {n} is non-replayable (always kept): replay probe" in r.stdout
+        assert f"segment {n} is non-replayable (kept by every safe plan): replay probe" in r.stdout
     entries = json.load(open(plan))["budgets"]
     tight = {s["name"]: s["decision"] for s in entries[2]["segments"]}
     assert sum(d != "keep" for d in tight.values()) >= 2
