@@ -353,7 +353,10 @@ def main():
     ap.add_argument("--json", action="store_true", help="print one JSON object per budget")
     a = ap.parse_args()
     try:
-        trace, entries = load_plan(a.trace, a.plan, [parse_bytes(b) for b in a.budget or []])
+        try:
+            trace, entries = load_plan(a.trace, a.plan, [parse_bytes(b) for b in a.budget or []])
+        except (KeyError, TypeError, AttributeError, IndexError) as e:   # a field missing / mistyped
+            raise PlanError(f"{a.plan} or {a.trace}: malformed ({type(e).__name__}: {e})")
         check_model(a.model, trace, a.trace)
     except PlanError as e:
         print(f"apply_plan: error: {e}", file=sys.stderr)

@@ -369,6 +369,13 @@ def test_apply_plan_refuses_another_model(replay_plan, tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
         f"apply_plan: error: {MODELS / 'bn.py'} is not the model {trace} was recorded from"), r.stderr
+    bad = json.load(open(plan))
+    del bad["budgets"][0]["feasible"]
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    r = run([PY, SCRIPTS / "apply_plan.py", MODELS / "root_buffer.py", trace, tmp_path / "bad.json"])
+    assert r.returncode == 2
+    assert r.stderr == (f"apply_plan: error: {tmp_path / 'bad.json'} or {trace}: malformed "
+                        "(KeyError: 'feasible')\n")
     broken = tmp_path / "broken.py"
     broken.write_text("def build():\n    raise ValueError('no model here')\n")
     r = run([PY, SCRIPTS / "apply_plan.py", broken, trace, plan])
