@@ -730,6 +730,11 @@ def main():
     except RecordError as e:
         print(f"record_trace: error: {e}", file=sys.stderr)
         return 2
+    except (OSError, ImportError, SyntaxError, RuntimeError, ValueError, TypeError) as e:
+        # MODEL.py that does not import / build / run: one line, not a traceback
+        print(f"record_trace: error: {a.model}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+              file=sys.stderr)
+        return 2
     return 0
 
 

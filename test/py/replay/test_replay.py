@@ -381,6 +381,9 @@ def test_apply_plan_refuses_another_model(replay_plan, tmp_path):
     r = run([PY, SCRIPTS / "apply_plan.py", broken, trace, plan])
     assert r.returncode == 2
     assert r.stderr == f"apply_plan: error: {broken}: cannot build the model: ValueError: no model here\n"
+    r = run([PY, SCRIPTS / "record_trace.py", broken, "-o", tmp_path / "t2.json"])
+    assert r.returncode == 2
+    assert r.stderr == f"record_trace: error: {broken}: ValueError: no model here\n"
 
 
 def test_recorder_help_states_the_model_contract():
