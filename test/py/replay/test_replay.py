@@ -91,6 +91,16 @@ def test_model_round_trip(replay_plan, tmp_path, model):
                  "--mode", mode, "--json"])
         assert r.returncode == 1, f"plain checkpointing ({mode}) unexpectedly byte-identical"
         assert json.loads(r.stdout)["differences"]
+    # the stateless baseline at the same budgets: every plan marked UNSAFE really differs
+    splan = tmp_path / "stateless.json"
+    args = [replay_plan, trace, "--planner", "stateless", "-o", splan]
+    for b in budgets:
+        args += ["--budget", str(b)]
+    assert run(args).returncode == 0
+    unsafe = [e["budget_bytes"] for e in json.load(open(splan))["budgets"] if e["feasible"] and not e["safe"]]
+    assert unsafe
+    rc, res = apply(model, trace, splan, unsafe)
+    assert rc == 1 and not any(x["identical"] for x in res), res
     if model == "dropout":   # torch's own RNG stash makes plain checkpoint exact for dropout
         r = run([PY, SCRIPTS / "apply_plan.py", MODELS / "dropout.py", trace, plan, "--mode", "plain"])
         assert r.returncode == 0, r.stdout
