@@ -420,4 +420,4 @@ def test_execution_trace_memory_within_10_percent(replay_plan, tmp_path, model):
     assert r.returncode == 0, r.stderr
     (f_rec, p_rec), (f_et, p_et) = _range(replay_plan, trace), _range(replay_plan, et)
     assert abs(f_et / f_rec - 1) < 0.001, (f_et, f_rec)
-    assert abs(p_et / p_rec - 1) < 0.01, (p_et, p_rec)   # the issue asks for 10%
+    assert abs(p_et / p_rec - 1) < 0.10, (p_et, p_rec)   # measured +0.4%
