@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <new>
 #include <iostream>
 #include <string>
 
@@ -77,6 +78,8 @@ public:
             std::fprintf(stderr, "%s: check failed: %s\n", tool_, one_line(e.what()).c_str());
             if (json) print_json(file, e.what(), kExitCheckFailed);
             return kExitCheckFailed;
+        } catch (const std::bad_alloc&) {
+            return error(file, "out of memory", kExitBadInput);
         } catch (const std::exception& e) {
             return error("", e.what(), kExitBadInput);
         }

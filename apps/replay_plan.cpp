@@ -30,7 +30,25 @@ namespace {
 // CPU time of this process so far (ms), for --timing.
 double cpu_ms() { return 1e3 * static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
 
-void print_table(std::FILE* out, const std::vector<PlanResult>& rs) {
+// What a planner's smallest plan is, for messages ("... needs X").
+std::string least_text(const std::string& planner) {
+    if (planner == "none") return "keeping every activation";
+    if (planner == "all") return "recomputing every segment";
+    if (planner == "eager") return "eager's smallest plan";
+    return "its smallest plan";
+}
+
+// The names of the segments d recomputes, comma separated (the first 12, then a count).
+std::string recomputed_names(const Trace& t, const std::vector<Decision>& d) {
+    std::string s;
+    size_t n = 0;
+    for (size_t i = 0; i < d.size(); ++i)
+        if (d[i] != Decision::Keep && ++n <= 12) s += (n > 1 ? ", " : "") + t.segments[i].name;
+    if (n > 12) s += fmt::format(" and {} more", n - 12);
+    return n ? s : "none";
+}
+
+void print_table(std::FILE* out, const std::vector<PlanResult>& rs, const Trace& t) {
     fmt::print(out, "{:>12}  {:>8}  {:>12}  {:>12}  {:>6}  {:>5} {:>9} {:>8} {:>9}\n", "budget",
                "feasible", "peak", "step ms", "safe", "keep", "recompute", "snapshot",
                "selective");
@@ -38,7 +56,7 @@ void print_table(std::FILE* out, const std::vector<PlanResult>& rs) {
         int n[4] = {0, 0, 0, 0};
         for (Decision d : r.decisions) ++n[static_cast<int>(d)];
         if (!r.feasible) {
-            fmt::print(out, "{:>12}  {:>8}  {:>12}  {:>12}  {:>6}  (recomputing everything needs {})\n",
+            fmt::print(out, "{:>12}  {:>8}  {:>12}  {:>12}  {:>6}  (needs at least {})\n",
                        human_bytes(r.budget_bytes), "no", "-", "-", "-",
                        human_bytes(r.min_peak_bytes));
             continue;
@@ -46,6 +64,7 @@ void print_table(std::FILE* out, const std::vector<PlanResult>& rs) {
         fmt::print(out, "{:>12}  {:>8}  {:>12}  {:>12.3f}  {:>6}  {:>5} {:>9} {:>8} {:>9}\n",
                    human_bytes(r.budget_bytes), "yes", human_bytes(r.peak_bytes),
                    r.step_time_ns / 1e6, r.safe ? "yes" : "UNSAFE", n[0], n[1], n[2], n[3]);
+        fmt::print(out, "{:>12}  recomputed: {}\n", "", recomputed_names(t, r.decisions));
     }
 }
 
@@ -68,6 +87,7 @@ int main(int argc, char** argv) {
     cli.add_force();
     app.add_flag("--check", check, "run the replay simulator over every feasible plan");
     app.add_flag("--timing", timing, "print CPU ms per phase (load, contracts, plan, output) on stderr");
+    // Cli::main maps every exception (bad_alloc included) to one line and its exit code.
     return cli.main(argc, argv, trace_path, [&] {
         const bool as_json = cli.json;  // the JSON summary on stdout instead of the table
         std::vector<uint64_t> budgets;
@@ -95,27 +115,31 @@ int main(int argc, char** argv) {
             names.insert(names.begin(), planner);
         }
         {
-            // Progress on a terminal only (SPEC §4): sweeps of large traces take seconds.
-            ckpt::Progress progress(!as_json, "replay-plan", 0, names.size() * budgets.size(), "plans");
+            // Progress on a terminal only (never under --json): sweeps of large traces take seconds.
+            ckpt::Progress progress(!as_json, "replay-plan", 0, names.size(), "planners");
             for (const auto& name : names) {
-                auto pl = make_planner(name);
-                std::vector<PlanResult> rs;
-                for (uint64_t b : budgets) {
-                    rs.push_back(pl->plan(problem, b));
-                    progress.item_done();
-                }
-                curves.emplace_back(name, std::move(rs));
+                curves.emplace_back(name, make_planner(name)->plan_all(problem, budgets));
+                progress.item_done();
             }
         }
         const double t_plan = cpu_ms();
         const std::vector<PlanResult>& results = curves.front().second;
+        const uint64_t least = make_planner(planner)->min_peak(problem);
 
         int rc = ckpt::kExitOk;
         std::FILE* out = as_json ? stderr : stdout;
         if (!as_json) {
             fmt::print(out, "trace {}: {} segments, fixed memory {}, planner {}\n", trace_path,
                        trace.segments.size(), human_bytes(trace.fixed_bytes()), planner);
-            print_table(out, results);
+            const uint64_t keep_all = make_planner("none")->min_peak(problem);
+            fmt::print(out, "feasible budgets for {}: >= {} ({} B, {}); >= {} ({} B) keeps every "
+                            "activation\n", planner, human_bytes(least), least, least_text(planner),
+                       human_bytes(keep_all), keep_all);
+            for (const auto& sg : trace.segments)   // kept by every safe planner
+                if (!sg.non_replayable.empty())
+                    fmt::print(out, "segment {} is non-replayable (kept by every safe plan): {}\n", sg.name,
+                               sg.non_replayable);
+            print_table(out, results, trace);
             if (!sweep.empty()) {
                 fmt::print(out, "\nbudget vs predicted step time (ms; OOM = infeasible)\n{:>12}", "budget");
                 for (const auto& c : curves) fmt::print(out, "  {:>10}", c.first);
@@ -138,17 +162,21 @@ int main(int argc, char** argv) {
             if (!r.feasible && k >= budget_args.size()) {
                 ++sweep_oom;   // sweep points may be infeasible: summarised below, exit stays 0
             } else if (!r.feasible) {
-                fmt::print(stderr, "replay-plan: budget {} is infeasible for planner {}: recomputing "
-                                   "everything still needs {}\n",
-                           human_bytes(r.budget_bytes), planner, human_bytes(r.min_peak_bytes));
+                fmt::print(stderr, "replay-plan: budget {} is infeasible for planner {}: {} needs {} "
+                                   "({} B)\n", human_bytes(r.budget_bytes), planner,
+                           least_text(planner), human_bytes(r.min_peak_bytes), r.min_peak_bytes);
                 rc = ckpt::kExitCheckFailed;
             }
             if (r.feasible && !r.safe && !as_json)
                 for (const auto& u : r.unsafe) fmt::print(out, "  unsafe at {}: {}\n", human_bytes(r.budget_bytes), u);
         }
-        if (sweep_oom)
-            fmt::print(stderr, "replay-plan: {} of {} sweep budgets are infeasible for planner {}\n",
-                       sweep_oom, results.size() - budget_args.size(), planner);
+        if (sweep_oom) {   // as --budget: exit 1 (the table and the outputs are still written)
+            fmt::print(stderr, "replay-plan: {} of {} sweep budgets are infeasible for planner {}: "
+                               "{} needs {} ({} B)\n",
+                       sweep_oom, results.size() - budget_args.size(), planner, least_text(planner),
+                       human_bytes(least), least);
+            rc = ckpt::kExitCheckFailed;
+        }
         if (check) {
             for (const auto& r : results) {
                 if (!r.feasible) continue;

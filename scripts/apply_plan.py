@@ -36,7 +36,8 @@ import torch
 import torch.utils.checkpoint as tuc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from record_trace import (buffer_owner, byte_view, load_build, segment_modules,  # noqa: E402
+from record_trace import (RecordError, buffer_owner, byte_view, generator_by_stream,  # noqa: E402
+                          generator_names, load_build, model_fingerprint, segment_modules,
                           storage_of)
 
 
@@ -105,6 +106,26 @@ def load_plan(trace_path, plan_path, budgets):
     return trace, entries
 
 
+def check_model(model_path, trace, trace_path):
+    """Refuse a model file that is not the one the trace was recorded from: its fingerprint
+    (parameter and buffer names, shapes, dtypes; record_trace.model_fingerprint) must equal the
+    trace's (v2 traces; v1 traces carry none and are not checked). Building it must work."""
+    try:
+        torch.manual_seed(0)
+        model = load_build(model_path)[0]
+    except Exception as e:   # a broken model file is bad input: one line, never a traceback
+        raise PlanError(f"{model_path}: cannot build the model: {type(e).__name__}: {e}")
+    want = trace.get("fingerprint")
+    if not want:
+        return
+    got = model_fingerprint(model)
+    if got["hash"] != want.get("hash"):
+        raise PlanError(f"{model_path} is not the model {trace_path} was recorded from "
+                        f"(fingerprint {got['hash']}: {got['params']} parameters, "
+                        f"{got['buffers']} buffers; the trace has {want.get('hash')}: "
+                        f"{want.get('params')} parameters, {want.get('buffers')} buffers)")
+
+
 def check_entry(trace, entry):
     """Refuse a plan entry whose segments or contract versions do not match the trace."""
     names = [s["name"] for s in trace["segments"]]
@@ -131,13 +152,38 @@ class Recorder:
         return t
 
 
-def run_step(model_path, decisions, mode, problems):
+def trace_layout(trace):
+    """What the runtime needs from the trace besides the plan: state id -> kind ("buffer",
+    "param", "input"; v1 traces: buffers only) and (segment, state id) -> the index of the
+    segment's tensor argument that is that state, when it is one."""
+    kinds = {b["id"]: b.get("kind", "buffer") for b in trace.get("buffers", [])}
+    args = {(s["name"], a["buffer"]): a["arg"] for s in trace["segments"]
+            for a in s.get("state", []) if "arg" in a}
+    return {"kind": kinds, "arg": args}
+
+
+def stream_state(model, stream):
+    """RNG state of a stream: "cpu" (the default CPU generator) or "gen:NAME"."""
+    return torch.get_rng_state() if stream == "cpu" else generator_by_stream(model, stream).get_state()
+
+
+def set_stream_state(model, stream, state):
+    if stream == "cpu":
+        torch.set_rng_state(state)
+    else:
+        generator_by_stream(model, stream).set_state(state)
+
+
+def run_step(model_path, decisions, mode, problems, layout=None):
     """One seeded training step. decisions: name -> (decision, contract) for the recomputed
-    segments. Returns (result dict, step seconds, measured held bytes)."""
+    segments; layout: trace_layout() of the trace. Returns (result dict, step seconds,
+    measured held bytes)."""
+    layout = layout or {"kind": {}, "arg": {}}
     torch.manual_seed(0)
     model, batch, loss_fn, names = load_build(model_path)
     model.train()
     segs = segment_modules(model, names)
+    gens = generator_names(model)
     rec = Recorder()
     fixed = {storage_of(p)[0] for p in model.parameters()}
     preserved = [0]
@@ -147,6 +193,7 @@ def run_step(model_path, decisions, mode, problems):
         orig = mod.forward
 
         def forward(*args, **kw):
+            positions = [i for i, x in enumerate(args) if torch.is_tensor(x)]
             for a in args:
                 if torch.is_tensor(a):
                     key, nbytes = storage_of(a)
@@ -154,10 +201,25 @@ def run_step(model_path, decisions, mode, problems):
             if mode != "contract":
                 return tuc.checkpoint(orig, *args, use_reentrant=False,
                                       preserve_rng_state=(mode == "plain"), **kw)
+
+            def arg_pos(b):
+                k = layout["arg"].get((name, b))
+                return None if k is None or k >= len(positions) else positions[k]
+
+            def current(b, a):
+                """The tensor state id b names now: a module buffer / parameter, or a tensor
+                argument of this call (inputs)."""
+                if layout["kind"].get(b, "buffer") == "input":
+                    pos = arg_pos(b)
+                    if pos is None:
+                        raise PlanError(f"segment {name}: input state {b} is not an argument")
+                    return a[pos]
+                owner, attr = buffer_owner(model, b)
+                return getattr(owner, attr)
+
             kept = {}
             for r in contract.get("restore", []):
-                owner, attr = buffer_owner(model, r["buffer"])
-                t = getattr(owner, attr)
+                t = current(r["buffer"], args)
                 entry = {"shape": t.shape, "dtype": t.dtype, "digest": digest(t)}
                 if r["mode"] == "whole":
                     entry["whole"] = t.detach().clone()
@@ -167,21 +229,20 @@ def run_step(model_path, decisions, mode, problems):
                     entry["regions"] = [(o, n, bv[o:o + n].clone()) for o, n in r["regions"]]
                     preserved[0] += sum(n for _, n, _ in entry["regions"]) + 16 * len(r["regions"])
                 kept[r["buffer"]] = entry
-            rng = torch.get_rng_state() if contract.get("rng") else None
+            rng = {g["stream"]: stream_state(model, g["stream"]) for g in contract.get("rng", [])}
             calls = [0]
 
             def fn(*a, **k):
                 calls[0] += 1
                 if calls[0] == 1:
                     return orig(*a, **k)
+                a = list(a)
                 touched = [r["buffer"] for r in contract.get("restore", [])]
                 touched += [x["buffer"] for x in contract.get("discard", []) if x["buffer"] not in touched]
-                stash = {}
+                rebound, overwritten = {}, {}
                 with torch.no_grad():
                     for b in touched:
-                        owner, attr = buffer_owner(model, b)
-                        cur = getattr(owner, attr)
-                        stash[b] = cur
+                        cur = current(b, a)
                         e = kept.get(b)
                         if e is None:                     # discard only: write into a scratch copy
                             tmp = cur.detach().clone()
@@ -196,17 +257,37 @@ def run_step(model_path, decisions, mode, problems):
                         if e is not None and digest(tmp) != e["digest"]:
                             problems.append(f"segment {name}: recompute would read {b} at a "
                                             "version other than the recorded one")
-                        setattr(owner, attr, tmp)
-                outer_rng = torch.get_rng_state()
-                if rng is not None:
-                    torch.set_rng_state(rng)
+                        kind = layout["kind"].get(b, "buffer")
+                        if kind == "param":
+                            # a parameter keeps its identity (autograd, optimizer): its bytes
+                            # are swapped in place (.data: no version bump) and put back after
+                            overwritten[b] = (cur, cur.detach().clone())
+                            cur.data.copy_(tmp)
+                            continue
+                        if kind == "buffer":
+                            owner, attr = buffer_owner(model, b)
+                            rebound[b] = cur
+                            setattr(owner, attr, tmp)
+                        pos = arg_pos(b)
+                        if pos is not None:               # passed as an argument: a scratch arg
+                            if cur.requires_grad:   # a non-leaf that requires grad, as the
+                                with torch.enable_grad():   # argument was (in-place ops allowed)
+                                    tmp = tmp.detach().requires_grad_(True).clone()
+                            a[pos] = tmp
+                outer = {st: stream_state(model, st) for st in rng}
+                for st, state in rng.items():
+                    set_stream_state(model, st, state)
                 try:
                     return orig(*a, **k)
                 finally:
-                    for b, cur in stash.items():
-                        owner, attr = buffer_owner(model, b)
-                        setattr(owner, attr, cur)
-                    torch.set_rng_state(outer_rng)
+                    with torch.no_grad():
+                        for b, cur in rebound.items():
+                            owner, attr = buffer_owner(model, b)
+                            setattr(owner, attr, cur)
+                        for b, (cur, bytes_now) in overwritten.items():
+                            cur.data.copy_(bytes_now)
+                    for st, state in outer.items():
+                        set_stream_state(model, st, state)
 
             return tuc.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False, **kw)
 
@@ -226,6 +307,9 @@ def run_step(model_path, decisions, mode, problems):
     result = {"loss": loss.detach(), "output": rec.out.detach() if torch.is_tensor(rec.out) else rec.out,
               "grads": {n: p.grad for n, p in model.named_parameters()},
               "buffers": {n: b.detach().clone() for n, b in model.named_buffers()},
+              "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+              "generators": {"gen:" + g: generator_by_stream(model, "gen:" + g).get_state()
+                             for g in gens.values()},
               "rng": torch.get_rng_state()}
     return result, secs, sum(held.values()) + preserved[0]
 
@@ -242,7 +326,7 @@ def compare(ref, got):
     for key in ("loss", "output", "rng"):
         if not eq(ref[key], got[key]):
             diffs.append(f"{key} differs")
-    for group in ("grads", "buffers"):
+    for group in ("grads", "buffers", "params", "generators"):
         for n in ref[group]:
             a, b = ref[group][n], got[group].get(n)
             if not eq(a, b):
@@ -269,14 +353,19 @@ def main():
     ap.add_argument("--json", action="store_true", help="print one JSON object per budget")
     a = ap.parse_args()
     try:
-        trace, entries = load_plan(a.trace, a.plan, [parse_bytes(b) for b in a.budget or []])
+        try:
+            trace, entries = load_plan(a.trace, a.plan, [parse_bytes(b) for b in a.budget or []])
+        except (KeyError, TypeError, AttributeError, IndexError) as e:   # a field missing / mistyped
+            raise PlanError(f"{a.plan} or {a.trace}: malformed ({type(e).__name__}: {e})")
+        check_model(a.model, trace, a.trace)
     except PlanError as e:
         print(f"apply_plan: error: {e}", file=sys.stderr)
         return 2
     med = lambda v: sorted(v)[len(v) // 2] * 1e3 if v else None
     ref_times = []
+    layout = trace_layout(trace)
     for _ in range(max(1, a.repeat)):   # the reference step, shared by every budget
-        ref, t_ref, held_ref = run_step(a.model, {}, "contract", [])
+        ref, t_ref, held_ref = run_step(a.model, {}, "contract", [], layout)
         ref_times.append(t_ref)
     all_identical = True
     for entry in entries:
@@ -288,9 +377,9 @@ def main():
         problems, got_times, got, error, held_got = [], [], None, None, None
         for _ in range(max(1, a.repeat)):
             try:
-                got, t_got, held_got = run_step(a.model, decisions, a.mode, problems)
+                got, t_got, held_got = run_step(a.model, decisions, a.mode, problems, layout)
                 got_times.append(t_got)
-            except RuntimeError as e:
+            except (RuntimeError, PlanError, RecordError) as e:
                 error = str(e).split("\n")[0]
                 break
         diffs = problems + ([f"step failed: {error}"] if error else compare(ref, got))

@@ -1,22 +1,36 @@
 #!/usr/bin/python3
-"""Record one real training step of MODEL.py as a ckptkit trace (formats/trace.md).
+"""Record one real training step of MODEL.py as a ckptkit trace (formats/trace.md, version 2).
 
 Usage: record_trace.py MODEL.py -o TRACE.json [--et ET.json [--chakra CHAKRA.json]]
-                       [--copy-gbps G]
+                       [--copy-gbps G] [--quiet]
 
-MODEL.py defines build() -> (model, batch, loss_fn[, segment_names]). One training step is
-loss_fn(model, batch).backward(). Segments are the model's top-level children in call order,
-or the named modules given as the fourth element (each must be called once per step).
+The MODEL.py contract: build() -> (model, batch, loss_fn[, segments]). MODEL.py defines
+build(), which returns
+    (model, batch, loss_fn)            or    (model, batch, loss_fn, segments)
+model is a torch.nn.Module, batch anything loss_fn accepts, and loss_fn(model, batch) returns
+the scalar loss of one step; the step recorded is loss_fn(model, batch).backward(), with
+torch.manual_seed(0) before build(). segments (optional) names the modules to plan (each must
+be called exactly once per step, in forward order); without it the segments are the model's
+top-level children in call order. Private torch.Generator objects must be attributes of a
+module of the model (so a plan can name and restore them).
 
-Method (SPEC §3.1): forward hooks time each segment; saved-tensor hooks
-(torch.autograd.graph.saved_tensors_hooks) attribute bytes kept for backward; every model
-buffer is cloned before and after each segment and compared (identity, `_version`, bytes) to
-find writes and the exact byte regions written; torch.get_rng_state() before/after detects RNG
-consumption. --et also records the same step (same seed) with torch's ExecutionGraphObserver,
-with one record_function label "ckpt.segment:NAME" per segment.
+Method (SPEC §3.1, formats/trace.md "How the recorder measures"): forward hooks time each
+segment; saved-tensor hooks attribute bytes kept for backward; a TorchDispatchMode logs every
+aten op of the step with its schema's alias annotations ((a!) = written) and its generator=
+argument, so the storages each segment reads and writes are known, whoever owns them
+(parameters, buffers of any module, tensors received from earlier segments); module buffers,
+parameters and segment inputs are compared byte for byte at every segment boundary (versions,
+byte regions written, rebinding); the default CPU generator and every torch.Generator
+attribute of the model are compared before/after each segment. Then a replay probe re-runs
+every segment's forward from its recorded state (buffers, parameters, inputs, generators
+restored) and compares outputs, written state and generator states bit for bit: a difference
+means state no log sees (a Python global, a C++ extension, a non-tensor attribute) and the
+segment is marked non_replayable with the reason. --et also records the same step (same seed)
+with torch's ExecutionGraphObserver, one record_function label "ckpt.segment:NAME" per
+segment. Prints a one-line summary on stderr (--quiet: none).
 
-The helpers here (load_build, segment_modules, buffer_owner, byte_view, diff_regions) are
-shared with scripts/apply_plan.py.
+The helpers here (load_build, segment_modules, buffer_owner, byte_view, diff_regions,
+generator_names, model_fingerprint) are shared with scripts/apply_plan.py.
 """
 import argparse
 import importlib.util
@@ -26,9 +40,10 @@ import sys
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 FORMAT = "ckptkit-trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SEGMENT_LABEL = "ckpt.segment:"
 MERGE_GAP_BYTES = 16   # two written runs closer than one region's metadata are merged
 
@@ -123,9 +138,199 @@ def tensor_bytes(obj):
     return 0
 
 
-def _snap(model):
-    return {n: (id(b), b._version, byte_view(b).clone(), b.element_size(), str(b.dtype).replace("torch.", ""), list(b.shape))
-            for n, b in model.named_buffers()}
+def generator_names(model):
+    """id(generator) -> name ("MODULE.ATTR", or "ATTR" on the root) of every torch.Generator
+    that is an attribute of a module of the model; its RNG stream is "gen:" + name."""
+    out = {}
+    for mname, m in model.named_modules():
+        for attr, v in vars(m).items():
+            if isinstance(v, torch.Generator) and id(v) not in out:
+                out[id(v)] = f"{mname}.{attr}" if mname else attr
+    return out
+
+
+def generator_by_stream(model, stream):
+    """The generator of RNG stream "gen:NAME" (see generator_names); RecordError if none."""
+    owner, _, attr = stream[len("gen:"):].rpartition(".")
+    try:
+        g = getattr(model.get_submodule(owner) if owner else model, attr)
+    except AttributeError:
+        g = None
+    if not isinstance(g, torch.Generator):
+        raise RecordError(f"RNG stream {stream}: no torch.Generator of that name in the model")
+    return g
+
+
+def fnv1a64(data):
+    """FNV-1a 64 of bytes, 16 hex digits (the trace hash's function)."""
+    h = 1469598103934665603
+    for c in data:
+        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return "%016x" % h
+
+
+def model_fingerprint(model):
+    """{"hash", "params", "buffers"}: FNV-1a 64 of the JSON list of (kind, name, shape, dtype)
+    of every parameter and buffer (taken right after build(), before the step), and the
+    counts. apply_plan.py refuses a model whose fingerprint differs."""
+    items = [["param", n, list(p.shape), str(p.dtype)] for n, p in model.named_parameters()]
+    items += [["buffer", n, list(b.shape), str(b.dtype)] for n, b in model.named_buffers()]
+    return {"hash": fnv1a64(json.dumps(items, separators=(",", ":")).encode()),
+            "params": sum(1 for i in items if i[0] == "param"),
+            "buffers": sum(1 for i in items if i[0] == "buffer")}
+
+
+def tensors_in(obj):
+    """The tensors of a (nested) value, in order."""
+    if torch.is_tensor(obj):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in tensors_in(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in tensors_in(o)]
+    return []
+
+
+def _ptr(t):
+    try:
+        return t.storage().data_ptr()
+    except (RuntimeError, NotImplementedError):   # sparse / meta: no storage to track
+        return 0
+
+
+class OpLog(TorchDispatchMode):
+    """Logs every aten op: storages read, written ((a!) arguments) and born (outputs not
+    among the inputs), and the generator= argument of random ops, into the current segment's
+    record (cur[0] is None outside segments: only generator use is checked there)."""
+
+    def __init__(self, cur, records, gen_names, model):
+        super().__init__()
+        self.cur, self.records, self.gen_names = cur, records, gen_names
+        self.gens = {name: generator_by_stream(model, "gen:" + name) for name in gen_names.values()}
+
+    def which_generator(self, v):
+        """The model generator name that the generator v (a new Python wrapper of the same
+        C++ generator, so not `is`) stands for, or None: a candidate whose state equals v's
+        is reseeded for a moment; v is that generator exactly when its state follows."""
+        state = v.get_state()
+        for name, g in self.gens.items():
+            s = g.get_state()
+            if not torch.equal(s, state):
+                continue
+            g.manual_seed(g.initial_seed() + 1)
+            follows = torch.equal(v.get_state(), g.get_state())
+            g.set_state(s)
+            if follows:
+                return name
+        return None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        rec = self.records.get(self.cur[0]) if self.cur[0] is not None else None
+        ins = set()
+        for i, a in enumerate(func._schema.arguments):
+            v = args[i] if i < len(args) else kwargs.get(a.name)
+            if rec is not None:
+                written = a.alias_info is not None and a.alias_info.is_write
+                for t in tensors_in(v):
+                    p = _ptr(t)
+                    if p:
+                        ins.add(p)
+                        rec["reads"].add(p)
+                        if written:
+                            rec["writes"].add(p)
+            if "Generator" in str(a.type) and rec is not None:
+                if v is None:
+                    dev = next((t.device.type for t in tensors_in(list(args)) if t.device.type != "cpu"),
+                               str(kwargs.get("device") or "cpu").split(":")[0])
+                    rec["generators"].add("cpu" if dev == "cpu" else dev)
+                elif self.which_generator(v) is not None:
+                    rec["generators"].add("gen:" + self.which_generator(v))
+                else:
+                    rec["unknown_generator"] = str(func)
+        out = func(*args, **kwargs)
+        if rec is not None:
+            for t in tensors_in(out):
+                p = _ptr(t)
+                if p and p not in ins:
+                    rec["born"].add(p)
+        return out
+
+
+def _rng_states(model, gen_names):
+    """stream -> state tensor: the default CPU generator and every model generator."""
+    states = {"cpu": torch.get_rng_state()}
+    for name in gen_names.values():
+        states["gen:" + name] = generator_by_stream(model, "gen:" + name).get_state()
+    return states
+
+
+def _set_rng_states(model, states):
+    for stream, st in states.items():
+        if stream == "cpu":
+            torch.set_rng_state(st)
+        else:
+            generator_by_stream(model, stream).set_state(st)
+
+
+class State:
+    """The tensors the recorder tracks, by name: module buffers (looked up at each use, so a
+    rebinding is seen), parameters, and the tensor inputs of every segment so far
+    ("SEG.input[k]"), with snapshots (object id, _version, bytes, itemsize, shape)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.kind = {}
+        self.fixed = {}    # name -> tensor object (params, inputs)
+        for n, _ in model.named_buffers():
+            self.kind[n] = "buffer"
+        for n, p in model.named_parameters():
+            self.kind[n] = "param"
+            self.fixed[n] = p
+
+    def add_input(self, name, t):
+        self.kind[name] = "input"
+        self.fixed[name] = t
+
+    def tensor(self, name):
+        if self.kind[name] == "buffer":
+            owner, attr = buffer_owner(self.model, name)
+            return getattr(owner, attr)
+        return self.fixed[name]
+
+    def snap(self):
+        out = {}
+        for n in self.kind:
+            t = self.tensor(n)
+            if t is None:
+                continue
+            out[n] = (id(t), t._version, byte_view(t).clone(), t.element_size(), list(t.shape))
+        return out
+
+    def by_ptr(self):
+        """storage ptr -> name (buffers and parameters before inputs)."""
+        out = {}
+        for n in sorted(self.kind, key=lambda n: self.kind[n] == "input"):
+            t = self.tensor(n)
+            if t is not None and _ptr(t):
+                out.setdefault(_ptr(t), n)
+        return out
+
+
+def _changed(before, after):
+    """True when a tracked tensor was written or rebound between two snapshots."""
+    oid, over, obytes, _, oshape = before
+    bid, bver, bbytes, _, bshape = after
+    return oid != bid or over != bver or oshape != bshape or not torch.equal(obytes, bbytes)
+
+
+def _equal_values(a, b):
+    """Bit-for-bit equality of two (nested) outputs."""
+    ta, tb = tensors_in(a), tensors_in(b)
+    if len(ta) != len(tb):
+        return False
+    return all(x.shape == y.shape and x.dtype == y.dtype and
+               torch.equal(byte_view(x), byte_view(y)) for x, y in zip(ta, tb))
 
 
 def record(model_path, copy_gbps=10.0):
@@ -133,70 +338,74 @@ def record(model_path, copy_gbps=10.0):
     torch.manual_seed(0)
     model, batch, loss_fn, names = load_build(model_path)
     model.train()
+    fingerprint = model_fingerprint(model)
     segs = segment_modules(model, names)
     seg_of = {id(m): n for n, m in segs.items()}
+    gen_names = generator_names(model)
+    st = State(model)
     order, info = [], {}
     cur = [None]
-    versions = {n: 0 for n, _ in model.named_buffers()}
-    state = {"snap": _snap(model), "rng": torch.get_rng_state()}
-    initial = state["snap"]
-    unsegmented = []
+    probing = [False]
+    records = {}
+    state = {"snap": st.snap(), "rng": _rng_states(model, gen_names)}
+    initial = dict(state["snap"])
 
-    def compare(before, after, seg, subtree):
-        accesses = []
-        for n, (bid, bver, bbytes, isz, dtype, shape) in after.items():
-            if n not in before:
-                if seg is None:
-                    unsegmented.append(n)
-                continue
-            oid, over, obytes, _, _, oshape = before[n]
-            written = (oid != bid or over != bver or oshape != shape or not torch.equal(obytes, bbytes))
-            if seg is None:
-                if written:
-                    unsegmented.append(n)
-                continue
-            if not written and n not in subtree:
-                continue
-            acc = {"buffer": n, "read": n in subtree, "version_read": versions[n],
-                   "bytes_read": obytes.numel(), "torch_version_before": over}
-            if written:
-                versions[n] += 1
-                acc.update({"version_written": versions[n], "bytes_written": bbytes.numel(),
-                            "torch_version_after": bver,
-                            "rebound": oid != bid,
-                            "regions": diff_regions(obytes, bbytes, isz)})
-            accesses.append(acc)
-        return accesses
+    def outside_writes(before, after):
+        bad = [n for n in after if n in before and _changed(before[n], after[n])]
+        bad += [n for n in after if n not in before and st.kind[n] == "buffer"]
+        return bad
 
     def pre(mod, inputs):
+        if probing[0]:
+            return
         name = seg_of[id(mod)]
         if name in info:
             raise RecordError(f"segment {name} called more than once per step")
-        snap = _snap(model)
-        compare(state["snap"], snap, None, set())   # writes between segments are errors
-        rng = torch.get_rng_state()
-        if not torch.equal(rng, state["rng"]):
-            raise RecordError(f"RNG consumed outside segments before segment {name}")
+        snap = st.snap()
+        bad = outside_writes(state["snap"], snap)
+        if bad:
+            raise RecordError(f"state written outside any segment (before segment {name}): {sorted(bad)}")
+        rng = _rng_states(model, gen_names)
+        for stream, s0 in state["rng"].items():
+            if not torch.equal(rng[stream], s0):
+                raise RecordError(f"RNG stream {stream} consumed outside segments before segment {name}")
+        args = [x for x in inputs if torch.is_tensor(x)]
+        arg_names = []
+        for k, x in enumerate(args):
+            existing = st.by_ptr().get(_ptr(x))
+            if existing is not None and st.kind[existing] != "input":
+                arg_names.append(existing)   # a buffer or parameter passed as an argument
+            else:
+                n = f"{name}.input[{k}]"
+                st.add_input(n, x)
+                arg_names.append(n)
+        snap = st.snap()
         order.append(name)
-        info[name] = {"snap": snap, "rng": rng, "saved": 0,
-                      "input_bytes": tensor_bytes(inputs),
-                      "input_keys": {storage_of(x)[0] for x in inputs if torch.is_tensor(x)}}
+        records[name] = {"reads": set(), "writes": set(), "born": set(), "generators": set()}
+        info[name] = {"snap": snap, "rng": rng, "saved": 0, "by_ptr": st.by_ptr(),
+                      "input_bytes": tensor_bytes(inputs), "arg_names": arg_names,
+                      "input_keys": {storage_of(x)[0] for x in args},
+                      "probe_inputs": [x.detach().clone() if torch.is_tensor(x) else x for x in inputs],
+                      "probe_pre": {n: st.tensor(n).detach().clone() for n in st.kind
+                                    if st.kind[n] != "input" and st.tensor(n) is not None},
+                      "autocast": (torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype())}
         cur[0] = name
         info[name]["t0"] = time.perf_counter()
 
     def post(mod, inputs, output):
+        if probing[0]:
+            return
         t1 = time.perf_counter()
         name = seg_of[id(mod)]
         d = info[name]
         d["forward_ms"] = (t1 - d.pop("t0")) * 1e3
         cur[0] = None
-        after = _snap(model)
-        subtree = {name + "." + n if name else n for n, _ in mod.named_buffers()}
-        d["state"] = compare(d.pop("snap"), after, name, subtree)
-        rng = torch.get_rng_state()
-        d["rng"] = ([{"stream": "cpu", "device": "cpu", "state_bytes": rng.numel()}]
-                    if not torch.equal(rng, d["rng"]) else [])
+        after = st.snap()
+        d["after"] = after
+        rng = _rng_states(model, gen_names)
+        d["rng_after"] = rng
         d["output_bytes"] = tensor_bytes(output)
+        d["probe_output"] = [t.detach().clone() for t in tensors_in(output)]
         state["snap"], state["rng"] = after, rng
 
     packed = {}   # storage ptr -> (segment, bytes); first segment that saves it owns it
@@ -212,19 +421,95 @@ def record(model_path, copy_gbps=10.0):
     handles = [m.register_forward_pre_hook(pre) for m in segs.values()]
     handles += [m.register_forward_hook(post) for m in segs.values()]
     t0 = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = loss_fn(model, batch)
+    with OpLog(cur, records, gen_names, model):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = loss_fn(model, batch)
     t1 = time.perf_counter()
     loss.backward()
     t2 = time.perf_counter()
-    for h in handles:
-        h.remove()
-    compare(state["snap"], _snap(model), None, set())
-    if unsegmented:
-        raise RecordError(f"buffer(s) written outside any segment: {sorted(set(unsegmented))}")
+    end_snap = st.snap()
+    bad = outside_writes(state["snap"], end_snap)
+    if bad:
+        raise RecordError(f"state written outside any segment (after the last one): {sorted(bad)}")
     missing = [n for n in segs if n not in info]
     if missing:
+        for h in handles:
+            h.remove()
         raise RecordError(f"segment(s) never called: {missing}")
+
+    non_replayable = {}
+    for n in order:
+        rec = records[n]
+        if "unknown_generator" in rec:
+            non_replayable[n] = (f"{rec['unknown_generator']} draws from a torch.Generator that is "
+                                 "not an attribute of a model module (no contract can restore it)")
+            continue
+        by_ptr = info[n]["by_ptr"]
+        other = [p for p in rec["writes"] if p not in by_ptr and p not in rec["born"]]
+        if other:
+            non_replayable[n] = (f"writes {len(other)} tensor(s) that are not parameters, buffers "
+                                 "or segment inputs (no contract can restore them)")
+    probe_failures = _probe(model, segs, order, info, st, gen_names, probing)
+    for n, why in probe_failures.items():
+        non_replayable.setdefault(n, why)
+    for h in handles:
+        h.remove()
+
+    # Per segment and tracked tensor: written (snapshot diff), read (subtree buffers and
+    # parameters, the segment's own inputs, any storage the op log saw it read).
+    written_ever = set()
+    per_seg = {}
+    for n in order:
+        d = info[n]
+        before, after = d["snap"], d["after"]
+        mod = segs[n]
+        subtree = {n + "." + b if n else b for b, _ in mod.named_buffers()}
+        subtree |= {n + "." + b if n else b for b, _ in mod.named_parameters()}
+        read_ptrs = records[n]["reads"]
+        reads = {name for ptr, name in d["by_ptr"].items() if ptr in read_ptrs}
+        reads |= set(d["arg_names"])
+        writes = {}
+        for name, a in after.items():
+            b = before.get(name)
+            if b is not None and _changed(b, a):
+                writes[name] = (b, a)
+                written_ever.add(name)
+        per_seg[n] = (subtree, reads, writes)
+    versions = {}
+    used = set()
+    segments = []
+    for n in order:
+        d = info[n]
+        subtree, reads, writes = per_seg[n]
+        accesses = []
+        for name in st.kind:
+            if name not in d["snap"]:
+                continue
+            kind = st.kind[name]
+            w = name in writes
+            r = name in reads or (kind == "buffer" and name in subtree) or (kind == "param" and name in subtree)
+            if not w and not r:
+                continue
+            if kind != "buffer" and name not in written_ever:
+                continue   # a parameter / input nobody writes: no hazard to describe
+            oid, over, obytes, isz, _ = d["snap"][name]
+            acc = {"buffer": name, "read": bool(r), "version_read": versions.get(name, 0),
+                   "bytes_read": obytes.numel(), "torch_version_before": over}
+            if name in d["arg_names"]:
+                acc["arg"] = d["arg_names"].index(name)
+            if w:
+                b, a = writes[name]
+                versions[name] = versions.get(name, 0) + 1
+                acc.update({"version_written": versions[name], "bytes_written": a[2].numel(),
+                            "torch_version_after": a[1], "rebound": b[0] != a[0],
+                            "regions": diff_regions(b[2], a[2], isz)})
+            accesses.append(acc)
+            used.add(name)
+        rng = []
+        for stream, s0 in d["rng"].items():
+            if not torch.equal(s0, d["rng_after"][stream]):
+                rng.append({"stream": stream, "device": "cpu", "state_bytes": s0.numel()})
+        d["state"], d["rng_use"] = accesses, rng
 
     # Saved tensors that are not parameters or buffers at the end of the step are activations
     # (a buffer rebound during the step, e.g. a queue, leaves its old tensor to autograd).
@@ -234,15 +519,21 @@ def record(model_path, copy_gbps=10.0):
             info[seg]["saved"] += nbytes
     fwd_total = sum(info[n]["forward_ms"] for n in order) or 1.0
     bwd_ms = (t2 - t1) * 1e3
-    buffers = {n: {"id": n, "dtype": v[4], "bytes": v[2].numel()}     # sizes before the step
-               for n, v in initial.items()}
-    used = {a["buffer"] for n in order for a in info[n]["state"]}
     pbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     gbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    first_snap = {}
+    for n in order:   # inputs appear at their segment; everything else is in `initial`
+        for name, v in info[n]["snap"].items():
+            first_snap.setdefault(name, v)
+    buffers = []
+    for name in st.kind:
+        if name in used:
+            v = initial.get(name, first_snap.get(name))
+            buffers.append({"id": name, "kind": st.kind[name], "bytes": v[2].numel()})
     segments = []
     for n in order:
         d = info[n]
-        segments.append({
+        seg = {
             "name": n,
             "forward_ms": round(d["forward_ms"], 6),
             "backward_ms": round(bwd_ms * d["forward_ms"] / fwd_total, 6),
@@ -251,19 +542,92 @@ def record(model_path, copy_gbps=10.0):
             "output_bytes": d["output_bytes"],
             "transient_bytes": d["output_bytes"],
             "state": d["state"],
-            "rng": d["rng"],
-        })
+            "rng": d["rng_use"],
+        }
+        if n in non_replayable:
+            seg["non_replayable"] = non_replayable[n]
+        segments.append(seg)
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "source": "record_trace.py torch " + torch.__version__,
         "model": os.path.basename(model_path),
+        "fingerprint": fingerprint,
         "device": {"name": "cpu", "copy_gbps": copy_gbps},
         "fixed": {"param_bytes": pbytes, "grad_bytes": gbytes, "optimizer_bytes": 2 * gbytes},
         "step_ms": round((t2 - t0) * 1e3, 6),
         "backward_order": list(reversed(order)),
-        "buffers": [buffers[n] for n in buffers if n in used],
+        "buffers": buffers,
         "segments": segments,
     }
+
+
+def _probe(model, segs, order, info, st, gen_names, probing):
+    """Replay probe: re-run every segment's forward from its recorded state (module buffers
+    rebound to copies, parameters' bytes put back, inputs and generator states as recorded,
+    the same CPU autocast state) and compare its output, the tracked state after it and the
+    generator states bit for bit with the recorded run. Returns segment -> reason for the
+    segments that differ; the model's state is restored after each probe."""
+    failures = {}
+    probing[0] = True
+    try:
+        for n in order:
+            d = info[n]
+            saved_bufs = {b: st.tensor(b) for b in st.kind if st.kind[b] == "buffer"}
+            saved_params = {p: st.tensor(p).detach().clone() for p in st.kind if st.kind[p] == "param"}
+            saved_rng = _rng_states(model, gen_names)
+            try:
+                with torch.no_grad():
+                    for name, pre in d["probe_pre"].items():
+                        if st.kind[name] == "buffer":
+                            owner, attr = buffer_owner(model, name)
+                            setattr(owner, attr, pre.clone())
+                        else:
+                            st.tensor(name).data.copy_(pre)
+                _set_rng_states(model, d["rng"])
+                # inputs as recorded; an argument that is a buffer or parameter is passed as
+                # the (restored) live tensor, as the step passes it
+                args, k = [], 0
+                for x in d["probe_inputs"]:
+                    if torch.is_tensor(x):
+                        an = d["arg_names"][k]
+                        k += 1
+                        x = st.tensor(an) if st.kind[an] != "input" else x.clone()
+                    args.append(x)
+                enabled, dtype = d["autocast"]
+                with torch.autocast("cpu", dtype=dtype, enabled=enabled):
+                    out = segs[n](*args)
+                why = None
+                if not _equal_values(out, d["probe_output"]):
+                    why = "its output"
+                else:
+                    after = st.snap()
+                    for name, a in d["after"].items():
+                        if st.kind[name] == "input":
+                            continue
+                        if name in after and not torch.equal(after[name][2], a[2]):
+                            why = f"'{name}' after it"
+                            break
+                    if why is None:
+                        now = _rng_states(model, gen_names)
+                        for stream, s1 in d["rng_after"].items():
+                            if not torch.equal(now[stream], s1):
+                                why = f"RNG stream {stream} after it"
+                                break
+                if why:
+                    failures[n] = (f"replay probe: re-running the forward from the recorded state "
+                                   f"changed {why} (state no log sees: a Python global, a C++ "
+                                   "extension or a non-tensor attribute)")
+            finally:
+                with torch.no_grad():
+                    for b, t in saved_bufs.items():
+                        owner, attr = buffer_owner(model, b)
+                        setattr(owner, attr, t)
+                    for p, v in saved_params.items():
+                        st.tensor(p).data.copy_(v)
+                _set_rng_states(model, saved_rng)
+    finally:
+        probing[0] = False
+    return failures
 
 
 def record_et(model_path, out_path):
@@ -317,6 +681,22 @@ def et_to_chakra(et):
             "start_ts": et.get("start_ts"), "finish_ts": et.get("finish_ts"), "nodes": nodes}
 
 
+def summary_line(trace, path):
+    """One line: segments, those that touch state or draw RNG, state by kind, RNG streams,
+    non-replayable segments, the output path."""
+    segs = trace["segments"]
+    kinds = {}
+    for b in trace["buffers"]:
+        kinds[b["kind"]] = kinds.get(b["kind"], 0) + 1
+    streams = sorted({r["stream"] for s in segs for r in s["rng"]})
+    stateful = sum(1 for s in segs if s["state"] or s["rng"])
+    nr = [s["name"] for s in segs if "non_replayable" in s]
+    return (f"record_trace: {trace['model']}: {len(segs)} segments, {stateful} touch state or RNG; state "
+            + (", ".join(f"{v} {k}{'s' if v > 1 else ''}" for k, v in sorted(kinds.items())) or "none")
+            + f"; RNG streams {', '.join(streams) or 'none'}; non-replayable: "
+            + (", ".join(nr) or "none") + f" -> {path}")
+
+
 def write_json_atomic(obj, path):
     """Write JSON to path via a temporary name and rename."""
     tmp = path + ".tmp%d" % os.getpid()
@@ -326,17 +706,22 @@ def write_json_atomic(obj, path):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("model")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 epilog=__doc__[__doc__.index("The MODEL.py contract"):],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="MODEL.py defining build() -> (model, batch, loss_fn[, segments])")
     ap.add_argument("-o", "--output", required=True)
     ap.add_argument("--et", help="also record a PyTorch Execution Trace to this path")
     ap.add_argument("--chakra", help="also write the --et trace in the Chakra nested schema")
     ap.add_argument("--copy-gbps", type=float, default=10.0,
                     help="device copy bandwidth used for snapshot costs (GB/s)")
+    ap.add_argument("--quiet", action="store_true", help="no summary line on stderr")
     a = ap.parse_args()
     try:
         trace = record(a.model, a.copy_gbps)
         write_json_atomic(trace, a.output)
+        if not a.quiet:
+            print(summary_line(trace, a.output), file=sys.stderr)
         if a.et:
             record_et(a.model, a.et)
             if a.chakra:
@@ -344,6 +729,11 @@ def main():
                     write_json_atomic(et_to_chakra(json.load(f)), a.chakra)
     except RecordError as e:
         print(f"record_trace: error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, ImportError, SyntaxError, RuntimeError, ValueError, TypeError) as e:
+        # MODEL.py that does not import / build / run: one line, not a traceback
+        print(f"record_trace: error: {a.model}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+              file=sys.stderr)
         return 2
     return 0
 

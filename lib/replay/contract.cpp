@@ -108,6 +108,10 @@ std::vector<Contract> derive_contracts(const Trace& t) {
             fmt::format_to(std::back_inserter(versions), "{}rng:{}", versions.empty() ? "" : ",",
                            r.stream);
         }
+        if (!seg.non_replayable.empty()) {
+            c.replayable = false;
+            c.hazards.push_back("non-replayable: " + seg.non_replayable);
+        }
         c.id = fmt::format("{}:{}:{}", t.hash, seg.name, versions);
     }
     return out;

@@ -38,9 +38,14 @@ struct Contract {
     std::vector<RngUse> rng;            ///< RNG states to restore before, and put back after
     std::vector<DiscardEntry> discard;
     std::vector<std::string> hazards;   ///< human-readable reasons plain recompute is unsafe
+    bool replayable = true;             ///< false: no contract makes a recompute exact (the
+                                        ///< trace's non_replayable reason is in hazards)
 
-    /// True when plain recompute would break the contract (anything to restore or discard).
-    bool stateful() const { return !restore.empty() || !rng.empty() || !discard.empty(); }
+    /// True when plain recompute would break the contract (anything to restore or discard,
+    /// or the segment is not replayable at all).
+    bool stateful() const {
+        return !replayable || !restore.empty() || !rng.empty() || !discard.empty();
+    }
 };
 
 /// Bytes of index metadata per preserved region (offset and length, 2 x int64).

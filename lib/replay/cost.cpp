@@ -1,5 +1,7 @@
 // Cost model and planner registry (see planner.h).
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -71,16 +73,39 @@ OptionCost option_cost(const Segment& s, const Contract& c, Decision d, double c
 
 Problem::Problem(const Trace& t)
     : trace(&t), contracts(derive_contracts(t)), fixed_(t.fixed_bytes()),
-      costs_(t.segments.size()), safe_(t.segments.size()) {
+      costs_(t.segments.size()), safe_(t.segments.size()), flags_(t.segments.size(), 0) {
     for (size_t i = 0; i < costs_.size(); ++i) {
         for (Decision d : kAllDecisions)
             costs_[i][static_cast<size_t>(d)] =
                 option_cost(t.segments[i], contracts[i], d, t.copy_gbps);
         const Contract& c = contracts[i];
-        if (!c.stateful()) safe_[i] = {Decision::Keep, Decision::Recompute};
+        flags_[i] = static_cast<uint8_t>((c.stateful() ? kStateful : 0) | (c.replayable ? 0 : kNotReplayable));
+        if (!c.replayable) safe_[i] = {Decision::Keep};
+        else if (!c.stateful()) safe_[i] = {Decision::Keep, Decision::Recompute};
         else if (c.restore.empty()) safe_[i] = {Decision::Keep, Decision::Snapshot};
         else safe_[i] = {Decision::Keep, Decision::Snapshot, Decision::Selective};
     }
+}
+
+uint64_t min_peak_over(const Problem& p, const std::vector<std::vector<Decision>>& options) {
+    uint64_t need = 0;
+    for (size_t i = p.size(); i-- > 0;) {
+        uint64_t best = UINT64_MAX;
+        for (Decision d : options.at(i)) {
+            OptionCost o = p.cost(i, d);
+            best = std::min(best, std::max(o.work, o.held + need));
+        }
+        need = best;
+    }
+    return p.fixed() + need;
+}
+
+std::vector<PlanResult> Planner::plan_all(const Problem& p,
+                                          const std::vector<uint64_t>& budgets) const {
+    std::vector<PlanResult> out;
+    out.reserve(budgets.size());
+    for (uint64_t b : budgets) out.push_back(plan(p, b));
+    return out;
 }
 
 Evaluation evaluate(const Problem& p, const std::vector<Decision>& d) {
@@ -98,31 +123,31 @@ Evaluation evaluate(const Problem& p, const std::vector<Decision>& d) {
 }
 
 PlanResult finish_plan(const Problem& p, const std::string& planner, uint64_t budget,
-                       std::vector<Decision> d) {
+                       std::vector<Decision> d, uint64_t min_peak, const Evaluation* known) {
     PlanResult r;
     r.planner = planner;
     r.budget_bytes = budget;
     Evaluation e;
-    if (!d.empty() && (e = evaluate(p, d)).peak_bytes > budget) d.clear();
+    if (!d.empty() && (e = known ? *known : evaluate(p, d)).peak_bytes > budget) d.clear();
     if (d.empty()) {
-        std::vector<Decision> minimal(p.size());
-        for (size_t i = 0; i < p.size(); ++i) {
-            minimal[i] = Decision::Keep;
-            for (Decision o : p.safe_options(i))
-                if (p.cost(i, o).held < p.cost(i, minimal[i]).held) minimal[i] = o;
-        }
-        r.min_peak_bytes = evaluate(p, minimal).peak_bytes;
+        r.min_peak_bytes = min_peak;
         return r;
     }
     r.peak_bytes = e.peak_bytes;
     r.step_time_ns = e.step_time_ns;
     r.feasible = true;
+    size_t unsafe_segments = 0;
     for (size_t i = 0; i < d.size(); ++i)
-        if (d[i] == Decision::Recompute && p.contracts[i].stateful()) {
+        if (d[i] != Decision::Keep &&
+            ((d[i] == Decision::Recompute && p.stateful(i)) || !p.replayable(i))) {
             r.safe = false;
+            if (++unsafe_segments > kMaxUnsafeListed) continue;
             for (const auto& h : p.contracts[i].hazards)
                 r.unsafe.push_back(fmt::format("{}: {}", p.trace->segments[i].name, h));
         }
+    if (unsafe_segments > kMaxUnsafeListed)
+        r.unsafe.push_back(fmt::format("... and {} more unsafe segments",
+                                       unsafe_segments - kMaxUnsafeListed));
     r.decisions = std::move(d);
     return r;
 }

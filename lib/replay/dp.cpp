@@ -8,7 +8,7 @@
 // a sweep (min time among states with R_0 <= budget - fixed). States with R beyond the room of
 // interest are dropped (R only grows going backward).
 #include <algorithm>
-#include <mutex>
+#include <memory>
 
 #include "replay/planner.h"
 
@@ -28,13 +28,13 @@ struct Opt {
     uint64_t held, work;
     int64_t time;
     Decision d;
-    bool operator==(const Opt&) const = default;
 };
 
 // A solved frontier: per segment the links of its frontier states, and the final frontier
 // (segment 0) sorted by need ascending, time strictly descending.
 struct Frontier {
-    std::vector<std::vector<Link>> links;   // links[i][k]: state k of segment i's frontier
+    std::vector<Link> links;                // state k of segment i: links[start[i] + k]
+    std::vector<size_t> start;              // (flat: one allocation, sequential backtrack)
     std::vector<uint64_t> need;             // final frontier
     std::vector<int64_t> time;
     uint64_t quantum = 0;
@@ -49,21 +49,6 @@ struct Costs {
     const Opt* begin(size_t i) const { return opt.data() + start[i]; }
     const Opt* end(size_t i) const { return opt.data() + start[i + 1]; }
 };
-
-// True when c holds exactly the option costs of p under `options` (the sweep cache's key),
-// checked without building them.
-bool same_costs(const Costs& c, const Problem& p, const std::vector<std::vector<Decision>>& options) {
-    if (c.start.size() != p.size() + 1) return false;
-    for (size_t i = 0; i < p.size(); ++i) {
-        if (c.start[i + 1] - c.start[i] != options[i].size()) return false;
-        const Opt* o = c.begin(i);
-        for (Decision d : options[i]) {
-            OptionCost x = p.cost(i, d);
-            if (!(*o++ == Opt{x.held, x.work, x.time_ns, d})) return false;
-        }
-    }
-    return true;
-}
 
 Costs option_costs(const Problem& p, const std::vector<std::vector<Decision>>& options) {
     Costs c;
@@ -95,7 +80,7 @@ void prune(std::vector<State>& v) {
 Frontier solve(const Costs& costs, uint64_t room, size_t max_states) {
     Frontier f;
     const size_t n = costs.size();
-    f.links.resize(n);
+    f.start.assign(n, 0);
     std::vector<State> cur(1, State{0, 0, -1, Decision::Keep}), next, part, merged;
     const auto less = [](const State& a, const State& b) {
         return a.need != b.need ? a.need < b.need : a.time < b.time;
@@ -143,9 +128,8 @@ Frontier solve(const Costs& costs, uint64_t room, size_t max_states) {
             f.need.clear();
             return f;
         }
-        auto& l = f.links[i];
-        l.resize(next.size());
-        for (size_t k = 0; k < next.size(); ++k) l[k] = {next[k].parent, next[k].d};
+        f.start[i] = f.links.size();
+        for (size_t k = 0; k < next.size(); ++k) f.links.push_back({next[k].parent, next[k].d});
         cur.swap(next);
     }
     f.need.resize(cur.size());
@@ -157,16 +141,18 @@ Frontier solve(const Costs& costs, uint64_t room, size_t max_states) {
     return f;
 }
 
-// The fastest plan of f with need <= room.
-std::optional<std::vector<Decision>> pick(const Frontier& f, uint64_t room) {
+// The fastest plan of f with need <= room; *need_time = its (need, time) when given.
+std::optional<std::vector<Decision>> pick(const Frontier& f, uint64_t room,
+                                          std::pair<uint64_t, int64_t>* need_time = nullptr) {
     if (f.empty()) return std::nullopt;
     // need ascending, time strictly descending: the last state with need <= room is fastest.
     auto it = std::upper_bound(f.need.begin(), f.need.end(), room);
     if (it == f.need.begin()) return std::nullopt;
     int32_t k = static_cast<int32_t>(it - f.need.begin()) - 1;
-    std::vector<Decision> d(f.links.size());
+    if (need_time) *need_time = {f.need[static_cast<size_t>(k)], f.time[static_cast<size_t>(k)]};
+    std::vector<Decision> d(f.start.size());
     for (size_t i = 0; i < d.size(); ++i) {
-        const Link& l = f.links[i][static_cast<size_t>(k)];
+        const Link& l = f.links[f.start[i] + static_cast<size_t>(k)];
         d[i] = l.d;
         k = l.parent;
     }
@@ -185,36 +171,39 @@ std::optional<std::vector<Decision>> min_time_plan(
     return pick(f, room);
 }
 
-std::optional<std::vector<Decision>> min_time_plan_sweep(
-    const Problem& p, uint64_t budget, const std::vector<std::vector<Decision>>& options,
-    uint64_t* quantum, size_t max_stored_states, size_t max_states) {
-    if (quantum) *quantum = 0;
-    // One budget-independent frontier per problem, reused while the costs are the same (the
-    // tool plans every budget of a sweep on one Problem).
-    static std::mutex mu;
-    static Costs cached_costs;
-    static size_t cached_cap = 0;
-    static Frontier cached;
+struct FrontierSweep::Impl {
+    Frontier f;
+    uint64_t fixed = 0;
+};
+
+FrontierSweep::FrontierSweep(const Problem& p, const std::vector<std::vector<Decision>>& options,
+                             size_t max_stored_states, size_t max_states)
+    : impl_(std::make_unique<Impl>()) {
     const size_t n = std::max<size_t>(1, p.size());
     const size_t cap = std::clamp<size_t>(max_stored_states / n, 1, std::max<size_t>(1, max_states));
-    std::lock_guard<std::mutex> lock(mu);
-    if (cap != cached_cap || !same_costs(cached_costs, p, options)) {
-        auto costs = option_costs(p, options);
-        // Room of interest: the largest need any plan can have (no state is dropped).
-        uint64_t room = 0;
-        for (size_t i = costs.size(); i-- > 0;) {
-            uint64_t r = 0;
-            for (const Opt* o = costs.begin(i); o != costs.end(i); ++o)
-                r = std::max(r, std::max(o->work, o->held + room));
-            room = r;
-        }
-        cached = solve(costs, room, cap);
-        cached_costs = std::move(costs);
-        cached_cap = cap;
+    const Costs costs = option_costs(p, options);
+    // Room of interest: the largest need any plan can have (no state is dropped).
+    uint64_t room = 0;
+    for (size_t i = costs.size(); i-- > 0;) {
+        uint64_t r = 0;
+        for (const Opt* o = costs.begin(i); o != costs.end(i); ++o)
+            r = std::max(r, std::max(o->work, o->held + room));
+        room = r;
     }
-    if (p.fixed() > budget) return std::nullopt;
-    if (quantum) *quantum = cached.quantum;
-    return pick(cached, budget - p.fixed());
+    impl_->f = solve(costs, room, cap);
+    impl_->fixed = p.fixed();
 }
+
+FrontierSweep::~FrontierSweep() = default;
+
+std::optional<std::vector<Decision>> FrontierSweep::plan(uint64_t budget, Evaluation* e) const {
+    if (impl_->fixed > budget) return std::nullopt;
+    std::pair<uint64_t, int64_t> nt;
+    auto d = pick(impl_->f, budget - impl_->fixed, &nt);
+    if (d && e) *e = {impl_->fixed + nt.first, nt.second};
+    return d;
+}
+
+uint64_t FrontierSweep::quantum() const { return impl_->f.quantum; }
 
 }  // namespace ckpt::replay

@@ -8,11 +8,18 @@
 // - a storage is *born* where it first appears as an op output (node-id order); one that first
 //   appears as an input existed before the step (parameters, buffers, the batch);
 // - a write is an argument annotated `(x!)` in op_schema, plus running_mean/running_var of
-//   aten::native_batch_norm in training mode (torch 1.13 does not annotate them);
+//   aten::native_batch_norm in training mode (torch 1.13 does not annotate them; with
+//   training=False it writes nothing);
 // - mutable state = a storage written by a segment it was not born in; reads = such storages
 //   used as inputs; regions = [offset*itemsize, numel*itemsize) of the written views;
 // - RNG: the random ops listed in kRandomOps consume the device's generator (CPU state 5056
-//   bytes, CUDA Philox seed+offset 16 bytes).
+//   bytes, CUDA Philox seed+offset 16 bytes); one given an explicit torch.Generator (input
+//   type "Generator") makes its segment non-replayable: the trace does not say which one;
+// - sizes: a storage's extent is the largest [offset, offset + numel) of its tensors, except
+//   broadcast views (outputs of aten::expand / expand_as / broadcast_to and the as_strided
+//   under them: numel counts repeated elements, 1.0.1 has no strides); fixed memory = 4 x the
+//   pre-existing storages the segments read, except the batch (segment 0's first input);
+//   saved bytes = produced storages that nodes after the forward read (consumer rule).
 #include <algorithm>
 #include <map>
 #include <regex>
@@ -38,6 +45,7 @@ const std::set<std::string> kRandomOps = {
     "aten::log_normal_", "aten::random_",    "aten::native_dropout"};
 
 struct TRef {
+    int64_t tensor = 0;
     int64_t storage = 0;
     uint64_t offset = 0, numel = 0, itemsize = 0;
     std::string device;
@@ -50,7 +58,30 @@ struct EtNode {
     std::string name, schema;
     std::vector<std::vector<TRef>> inputs, outputs;  // per argument: its tensors
     double dur_us = -1;
+    bool explicit_generator = false;   // an argument of type Generator (not None)
+    bool training = true;              // native_batch_norm's `training` argument
 };
+
+const std::set<std::string> kBroadcastOps = {"aten::expand", "aten::expand_as",
+                                             "aten::broadcast_to"};
+
+// True when node n takes tensor id `tensor` as an input (an in-place op returns its input).
+bool in_tensor_ids(const EtNode& n, int64_t tensor) {
+    for (const auto& a : n.inputs)
+        for (const auto& t : a)
+            if (t.tensor == tensor) return true;
+    return false;
+}
+
+// Fill explicit_generator / training from the argument values and types.
+void scalar_args(EtNode& e, const json& vals, const json& types) {
+    if (types.is_array())
+        for (const auto& t : types)
+            if (t.is_string() && t.get<std::string>() == "Generator") e.explicit_generator = true;
+    if (e.name == "aten::native_batch_norm" && vals.is_array() && vals.size() > 5 &&
+        vals[5].is_boolean())
+        e.training = vals[5].get<bool>();
+}
 
 bool is_tref(const json& v) {
     if (!v.is_array() || v.size() != 6 || !v[5].is_string()) return false;
@@ -62,7 +93,7 @@ bool is_tref(const json& v) {
 std::vector<TRef> trefs(const json& v) {
     std::vector<TRef> out;
     auto one = [&](const json& t) {
-        out.push_back({t[1].get<int64_t>(), t[2].get<uint64_t>(), t[3].get<uint64_t>(),
+        out.push_back({t[0].get<int64_t>(), t[1].get<int64_t>(), t[2].get<uint64_t>(), t[3].get<uint64_t>(),
                        t[4].get<uint64_t>(), t[5].get<std::string>()});
     };
     if (is_tref(v)) one(v);
@@ -88,11 +119,15 @@ EtNode normalise(const json& n, bool chakra) {
         e.schema = n.value("op_schema", "");
         e.inputs = args(n.value("inputs", json::array()));
         e.outputs = args(n.value("outputs", json::array()));
+        scalar_args(e, n.value("inputs", json::array()), n.value("input_types", json::array()));
         if (n.contains("dur") && n["dur"].is_number()) e.dur_us = n["dur"].get<double>();
     } else {
         e.parent = n.value("ctrl_deps", int64_t{-1});
-        if (n.contains("inputs") && n["inputs"].is_object())
+        if (n.contains("inputs") && n["inputs"].is_object()) {
             e.inputs = args(n["inputs"].value("values", json::array()));
+            scalar_args(e, n["inputs"].value("values", json::array()),
+                        n["inputs"].value("types", json::array()));
+        }
         if (n.contains("outputs") && n["outputs"].is_object())
             e.outputs = args(n["outputs"].value("values", json::array()));
         if (n.contains("attrs") && n["attrs"].is_array())
@@ -132,7 +167,7 @@ std::vector<size_t> written_args(const EtNode& n) {
             if (c == ')') break;
         }
     }
-    if (n.name == "aten::native_batch_norm") out.insert(out.end(), {3, 4});
+    if (n.name == "aten::native_batch_norm" && n.training) out.insert(out.end(), {3, 4});
     return out;
 }
 
@@ -193,7 +228,18 @@ Trace import_execution_trace(const json& j, const std::string& file) {
     int64_t next_key = 0;
     std::map<int64_t, int64_t> born;  // key -> segment index where first output (-1 outside)
     std::map<int64_t, uint64_t> extent;
+    std::set<int64_t> broadcast;   // tensor ids of broadcast views (not counted in extents)
     for (auto& [id, n] : nodes) {
+        const bool bcast_op = kBroadcastOps.count(n.name) > 0 ||
+                              (n.name == "aten::as_strided" && nodes.count(n.parent) &&
+                               kBroadcastOps.count(nodes[n.parent].name) > 0);
+        // Tensor ids are reused after a free: an id is a broadcast view from the broadcast op
+        // that outputs it until any other op outputs that id (a new tensor).
+        for (const auto& a : n.outputs)
+            for (const auto& t : a) {
+                if (bcast_op) broadcast.insert(t.tensor);
+                else if (!in_tensor_ids(n, t.tensor)) broadcast.erase(t.tensor);
+            }
         int64_t lab = find(id, 0);
         int64_t si = lab < 0 ? -1 : static_cast<int64_t>(seg_index[lab]);
         std::set<int64_t> in_ids;
@@ -203,7 +249,8 @@ Trace import_execution_trace(const json& j, const std::string& file) {
                 auto it = life.find(t.storage);
                 if (it == life.end()) it = life.emplace(t.storage, std::make_pair(next_key++, int64_t{-1})).first;
                 t.storage = it->second.first;
-                extent[t.storage] = std::max(extent[t.storage], t.end());
+                if (!broadcast.count(t.tensor))
+                    extent[t.storage] = std::max(extent[t.storage], t.end());
             }
         for (auto& a : n.outputs)
             for (auto& t : a) {
@@ -216,7 +263,8 @@ Trace import_execution_trace(const json& j, const std::string& file) {
                 } else {
                     t.storage = it->second.first;
                 }
-                extent[t.storage] = std::max(extent[t.storage], t.end());
+                if (!broadcast.count(t.tensor))
+                    extent[t.storage] = std::max(extent[t.storage], t.end());
             }
     }
     auto born_in = [&](int64_t storage, size_t si) {
@@ -232,7 +280,8 @@ Trace import_execution_trace(const json& j, const std::string& file) {
         std::map<int64_t, std::vector<Region>> writes;
         std::set<int64_t> reads;
         std::set<std::string> rng;
-        uint64_t produced = 0;
+        std::string explicit_generator;   // a random op given a torch.Generator
+        uint64_t produced = 0;            // saved bytes (see below)
     };
     std::vector<SegWork> work(labels.size());
     for (const auto& [id, n] : nodes) {
@@ -255,6 +304,8 @@ Trace import_execution_trace(const json& j, const std::string& file) {
                     state_storages.insert(tr.storage);
                 }
             }
+            if (kRandomOps.count(n->name) && n->explicit_generator)
+                w.explicit_generator = n->name;
             if (kRandomOps.count(n->name)) {
                 std::string dev = "cpu";
                 for (const auto& a : n->outputs)
@@ -272,6 +323,46 @@ Trace import_execution_trace(const json& j, const std::string& file) {
             for (const auto& a : n->inputs)
                 for (const auto& tr : a)
                     if (state_storages.count(tr.storage)) work[si].reads.insert(tr.storage);
+
+    // Saved bytes (what autograd keeps for backward), as the recorder counts them: storages
+    // the segments produced (and the batch) that nodes after the forward (the loss, the
+    // backward) read, each counted once: in the first later segment that takes it as an input
+    // (the consumer of a boundary tensor), else in the segment that produced it. Without any
+    // node after the forward (a forward-only trace) every storage a segment produced counts.
+    std::set<int64_t> batch;   // segment 0's first tensor argument
+    for (const EtNode* top : work.empty() ? std::vector<const EtNode*>{} : work[0].top)
+        if (!top->inputs.empty() && !top->inputs[0].empty()) {
+            for (const auto& tr : top->inputs[0]) batch.insert(tr.storage);
+            break;
+        }
+    int64_t last_forward = -1;
+    for (const auto& w : work)
+        for (const EtNode* n : w.ops) last_forward = std::max(last_forward, n->id);
+    std::set<int64_t> used_after;
+    for (const auto& [id, n] : nodes)
+        if (id > last_forward && find(id, 0) < 0)
+            for (const auto& a : n.inputs)
+                for (const auto& tr : a) used_after.insert(tr.storage);
+    if (!used_after.empty()) {
+        std::map<int64_t, size_t> owner;   // storage -> segment its bytes are counted in
+        for (size_t si = 0; si < labels.size(); ++si)
+            for (const EtNode* n : work[si].ops)
+                for (const auto& a : n->inputs)
+                    for (const auto& tr : a) {
+                        auto b = born.find(tr.storage);
+                        const bool produced_before = b != born.end() && b->second >= 0 &&
+                                                     static_cast<size_t>(b->second) < si;
+                        if ((produced_before || batch.count(tr.storage)) && !owner.count(tr.storage))
+                            owner[tr.storage] = si;
+                    }
+        for (const auto& [key, si] : born)
+            if (si >= 0 && !owner.count(key)) owner[key] = static_cast<size_t>(si);
+        for (auto& w : work) w.produced = 0;
+        for (int64_t key : used_after) {
+            auto o = owner.find(key);
+            if (o != owner.end() && !state_storages.count(key)) work[o->second].produced += extent[key];
+        }
+    }
 
     auto buffer_id = [](int64_t s) { return fmt::format("storage:{}", s); };
     for (int64_t s : state_storages) t.buffers.push_back({buffer_id(s), extent[s]});
@@ -297,8 +388,15 @@ Trace import_execution_trace(const json& j, const std::string& file) {
         g.output_bytes = out;
         g.transient_bytes = out;
         g.saved_bytes = w.produced;
-        if (si == 0 && !w.top.empty() && !w.top.front()->inputs.empty())
-            for (const auto& tr : w.top.front()->inputs[0]) prev_out = tr.numel * tr.itemsize;
+        if (si == 0)   // the batch: the first tensor argument of segment 0's first op taking one
+            for (const EtNode* top : w.top)
+                if (!top->inputs.empty() && !top->inputs[0].empty()) {
+                    for (const auto& tr : top->inputs[0]) {
+                        prev_out = tr.numel * tr.itemsize;
+                        read_only_seen.insert(tr.storage);   // not fixed memory
+                    }
+                    break;
+                }
         g.input_bytes = prev_out;
         prev_out = out;
         std::set<int64_t> touched(w.reads);
@@ -332,6 +430,10 @@ Trace import_execution_trace(const json& j, const std::string& file) {
             g.state.push_back(a);
         }
         for (const auto& st : w.rng) g.rng.push_back({st, st == "cuda" ? 16u : 5056u});
+        if (!w.explicit_generator.empty())
+            g.non_replayable = w.explicit_generator + " draws from an explicit torch.Generator; "
+                               "the Execution Trace does not say which (record with "
+                               "scripts/record_trace.py to plan it)";
         for (const EtNode* n : w.ops)
             for (const auto& a : n->inputs)
                 for (const auto& tr : a)

@@ -66,7 +66,8 @@ struct JsonTreeBuilder : nlohmann::json_sax<json> {
         auto* n = add(Kind::Float);
         return n && (n->v_.f = f, true);
     }
-    bool string(std::string& s) override {
+    bool string(std::string& s) override { return string_view(s); }
+    bool string_view(std::string_view s) {
         if (!fits(s.size())) return false;
         auto* n = add(Kind::String);
         if (!n) return false;
@@ -99,7 +100,8 @@ struct JsonTreeBuilder : nlohmann::json_sax<json> {
     bool end_object() override { return close(); }
     bool start_array(std::size_t) override { return open(Kind::Array); }
     bool end_array() override { return close(); }
-    bool key(std::string& k) override {
+    bool key(std::string& k) override { return key_view(k); }
+    bool key_view(std::string_view k) {
         if (!fits(k.size())) return false;
         key_first = static_cast<uint32_t>(t.pool_.size());
         key_count = static_cast<uint32_t>(k.size());
@@ -112,14 +114,145 @@ struct JsonTreeBuilder : nlohmann::json_sax<json> {
     }
 };
 
+namespace {
+// A strict JSON parser for the common case of trace files (ASCII strings without escapes,
+// numbers that fit int64 / uint64 / a finite double), ~5x faster than nlohmann's lexer, which
+// copies every character into its token buffer. It returns false on anything it does not
+// handle, valid or not (an escape, a non-ASCII byte, a huge number, a syntax error, a
+// builder refusal); JsonTree::parse then parses the same text again with nlohmann's SAX
+// parser, so what is accepted and the values read are exactly nlohmann's.
+class FastParser {
+public:
+    FastParser(std::string_view text, JsonTreeBuilder& b) : p_(text.data()), end_(p_ + text.size()), b_(b) {}
+    bool run() {
+        if (!value()) return false;
+        ws();
+        return p_ == end_;
+    }
+
+private:
+    void ws() {
+        while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+    }
+    bool literal(std::string_view w) {
+        if (static_cast<size_t>(end_ - p_) < w.size() || std::string_view(p_, w.size()) != w) return false;
+        p_ += w.size();
+        return true;
+    }
+    // A string without escapes or non-ASCII bytes (the opening quote at p_).
+    bool string(std::string_view& out) {
+        const char* s = ++p_;
+        while (p_ < end_) {
+            auto c = static_cast<unsigned char>(*p_);
+            if (c == '"') {
+                out = std::string_view(s, static_cast<size_t>(p_ - s));
+                ++p_;
+                return true;
+            }
+            if (c < 0x20 || c >= 0x80 || c == '\\') return false;
+            ++p_;
+        }
+        return false;
+    }
+    bool number() {
+        const char* s = p_;
+        bool neg = false, frac = false;
+        if (*p_ == '-') neg = true, ++p_;
+        if (p_ == end_ || *p_ < '0' || *p_ > '9') return false;
+        if (*p_ == '0') ++p_;
+        else while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+        if (p_ < end_ && *p_ == '.') {
+            frac = true;
+            ++p_;
+            if (p_ == end_ || *p_ < '0' || *p_ > '9') return false;
+            while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+        }
+        if (p_ < end_ && (*p_ == 'e' || *p_ == 'E')) {
+            frac = true;
+            ++p_;
+            if (p_ < end_ && (*p_ == '+' || *p_ == '-')) ++p_;
+            if (p_ == end_ || *p_ < '0' || *p_ > '9') return false;
+            while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+        }
+        if (!frac) {   // nlohmann: int64 when negative, uint64 otherwise (overflow: leave it)
+            if (neg) {
+                int64_t v = 0;
+                auto r = std::from_chars(s, p_, v);
+                return r.ec == std::errc() && r.ptr == p_ && b_.number_integer(v);
+            }
+            uint64_t v = 0;
+            auto r = std::from_chars(s, p_, v);
+            return r.ec == std::errc() && r.ptr == p_ && b_.number_unsigned(v);
+        }
+        double v = 0;   // from_chars is correctly rounded, as nlohmann's strtod
+        auto r = std::from_chars(s, p_, v);
+        if (r.ec != std::errc() || r.ptr != p_ || !std::isfinite(v)) return false;
+        static std::string unused;
+        return b_.number_float(v, unused);
+    }
+    bool value() {
+        ws();
+        if (p_ == end_) return false;
+        switch (*p_) {
+            case '{': {
+                ++p_;
+                if (!b_.start_object(0)) return false;
+                ws();
+                if (p_ < end_ && *p_ == '}') return ++p_, b_.end_object();
+                while (true) {
+                    ws();
+                    std::string_view k;
+                    if (p_ == end_ || *p_ != '"' || !string(k) || !b_.key_view(k)) return false;
+                    ws();
+                    if (p_ == end_ || *p_++ != ':' || !value()) return false;
+                    ws();
+                    if (p_ == end_) return false;
+                    if (*p_ == ',') { ++p_; continue; }
+                    if (*p_ == '}') return ++p_, b_.end_object();
+                    return false;
+                }
+            }
+            case '[': {
+                ++p_;
+                if (!b_.start_array(0)) return false;
+                ws();
+                if (p_ < end_ && *p_ == ']') return ++p_, b_.end_array();
+                while (true) {
+                    if (!value()) return false;
+                    ws();
+                    if (p_ == end_) return false;
+                    if (*p_ == ',') { ++p_; continue; }
+                    if (*p_ == ']') return ++p_, b_.end_array();
+                    return false;
+                }
+            }
+            case '"': {
+                std::string_view v;
+                return string(v) && b_.string_view(v);
+            }
+            case 't': return literal("true") && b_.boolean(true);
+            case 'f': return literal("false") && b_.boolean(false);
+            case 'n': return literal("null") && b_.null();
+            default: return number();
+        }
+    }
+    const char* p_;
+    const char* end_;
+    JsonTreeBuilder& b_;
+};
+}  // namespace
+
 std::unique_ptr<JsonTree> JsonTree::parse(const std::string& text, size_t max_depth) {
-    std::unique_ptr<JsonTree> t(new JsonTree);
-    t->pool_.reserve(text.size() / 2);
-    t->nodes_.reserve(text.size() / 12);   // ~1 value per 12-30 bytes of trace JSON
-    t->kids_.reserve(text.size() / 12);
-    JsonTreeBuilder b(*t, max_depth);
-    if (!json::sax_parse(text, &b) || t->nodes_.empty()) return nullptr;
-    return t;
+    for (int pass = 0; pass < 2; ++pass) {   // the fast parser, then nlohmann's (see above)
+        std::unique_ptr<JsonTree> t(new JsonTree);
+        t->pool_.reserve(text.size() / 2);
+        t->nodes_.reserve(text.size() / 12);   // ~1 value per 12-30 bytes of trace JSON
+        t->kids_.reserve(text.size() / 12);
+        JsonTreeBuilder b(*t, max_depth);
+        const bool ok = pass == 0 ? FastParser(text, b).run() : json::sax_parse(text, &b);
+        if (ok && !t->nodes_.empty()) return t;   // reserved, never touched pages cost no RSS
+    }
+    return nullptr;
 }
 
 std::string_view JsonTree::Node::str() const {
@@ -204,7 +337,11 @@ void dump_string(std::string& out, std::string_view s) {
 }
 }  // namespace
 
-void JsonTree::Node::dump_to(std::string& out) const {
+void JsonTree::Node::dump_to(std::string& out, const ChunkSink* sink) const {
+    if (sink && out.size() >= (1u << 16)) {   // hand full chunks to the sink
+        (*sink)(out);
+        out.clear();
+    }
     switch (kind_) {
         case Kind::Null: out += "null"; return;
         case Kind::Bool: out += v_.b ? "true" : "false"; return;
@@ -216,7 +353,7 @@ void JsonTree::Node::dump_to(std::string& out) const {
             out += '[';
             for (uint32_t k = 0; k < count_; ++k) {
                 if (k) out += ',';
-                tree_->nodes_[tree_->kids_[first_ + k]].dump_to(out);
+                tree_->nodes_[tree_->kids_[first_ + k]].dump_to(out, sink);
             }
             out += ']';
             return;
@@ -231,7 +368,7 @@ void JsonTree::Node::dump_to(std::string& out) const {
                 if (k) out += ',';
                 dump_string(out, m[k]->key());
                 out += ':';
-                m[k]->dump_to(out);
+                m[k]->dump_to(out, sink);
             }
             out += '}';
             return;
@@ -242,8 +379,15 @@ void JsonTree::Node::dump_to(std::string& out) const {
 std::string JsonTree::Node::dump() const {
     std::string out;
     out.reserve(tree_->pool_.size() + tree_->nodes_.size() * 8);
-    dump_to(out);
+    dump_to(out, nullptr);
     return out;
+}
+
+void JsonTree::Node::dump(const ChunkSink& sink) const {
+    std::string out;
+    out.reserve((1u << 16) + 4096);
+    dump_to(out, &sink);
+    if (!out.empty()) sink(out);
 }
 
 void append_python_float(std::string& out, double x) {

@@ -6,6 +6,7 @@
 // JsonTree::Unsupported: the caller then falls back to nlohmann::json.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -54,12 +55,16 @@ public:
         /// canonical_dump() of this value (keys sorted, no spaces, Python float format: the
         /// trace hash's text); Unsupported on a repeated key.
         std::string dump() const;
+        /// The same text as dump(), handed to `sink` in consecutive chunks of ~64 KiB (no
+        /// whole copy of a large trace in memory); Unsupported on a repeated key.
+        using ChunkSink = std::function<void(std::string_view)>;
+        void dump(const ChunkSink& sink) const;
 
     private:
         friend class JsonTree;
         friend struct JsonTreeBuilder;
         enum class Kind : uint8_t { Null, Bool, Int, Uint, Float, String, Array, Object };
-        void dump_to(std::string& out) const;
+        void dump_to(std::string& out, const ChunkSink* sink) const;
         std::string_view str() const;
         std::string_view key() const;
         const JsonTree* tree_ = nullptr;
@@ -75,8 +80,9 @@ public:
         uint32_t key_first_ = 0, key_count_ = 0;  // member name in pool_ (object members)
     };
 
-    /// Parse `text` (strict JSON, as nlohmann::json::parse). nullptr when nlohmann rejects
-    /// it, nesting exceeds max_depth, or it is too large for 32-bit offsets.
+    /// Parse `text` (strict JSON, as nlohmann::json::parse; a fast parser for plain ASCII
+    /// traces, nlohmann's SAX parser for everything else). nullptr when nlohmann rejects it,
+    /// nesting exceeds max_depth, or it is too large for 32-bit offsets.
     static std::unique_ptr<JsonTree> parse(const std::string& text, size_t max_depth = 64);
     /// The top-level value.
     const Node& root() const { return nodes_.front(); }

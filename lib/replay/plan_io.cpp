@@ -70,6 +70,8 @@ json plan_to_json(const Problem& p, const std::string& trace_path, const std::st
                                           {"work_bytes", oc.work}, {"time_ms", to_ms(oc.time_ns)}};
             }
             s["options"] = opts;
+            if (!p.trace->segments[i].non_replayable.empty())
+                s["non_replayable"] = p.trace->segments[i].non_replayable;
             if (r.decisions[i] != Decision::Keep) s["contract"] = contract_json(p.contracts[i], r.decisions[i]);
             segs.push_back(s);
         }
@@ -80,6 +82,7 @@ json plan_to_json(const Problem& p, const std::string& trace_path, const std::st
                   {"segments", segs}};
         if (!r.feasible) b["min_peak_bytes"] = r.min_peak_bytes;
         if (!r.exact) b["quantum_bytes"] = r.quantum_bytes;
+        if (r.fallback) b["fallback"] = "eager";
         budgets.push_back(b);
     }
     return {{"format", "ckptkit-plan"},
@@ -103,17 +106,22 @@ std::string sweep_svg(const std::vector<std::pair<std::string, std::vector<PlanR
                       const std::string& title) {
     const double W = 720, H = 440, L = 80, R = 150, T = 40, B = 60;
     double xmin = 1e300, xmax = -1e300, ymin = 1e300, ymax = -1e300;
-    const double gib = 1024.0 * 1024 * 1024;
     for (const auto& [name, rs] : curves)
         for (const auto& r : rs) {
-            xmin = std::min(xmin, r.budget_bytes / gib);
-            xmax = std::max(xmax, r.budget_bytes / gib);
+            xmin = std::min(xmin, static_cast<double>(r.budget_bytes));
+            xmax = std::max(xmax, static_cast<double>(r.budget_bytes));
             if (r.feasible) {
                 ymin = std::min(ymin, to_ms(r.step_time_ns));
                 ymax = std::max(ymax, to_ms(r.step_time_ns));
             }
         }
     if (xmin > xmax) xmin = 0, xmax = 1;
+    // Budget axis in the binary unit that makes the largest budget >= 1 (B, KiB, ... TiB).
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    double scale = 1;
+    while (u < 4 && xmax / (scale * 1024) >= 1) scale *= 1024, ++u;
+    xmin /= scale, xmax /= scale;
     if (xmax == xmin) xmax = xmin + 1;
     if (ymin > ymax) ymin = 0, ymax = 1;
     double pad = (ymax - ymin) * 0.05 + 1e-9;
@@ -128,31 +136,53 @@ std::string sweep_svg(const std::vector<std::pair<std::string, std::vector<PlanR
         W, H, L, title);
     s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", L, H - B, W - R, H - B);
     s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", L, T, L, H - B);
+    // Ticks: enough decimals that neighbouring labels differ.
+    const int xdec = std::clamp(static_cast<int>(std::ceil(-std::log10((xmax - xmin) / 5))) + 1, 0, 6);
     for (int k = 0; k <= 5; ++k) {
         double xv = xmin + (xmax - xmin) * k / 5, yv = ymin + (ymax - ymin) * k / 5;
-        s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:.2f}</text>\n", X(xv), H - B + 18, xv);
-        s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.3g}</text>\n", L - 6, Y(yv) + 4, yv);
+        s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:.{}f}</text>\n", X(xv), H - B + 18, xv, xdec);
+        s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.4g}</text>\n", L - 6, Y(yv) + 4, yv);
     }
-    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">budget (GiB)</text>\n", (L + W - R) / 2, H - 15);
+    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">budget ({})</text>\n", (L + W - R) / 2, H - 15, units[u]);
     s += fmt::format("<text x=\"20\" y=\"{}\" transform=\"rotate(-90 20 {})\" text-anchor=\"middle\">"
                      "predicted step time (ms)</text>\n", (T + H - B) / 2, (T + H - B) / 2);
+    // Curves from widest to thinnest stroke, each with its own dash pattern, so planners whose
+    // plans coincide stay visible as nested lines. Unsafe plans: open circles (class unsafe);
+    // infeasible budgets: an x per planner just above the budget axis (class oom).
+    const char* dashes[] = {"", "8 3", "3 3", "1 3", "10 2 2 2", "4 1"};
     for (size_t c = 0; c < curves.size(); ++c) {
         const char* col = colors[c % 6];
+        const double width = std::max(1.0, 7.0 - 1.5 * static_cast<double>(c));
         std::string pts;
         auto flush = [&]() {
             if (!pts.empty())
-                s += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n", col, pts);
+                s += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"{:.1f}\" "
+                                 "stroke-opacity=\"0.8\" stroke-dasharray=\"{}\" points=\"{}\"/>\n",
+                                 col, width, dashes[c % 6], pts);
             pts.clear();
         };
+        std::string marks;
         for (const auto& r : curves[c].second) {
-            if (!r.feasible) { flush(); continue; }
-            double x = X(r.budget_bytes / gib), y = Y(to_ms(r.step_time_ns));
+            double x = X(static_cast<double>(r.budget_bytes) / scale);
+            if (!r.feasible) {
+                flush();
+                marks += fmt::format("<text class=\"oom\" x=\"{:.1f}\" y=\"{:.1f}\" fill=\"{}\" "
+                                     "text-anchor=\"middle\">x</text>\n", x, H - B - 4 - 10.0 * c, col);
+                continue;
+            }
+            double y = Y(to_ms(r.step_time_ns));
             pts += fmt::format("{:.1f},{:.1f} ", x, y);
-            s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"{}\"/>\n", x, y, col);
+            marks += r.safe ? fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"{}\"/>\n", x, y, col)
+                            : fmt::format("<circle class=\"unsafe\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" "
+                                          "fill=\"white\" stroke=\"{}\" stroke-width=\"1.5\"/>\n", x, y, col);
         }
         flush();
+        s += marks;
         s += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 10, T + 16 * (c + 1), col, curves[c].first);
     }
+    const double ly = T + 16 * (static_cast<double>(curves.size()) + 2);
+    s += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"10\">o = unsafe plan</text>\n", W - R + 10, ly);
+    s += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"10\">x = out of memory</text>\n", W - R + 10, ly + 14);
     s += "</svg>\n";
     return s;
 }

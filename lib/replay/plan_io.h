@@ -19,8 +19,11 @@ nlohmann::json plan_to_json(const Problem& p, const std::string& trace_path,
 /// step_time_ms, safe, decisions (count per kind).
 nlohmann::json summary_json(const std::string& planner, const std::vector<PlanResult>& results);
 
-/// SVG line plot of predicted step time (ms) against budget (GiB), one polyline per planner;
-/// infeasible budgets are gaps. `curves` = (planner, results over the same budgets).
+/// SVG line plot of predicted step time (ms) against budget (axis in B/KiB/MiB/GiB/TiB, the
+/// largest unit under the largest budget), one polyline per planner, widest first with its
+/// own dash pattern (coinciding planners stay visible); unsafe plans are open circles
+/// (class "unsafe"), infeasible budgets gaps with an "x" per planner above the axis (class
+/// "oom"). `curves` = (planner, results over the same budgets).
 std::string sweep_svg(const std::vector<std::pair<std::string, std::vector<PlanResult>>>& curves,
                       const std::string& title);
 

@@ -52,15 +52,21 @@ struct Problem {
     /// on a stateful segment is costed as a plain recompute (what an unsafe plan would do).
     OptionCost cost(size_t i, Decision d) const { return costs_.at(i)[static_cast<size_t>(d)]; }
     /// Decisions that honour segment i's contract: keep and recompute when it is stateless;
-    /// keep, recompute+snapshot and (when it has buffers to restore) recompute+selective.
+    /// keep, recompute+snapshot and (when it has buffers to restore) recompute+selective;
+    /// keep only when it is not replayable.
     const std::vector<Decision>& safe_options(size_t i) const { return safe_.at(i); }
     /// safe_options(i) of every segment (index = segment), computed once.
     const std::vector<std::vector<Decision>>& safe_options() const { return safe_; }
+    /// contracts[i].stateful() / .replayable, from a compact per-segment array (hot loops).
+    bool stateful(size_t i) const { return flags_[i] & kStateful; }
+    bool replayable(size_t i) const { return !(flags_[i] & kNotReplayable); }
 
 private:
     uint64_t fixed_ = 0;
     std::vector<std::array<OptionCost, 4>> costs_;   ///< [segment][Decision]
     std::vector<std::vector<Decision>> safe_;
+    static constexpr uint8_t kStateful = 1, kNotReplayable = 2;
+    std::vector<uint8_t> flags_;
 };
 
 /// Predicted peak (bytes, fixed memory included) and step time (ns) of a decision vector.
@@ -70,6 +76,10 @@ struct Evaluation {
 };
 /// Evaluate decisions (size must equal p.size(), else std::invalid_argument).
 Evaluation evaluate(const Problem& p, const std::vector<Decision>& d);
+
+/// Unsafe segments whose hazards a PlanResult lists one by one (10^6-segment traces would
+/// otherwise carry millions of strings per budget).
+inline constexpr size_t kMaxUnsafeListed = 100;
 
 /// One planner's answer for one budget.
 struct PlanResult {
@@ -84,13 +94,25 @@ struct PlanResult {
     int64_t step_time_ns = 0;           ///< predicted (0 when infeasible)
     std::vector<Decision> decisions;    ///< empty when infeasible
     bool safe = true;                   ///< every decision honours its contract
-    std::vector<std::string> unsafe;    ///< "segment: hazard" per broken contract
-    uint64_t min_peak_bytes = 0;        ///< infeasible: peak when recomputing everything
+    std::vector<std::string> unsafe;    ///< "segment: hazard" per broken contract (the first
+                                        ///< kMaxUnsafeListed segments, then "... and N more")
+    uint64_t min_peak_bytes = 0;        ///< infeasible: the smallest peak this planner can
+                                        ///< reach on the trace (Planner::min_peak, bytes)
+    bool fallback = false;              ///< joint only: the thinned DP was slower than eager,
+                                        ///< eager's plan is returned instead
 };
 
-/// Fill peak, time, feasibility and safety for `d` (empty d = infeasible).
+/// Fill peak, time, feasibility and safety for `d` (empty d = infeasible; then
+/// min_peak_bytes = min_peak, the planner's smallest reachable peak in bytes). known: the
+/// planner's own evaluate(p, d) when it has it (the DP, eager's running sums), else nullptr.
 PlanResult finish_plan(const Problem& p, const std::string& planner, uint64_t budget,
-                       std::vector<Decision> d);
+                       std::vector<Decision> d, uint64_t min_peak,
+                       const Evaluation* known = nullptr);
+
+/// The smallest predicted peak (bytes, fixed included) over every combination of `options`
+/// (one list per segment): R_i = min over options of max(W, H + R_{i+1}), exact because the
+/// need is monotone in R_{i+1}; O(segments x options).
+uint64_t min_peak_over(const Problem& p, const std::vector<std::vector<Decision>>& options);
 
 /// A planning strategy.
 class Planner {
@@ -99,6 +121,15 @@ public:
     virtual std::string name() const = 0;
     /// Plan for `budget` bytes (fixed memory included). Never throws for infeasibility.
     virtual PlanResult plan(const Problem& p, uint64_t budget) const = 0;
+    /// plan() for every budget (same results, in order). Planners that share work across the
+    /// budgets of a sweep (eager, joint) override it; the tool calls this.
+    virtual std::vector<PlanResult> plan_all(const Problem& p,
+                                             const std::vector<uint64_t>& budgets) const;
+    /// The smallest predicted peak (bytes, fixed included) of any plan this planner can make
+    /// on p: a budget is feasible for it exactly when it is at least this (joint, stateless:
+    /// the least need over their options; eager: the lowest peak along its greedy sequence;
+    /// all / none: their single plan's peak). Computed without planning any budget.
+    virtual uint64_t min_peak(const Problem& p) const = 0;
 };
 
 /// The planner called `name` (joint, eager, stateless, all, none, brute); throws
@@ -120,14 +151,27 @@ std::optional<std::vector<Decision>> min_time_plan(
     const std::vector<std::vector<Decision>>& options, uint64_t* quantum,
     size_t max_states = 50000);
 
-/// min_time_plan for sweeps (the joint planner): the DP's final frontier does not depend on
-/// the budget, so it is solved once per problem (cached while the option costs are the same)
-/// and every budget is answered from it (binary search + backtrack). Exact unless some
-/// frontier exceeds min(max_states, max_stored_states / segments) states (the links of every
-/// frontier are stored for backtracking); then it is thinned as in min_time_plan, with the
-/// same guarantee.
-std::optional<std::vector<Decision>> min_time_plan_sweep(
-    const Problem& p, uint64_t budget, const std::vector<std::vector<Decision>>& options,
-    uint64_t* quantum, size_t max_stored_states = size_t{1} << 22, size_t max_states = 50000);
+/// min_time_plan for sweeps (joint and stateless planners): the DP's final frontier does not
+/// depend on the budget, so it is solved once at construction and every budget is answered
+/// from it (binary search + O(n) backtrack). Exact unless some frontier exceeds
+/// min(max_states, max_stored_states / segments) states (the links of every frontier are
+/// stored for backtracking); then it is thinned as in min_time_plan, with the same guarantee.
+class FrontierSweep {
+public:
+    FrontierSweep(const Problem& p, const std::vector<std::vector<Decision>>& options,
+                  size_t max_stored_states = size_t{1} << 22, size_t max_states = 50000);
+    ~FrontierSweep();
+    FrontierSweep(const FrontierSweep&) = delete;
+    FrontierSweep& operator=(const FrontierSweep&) = delete;
+    /// The fastest plan with predicted peak <= budget (bytes), nullopt when none fits; *e (when
+    /// given) = its peak (fixed + the DP's need) and time, equal to evaluate() of the plan.
+    std::optional<std::vector<Decision>> plan(uint64_t budget, Evaluation* e = nullptr) const;
+    /// 0 when exact, else the widest need window thinned (bytes).
+    uint64_t quantum() const;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace ckpt::replay

@@ -33,7 +33,9 @@ PlanResult BrutePlanner::plan(const Problem& p, uint64_t budget) const {
         while (k < p.size() && ++idx[k] == options[k].size()) idx[k++] = 0;
         if (k == p.size()) break;
     }
-    return finish_plan(p, name(), budget, best);
+    return finish_plan(p, name(), budget, best, min_peak(p));
 }
+
+uint64_t BrutePlanner::min_peak(const Problem& p) const { return min_peak_over(p, p.safe_options()); }
 
 }  // namespace ckpt::replay

@@ -1,5 +1,7 @@
 // The planner strategies (one per planner_*.cpp file), registered in planner_registry.cpp.
 #pragma once
+#include <cstddef>
+
 #include "replay/planner.h"
 
 namespace ckpt::replay {
@@ -9,13 +11,54 @@ namespace ckpt::replay {
     public:                                                                     \
         std::string name() const override;                                      \
         PlanResult plan(const Problem& p, uint64_t budget) const override;      \
+        uint64_t min_peak(const Problem& p) const override;                     \
     };
-CKPT_REPLAY_PLANNER(JointPlanner)      ///< exact optimum over all four decisions
-CKPT_REPLAY_PLANNER(EagerPlanner)      ///< greedy, whole snapshots (seed baseline)
-CKPT_REPLAY_PLANNER(StatelessPlanner)  ///< knapsack ignoring state (unsafe plans flagged)
 CKPT_REPLAY_PLANNER(AllPlanner)        ///< recompute everything
 CKPT_REPLAY_PLANNER(NonePlanner)       ///< keep everything
 CKPT_REPLAY_PLANNER(BrutePlanner)      ///< enumeration, for tests
 #undef CKPT_REPLAY_PLANNER
+
+/// Knapsack ignoring state (unsafe plans flagged); plan_all builds the keep/recompute option
+/// lists once for every budget.
+class StatelessPlanner : public Planner {
+public:
+    std::string name() const override;
+    PlanResult plan(const Problem& p, uint64_t budget) const override;
+    std::vector<PlanResult> plan_all(const Problem& p,
+                                     const std::vector<uint64_t>& budgets) const override;
+    uint64_t min_peak(const Problem& p) const override;
+};
+
+/// Greedy, whole snapshots (seed baseline). The greedy sequence does not depend on the
+/// budget, so plan_all computes the peak after each greedy step once (a lazy segment tree
+/// over the prefix + work terms, O(n log n)) and answers every budget by binary search.
+class EagerPlanner : public Planner {
+public:
+    std::string name() const override;
+    PlanResult plan(const Problem& p, uint64_t budget) const override;
+    std::vector<PlanResult> plan_all(const Problem& p,
+                                     const std::vector<uint64_t>& budgets) const override;
+    uint64_t min_peak(const Problem& p) const override;
+};
+
+/// Exact optimum over all four decisions. When a frontier had to be thinned (more than
+/// max_stored_states / segments states) the plan is compared with eager's at the same
+/// budget and eager's is returned if faster (PlanResult::fallback), so joint is never
+/// slower than eager.
+class JointPlanner : public Planner {
+public:
+    /// max_stored_states: links kept for backtracking, all segments together (tests lower it
+    /// to force thinning).
+    explicit JointPlanner(size_t max_stored_states = size_t{1} << 22)
+        : max_stored_(max_stored_states) {}
+    std::string name() const override;
+    PlanResult plan(const Problem& p, uint64_t budget) const override;
+    std::vector<PlanResult> plan_all(const Problem& p,
+                                     const std::vector<uint64_t>& budgets) const override;
+    uint64_t min_peak(const Problem& p) const override;
+
+private:
+    size_t max_stored_;
+};
 
 }  // namespace ckpt::replay

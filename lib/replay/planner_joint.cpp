@@ -1,8 +1,15 @@
 // The joint planner (SPEC §3.3): minimum predicted step time subject to predicted peak <=
 // budget over keep / recompute / recompute+snapshot / recompute+selective, honouring every
-// contract. Exact (Pareto DP, min_time_plan_sweep: one budget-independent DP per problem,
+// contract. Exact (Pareto DP, FrontierSweep: one budget-independent DP per plan_all call,
 // every budget of a sweep answered from it); proven against brute force in
 // test/replay/test_planners.cpp.
+//
+// Never slower than eager: eager's plans use only keep, recompute (stateless segments) and
+// recompute+snapshot (stateful ones), all safe options, so they lie in the DP's search space
+// and the exact DP is never slower. A thinned DP (more than max_stored / segments frontier
+// states) has no such guarantee (only "no slower than the exact optimum at budget - n*q"),
+// so when any answer is not exact the eager plans of the same budgets are computed and the
+// faster one is returned (fallback = true when eager's was).
 #include "replay/planner.h"
 #include "replay/planner_impl.h"
 
@@ -11,12 +18,38 @@ namespace ckpt::replay {
 std::string JointPlanner::name() const { return "joint"; }
 
 PlanResult JointPlanner::plan(const Problem& p, uint64_t budget) const {
-    uint64_t quantum = 0;
-    auto d = min_time_plan_sweep(p, budget, p.safe_options(), &quantum);
-    PlanResult r = finish_plan(p, name(), budget, d ? *d : std::vector<Decision>{});
-    r.exact = quantum == 0;
-    r.quantum_bytes = quantum;
-    return r;
+    return plan_all(p, {budget}).front();
 }
+
+std::vector<PlanResult> JointPlanner::plan_all(const Problem& p,
+                                               const std::vector<uint64_t>& budgets) const {
+    const uint64_t least = min_peak(p);
+    std::vector<PlanResult> out;
+    out.reserve(budgets.size());
+    const FrontierSweep sweep(p, p.safe_options(), max_stored_);
+    for (uint64_t b : budgets) {
+        Evaluation e;
+        auto d = sweep.plan(b, &e);
+        PlanResult r = finish_plan(p, name(), b, d ? std::move(*d) : std::vector<Decision>{}, least,
+                                   d ? &e : nullptr);
+        r.exact = sweep.quantum() == 0;
+        r.quantum_bytes = sweep.quantum();
+        out.push_back(std::move(r));
+    }
+    if (sweep.quantum() == 0) return out;
+    std::vector<PlanResult> eager = EagerPlanner().plan_all(p, budgets);
+    for (size_t k = 0; k < out.size(); ++k) {
+        PlanResult& e = eager[k];
+        if (!e.feasible || (out[k].feasible && out[k].step_time_ns <= e.step_time_ns)) continue;
+        e.planner = name();   // eager's plan is safe and costed by the same finish_plan
+        e.exact = false;
+        e.quantum_bytes = sweep.quantum();
+        e.fallback = true;
+        out[k] = std::move(e);
+    }
+    return out;
+}
+
+uint64_t JointPlanner::min_peak(const Problem& p) const { return min_peak_over(p, p.safe_options()); }
 
 }  // namespace ckpt::replay

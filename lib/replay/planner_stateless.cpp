@@ -1,21 +1,44 @@
 // The stateless baseline (SPEC §3.3): the 0-1 knapsack of torch's activation memory budget,
-// keep or plain recompute per segment, state ignored. Solved exactly with min_time_plan;
+// keep or plain recompute per segment, state ignored. Solved exactly (thinned beyond the link
+// cap, as the joint planner) with FrontierSweep, one DP for every budget of a plan_all call;
 // plans that recompute a stateful segment are reported unsafe (finish_plan).
 #include "replay/planner.h"
 #include "replay/planner_impl.h"
 
 namespace ckpt::replay {
+namespace {
+std::vector<std::vector<Decision>> keep_or_recompute(const Problem& p) {
+    return std::vector<std::vector<Decision>>(p.size(), {Decision::Keep, Decision::Recompute});
+}
+}  // namespace
 
 std::string StatelessPlanner::name() const { return "stateless"; }
 
 PlanResult StatelessPlanner::plan(const Problem& p, uint64_t budget) const {
-    std::vector<std::vector<Decision>> options(p.size(), {Decision::Keep, Decision::Recompute});
-    uint64_t quantum = 0;
-    auto d = min_time_plan(p, budget, options, &quantum);
-    PlanResult r = finish_plan(p, name(), budget, d ? *d : std::vector<Decision>{});
-    r.exact = quantum == 0;
-    r.quantum_bytes = quantum;
-    return r;
+    return plan_all(p, {budget}).front();
+}
+
+std::vector<PlanResult> StatelessPlanner::plan_all(const Problem& p,
+                                                   const std::vector<uint64_t>& budgets) const {
+    const auto options = keep_or_recompute(p);
+    const uint64_t least = min_peak_over(p, options);
+    std::vector<PlanResult> out;
+    out.reserve(budgets.size());
+    const FrontierSweep sweep(p, options);
+    for (uint64_t b : budgets) {
+        Evaluation e;
+        auto d = sweep.plan(b, &e);
+        PlanResult r = finish_plan(p, name(), b, d ? std::move(*d) : std::vector<Decision>{}, least,
+                                   d ? &e : nullptr);
+        r.exact = sweep.quantum() == 0;
+        r.quantum_bytes = sweep.quantum();
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
+uint64_t StatelessPlanner::min_peak(const Problem& p) const {
+    return min_peak_over(p, keep_or_recompute(p));
 }
 
 }  // namespace ckpt::replay

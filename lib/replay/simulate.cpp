@@ -136,6 +136,9 @@ SimReport simulate(const Problem& p, const std::vector<Decision>& d) {
         const Segment& s = t.segments[i];
         const Contract& c = p.contracts[i];
         ++rep.recomputes;
+        if (!c.replayable)
+            rep.violations.push_back(fmt::format("segment {}: recomputed but not replayable ({})",
+                                                 s.name, s.non_replayable));
         World before = w;
         if (d[i] != Decision::Recompute) {
             for (const auto& r : c.restore) {

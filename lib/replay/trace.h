@@ -49,18 +49,28 @@ struct Segment {
     uint64_t transient_bytes = 0;
     std::vector<StateAccess> state;
     std::vector<RngUse> rng;
+    /// Empty when the segment can be recomputed; else why not (format v2: the recorder's
+    /// replay probe found hidden state, e.g. a Python global or a non-tensor attribute, or it
+    /// touches a tensor no contract can restore). Planners always keep such a segment.
+    std::string non_replayable;
 };
 
-/// A mutable buffer (id, size in bytes before the step).
+/// A piece of mutable state (id, size in bytes before the step). kind (format v2): "buffer"
+/// (a module buffer, id = its name), "param" (a parameter written in place), "input" (a
+/// segment's input tensor, id = "SEGMENT.input[k]"); v1 traces have buffers only.
 struct BufferInfo {
     std::string id;
     uint64_t bytes = 0;
+    std::string kind = "buffer";
 };
 
 /// The whole trace. hash identifies it in plans (fnv1a64 of the canonical JSON).
 struct Trace {
+    int format_version = 2;           ///< 1 or 2 as read (written: always 2)
     std::string source;
     std::string model;
+    std::string fingerprint;          ///< v2: hash of the model's parameter / buffer names,
+                                      ///< shapes and dtypes ("" when unknown)
     double copy_gbps = 10.0;          ///< device copy bandwidth for snapshot costs (GB/s)
     uint64_t param_bytes = 0;
     uint64_t grad_bytes = 0;

@@ -367,7 +367,7 @@ def test_progress_on_a_terminal_only(tmp_path, container, tool):
     assert rc == 0, err
     draws = [m for m in PROGRESS.finditer(err) if m["tool"] == tool]
     assert draws, err
-    unit = "plans" if tool == "replay-plan" else "tensors"
+    unit = "planners" if tool == "replay-plan" else "tensors"
     assert all(m["unit"] == unit for m in draws)
     assert any("ETA" in m.group(0) for m in draws), err           # rate and ETA while running
     assert draws[-1]["i"] == draws[-1]["n"] and ", done in " in err  # a summary at the end

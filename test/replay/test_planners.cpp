@@ -8,6 +8,8 @@
 
 #include "helpers.h"
 #include "replay/planner.h"
+#include "replay/planner_impl.h"
+#include "replay/simulate.h"
 
 using namespace ckpt::replay;
 using replay_test::finish;
@@ -46,6 +48,9 @@ void check_joint_is_optimal(const Problem& p) {
         if (!j.feasible) continue;
         CHECK(j.step_time_ns == r.step_time_ns);
         CHECK(j.peak_bytes <= b);
+        const Evaluation e = evaluate(p, j.decisions);   // the DP's own (need, time) is exact
+        CHECK(j.peak_bytes == e.peak_bytes);
+        CHECK(j.step_time_ns == e.step_time_ns);
         CHECK(j.safe);
     }
 }
@@ -226,4 +231,153 @@ TEST_CASE("quantised DP: feasible and no slower than the exact optimum at budget
         if (exact) CHECK(evaluate(p, *d).step_time_ns >= evaluate(p, *exact).step_time_ns);
     }
     CHECK(bounded >= 10);   // the bound was exercised, not skipped
+}
+
+namespace {
+// The seed's eager planner, verbatim in behaviour (O(n) evaluation per greedy step): the
+// reference for EagerPlanner's O(n log n) prefix-peak version.
+std::vector<Decision> seed_eager(const Problem& p, uint64_t budget) {
+    std::vector<Decision> d(p.size(), Decision::Keep);
+    struct Cand {
+        size_t i;
+        Decision o;
+        double ratio;
+    };
+    std::vector<Cand> cands;
+    for (size_t i = 0; i < p.size(); ++i) {
+        if (!p.contracts[i].replayable) continue;
+        Decision o = p.contracts[i].stateful() ? Decision::Snapshot : Decision::Recompute;
+        OptionCost k = p.cost(i, Decision::Keep), c = p.cost(i, o);
+        if (c.held >= k.held) continue;
+        double dt = static_cast<double>(std::max<int64_t>(1, c.time_ns - k.time_ns));
+        cands.push_back({i, o, static_cast<double>(k.held - c.held) / dt});
+    }
+    std::stable_sort(cands.begin(), cands.end(),
+                     [](const Cand& a, const Cand& b) { return a.ratio > b.ratio; });
+    for (const auto& c : cands) {
+        if (evaluate(p, d).peak_bytes <= budget) break;
+        d[c.i] = c.o;
+    }
+    return d;
+}
+
+std::vector<Problem> example_and_random_problems(std::vector<Trace>& keep) {
+    std::mt19937_64 rng(99);
+    for (const auto& name : replay_test::model_traces()) keep.push_back(load_trace(trace_path(name)));
+    for (int k = 0; k < 60; ++k) keep.push_back(random_trace(rng, 1 + k % 9));
+    std::vector<Problem> out;
+    for (const auto& t : keep) out.emplace_back(t);
+    return out;
+}
+}  // namespace
+
+TEST_CASE("eager: plan_all equals the seed's greedy at every breakpoint budget") {
+    std::vector<Trace> traces;
+    int compared = 0;
+    for (const Problem& p : example_and_random_problems(traces)) {
+        auto eager = make_planner("eager");
+        const auto bs = breakpoints(p);
+        const auto all = eager->plan_all(p, bs);
+        REQUIRE(all.size() == bs.size());
+        for (size_t k = 0; k < bs.size(); ++k) {
+            CAPTURE(bs[k]);
+            const auto ref = seed_eager(p, bs[k]);
+            const bool fits = evaluate(p, ref).peak_bytes <= bs[k];
+            REQUIRE(all[k].feasible == fits);
+            if (fits) {
+                CHECK(all[k].decisions == ref);
+                const Evaluation e = evaluate(p, ref);   // the running sums are exact
+                CHECK(all[k].peak_bytes == e.peak_bytes);
+                CHECK(all[k].step_time_ns == e.step_time_ns);
+            }
+            ++compared;
+        }
+    }
+    CHECK(compared > 2000);
+}
+
+TEST_CASE("min_peak: every planner is feasible exactly from its min_peak up") {
+    std::vector<Trace> traces;
+    for (const Problem& p : example_and_random_problems(traces))
+        for (const auto& name : planner_names()) {
+            CAPTURE(name);
+            auto pl = make_planner(name);
+            const uint64_t m = pl->min_peak(p);
+            const auto rs = pl->plan_all(p, {m - 1, m, m + 1, m * 2});
+            CHECK(!rs[0].feasible);
+            CHECK(rs[0].min_peak_bytes == m);
+            CHECK(rs[1].feasible);
+            CHECK(rs[1].peak_bytes <= m);
+            CHECK(rs[2].feasible);
+            CHECK(rs[3].feasible);
+            if (name == "none") CHECK(m == evaluate(p, std::vector<Decision>(p.size(), Decision::Keep)).peak_bytes);
+        }
+}
+
+TEST_CASE("joint, thinned: never slower than eager (fallback), feasible from the same edge") {
+    std::vector<Trace> traces;
+    int thinned = 0, fell_back = 0;
+    for (const Problem& p : example_and_random_problems(traces)) {
+        const JointPlanner tiny(p.size());   // one frontier state per segment: heavy thinning
+        const auto bs = breakpoints(p);
+        const auto j = tiny.plan_all(p, bs), e = make_planner("eager")->plan_all(p, bs),
+                   exact = make_planner("joint")->plan_all(p, bs);
+        for (size_t k = 0; k < bs.size(); ++k) {
+            CAPTURE(bs[k]);
+            REQUIRE(j[k].feasible == exact[k].feasible);   // the smallest need is kept exactly
+            if (e[k].feasible) {
+                REQUIRE(j[k].feasible);
+                CHECK(j[k].step_time_ns <= e[k].step_time_ns);
+            }
+            if (j[k].feasible) {
+                CHECK(j[k].safe);
+                CHECK(j[k].step_time_ns >= exact[k].step_time_ns);
+                CHECK(j[k].peak_bytes <= bs[k]);
+            }
+            thinned += !j[k].exact;
+            fell_back += j[k].fallback;
+        }
+    }
+    CHECK(thinned > 100);
+    CHECK(fell_back > 0);   // the fallback was exercised, not just possible
+}
+
+TEST_CASE("non-replayable segment: kept by every safe planner, UNSAFE when stateless recomputes it") {
+    Trace t = load_trace(trace_path("counter.trace.json"));
+    // a stateless segment (an MLP block) made non-replayable, as the recorder's probe marks it
+    REQUIRE(t.segments[1].state.empty());
+    Trace base = t;
+    t.segments[1].non_replayable = "replay probe: output differs";
+    t = replay_test::finish(t);
+    Problem p(t), pb(base);
+    CHECK(!p.contracts[1].replayable);
+    CHECK(p.safe_options(1) == std::vector<Decision>{Decision::Keep});
+    bool stateless_unsafe = false;
+    for (uint64_t b : {p.fixed() * 2, make_planner("joint")->min_peak(p),
+                       make_planner("stateless")->min_peak(p)}) {
+        for (const auto& name : planner_names()) {
+            CAPTURE(name);
+            PlanResult r = make_planner(name)->plan(p, b);
+            if (!r.feasible) continue;
+            if (name == "stateless") {
+                if (r.decisions[1] != Decision::Keep) {
+                    stateless_unsafe = true;
+                    CHECK(!r.safe);
+                    const SimReport sim = simulate(p, r.decisions);   // --check fails too
+                    CHECK(std::find(sim.violations.begin(), sim.violations.end(),
+                                    "segment 1: recomputed but not replayable (replay probe: "
+                                    "output differs)") != sim.violations.end());
+                    CHECK(std::find(r.unsafe.begin(), r.unsafe.end(),
+                                    "1: non-replayable: replay probe: output differs") != r.unsafe.end());
+                }
+                continue;
+            }
+            CHECK(r.decisions[1] == Decision::Keep);
+            CHECK(r.safe);
+        }
+    }
+    CHECK(stateless_unsafe);
+    // the joint planner without the mark recomputes segment 1 at its tightest budget
+    auto jb = make_planner("joint")->plan(pb, make_planner("joint")->min_peak(pb));
+    CHECK(jb.decisions[1] == Decision::Recompute);
 }

@@ -159,8 +159,8 @@ TEST_CASE("load_trace's fast path reads example traces as trace_from_json does")
         CHECK(trace_to_json(fast) == trace_to_json(dom));
     }
     // a repeated key: the DOM path reads it (the last one wins), as before
-    CHECK(bad_input_message(R"({"format":"x","format":"ckptkit-trace","format_version":2})") ==
-          "unsupported format_version (this tool reads 1)");
+    CHECK(bad_input_message(R"({"format":"x","format":"ckptkit-trace","format_version":3})") ==
+          "unsupported format_version 3 (this tool reads 1 and 2)");
 }
 
 TEST_CASE("trace hash floats are written as Python's repr (apply_plan.py hashes json.dumps)") {
@@ -178,4 +178,164 @@ TEST_CASE("trace hash floats are written as Python's repr (apply_plan.py hashes 
     }
     const auto j = nlohmann::json::parse(R"({"b":[1,2.5,"x\u00e9"],"a":{"z":null,"y":true,"t":1.35259}})");
     CHECK(ckpt::replay::canonical_dump(j) == "{\"a\":{\"t\":1.35259,\"y\":true,\"z\":null},\"b\":[1,2.5,\"x\xc3\xa9\"]}");
+}
+
+TEST_CASE("malformed-trace corpus: every file is BadInput with its expected message") {
+    // test/corpus/fuzz/trace/ (also replayed by fuzz_regress_trace): inputs that once aborted
+    // the tool (uncaught exception, exit 134); test/corpus/bad_traces_expected.json: file ->
+    // the exact message.
+    const std::string dir = std::string(CKPT_SOURCE_DIR) + "/test/corpus/";
+    nlohmann::json expected = nlohmann::json::parse(std::ifstream(dir + "bad_traces_expected.json"));
+    REQUIRE(expected.size() == 9);
+    for (const auto& [name, msg] : expected.items()) {
+        CAPTURE(name);
+        const std::string path = dir + "fuzz/trace/" + name;
+        std::string got;
+        try {
+            load_trace(path);
+        } catch (const ckpt::BadInput& e) {
+            CHECK(e.file == path);
+            got = e.what();
+        }
+        CHECK(got == msg.get<std::string>());
+    }
+    std::string got;
+    try {
+        load_trace(dir);   // a folder given as the trace
+    } catch (const ckpt::BadInput& e) {
+        got = e.what();
+    }
+    CHECK(got == "is a folder, not a trace file");
+}
+
+TEST_CASE("format v2: kinds, fingerprint, non-replayable segments; v1 traces still read") {
+    // v1 (data/traces) reads as before, buffers are of kind "buffer"
+    Trace v1 = load_trace(trace_path("bn.trace.json"));
+    CHECK(v1.format_version == 1);
+    CHECK(v1.fingerprint.empty());
+    for (const auto& b : v1.buffers) CHECK(b.kind == "buffer");
+    nlohmann::json j = trace_to_json(v1);   // written as v2
+    CHECK(j["format_version"] == 2);
+    j["fingerprint"] = {{"hash", "0123456789abcdef"}};
+    j["buffers"][0]["kind"] = "param";
+    j["segments"][3]["non_replayable"] = "replay probe: output differs";
+    Trace v2 = trace_from_json(j, "<v2>");
+    CHECK(v2.format_version == 2);
+    CHECK(v2.fingerprint == "0123456789abcdef");
+    CHECK(v2.buffers[0].kind == "param");
+    CHECK(v2.segments[3].non_replayable == "replay probe: output differs");
+    CHECK(trace_to_json(v2) == j);
+    j["buffers"][0]["kind"] = "weights";
+    CHECK_THROWS_WITH_AS(trace_from_json(j, "<v2>"), "buffers[0].kind: 'weights' is not buffer, param or input",
+                         ckpt::BadInput);
+}
+
+namespace {
+nlohmann::json read_json(const std::string& path) {
+    std::ifstream in(path);
+    return nlohmann::json::parse(in);
+}
+// Keep-everything peak (bytes): fixed + the largest prefix of saved + transient.
+uint64_t keep_all_peak(const Trace& t) {
+    uint64_t prefix = 0, peak = 0;
+    for (const auto& s : t.segments) {
+        peak = std::max(peak, prefix + s.saved_bytes + s.transient_bytes);
+        prefix += s.saved_bytes;
+    }
+    return t.fixed_bytes() + std::max(peak, prefix);
+}
+}  // namespace
+
+TEST_CASE("Execution Trace import: memory within 0.5% of the recorder's on the same model") {
+    // fixed memory equal, keep-all peak +0.4% (the ET's transient estimate); test_replay.py
+    // checks fresh recordings too.
+    for (const char* m : {"bn", "dropout"}) {
+        CAPTURE(m);
+        Trace rec = load_trace(trace_path(std::string(m) + ".trace.json"));
+        Trace et = load_trace(trace_path(std::string(m) + ".et.json"));
+        const double fixed = double(et.fixed_bytes()) / double(rec.fixed_bytes());
+        const double peak = double(keep_all_peak(et)) / double(keep_all_peak(rec));
+        CHECK(fixed > 0.9999);
+        CHECK(fixed < 1.0001);   // params x 4 (+ buffers): the batch is not fixed memory
+        CHECK(peak > 1.000);   // saved = produced storages the backward reads (consumer rule)
+        CHECK(peak < 1.005);
+        REQUIRE(et.segments.size() == rec.segments.size());
+        CHECK(et.segments[0].saved_bytes == rec.segments[0].saved_bytes);   // the batch
+        CHECK(et.segments[1].saved_bytes == rec.segments[1].saved_bytes);   // an MLP block
+    }
+}
+
+TEST_CASE("Execution Trace import: BatchNorm with training=False writes nothing") {
+    nlohmann::json j = read_json(trace_path("bn.et.json"));
+    size_t flipped = 0;
+    for (auto& n : j["nodes"])
+        if (n["name"] == "aten::native_batch_norm") {
+            REQUIRE(n["inputs"][5] == true);
+            n["inputs"][5] = false;
+            ++flipped;
+        }
+    CHECK(flipped == 2);
+    Trace eval = import_execution_trace(j, "<eval>");
+    // what is left is BatchNorm's own num_batches_tracked.add_ (annotated (a!)): 8 bytes each
+    CHECK(eval.buffers.size() == 2);
+    for (const auto& b : eval.buffers) CHECK(b.bytes == 8);
+    Trace train = load_trace(trace_path("bn.et.json"));
+    CHECK(train.buffers.size() == 6);   // + running_mean / running_var of the two BatchNorms
+}
+
+TEST_CASE("Execution Trace import: a random op on an explicit torch.Generator is non-replayable") {
+    nlohmann::json j = read_json(trace_path("dropout.et.json"));
+    size_t changed = 0;
+    for (auto& n : j["nodes"])
+        if (n["name"] == "aten::bernoulli_" && changed == 0) {   // the first dropout only
+            auto& types = n["input_types"];
+            REQUIRE(types.back() == "None");
+            types.back() = "Generator";
+            ++changed;
+        }
+    REQUIRE(changed == 1);
+    Trace t = import_execution_trace(j, "<gen>");
+    std::vector<std::string> nr;
+    for (const auto& s : t.segments)
+        if (!s.non_replayable.empty()) nr.push_back(s.name);
+    CHECK(nr == std::vector<std::string>{"2"});
+    CHECK(t.segments[2].non_replayable ==
+          "aten::bernoulli_ draws from an explicit torch.Generator; the Execution Trace does not "
+          "say which (record with scripts/record_trace.py to plan it)");
+    Trace plain = load_trace(trace_path("dropout.et.json"));
+    for (const auto& s : plain.segments) CHECK(s.non_replayable.empty());
+    CHECK(plain.segments[2].rng.size() == 1);
+}
+
+TEST_CASE("JsonTree fast parser: accepts and reads exactly what nlohmann does") {
+    // valid and invalid JSON around the fast parser's edges; each either parses to the same
+    // canonical text as nlohmann's DOM or is refused by both
+    const std::vector<std::string> cases = {
+        R"({"a":1,"b":[1,2,3],"c":{"d":-4,"e":1.5e3,"f":true,"g":null,"h":"x"}})",
+        R"([0, -0, 1.0, 1e5, 1E-5, -2.5e+3, 18446744073709551615, -9223372036854775808])",
+        R"([18446744073709551616, -9223372036854775809, 123456789012345678901234567890])",
+        R"(["esc\"aped", "tab\t", "\u00e9", "é"])", " \t\n[ 1 ,\r\n 2 ] \n", "{}", "[]", "\"s\"",
+        "01", "1.", ".5", "-", "+1", "[1,]", R"({"a":1,})", "[1 2]", "tru", "nul", "[1]x",
+        "\"a\x01b\"", "[", "{\"a\"}", "{\"a\":}", "1e", "1e+", "--1", "[1.5.2]", "",
+        R"({"a":1,"a":2})"};
+    for (const auto& text : cases) {
+        CAPTURE(text);
+        auto tree = JsonTree::parse(text);
+        nlohmann::json dom;
+        bool dom_ok = true;
+        try {
+            dom = nlohmann::json::parse(text);
+        } catch (const nlohmann::json::exception&) {
+            dom_ok = false;
+        }
+        REQUIRE(bool(tree) == dom_ok);
+        if (!tree) continue;
+        std::string fast;
+        try {
+            fast = tree->root().dump();
+        } catch (const JsonTree::Unsupported&) {
+            continue;   // a repeated key: the DOM path reads it (see the test above)
+        }
+        CHECK(fast == canonical_dump(dom));
+    }
 }

@@ -5,6 +5,7 @@ recomputation. Plain torch.utils.checkpoint over the same segments must NOT be, 
 pattern says so. Plus the command line contract (bad input, infeasible budgets, --json, SVG)."""
 import json
 import pathlib
+import re
 import subprocess
 
 import pytest
@@ -20,6 +21,17 @@ DECISIONS = ["keep", "recompute", "recompute+snapshot", "recompute+selective"]
 PLAIN_BREAKS = {
     "bn": ["plain"], "kvcache": ["plain"], "counter": ["plain"], "ema": ["plain"],
     "sparse_write": ["plain"], "dense_queue": ["plain"], "dropout": ["plain-norng"],
+}
+
+
+# issue 13: state outside module buffers. model -> what the v2 trace must say about it
+# (checked in test_state_pattern_round_trip); plain torch.utils.checkpoint breaks all five.
+STATE_PATTERNS = {
+    "inplace_input": {"kind": "input", "buffer": "3.input[0]", "reader": "3", "writer": "3"},
+    "shared_weight": {"kind": "param", "buffer": "1.weight", "reader": "1", "writer": "3"},
+    "root_buffer": {"kind": "buffer", "buffer": "temperature", "reader": "s1", "writer": "s3"},
+    "private_gen": {"rng": {"2": "gen:2.2.gen", "4": "gen:4.2.gen"}},
+    "py_global": {"non_replayable": ["2"]},
 }
 
 
@@ -64,7 +76,7 @@ def test_model_round_trip(replay_plan, tmp_path, model):
     tight = entries[2]
     stateful = tight["decisions"]["recompute+snapshot"] + tight["decisions"]["recompute+selective"]
     assert stateful >= 1, "the tight plan must recompute a stateful segment"
-    assert entries[0]["decisions"]["keep"] == 7      # loose: nothing to recompute
+    assert entries[0]["decisions"]["keep"] == len(entries[0]["segments"])   # loose: keep all
     args = [PY, SCRIPTS / "apply_plan.py", MODELS / f"{model}.py", trace, plan, "--json"]
     for b in budgets:
         args += ["--budget", str(b)]
@@ -79,6 +91,16 @@ def test_model_round_trip(replay_plan, tmp_path, model):
                  "--mode", mode, "--json"])
         assert r.returncode == 1, f"plain checkpointing ({mode}) unexpectedly byte-identical"
         assert json.loads(r.stdout)["differences"]
+    # the stateless baseline at the same budgets: every plan marked UNSAFE really differs
+    splan = tmp_path / "stateless.json"
+    args = [replay_plan, trace, "--planner", "stateless", "-o", splan]
+    for b in budgets:
+        args += ["--budget", str(b)]
+    assert run(args).returncode == 0
+    unsafe = [e["budget_bytes"] for e in json.load(open(splan))["budgets"] if e["feasible"] and not e["safe"]]
+    assert unsafe
+    rc, res = apply(model, trace, splan, unsafe)
+    assert rc == 1 and not any(x["identical"] for x in res), res
     if model == "dropout":   # torch's own RNG stash makes plain checkpoint exact for dropout
         r = run([PY, SCRIPTS / "apply_plan.py", MODELS / "dropout.py", trace, plan, "--mode", "plain"])
         assert r.returncode == 0, r.stdout
@@ -124,6 +146,16 @@ def test_bad_input_one_line_exit_2_no_output(replay_plan, tmp_path):
         assert len(lines) == 1 and lines[0].startswith(f"replay-plan: error: {path}: "), r.stderr
         assert not out.exists()
         assert list(tmp_path.glob(name + ".plan*")) == []
+    # the malformed-trace corpus (inputs that once aborted with exit 134) and a folder
+    expected = json.load(open(ROOT / "test" / "corpus" / "bad_traces_expected.json"))
+    for name, msg in sorted(expected.items()):
+        path = ROOT / "test" / "corpus" / "fuzz" / "trace" / name
+        r = run([replay_plan, path, "--budget", "1GiB", "--check"])
+        assert r.returncode == 2, (name, r.returncode, r.stderr)
+        assert r.stderr == f"replay-plan: error: {path}: {msg}\n"
+    r = run([replay_plan, tmp_path, "--budget", "1GiB"])
+    assert r.returncode == 2
+    assert r.stderr == f"replay-plan: error: {tmp_path}: is a folder, not a trace file\n"
     r = run([replay_plan, tmp_path / "missing.json", "--budget", "1GiB"])
     assert r.returncode == 2 and "cannot open file" in r.stderr
     r = run([replay_plan, ROOT / "data" / "traces" / "bn.trace.json", "--budget", "many"])
@@ -150,12 +182,30 @@ def test_json_summary_and_sweep_svg(replay_plan, tmp_path):
     assert set(ok["decisions"]) == set(DECISIONS) and sum(ok["decisions"].values()) == 7
     assert not bad["feasible"]
     svg = tmp_path / "s.svg"
+    # a sweep with infeasible budgets exits 1 as --budget does, table and SVG still written
     r = run([replay_plan, trace, "--sweep", "1MiB:2MiB:64KiB", "--svg", svg])
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("replay-plan: 7 of 17 sweep budgets are infeasible for planner "
+                               "joint: its smallest plan needs 1.40 MiB (")
     assert "budget vs predicted step time" in r.stdout
     text = svg.read_text()
     for p in ("joint", "eager", "stateless", "all", "none"):
         assert f">{p}</text>" in text
+    assert ">budget (MiB)</text>" in text and ">1.00</text>" in text and ">2.00</text>" in text
+    assert text.count('class="oom"') >= 7 and 'class="unsafe"' in text
+    import xml.etree.ElementTree as ET
+    root = ET.fromstring(text)   # well-formed
+    widths = {e.get("stroke-width") for e in root.iter("{http://www.w3.org/2000/svg}polyline")}
+    assert len(widths) == 5      # one stroke width per planner: coinciding curves stay visible
+    r = run([replay_plan, trace, "--sweep", "1.5MiB:2MiB:64KiB"])
+    assert r.returncode == 0, r.stderr
+    # the feasible range without probing, and the recomputed segments by name
+    r = run([replay_plan, trace, "--budget", "1.45MiB"])
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()
+    assert lines[1].startswith("feasible budgets for joint: >= 1.40 MiB (")
+    assert lines[1].endswith("B) keeps every activation")
+    assert lines[4].strip().startswith("recomputed: ")
 
 
 def test_stateless_plans_are_unsafe_and_fail_the_check(replay_plan):
@@ -205,10 +255,16 @@ def _mutations(obj, rng, n):
         yield s[: rng.randint(0, len(s))] if rng.random() < 0.1 else s
 
 
-@pytest.mark.parametrize("name,count", [("sparse_write.trace.json", 150), ("bn.et.json", 40)])
+@pytest.mark.parametrize("name,count", [("sparse_write.trace.json", 150), ("bn.et.json", 40),
+                                        ("root_buffer", 60)])
 def test_hostile_traces_never_crash(replay_plan, tmp_path, name, count):
+    """Seeded mutations of a v1 trace, an Execution Trace and a freshly recorded v2 trace
+    (kinds, args, fingerprint): exit 0, 1 or 2, never a crash; bad input is one line."""
     import random
-    base = json.load(open(ROOT / "data" / "traces" / name))
+    if name.endswith(".json"):
+        base = json.load(open(ROOT / "data" / "traces" / name))
+    else:
+        base = record(tmp_path, name)[1]
     rejected = 0
     for k, text in enumerate(_mutations(base, random.Random(1234), count)):
         path, out = tmp_path / f"m{k}.json", tmp_path / f"m{k}.plan"
@@ -221,3 +277,147 @@ def test_hostile_traces_never_crash(replay_plan, tmp_path, name, count):
             assert len(r.stderr.strip().splitlines()) == 1, r.stderr
             assert not out.exists()
     assert rejected >= count // 4      # most mutations are caught as bad input
+
+
+def exact_budgets(replay_plan, trace):
+    """loose = keep-everything peak, tight = the joint planner's smallest feasible budget
+    (from the feasible-range line, no probing), medium = halfway."""
+    r = run([replay_plan, trace, "--budget", "1GiB"])
+    m = re.search(r"feasible budgets for joint: >= [^(]+\((\d+) B, its smallest plan\); "
+                  r">= [^(]+\((\d+) B\) keeps every activation", r.stdout)
+    assert m, r.stdout
+    tight, loose = int(m.group(1)), int(m.group(2))
+    assert plan_json(replay_plan, trace, [tight - 1])["budgets"][0]["feasible"] is False
+    return loose, (loose + tight) // 2, tight
+
+
+def record(tmp_path, model):
+    """Record MODEL into tmp_path; returns (trace path, trace dict, the summary line)."""
+    trace = tmp_path / f"{model}.trace.json"
+    r = run([PY, SCRIPTS / "record_trace.py", MODELS / f"{model}.py", "-o", trace])
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"record_trace: {model}.py: "), r.stderr
+    return trace, json.load(open(trace)), lines[0]
+
+
+def apply(model, trace, plan, budgets, mode="contract"):
+    args = [PY, SCRIPTS / "apply_plan.py", MODELS / f"{model}.py", trace, plan, "--json", "--mode", mode]
+    for b in budgets:
+        args += ["--budget", str(b)]
+    r = run(args)
+    assert r.returncode in (0, 1), r.stderr
+    return r.returncode, [json.loads(line) for line in r.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("model", sorted(STATE_PATTERNS))
+def test_state_pattern_round_trip(replay_plan, tmp_path, model):
+    """Record (v2: op log, kinds, generators, probe), plan at loose / medium / tight joint
+    budgets, --check, apply in contract mode: byte-identical; plain checkpointing: not.
+    Every stateless plan marked UNSAFE really differs when applied."""
+    want = STATE_PATTERNS[model]
+    trace, t, summary = record(tmp_path, model)
+    assert t["format_version"] == 2 and set(t["fingerprint"]) == {"hash", "params", "buffers"}
+    segs = {s["name"]: s for s in t["segments"]}
+    if "kind" in want:
+        kinds = {b["id"]: b["kind"] for b in t["buffers"]}
+        assert kinds == {want["buffer"]: want["kind"]}
+        acc = {n: [a for a in s["state"] if a["buffer"] == want["buffer"]] for n, s in segs.items()}
+        assert acc[want["reader"]][0]["read"] and acc[want["reader"]][0]["version_read"] == 0
+        assert [a["version_written"] for a in acc[want["writer"]]] == [1]
+        assert f"1 {want['kind']}" in summary
+    if "rng" in want:
+        assert {n: [r["stream"] for r in s["rng"]] for n, s in segs.items() if s["rng"]} == \
+            {n: [st] for n, st in want["rng"].items()}
+    assert sorted(n for n, s in segs.items() if "non_replayable" in s) == want.get("non_replayable", [])
+    for n in want.get("non_replayable", []):
+        assert segs[n]["non_replayable"].startswith("replay probe: re-running the forward from "
+                                                    "the recorded state changed its output")
+        assert f"non-replayable: {n} ->" in summary
+    plan = tmp_path / "plan.json"
+    budgets = exact_budgets(replay_plan, trace)
+    args = [replay_plan, trace, "-o", plan, "--check"]
+    for b in budgets:
+        args += ["--budget", str(b)]
+    r = run(args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr.count(": ok") == 3
+    for n in want.get("non_replayable", []):
+        assert f"segment {n} is non-replayable (kept by every safe plan): replay probe" in r.stdout
+    entries = json.load(open(plan))["budgets"]
+    tight = {s["name"]: s["decision"] for s in entries[2]["segments"]}
+    assert sum(d != "keep" for d in tight.values()) >= 2
+    for n in want.get("non_replayable", []):
+        assert all({s["name"]: s["decision"] for s in e["segments"]}[n] == "keep" for e in entries)
+    if "reader" in want:
+        assert tight[want["reader"]] in ("recompute+snapshot", "recompute+selective")
+    if "rng" in want:
+        assert any(tight[n] != "keep" for n in want["rng"])
+    rc, results = apply(model, trace, plan, budgets)
+    assert rc == 0 and [x["identical"] for x in results] == [True] * 3, results
+    rc, results = apply(model, trace, plan, budgets[:1], "plain")
+    assert rc == 1 and results[0]["differences"], "plain checkpointing unexpectedly byte-identical"
+    # the stateless baseline: every UNSAFE plan really breaks
+    splan = tmp_path / "stateless.json"
+    args = [replay_plan, trace, "--planner", "stateless", "-o", splan]
+    for b in budgets:
+        args += ["--budget", str(b)]
+    assert run(args).returncode == 0
+    unsafe = [e["budget_bytes"] for e in json.load(open(splan))["budgets"] if not e["safe"]]
+    assert unsafe, "the stateless baseline recomputes a stateful segment at the tight budget"
+    rc, results = apply(model, trace, splan, unsafe)
+    assert rc == 1 and not any(x["identical"] for x in results), results
+
+
+def test_apply_plan_refuses_another_model(replay_plan, tmp_path):
+    """Plans are tied to their model: another MODEL.py is exit 2 with one line."""
+    trace, _, _ = record(tmp_path, "root_buffer")
+    plan = tmp_path / "p.json"
+    assert run([replay_plan, trace, "--budget", "1GiB", "-o", plan]).returncode == 0
+    r = run([PY, SCRIPTS / "apply_plan.py", MODELS / "bn.py", trace, plan])
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"apply_plan: error: {MODELS / 'bn.py'} is not the model {trace} was recorded from"), r.stderr
+    bad = json.load(open(plan))
+    del bad["budgets"][0]["feasible"]
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    r = run([PY, SCRIPTS / "apply_plan.py", MODELS / "root_buffer.py", trace, tmp_path / "bad.json"])
+    assert r.returncode == 2
+    assert r.stderr == (f"apply_plan: error: {tmp_path / 'bad.json'} or {trace}: malformed "
+                        "(KeyError: 'feasible')\n")
+    broken = tmp_path / "broken.py"
+    broken.write_text("def build():\n    raise ValueError('no model here')\n")
+    r = run([PY, SCRIPTS / "apply_plan.py", broken, trace, plan])
+    assert r.returncode == 2
+    assert r.stderr == f"apply_plan: error: {broken}: cannot build the model: ValueError: no model here\n"
+    r = run([PY, SCRIPTS / "record_trace.py", broken, "-o", tmp_path / "t2.json"])
+    assert r.returncode == 2
+    assert r.stderr == f"record_trace: error: {broken}: ValueError: no model here\n"
+
+
+def test_recorder_help_states_the_model_contract():
+    r = run([PY, SCRIPTS / "record_trace.py", "--help"])
+    assert r.returncode == 0
+    assert "build() -> (model, batch, loss_fn[, segments])" in r.stdout
+    assert r.stdout.splitlines()[4].startswith("Record one real training step of MODEL.py")
+
+
+def _range(replay_plan, trace):
+    """(fixed bytes, keep-everything peak bytes) as replay-plan prints them."""
+    r = run([replay_plan, trace, "--planner", "none", "--budget", "1GiB", "--json"])
+    peak = json.loads(r.stdout)["budgets"][0]["peak_bytes"]
+    r = run([replay_plan, trace, "--budget", "1GiB", "-o", str(trace) + ".plan"])
+    return json.load(open(str(trace) + ".plan"))["trace"]["fixed_bytes"], peak
+
+
+@pytest.mark.parametrize("model", ["bn", "dropout"])
+def test_execution_trace_memory_within_10_percent(replay_plan, tmp_path, model):
+    """The same seeded step recorded by the recorder and by ExecutionGraphObserver: the
+    imported fixed memory and keep-everything peak agree within 10% (measured: 0.5%)."""
+    trace, et = tmp_path / "t.json", tmp_path / "et.json"
+    r = run([PY, SCRIPTS / "record_trace.py", MODELS / f"{model}.py", "-o", trace, "--et", et, "--quiet"])
+    assert r.returncode == 0, r.stderr
+    (f_rec, p_rec), (f_et, p_et) = _range(replay_plan, trace), _range(replay_plan, et)
+    assert abs(f_et / f_rec - 1) < 0.001, (f_et, f_rec)
+    assert abs(p_et / p_rec - 1) < 0.10, (p_et, p_rec)   # measured +0.4%
