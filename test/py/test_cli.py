@@ -350,7 +350,7 @@ def run_on_tty(argv, timeout=120):
     return p.returncode, out.decode(), b"".join(chunks).decode()
 
 
-PROGRESS = re.compile(r"(?P<tool>[a-z-]+): (?P<i>\d+)/(?P<n>\d+) (?P<unit>tensors|plans)"
+PROGRESS = re.compile(r"(?P<tool>[a-z-]+): (?P<i>\d+)/(?P<n>\d+) (?P<unit>tensors|planners)"
                       r"(, [0-9.]+ [KMG]?i?B / [0-9.]+ [KMG]?i?B)? \(\d+%\), [0-9.]+ [^,]+/s(, ETA \d+:\d\d)?")
 
 
@@ -360,7 +360,7 @@ def test_progress_on_a_terminal_only(tmp_path, container, tool):
     argv = {"ckpt-compress": [src, "-o", tmp_path / "o.ckz.h5"],
             "ckpt-verify": [ckz, "--original", src],
             "ckpt-restore": [ckz, "-o", tmp_path / "o.pt"],
-            "replay-plan": [TRACE, "--sweep", "1MiB:2MiB:64KiB"]}[tool]
+            "replay-plan": [TRACE, "--sweep", "1536KiB:2MiB:64KiB"]}[tool]
     inputs = [a for a in argv if a in (src, ckz, TRACE)]
     before = hashes(*inputs)
     rc, _, err = run_on_tty([exe(tool), *argv])
