@@ -1,5 +1,5 @@
 // replay-plan: read a recorded training-step trace and emit, per GPU memory budget, a
-// state-safe activation-recomputation plan (SPEC §3, formats/plan.md).
+// state-safe activation-recomputation plan (docs/design.md §5, formats/plan.md).
 //
 //   replay-plan TRACE --budget 44GiB [--budget ...|--sweep MIN:MAX:STEP]
 //               [--planner joint|eager|stateless|all|none] [-o PLAN.json] [--svg PLOT.svg]

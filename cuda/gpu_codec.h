@@ -1,4 +1,4 @@
-// GPU encode + certify + escape compaction and decode (SPEC §2.4). The math is
+// GPU encode + certify + escape compaction and decode (docs/design.md §4). The math is
 // lib/codec/block.h, shared with the CPU loops, so the output is byte-identical to
 // codec::encode_chunk / codec::decode_chunk. Built when nvcc is found (CKPTKIT_CUDA);
 // otherwise a stub answers gpu_available() == false and the GPU calls throw.

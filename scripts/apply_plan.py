@@ -11,7 +11,7 @@ with torch.equal. Several --budget entries share one reference step; --json prin
 per budget. Exit 0 when all are byte-identical, 1 with the differences listed, 2 on bad input
 (unreadable plan, plan for another trace, stale contract versions, infeasible entry).
 
-Modes (SPEC §3.2, §3.4 (b)):
+Modes (docs/design.md §5, §3.4 (b)):
   contract     the plan's recomputed segments run under torch.utils.checkpoint
                (use_reentrant=False, preserve_rng_state=False) plus our contract: at forward
                the hazardous buffers are copied (whole for recompute+snapshot, the contract's

@@ -14,7 +14,7 @@ be called exactly once per step, in forward order); without it the segments are 
 top-level children in call order. Private torch.Generator objects must be attributes of a
 module of the model (so a plan can name and restore them).
 
-Method (SPEC §3.1, formats/trace.md "How the recorder measures"): forward hooks time each
+Method (docs/design.md §5, formats/trace.md "How the recorder measures"): forward hooks time each
 segment; saved-tensor hooks attribute bytes kept for backward; a TorchDispatchMode logs every
 aten op of the step with its schema's alias annotations ((a!) = written) and its generator=
 argument, so the storages each segment reads and writes are known, whoever owns them

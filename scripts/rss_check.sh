@@ -1,5 +1,5 @@
 #!/bin/bash
-# Bounded memory (SPEC §4): compress, verify and restore a big checkpoint under
+# Bounded memory (docs/design.md §6): compress, verify and restore a big checkpoint under
 # /usr/bin/time -v and fail when any tool's peak RSS reaches the limit.
 #
 #   scripts/rss_check.sh [GIB]        (default 4; env CKPTKIT_BIN = folder with the tools,

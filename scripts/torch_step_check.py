@@ -17,7 +17,7 @@ restored state into the other, applies the SAME gradient g to both and calls
              effective gradient at +-sqrt(v_hat) (x U(0.5, 2) for "near"), v_hat =
              exp_avg_sq / (1 - beta2^step) of the ORIGINAL, clipped to [-G, G]
 For Adam in L2 mode (weight_decay != 0, not AdamW) torch adds wd*theta to `.grad` itself, so
-the raw gradient stays in [-G, G] and the certified domain is shifted, as in SPEC 2.2.
+the raw gradient stays in [-G, G] and the certified domain is shifted, as in docs/design.md §1.
 
 Pass criterion per coordinate i, with Delta = theta_after - theta_before of each run:
   |Delta_restored_i - Delta_original_i| <= tolerance * lr + slack_i

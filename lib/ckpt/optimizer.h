@@ -1,7 +1,7 @@
 // Finding the Adam/AdamW state in a parsed checkpoint: for every parameter, its moment
 // tensors (exp_avg, exp_avg_sq[, max_exp_avg_sq]), step, param-group hyper-parameters and,
 // when it can be located, the parameter tensor itself (theta, for the Adam L2 domain).
-// Sources: torch.optim.Optimizer.state_dict layout (FACTS.md); safetensors files carry the
+// Sources: torch.optim.Optimizer.state_dict layout (docs/design.md); safetensors files carry the
 // state flattened as state.<idx>.<name> with hyper-parameters in __metadata__.
 #pragma once
 #include <optional>

@@ -1,5 +1,5 @@
 // Results of compress / verify / restore, printed as a table (stdout) or one JSON object
-// (--json, for CI). Keys: SPEC §2.3 byte accounting, issue "main job" JSON contract.
+// (--json, for CI). Keys: docs/design.md §3 byte accounting, issue "main job" JSON contract.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,4 +1,4 @@
-// bf16 baseline: guarded round-to-nearest-even bfloat16 (SPEC §2.3). Two bytes per value,
+// bf16 baseline: guarded round-to-nearest-even bfloat16 (docs/design.md §4). Two bytes per value,
 // no block parameters. Nonzero values that round to zero or to infinity are escapes.
 #pragma once
 #include <cstdint>

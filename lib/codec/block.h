@@ -1,5 +1,5 @@
 // The per-block encoder and the per-coordinate decoder, shared by the CPU loops in
-// codec.cpp and the CUDA kernels in cuda/ (SPEC §2.4): both run exactly these lines, so
+// codec.cpp and the CUDA kernels in cuda/ (docs/design.md §4): both run exactly these lines, so
 // the CPU tests exercise the device math and the container bytes are identical.
 // Everything here is CKPT_HD; GuardConst carries every value that needs a host-only
 // function (pow, exp2), computed once per tensor by make_guard_const on the host.

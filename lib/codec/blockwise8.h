@@ -1,5 +1,5 @@
 // blockwise8 baseline: bitsandbytes-style dynamic 8-bit map with an absmax scale per
-// block of 256 (SPEC §2.3; bitsandbytes functional.create_dynamic_map, signed map for
+// block of 256 (docs/design.md §4; bitsandbytes functional.create_dynamic_map, signed map for
 // exp_avg, unsigned for exp_avg_sq). Guarded by the same certificate as log8.
 #pragma once
 #include <cmath>

@@ -28,7 +28,7 @@ enum class MomentType { F32, F16, BF16 };
 /// Round a decoded value to the moment's storage type (what torch will see).
 double round_to(MomentType, double);
 
-/// How the gradient domain of each coordinate is formed (SPEC §2.2).
+/// How the gradient domain of each coordinate is formed (docs/design.md §1).
 struct DomainRule {
     double grad_bound = 1.0;   ///< G, may be +inf
     bool l2 = false;           ///< include the Adam L2 shift wd*theta

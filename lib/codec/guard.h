@@ -1,5 +1,5 @@
 // The guard: a sound bound on the first restored Adam/AdamW update error.
-// Method: seed 003's shared-gradient bound (SPEC §2.2), restated for rounding cells.
+// Method: seed 003's shared-gradient bound (docs/design.md §1), restated for rounding cells.
 //
 // With f(g) = (1/bc1) * m'(g) / (sqrt(vm(g)/bc2) + eps)  (the update in lr units; torch
 // 1.13 _single_tensor_adam), m' = b1*m + (1-b1)*g, v' = b2*v + (1-b2)*g^2,

@@ -1,4 +1,4 @@
-// CKPT_HD marks math shared by the CPU path and the CUDA kernels (SPEC §2.4): the CPU
+// CKPT_HD marks math shared by the CPU path and the CUDA kernels (docs/design.md §4): the CPU
 // tests run every line the GPU runs. Keep these functions free of host-only calls and
 // of operations whose rounding differs between host and device (no exp2/log2 in
 // anything that decides a code or a certificate; plain IEEE + - * / sqrt only).

@@ -1,4 +1,4 @@
-// log8: 8-bit logarithmic moment codes with a per-block scale (SPEC §2.3, seed 003).
+// log8: 8-bit logarithmic moment codes with a per-block scale (docs/design.md §4, seed 003).
 //
 // Grid: values are 2^(e/64) for integer e ("1/64 octave" units), so decoding is a table
 // lookup and an exact power-of-two scaling: bit-identical on every host and device.

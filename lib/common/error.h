@@ -1,4 +1,4 @@
-// Error types shared by every tool. Source of the exit-code convention: SPEC §4.
+// Error types shared by every tool. Source of the exit-code convention: docs/design.md §6.
 #pragma once
 #include <stdexcept>
 #include <string>

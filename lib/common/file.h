@@ -1,5 +1,5 @@
 // Crash-safe outputs (temporary name in the same folder, fsync, rename), the never-clobber
-// rule for output paths, and a cheap HDF5 signature test. SPEC §4.
+// rule for output paths, and a cheap HDF5 signature test. docs/design.md §6.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,5 +1,5 @@
 // The progress line every tool draws on a terminal: items (tensors, plans) and bytes done,
-// rate and ETA. SPEC §4: stderr only, only when stderr is a TTY, never under --json.
+// rate and ETA. docs/design.md §6: stderr only, only when stderr is a TTY, never under --json.
 #pragma once
 #include <chrono>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Bounded, read-only access to an input file through pread (SPEC §4: memory stays bounded,
+// Bounded, read-only access to an input file through pread (docs/design.md §6: memory stays bounded,
 // inputs are never modified). Every read is checked against the file size first.
 #pragma once
 #include <cstdint>

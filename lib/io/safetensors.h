@@ -1,4 +1,4 @@
-// safetensors reader applying every rule of the reference implementation (FACTS.md
+// safetensors reader applying every rule of the reference implementation (docs/design.md
 // "safetensors"; huggingface/safetensors `SafeTensors::read_metadata`/`validate`).
 #pragma once
 #include "io/checkpoint.h"

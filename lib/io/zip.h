@@ -1,4 +1,4 @@
-// Reader for the stored (uncompressed) ZIP/ZIP64 archives written by torch.save (FACTS.md,
+// Reader for the stored (uncompressed) ZIP/ZIP64 archives written by torch.save (docs/design.md,
 // PKWARE APPNOTE 6.3). Only the central directory and local headers are read.
 #pragma once
 #include <cstdint>

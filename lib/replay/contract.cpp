@@ -1,4 +1,4 @@
-// Contract derivation (SPEC §3.2, "Hazardous = read by the segment and overwritten before its
+// Contract derivation (docs/design.md §5, "Hazardous = read by the segment and overwritten before its
 // backward recompute").
 #include "replay/contract.h"
 

@@ -1,4 +1,4 @@
-// Replay contracts (SPEC §3.2): what a recomputed segment must restore and discard so that
+// Replay contracts (docs/design.md §5): what a recomputed segment must restore and discard so that
 // its recompute sees exactly the state versions and RNG state of its original forward and
 // leaks no write. Derived from the trace alone.
 #pragma once

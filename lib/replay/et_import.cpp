@@ -1,4 +1,4 @@
-// Importer for PyTorch Execution Traces (FACTS.md "PyTorch Execution Trace"): torch 1.13
+// Importer for PyTorch Execution Traces (docs/design.md "PyTorch Execution Trace"): torch 1.13
 // ExecutionGraphObserver schema 1.0.1 (flat node fields) and the Chakra-style nested schema
 // (inputs/outputs objects, attrs list). Both are normalised to EtNode first.
 //

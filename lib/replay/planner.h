@@ -1,4 +1,4 @@
-// Recomputation planning (SPEC §3.3): decisions, the cost model, and the planner interface.
+// Recomputation planning (docs/design.md §5): decisions, the cost model, and the planner interface.
 // One strategy per file (planner_*.cpp), chosen by name, as in Checkmate's solver set.
 //
 // Cost model (formats/plan.md "Cost model"): segments run forward in order and backward in
@@ -19,7 +19,7 @@
 
 namespace ckpt::replay {
 
-/// Per-segment decision. Names as in SPEC §3.3.
+/// Per-segment decision. Names as in docs/design.md §5.
 enum class Decision : uint8_t { Keep, Recompute, Snapshot, Selective };
 inline constexpr Decision kAllDecisions[] = {Decision::Keep, Decision::Recompute,
                                              Decision::Snapshot, Decision::Selective};

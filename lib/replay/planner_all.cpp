@@ -1,4 +1,4 @@
-// The `all` baseline (SPEC §3.3): recompute every segment, plain when stateless, whole
+// The `all` baseline (docs/design.md §5): recompute every segment, plain when stateless, whole
 // snapshot when stateful; a non-replayable segment is kept.
 #include "replay/planner.h"
 #include "replay/planner_impl.h"

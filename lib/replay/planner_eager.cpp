@@ -1,4 +1,4 @@
-// The eager baseline (the seed's planner, SPEC §3.3): start from keep-all, then greedily turn
+// The eager baseline (the seed's planner, docs/design.md §5): start from keep-all, then greedily turn
 // segments into recomputes (whole snapshots for stateful ones) in decreasing order of bytes
 // freed per ns of added time, until the predicted peak fits the budget.
 //

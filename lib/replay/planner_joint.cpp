@@ -1,4 +1,4 @@
-// The joint planner (SPEC §3.3): minimum predicted step time subject to predicted peak <=
+// The joint planner (docs/design.md §5): minimum predicted step time subject to predicted peak <=
 // budget over keep / recompute / recompute+snapshot / recompute+selective, honouring every
 // contract. Exact (Pareto DP, FrontierSweep: one budget-independent DP per plan_all call,
 // every budget of a sweep answered from it); proven against brute force in

@@ -1,4 +1,4 @@
-// The `none` baseline (SPEC §3.3): keep every activation.
+// The `none` baseline (docs/design.md §5): keep every activation.
 #include "replay/planner.h"
 #include "replay/planner_impl.h"
 

@@ -1,4 +1,4 @@
-// The stateless baseline (SPEC §3.3): the 0-1 knapsack of torch's activation memory budget,
+// The stateless baseline (docs/design.md §5): the 0-1 knapsack of torch's activation memory budget,
 // keep or plain recompute per segment, state ignored. Solved exactly (thinned beyond the link
 // cap, as the joint planner) with FrontierSweep, one DP for every budget of a plan_all call;
 // plans that recompute a stateful segment are reported unsafe (finish_plan).

@@ -1,4 +1,4 @@
-// Replay simulator (SPEC §3.4 validation (a)): executes a plan over its trace with a logical
+// Replay simulator (docs/design.md §5 validation (a)): executes a plan over its trace with a logical
 // model of every buffer (an interval map byte range -> version that last wrote it, plus the
 // size) and of every RNG stream (a draw counter), independently of the contract derivation.
 //

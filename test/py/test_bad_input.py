@@ -1,4 +1,4 @@
-"""CLI-level bad input (SPEC §4): every hostile file is refused by the tools themselves.
+"""CLI-level bad input (docs/design.md §6): every hostile file is refused by the tools themselves.
 
 For every file in test/corpus/bad/ (scripts/make_bad_corpus.py), `ckpt-compress FILE -o OUT`
 must

@@ -1,4 +1,4 @@
-"""Hardening of the container tools and of the outputs (SPEC §4).
+"""Hardening of the container tools and of the outputs (docs/design.md §6).
 
   * hostile containers (scripts/make_bad_containers.py, built from a real container made at
     test time from data/lm_adamw.pt): ckpt-verify and ckpt-restore exit 1 or 2 with one clear

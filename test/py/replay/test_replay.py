@@ -1,4 +1,4 @@
-"""Round trips through real torch (SPEC §3.4 (b)): for every failure-pattern model, record a
+"""Round trips through real torch (docs/design.md §5 (b)): for every failure-pattern model, record a
 trace, plan at three budgets (loose, medium, tight), check the plans in the C++ simulator and
 apply them with scripts/apply_plan.py: every step must be byte-identical to the step without
 recomputation. Plain torch.utils.checkpoint over the same segments must NOT be, where the
