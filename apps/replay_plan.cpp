@@ -196,7 +196,12 @@ int main(int argc, char** argv) {
         } catch (const std::exception& e) {
             throw ckpt::BadInput("", e.what());  // the message names the path
         }
-        if (as_json) std::cout << summary_json(planner, results).dump() << "\n";
+        if (as_json) {  // one object, as every tool prints: ok and exit_code too
+            nlohmann::json j = summary_json(planner, results);
+            j["ok"] = rc == ckpt::kExitOk;
+            j["exit_code"] = rc;
+            std::cout << j.dump() << "\n";
+        }
         if (timing)
             fmt::print(stderr, "timing (CPU ms): load {:.1f} contracts {:.1f} plan {:.1f} output {:.1f} total {:.1f}\n",
                        t_load - t0, t_problem - t_load, t_plan - t_problem, cpu_ms() - t_plan, cpu_ms());

@@ -175,7 +175,8 @@ def test_json_summary_and_sweep_svg(replay_plan, tmp_path):
     r = run([replay_plan, trace, "--budget", "1GiB", "--budget", "1KiB", "--json"])
     assert r.returncode == 1
     obj = json.loads(r.stdout)
-    assert set(obj) == {"planner", "budgets"} and obj["planner"] == "joint"
+    assert set(obj) == {"planner", "budgets", "ok", "exit_code"} and obj["planner"] == "joint"
+    assert obj["ok"] is False and obj["exit_code"] == 1  # the 1KiB budget is infeasible
     ok, bad = obj["budgets"]
     assert set(ok) == {"budget_bytes", "feasible", "peak_bytes", "step_time_ms", "safe", "decisions"}
     assert ok["budget_bytes"] == 1 << 30 and ok["feasible"] and ok["safe"]
