@@ -1,10 +1,13 @@
 // ckpt-compress IN -o OUT.ckz.h5: guarded compression of the Adam/AdamW moments.
+// ckpt-compress DIR -o OUT_DIR: folder mode (lib/ckpt/folder.h), also under mpirun / srun.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
 
+#include "ckpt/folder.h"
 #include "ckpt/pipeline.h"
 #include "cli.h"
+#include "folder_cli.h"
 #include "gpu_codec.h"
 
 int main(int argc, char** argv) {
@@ -15,8 +18,8 @@ int main(int argc, char** argv) {
     std::string in, out, grad = "1.0", codec = "log8";
     ckpt::CompressOptions o;
     double param_bound = 0;
-    app.add_option("input", in, "checkpoint (.pt torch.save zip or legacy, .safetensors)")->required();
-    app.add_option("-o,--output", out, "container to write (.ckz.h5)")->required();
+    app.add_option("input", in, "checkpoint (.pt torch.save zip or legacy, .safetensors), or a checkpoint folder")->required();
+    app.add_option("-o,--output", out, "container to write (.ckz.h5), or the output folder for a folder input")->required();
     cli.add_force();
     ckpt::app::add_threads_option(app);
     app.add_option("--tolerance", o.tolerance, "max |first update - FP32 update|, in units of lr, in (0, 1]")
@@ -55,6 +58,10 @@ int main(int argc, char** argv) {
             throw ckpt::BadInput(in, e.what());
         }
         if (pb->count()) o.param_bound = param_bound;
+        if (ckpt::folder::is_folder(in))
+            return ckpt::app::run_folder(cli, [&](const ckpt::folder::FolderOptions& fo) {
+                return ckpt::folder::compress_folder(in, out, o, fo);
+            });
         ckpt::check_outputs({in}, {out}, cli.force);
         o.progress = !cli.json;
         const ckpt::Report r = ckpt::compress(in, out, o);

@@ -1,0 +1,709 @@
+// Folder mode (folder.h): the three jobs over a tree of files, shared among the ranks of a
+// Comm, built on the single-file compress / verify / restore of pipeline.h.
+#include "ckpt/folder.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "ckpt/folder_files.h"
+#include "common/error.h"
+#include "common/file.h"
+#include "io/file.h"
+#include "io/torch_file.h"
+
+#ifndef CKPTKIT_VERSION
+#error "CKPTKIT_VERSION must be defined (lib/ckpt/CMakeLists.txt)"
+#endif
+
+namespace ckpt::folder {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kNoAdam = "no Adam/AdamW optimizer state";
+constexpr const char* kSuffix = ".ckz.h5";
+
+std::string parent_of(const std::string& rel) {
+    const auto s = rel.rfind('/');
+    return s == std::string::npos ? "" : rel.substr(0, s);
+}
+std::string base_of(const std::string& rel) {
+    const auto s = rel.rfind('/');
+    return s == std::string::npos ? rel : rel.substr(s + 1);
+}
+bool ends_with(const std::string& s, const std::string& e) {
+    return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
+}
+
+// ---------------------------------------------------------------- manifest
+
+/// One manifest entry (formats/folder.md).
+struct Entry {
+    std::string path;       ///< relative path of the original file
+    std::string stored;     ///< relative path in the compressed folder
+    bool container = false;
+    uint64_t size = 0, xxh3 = 0;                 ///< of the stored file
+    uint64_t source_size = 0, source_xxh3 = 0;   ///< of the original file
+};
+
+struct Manifest {
+    std::string source;               ///< name of the input folder
+    std::vector<Layout> layouts;
+    std::vector<std::string> dirs;
+    std::vector<Entry> files;         ///< sorted by path
+};
+
+json layout_json(const Layout& l) { return {{"kind", l.kind}, {"dir", l.dir}, {"evidence", l.evidence}, {"note", l.note}}; }
+Layout layout_from(const json& j) {
+    return {j.at("kind").get<std::string>(), j.at("dir").get<std::string>(), j.value("evidence", ""), j.value("note", "")};
+}
+
+void write_manifest(const std::string& dir, const Manifest& m) {
+    json j{{"format", kManifestFormat}, {"version", kManifestVersion}, {"tool_version", CKPTKIT_VERSION},
+           {"source", m.source}, {"dirs", m.dirs}};
+    j["layouts"] = json::array();
+    for (auto& l : m.layouts) j["layouts"].push_back(layout_json(l));
+    j["files"] = json::array();
+    for (auto& e : m.files)
+        j["files"].push_back({{"path", e.path}, {"stored", e.stored}, {"container", e.container}, {"size", e.size},
+                              {"xxh3", hex64(e.xxh3)}, {"source_size", e.source_size}, {"source_xxh3", hex64(e.source_xxh3)}});
+    const std::string text = j.dump(1) + "\n";
+    const std::string path = join(dir, kManifestName);
+    try {
+        FileWriter w(path);
+        w.write(text.data(), text.size());
+        w.close();
+    } catch (const std::exception& e) {
+        throw BadInput(path, e.what());
+    }
+}
+
+/// Read and check OUT_DIR's manifest: every path relative, inside, unique. Throws BadInput.
+Manifest read_manifest(const std::string& dir) {
+    const std::string path = join(dir, kManifestName);
+    if (!fs::is_regular_file(path))
+        throw BadInput(dir, std::string("not a ckptkit folder (no ") + kManifestName + "); pass the folder ckpt-compress wrote");
+    Manifest m;
+    try {
+        const io::InputFile f(path);
+        if (f.size() > (256u << 20)) throw BadInput(path, "manifest over 256 MiB");
+        const json j = json::parse(f.read_string(0, std::size_t(f.size()), "manifest"));
+        if (j.at("format").get<std::string>() != kManifestFormat) throw BadInput(path, "not a ckptkit folder manifest");
+        if (j.at("version").get<int>() != kManifestVersion)
+            throw BadInput(path, fmt::format("manifest version {} (this tool reads {})", j.at("version").get<int>(), kManifestVersion));
+        m.source = j.value("source", "");
+        for (auto& l : j.at("layouts")) m.layouts.push_back(layout_from(l));
+        for (auto& d : j.at("dirs")) m.dirs.push_back(d.get<std::string>());
+        for (auto& e : j.at("files"))
+            m.files.push_back({e.at("path").get<std::string>(), e.at("stored").get<std::string>(), e.at("container").get<bool>(),
+                               e.at("size").get<uint64_t>(), parse_hex64(e.at("xxh3").get<std::string>()),
+                               e.at("source_size").get<uint64_t>(), parse_hex64(e.at("source_xxh3").get<std::string>())});
+    } catch (const BadInput&) {
+        throw;
+    } catch (const std::exception& e) {
+        throw BadInput(path, std::string("malformed manifest: ") + e.what());
+    }
+    std::set<std::string> seen;
+    auto safe = [&](const std::string& p) {
+        const fs::path q(p);
+        if (p.empty() || q.is_absolute() || p.find('\\') != std::string::npos ||
+            std::any_of(q.begin(), q.end(), [](const fs::path& c) { return c == ".." || c == "."; }))
+            throw BadInput(path, "manifest path outside the folder: " + p);
+    };
+    for (auto& d : m.dirs) safe(d);
+    for (auto& e : m.files) {
+        safe(e.path);
+        safe(e.stored);
+        if (e.stored != (e.container ? e.path + kSuffix : e.path)) throw BadInput(path, "manifest entry with a wrong stored name: " + e.stored);
+        if (!seen.insert(e.path).second) throw BadInput(path, "manifest lists a file twice: " + e.path);
+    }
+    return m;
+}
+
+// ---------------------------------------------------------------- rows across ranks
+
+json row_json(const FileRow& r) {
+    json j{{"file", r.file}, {"stored", r.stored}, {"action", r.action}, {"layout", r.layout},
+           {"bytes_in", r.bytes_in}, {"bytes_out", r.bytes_out}, {"moment_values", r.moment_values},
+           {"escapes", r.escapes}, {"moment_bytes_fp32", r.moment_bytes_fp32}, {"moment_bytes_out", r.moment_bytes_out},
+           {"moment_reduction", r.moment_bytes_fp32 ? 1.0 - double(r.moment_bytes_out) / double(r.moment_bytes_fp32) : 0.0},
+           {"max_bound_lr", r.max_bound}, {"ok", r.ok}, {"note", r.note},
+           {"xxh3", hex64(r.xxh3)}, {"source_xxh3", hex64(r.source_xxh3)}};
+    j["report"] = r.report_json.empty() ? json(nullptr) : json::parse(r.report_json);
+    return j;
+}
+FileRow row_from(const json& j) {
+    FileRow r;
+    r.file = j.at("file");
+    r.stored = j.at("stored");
+    r.action = j.at("action");
+    r.layout = j.at("layout");
+    r.bytes_in = j.at("bytes_in");
+    r.bytes_out = j.at("bytes_out");
+    r.moment_values = j.at("moment_values");
+    r.escapes = j.at("escapes");
+    r.moment_bytes_fp32 = j.at("moment_bytes_fp32");
+    r.moment_bytes_out = j.at("moment_bytes_out");
+    r.max_bound = j.at("max_bound_lr");
+    r.ok = j.at("ok");
+    r.note = j.at("note");
+    r.xxh3 = parse_hex64(j.at("xxh3"));
+    r.source_xxh3 = parse_hex64(j.at("source_xxh3"));
+    if (!j.at("report").is_null()) r.report_json = j.at("report").dump();
+    return r;
+}
+
+/// The error one rank met, as every rank will rethrow it.
+struct Failure {
+    int code = 0;            ///< 0 none, kExitBadInput, kExitCheckFailed
+    std::string file, what;
+    json to_json() const { return {{"code", code}, {"file", file}, {"what", what}}; }
+    static Failure from(const json& j) { return {j.at("code").get<int>(), j.at("file").get<std::string>(), j.at("what").get<std::string>()}; }
+    [[noreturn]] void raise() const {
+        if (code == kExitCheckFailed) throw CheckFailed(file.empty() ? what : file + ": " + what);
+        throw BadInput(file, what);
+    }
+};
+
+/// Run `f` (on rank 0 only when `root_only`), then agree: when any rank failed, every rank
+/// throws the failure of the lowest failing rank. Keeps the ranks' collectives in step.
+void agree(Comm& c, bool root_only, const std::function<void()>& f) {
+    Failure fail;
+    if (!root_only || c.rank() == 0) {
+        try {
+            f();
+        } catch (const BadInput& e) {
+            fail = {kExitBadInput, e.file, e.what()};
+        } catch (const CheckFailed& e) {
+            fail = {kExitCheckFailed, "", e.what()};
+        } catch (const std::exception& e) {
+            fail = {kExitBadInput, "", e.what()};
+        }
+    }
+    for (const auto& s : c.allgather(fail.to_json().dump())) {
+        const Failure g = Failure::from(json::parse(s));
+        if (g.code) g.raise();
+    }
+}
+
+/// Owner rank of each item: longest processing time first (items by weight, descending,
+/// ties by index), each to the least-loaded rank (ties: the lowest). Same on every rank.
+std::vector<int> share(const std::vector<uint64_t>& weights, int ranks) {
+    std::vector<std::size_t> order(weights.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return weights[a] > weights[b]; });
+    std::vector<uint64_t> load(std::size_t(ranks), 0);
+    std::vector<int> owner(weights.size(), 0);
+    for (std::size_t i : order) {
+        const auto r = std::size_t(std::min_element(load.begin(), load.end()) - load.begin());
+        owner[i] = int(r);
+        load[r] += weights[i] + 4096;   // + a per-file cost, so many empty files spread too
+    }
+    return owner;
+}
+
+/// Run `job(i)` for this rank's items, then gather every rank's rows (sorted by file).
+/// A rank stops at its first failure; afterwards every rank throws the failure with the
+/// smallest file name (after `cleanup` ran on rank 0).
+std::vector<FileRow> run_shared(Comm& c, const std::vector<uint64_t>& weights, const std::function<FileRow(std::size_t)>& job,
+                                const std::function<void()>& cleanup, bool progress) {
+    const std::vector<int> owner = share(weights, c.size());
+    json mine{{"rows", json::array()}, {"failure", nullptr}};
+    const std::size_t my_count = std::size_t(std::count(owner.begin(), owner.end(), c.rank()));
+    std::size_t done = 0;
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+        if (owner[i] != c.rank()) continue;
+        Failure fail;
+        try {
+            const FileRow r = job(i);
+            mine["rows"].push_back(row_json(r));
+            if (progress) spdlog::info("[{}/{}]{} {} {}", ++done, my_count, c.size() > 1 ? fmt::format(" rank {}", c.rank()) : "", r.action, r.file);
+        } catch (const BadInput& e) {
+            fail = {kExitBadInput, e.file, e.what()};
+        } catch (const CheckFailed& e) {
+            fail = {kExitCheckFailed, "", e.what()};
+        } catch (const std::exception& e) {
+            fail = {kExitBadInput, "", e.what()};
+        }
+        if (fail.code) {
+            mine["failure"] = fail.to_json();
+            break;
+        }
+    }
+    std::vector<FileRow> rows;
+    std::optional<Failure> first;
+    for (const auto& s : c.allgather(mine.dump())) {
+        const json j = json::parse(s);
+        for (auto& r : j.at("rows")) rows.push_back(row_from(r));
+        if (!j.at("failure").is_null()) {
+            const Failure f = Failure::from(j.at("failure"));
+            if (!first || f.file < first->file) first = f;
+        }
+    }
+    if (first) {
+        agree(c, true, cleanup);
+        first->raise();
+    }
+    std::sort(rows.begin(), rows.end(), [](const FileRow& a, const FileRow& b) { return a.file < b.file; });
+    return rows;
+}
+
+// ---------------------------------------------------------------- per-file work
+
+/// The layout a file belongs to: the one of its own folder, else of the nearest parent.
+std::string layout_of(const std::vector<Layout>& ls, const std::string& file) {
+    std::string best;
+    std::size_t depth = 0;
+    for (const auto& l : ls) {
+        const bool under = l.dir.empty() || file.rfind(l.dir + "/", 0) == 0;
+        if (under && (best.empty() || l.dir.size() + 1 > depth)) {
+            best = l.kind;
+            depth = l.dir.size() + 1;
+        }
+    }
+    return best;
+}
+
+/// Files a layout says hold optimizer state: an error reading them fails the run instead
+/// of copying them.
+bool declared_optimizer(const std::vector<Layout>& ls, const std::string& file) {
+    const std::string dir = parent_of(file), base = base_of(file);
+    for (const auto& l : ls) {
+        if (l.dir != dir) continue;
+        if (l.kind == "hf-trainer" && base == "optimizer.pt") return true;
+        if (l.kind == "deepspeed-zero" && ends_with(base, "optim_states.pt")) return true;
+    }
+    return false;
+}
+
+/// First bytes say torch.save (zip or legacy) or safetensors; or a checkpoint extension.
+bool looks_like_checkpoint(const std::string& path) {
+    for (const char* e : {".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".distcp"})
+        if (ends_with(path, e)) return true;
+    const io::InputFile f(path);
+    if (f.size() >= 4 && f.u32(0, "magic") == 0x04034b50u) return true;   // "PK\3\4"
+    if (f.size() >= 9) {
+        const uint64_t n = f.u64(0, "safetensors header size");
+        if (n > 1 && n <= f.size() - 8 && f.read_string(8, 1, "header") == "{") return true;
+    }
+    return io::is_torch_legacy(f);
+}
+
+/// HF Trainer: the optimizer named by training_args.bin (a pickled TrainingArguments whose
+/// `optim` is an OptimizerNames enum, reduced as OptimizerNames('adamw_torch')), or "".
+std::string hf_optim_name(const std::string& dir, const Limits& limits) {
+    const std::string p = join(dir, "training_args.bin");
+    if (!fs::is_regular_file(p)) return "";
+    try {
+        const Checkpoint ck = read_checkpoint(p, limits);
+        const Value::Object* args = ck.root.object();
+        const Value* optim = args ? args->attr("optim") : nullptr;
+        if (!optim) return "";
+        if (auto s = std::get_if<std::string>(&optim->v)) return *s;
+        if (auto o = optim->object(); o && !o->args.empty())
+            if (auto s = std::get_if<std::string>(&o->args[0].v)) return *s;
+    } catch (const BadInput&) {
+    }
+    return "";
+}
+
+/// A row's moment figures and embedded report from a single-file Report; the report names
+/// the final paths `in` and `out` (not the temporary folder's).
+void fill_from(FileRow& r, const Report& rep, const std::string& in, const std::string& out) {
+    r.moment_values = rep.moment_values();
+    r.escapes = rep.escapes();
+    r.moment_bytes_fp32 = rep.moment_bytes_fp32();
+    r.moment_bytes_out = rep.moment_bytes_out();
+    r.max_bound = rep.max_bound();
+    r.ok = rep.ok;
+    json j = json::parse(rep.json());
+    j["input"] = in;
+    if (j.contains("output")) j["output"] = out;
+    r.report_json = j.dump();
+}
+
+/// Create `tmp` and every sub-folder of the tree in it.
+void make_dirs(const std::string& tmp, const std::vector<std::string>& dirs) {
+    std::error_code ec;
+    if (!fs::create_directory(tmp, ec) || ec) throw BadInput(tmp, "cannot create the temporary folder: " + ec.message());
+    for (const auto& d : dirs)
+        if (fs::create_directories(join(tmp, d), ec); ec) throw BadInput(join(tmp, d), "cannot create folder: " + ec.message());
+}
+
+void remove_tree(const std::string& p) {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+}
+
+std::string folder_name(const std::string& p) {
+    fs::path q = fs::path(p).lexically_normal();
+    if (q.filename().empty()) q = q.parent_path();
+    return q.filename().string();
+}
+
+FolderReport new_report(const char* tool, const std::string& in, const std::string& out, Comm& c) {
+    FolderReport rep;
+    rep.tool = tool;
+    rep.input = in;
+    rep.output = out;
+    rep.ranks = c.size();
+    return rep;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- report
+
+uint64_t FolderReport::bytes_in() const { uint64_t s = 0; for (auto& f : files) s += f.bytes_in; return s; }
+uint64_t FolderReport::bytes_out() const { uint64_t s = 0; for (auto& f : files) s += f.bytes_out; return s; }
+
+std::string FolderReport::table() const {
+    uint64_t mv = 0, esc = 0, mf = 0, mo = 0;
+    double mb = 0;
+    for (auto& f : files) {
+        mv += f.moment_values; esc += f.escapes; mf += f.moment_bytes_fp32; mo += f.moment_bytes_out;
+        mb = std::max(mb, f.max_bound);
+    }
+    const std::string what = tool == "ckpt-verify" ? input + (output.empty() ? "" : " (original: " + output + ")")
+                                                   : input + " -> " + output;
+    std::string s = fmt::format("{}: folder {}  ranks={}", tool, what, ranks);
+    if (!codec.empty()) s += fmt::format(" codec={} tolerance={} grad_bound={}", codec, tolerance, grad_bound);
+    s += "\n";
+    for (auto& l : layouts)
+        s += fmt::format("layout: {} in {} ({}){}\n", l.kind, l.dir.empty() ? "." : l.dir + "/", l.evidence,
+                         l.note.empty() ? "" : "; " + l.note);
+    std::size_t w = 5;
+    for (auto& f : files) w = std::max(w, f.file.size());
+    w = std::min<std::size_t>(w, 60);
+    s += fmt::format("{:<{}}  {:<10}  {:>14}  {:>14}  {:>11}  {:>9}  {:>14}\n", "file", w, "action", "bytes in", "bytes out",
+                     "reduction %", "escapes %", "max bound (lr)");
+    auto line = [&](const std::string& name, const std::string& action, uint64_t bi, uint64_t bo, uint64_t v, uint64_t e,
+                    uint64_t f, uint64_t o, double b, const std::string& note) {
+        const std::string red = f ? fmt::format("{:.2f}", 100.0 * (1.0 - double(o) / double(f))) : "-";
+        const std::string ep = v ? fmt::format("{:.3f}", 100.0 * double(e) / double(v)) : "-";
+        const std::string bs = f ? fmt::format("{:.3e}", b) : "-";
+        s += fmt::format("{:<{}}  {:<10}  {:>14}  {:>14}  {:>11}  {:>9}  {:>14}{}\n", name.substr(0, w), w, action, bi, bo, red,
+                         ep, bs, note.empty() ? "" : "  " + note);
+    };
+    for (auto& f : files)
+        line(f.file, f.action, f.bytes_in, f.bytes_out, f.moment_values, f.escapes, f.moment_bytes_fp32, f.moment_bytes_out,
+             f.max_bound, f.note);
+    line("total", fmt::format("{} files", files.size()), bytes_in(), bytes_out(), mv, esc, mf, mo, mb, "");
+    for (auto& f : failures) s += "FAILED: " + f + "\n";
+    s += ok ? "ok\n" : "NOT OK\n";
+    return s;
+}
+
+std::string FolderReport::json() const {
+    nlohmann::json j{{"tool", tool}, {"input", input}, {"folder", true}, {"ranks", ranks}, {"ok", ok}, {"exit_code", ok ? 0 : 1}};
+    if (tool == "ckpt-verify") j["original"] = output.empty() ? nlohmann::json(nullptr) : nlohmann::json(output);
+    else j["output"] = output;
+    if (!codec.empty()) {
+        j["codec"] = codec;
+        j["tolerance"] = tolerance;
+        j["grad_bound"] = std::isfinite(grad_bound) ? nlohmann::json(grad_bound) : nlohmann::json("inf");
+    }
+    uint64_t mv = 0, esc = 0, mf = 0, mo = 0, containers = 0;
+    double mb = 0;
+    j["files"] = nlohmann::json::array();
+    for (auto& f : files) {
+        mv += f.moment_values; esc += f.escapes; mf += f.moment_bytes_fp32; mo += f.moment_bytes_out;
+        mb = std::max(mb, f.max_bound);
+        containers += f.report_json.empty() ? 0 : 1;
+        nlohmann::json r = row_json(f);
+        r.erase("xxh3");
+        r.erase("source_xxh3");
+        j["files"].push_back(r);
+    }
+    j["layouts"] = nlohmann::json::array();
+    for (auto& l : layouts) j["layouts"].push_back(layout_json(l));
+    j["file_count"] = files.size();
+    j["container_count"] = containers;
+    j["file_bytes_in"] = bytes_in();
+    j["file_bytes_out"] = bytes_out();
+    j["moment_values"] = mv;
+    j["escapes"] = esc;
+    j["moment_bytes_fp32"] = mf;
+    j["moment_bytes_out"] = mo;
+    j["moment_reduction"] = mf ? 1.0 - double(mo) / double(mf) : 0.0;
+    j["max_bound_lr"] = mb;
+    j["failures"] = failures;
+    return j.dump();
+}
+
+bool is_folder(const std::string& path) {
+    std::error_code ec;
+    return fs::is_directory(path, ec);
+}
+
+// ---------------------------------------------------------------- compress
+
+FolderReport compress_folder(const std::string& in, const std::string& out, const CompressOptions& o,
+                             const FolderOptions& fo, Comm& c) {
+    FolderReport rep = new_report("ckpt-compress", in, out, c);
+    rep.codec = codec::kind_name(o.codec);
+    rep.tolerance = o.tolerance;
+    rep.grad_bound = o.grad_bound;
+    Tree tree;
+    std::string tmp;
+    agree(c, false, [&] {
+        if (!is_folder(in)) throw BadInput(in, "not a folder");
+        check_output_folder(in, out, fo.force);
+        tree = list_tree(in);
+        std::set<std::string> names(tree.files.begin(), tree.files.end());
+        for (const auto& f : tree.files)
+            if (f == kManifestName || names.count(f + kSuffix))
+                throw BadInput(join(in, f), "its name is taken by folder mode's output (" + std::string(kManifestName) + " or " +
+                                                f + kSuffix + "); rename it first");
+        rep.layouts = detect_layouts(in, tree.files);
+    });
+    tmp = c.broadcast(temp_sibling(out, long(::getpid())));
+    agree(c, true, [&] { make_dirs(tmp, tree.dirs); });
+
+    std::vector<uint64_t> weights;
+    for (const auto& f : tree.files) weights.push_back(fs::file_size(join(in, f)));
+    std::map<std::string, std::string> hf_optim;   // folder -> optim name from training_args.bin
+    auto job = [&](std::size_t i) {
+        const std::string& file = tree.files[i];
+        const std::string src = join(in, file);
+        FileRow r;
+        r.file = file;
+        r.layout = layout_of(rep.layouts, file);
+        auto copy = [&](const std::string& note) {
+            const Digest d = copy_file(src, join(tmp, file));
+            r.stored = file;
+            r.action = "copied";
+            r.bytes_in = r.bytes_out = d.size;
+            r.xxh3 = r.source_xxh3 = d.xxh3;
+            r.note = note;
+            return r;
+        };
+        if (!looks_like_checkpoint(src)) return copy("");
+        try {
+            (void)read_checkpoint(src, o.limits);
+        } catch (const BadInput& e) {
+            if (declared_optimizer(rep.layouts, file)) throw;
+            return copy(std::string("not read as a checkpoint: ") + e.what());
+        }
+        CompressOptions oo = o;
+        oo.progress = false;
+        std::string note;
+        if (r.layout == "hf-trainer" && base_of(file) == "optimizer.pt" && o.optimizer == "auto") {
+            const std::string dir = parent_of(file);
+            if (!hf_optim.count(dir)) hf_optim[dir] = hf_optim_name(join(in, dir), o.limits);
+            const std::string& name = hf_optim[dir];
+            if (name.rfind("adamw_torch", 0) == 0) {
+                oo.optimizer = "adamw";
+                note = "optimizer adamw (training_args.bin: optim=" + name + ")";
+            }
+        }
+        const std::string stored = file + kSuffix;
+        try {
+            const Report cr = compress(src, join(tmp, stored), oo);
+            fill_from(r, cr, src, join(out, stored));
+        } catch (const BadInput& e) {
+            if (std::string(e.what()).find(kNoAdam) != std::string::npos) return copy("no Adam/AdamW state");
+            throw;
+        }
+        const Digest sd = hash_file(src), cd = hash_file(join(tmp, stored));
+        r.stored = stored;
+        r.action = "compressed";
+        r.bytes_in = sd.size;
+        r.bytes_out = cd.size;
+        r.source_xxh3 = sd.xxh3;
+        r.xxh3 = cd.xxh3;
+        r.note = note;
+        if (!r.ok) r.note += (r.note.empty() ? "" : "; ") + std::string("bound above tolerance");
+        return r;
+    };
+    rep.files = run_shared(c, weights, job, [&] { remove_tree(tmp); }, fo.progress);
+
+    Manifest m;
+    m.source = folder_name(in);
+    m.layouts = rep.layouts;
+    m.dirs = tree.dirs;
+    for (const auto& r : rep.files) {
+        m.files.push_back({r.file, r.stored, r.action == "compressed", r.bytes_out, r.xxh3, r.bytes_in, r.source_xxh3});
+        rep.ok = rep.ok && r.ok;
+        if (!r.ok) rep.failures.push_back(r.file + ": " + r.note);
+    }
+    agree(c, true, [&] {
+        try {
+            write_manifest(tmp, m);
+            commit_folder(tmp, out);
+        } catch (...) {
+            remove_tree(tmp);
+            throw;
+        }
+    });
+    return rep;
+}
+
+// ---------------------------------------------------------------- verify
+
+FolderReport verify_folder(const std::string& dir, const std::optional<std::string>& original, const VerifyOptions& vo,
+                           Comm& c) {
+    FolderReport rep = new_report("ckpt-verify", dir, original.value_or(""), c);
+    Manifest m;
+    std::vector<std::string> pre;   // failures found before the per-file work
+    std::set<std::string> missing;
+    agree(c, false, [&] {
+        if (!is_folder(dir)) throw BadInput(dir, "not a folder");
+        m = read_manifest(dir);
+        if (original && !is_folder(*original)) throw BadInput(*original, "--original: not a folder");
+        const Tree t = list_tree(dir);
+        std::set<std::string> present(t.files.begin(), t.files.end()), listed;
+        present.erase(kManifestName);
+        for (const auto& e : m.files) {
+            listed.insert(e.stored);
+            if (!present.count(e.stored)) {
+                missing.insert(e.stored);
+                pre.push_back(e.stored + ": missing (listed in the manifest)");
+            }
+        }
+        for (const auto& p : present)
+            if (!listed.count(p)) pre.push_back(p + ": not in the manifest");
+        if (original) {
+            std::set<std::string> paths;
+            for (const auto& e : m.files) paths.insert(e.path);
+            for (const auto& f : list_tree(*original).files)
+                if (!paths.count(f)) pre.push_back(join(*original, f) + ": in the original but not in the compressed folder");
+        }
+    });
+    rep.layouts = m.layouts;
+    std::vector<uint64_t> weights;
+    for (const auto& e : m.files) weights.push_back(missing.count(e.stored) ? 0 : e.size);
+    auto job = [&](std::size_t i) {
+        const Entry& e = m.files[i];
+        FileRow r;
+        r.file = e.path;
+        r.stored = e.stored;
+        r.layout = layout_of(m.layouts, e.path);
+        r.action = e.container ? "verified" : "intact";
+        r.xxh3 = e.xxh3;
+        r.source_xxh3 = e.source_xxh3;
+        r.bytes_in = e.size;
+        r.bytes_out = e.source_size;
+        auto fail = [&](const std::string& why) {
+            r.ok = false;
+            r.note += (r.note.empty() ? "" : "; ") + why;
+        };
+        if (missing.count(e.stored)) {
+            fail("missing");
+            return r;
+        }
+        const std::string path = join(dir, e.stored);
+        const Digest d = hash_file(path);
+        if (d.size != e.size || d.xxh3 != e.xxh3) {
+            fail(fmt::format("size/xxh3 {}/{} differ from the manifest's {}/{}", d.size, hex64(d.xxh3), e.size, hex64(e.xxh3)));
+            return r;
+        }
+        std::string orig;
+        if (original) {
+            orig = join(*original, e.path);
+            if (!fs::is_regular_file(orig)) {
+                fail("original " + orig + " missing");
+                orig.clear();
+            } else if (const Digest od = hash_file(orig); od.size != e.source_size || od.xxh3 != e.source_xxh3) {
+                fail("original " + orig + " is not the file that was compressed (size/xxh3 differ)");
+                orig.clear();
+            }
+        }
+        if (e.container) {
+            VerifyOptions v = vo;
+            v.progress = false;
+            if (!orig.empty()) v.original = orig;
+            else v.original.reset();
+            try {
+                const Report vr = verify(path, v);
+                const bool was_ok = r.ok;
+                fill_from(r, vr, path, orig);
+                r.ok = was_ok && vr.ok;
+                for (const auto& f : vr.failures) fail(f);
+            } catch (const std::exception& ex) {
+                fail(ex.what());
+            }
+        }
+        return r;
+    };
+    rep.files = run_shared(c, weights, job, [] {}, vo.progress);
+    rep.failures = pre;
+    rep.ok = pre.empty();
+    for (const auto& r : rep.files)
+        if (!r.ok) {
+            rep.ok = false;
+            rep.failures.push_back(r.stored + ": " + r.note);
+        }
+    std::sort(rep.failures.begin(), rep.failures.end());
+    rep.failures.erase(std::unique(rep.failures.begin(), rep.failures.end()), rep.failures.end());
+    return rep;
+}
+
+// ---------------------------------------------------------------- restore
+
+FolderReport restore_folder(const std::string& dir, const std::string& out, const RestoreOptions& ro,
+                            const FolderOptions& fo, Comm& c) {
+    FolderReport rep = new_report("ckpt-restore", dir, out, c);
+    Manifest m;
+    agree(c, false, [&] {
+        if (!is_folder(dir)) throw BadInput(dir, "not a folder");
+        m = read_manifest(dir);
+        check_output_folder(dir, out, fo.force);
+    });
+    rep.layouts = m.layouts;
+    const std::string tmp = c.broadcast(temp_sibling(out, long(::getpid())));
+    agree(c, true, [&] { make_dirs(tmp, m.dirs); });
+    std::vector<uint64_t> weights;
+    for (const auto& e : m.files) weights.push_back(e.size);
+    auto job = [&](std::size_t i) {
+        const Entry& e = m.files[i];
+        const std::string src = join(dir, e.stored), dst = join(tmp, e.path);
+        FileRow r;
+        r.file = e.path;
+        r.stored = e.stored;
+        r.layout = layout_of(m.layouts, e.path);
+        r.action = "restored";
+        if (e.container) {
+            RestoreOptions oo = ro;
+            oo.progress = false;
+            const Report rr = restore(src, dst, oo);
+            fill_from(r, rr, src, join(out, e.path));
+            r.bytes_in = io::InputFile(src).size();
+            r.bytes_out = io::InputFile(dst).size();
+        } else {
+            const Digest d = copy_file(src, dst);
+            if (d.size != e.size || d.xxh3 != e.xxh3)
+                throw CheckFailed(src + ": size/xxh3 " + std::to_string(d.size) + "/" + hex64(d.xxh3) +
+                                  " differ from the manifest's " + std::to_string(e.size) + "/" + hex64(e.xxh3));
+            r.action = "copied";
+            r.bytes_in = r.bytes_out = d.size;
+            r.xxh3 = r.source_xxh3 = d.xxh3;
+        }
+        return r;
+    };
+    rep.files = run_shared(c, weights, job, [&] { remove_tree(tmp); }, fo.progress);
+    agree(c, true, [&] {
+        try {
+            commit_folder(tmp, out);
+        } catch (...) {
+            remove_tree(tmp);
+            throw;
+        }
+    });
+    return rep;
+}
+
+}  // namespace ckpt::folder

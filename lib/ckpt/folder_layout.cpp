@@ -1,0 +1,120 @@
+// Layouts recognised from their files (folder.h detect_layouts). Sources:
+// HF transformers trainer.py _save_checkpoint (optimizer.pt, scheduler.pt, rng_state.pth,
+// trainer_state.json, training_args.bin next to model.safetensors / pytorch_model.bin);
+// DeepSpeed engine.py + runtime/zero/stage_1_and_2.py (global_stepN/ with
+// [bf16_]zero_pp_rank_R_mp_rank_XX_optim_states.pt and mp_rank_XX_model_states.pt, the
+// parent's `latest` naming the newest tag); torch.distributed.checkpoint filesystem.py and
+// metadata.py (.metadata: a pickled Metadata whose storage_data maps MetadataIndex(fqn,
+// offset) to _StorageInfo(relative_path, offset, length); items in *.distcp files).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "ckpt/folder.h"
+#include "ckpt/folder_files.h"
+#include "common/error.h"
+#include "io/file.h"
+#include "io/pickle.h"
+
+namespace ckpt::folder {
+
+namespace {
+
+std::string parent_of(const std::string& rel) {
+    const auto s = rel.rfind('/');
+    return s == std::string::npos ? "" : rel.substr(0, s);
+}
+std::string base_of(const std::string& rel) {
+    const auto s = rel.rfind('/');
+    return s == std::string::npos ? rel : rel.substr(s + 1);
+}
+bool ends_with(const std::string& s, const std::string& e) {
+    return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
+}
+const std::string* str_of(const Value* v) { return v ? std::get_if<std::string>(&v->v) : nullptr; }
+const int64_t* int_of(const Value* v) { return v ? std::get_if<int64_t>(&v->v) : nullptr; }
+
+/// What a DCP .metadata says: items, files, and the moment items among them.
+std::string dcp_summary(const std::string& path) {
+    const io::InputFile f(path);
+    io::RangeReader r(f, 0, f.size());
+    const io::PickleResult p = io::unpickle(r, Limits{}, io::PersistentIds::None);
+    const Value::Object* md = p.root.object();
+    if (!md) throw BadInput(path, "not a pickled Metadata object");
+    const Value* sd = md->attr("storage_data");
+    const Value* sdm = md->attr("state_dict_metadata");
+    if (!sd || !sd->is_dict()) throw BadInput(path, "Metadata has no storage_data dict");
+    std::set<std::string> files;
+    uint64_t items = 0, moments = 0, moment_bytes = 0;
+    for (const auto& kv : std::get<Value::Dict>(sd->v)) {
+        const Value::Object* key = kv.first.object();
+        const Value::Object* info = kv.second.object();
+        const std::string* fqn = key ? str_of(key->attr("fqn")) : nullptr;
+        const std::string* rel = info ? str_of(info->attr("relative_path")) : nullptr;
+        const int64_t* len = info ? int_of(info->attr("length")) : nullptr;
+        if (!fqn || !rel || !len) throw BadInput(path, "storage_data entry without fqn / relative_path / length");
+        ++items;
+        files.insert(*rel);
+        if (ends_with(*fqn, ".exp_avg") || ends_with(*fqn, ".exp_avg_sq") || ends_with(*fqn, ".max_exp_avg_sq")) {
+            ++moments;
+            moment_bytes += uint64_t(*len);
+        }
+    }
+    const std::size_t fqns = sdm && sdm->is_dict() ? std::get<Value::Dict>(sdm->v).size() : 0;
+    return fmt::format("{} FQNs, {} items in {} .distcp files; {} moment items ({} bytes) copied exact: "
+                       "moment compression inside .distcp files is not implemented",
+                       fqns, items, files.size(), moments, moment_bytes);
+}
+
+}  // namespace
+
+std::vector<Layout> detect_layouts(const std::string& root, const std::vector<std::string>& files) {
+    std::map<std::string, std::set<std::string>> by_dir;   // folder -> file names
+    for (const auto& f : files) by_dir[parent_of(f)].insert(base_of(f));
+    std::vector<Layout> out;
+    for (const auto& [dir, names] : by_dir) {
+        auto has = [&](const char* n) { return names.count(n) > 0; };
+        // HF Trainer checkpoint-N/
+        if (has("optimizer.pt")) {
+            for (const char* m : {"model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                                  "pytorch_model.bin.index.json"})
+                if (has(m)) {
+                    out.push_back({"hf-trainer", dir, std::string("optimizer.pt + ") + m, ""});
+                    break;
+                }
+        }
+        // DeepSpeed ZeRO-1/2 global_stepN/
+        std::size_t shards = 0;
+        for (const auto& n : names) shards += ends_with(n, "optim_states.pt");
+        if (shards) {
+            const std::string model = std::any_of(names.begin(), names.end(), [](auto& n) { return ends_with(n, "model_states.pt"); })
+                                          ? " + *model_states.pt" : "";
+            out.push_back({"deepspeed-zero", dir, fmt::format("{} *optim_states.pt shards{}", shards, model), ""});
+        }
+        if (has("latest") && by_dir.size() > 1) {
+            std::string tag;
+            try {
+                const io::InputFile f(join(root, join(dir, "latest")));
+                tag = f.read_string(0, std::size_t(std::min<uint64_t>(f.size(), 256)), "latest");
+                while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+            } catch (const BadInput&) {}
+            if (!tag.empty() && by_dir.count(join(dir, tag)))
+                out.push_back({"deepspeed-zero", dir, "latest -> " + tag, "parent folder of the tagged checkpoints"});
+        }
+        // torch.distributed.checkpoint
+        if (has(".metadata") && std::any_of(names.begin(), names.end(), [](auto& n) { return ends_with(n, ".distcp"); })) {
+            Layout l{"dcp", dir, ".metadata + *.distcp", ""};
+            try {
+                l.note = dcp_summary(join(root, join(dir, ".metadata")));
+            } catch (const std::exception& e) {
+                l.note = std::string(".metadata unreadable (") + e.what() + "); every file copied exact";
+            }
+            out.push_back(l);
+        }
+    }
+    return out;
+}
+
+}  // namespace ckpt::folder
