@@ -11,6 +11,14 @@
 
 namespace ckpt::app {
 
+/// --help footer on folder mode; names mpirun only when the tools were built with MPI.
+inline void add_folder_help(Cli& cli) {
+    cli.app.footer(std::string("Folder mode: pass a folder (HF Trainer checkpoint-N/, DeepSpeed global_stepN/ or its "
+                               "parent, DCP, any tree) and an output folder; formats/folder.md. ") +
+                   (mpi_built() ? "Built with MPI: under mpirun / srun the ranks share the files."
+                                : "Built without MPI (CKPTKIT_MPI=OFF or not found): one process."));
+}
+
 /// Run a folder job (lib/ckpt/folder.h) with --force and a per-file progress line (stderr
 /// a terminal, no --json); rank 0 prints the summary (table or --json). Returns the exit
 /// code: 0 ok, 1 a check failed; errors propagate to Cli::main (exit 2 naming the file).
