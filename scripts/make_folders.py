@@ -3,12 +3,13 @@
 
 Usage: /usr/bin/python3 scripts/make_folders.py OUT_DIR [--width 64] [--steps 5]
 Writes, under OUT_DIR:
-  hf/checkpoint-5/        HF Trainer layout (transformers trainer.py _save_checkpoint):
+  hf/checkpoint-5/,       HF Trainer layout (transformers trainer.py _save_checkpoint):
                           model.safetensors (tiny strict writer), optimizer.pt (torch.optim.AdamW
                           state_dict), scheduler.pt (LambdaLR state_dict), rng_state.pth (python /
                           numpy / cpu RNG states), trainer_state.json, config.json,
                           training_args.bin (a pickled stand-in of transformers.TrainingArguments
-                          with optim=OptimizerNames.ADAMW_TORCH)
+                          with optim=OptimizerNames.ADAMW_TORCH);
+  hf_adam/checkpoint-5/   the same with torch.optim.Adam (L2 weight decay)
   ds2/, ds4/              DeepSpeed ZeRO-1/2 with 2 and 4 data-parallel ranks: latest ("global_step5"),
                           global_step5/mp_rank_00_model_states.pt and
                           zero_pp_rank_R_mp_rank_00_optim_states.pt (keys of deepspeed
@@ -160,10 +161,11 @@ def grads_of(net, batch):
     return {n: p.grad.detach().clone() for n, p in net.named_parameters()}
 
 
-def train_adamw(width, steps, wd=0.01):
+def train_adamw(width, steps, wd=0.01, opt_cls=torch.optim.AdamW):
+    """A Net and its optimizer (AdamW, or opt_cls) after `steps` real steps."""
     torch.manual_seed(0)
     net = Net(width)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=wd)
+    opt = opt_cls(net.parameters(), lr=1e-3, weight_decay=wd)
     for b in batches(width, steps)[:steps]:
         grads_of(net, b)
         opt.step()
@@ -211,10 +213,12 @@ def read_safetensors(path):
 
 # ---------------------------------------------------------------- HF Trainer checkpoint-N/
 
-def make_hf(root, width, steps):
-    d = os.path.join(root, "hf", f"checkpoint-{steps}")
+def make_hf(root, width, steps, opt_cls=torch.optim.AdamW, name="hf"):
+    """checkpoint-N/ under root/name; opt_cls torch.optim.Adam gives Adam's L2 weight decay
+    (Trainer(optimizers=...) keeps optim=adamw_torch in training_args.bin all the same)."""
+    d = os.path.join(root, name, f"checkpoint-{steps}")
     os.makedirs(d, exist_ok=True)
-    net, opt = train_adamw(width, steps)
+    net, opt = train_adamw(width, steps, opt_cls=opt_cls)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     write_safetensors(os.path.join(d, "model.safetensors"), net.state_dict(), {"format": "pt"})
     torch.save(opt.state_dict(), os.path.join(d, "optimizer.pt"))
@@ -380,6 +384,7 @@ def main():
     only = set(a.only or ["hf", "ds", "dcp"])
     if "hf" in only:
         print(make_hf(a.out, a.width, a.steps))
+        print(make_hf(a.out, a.width, a.steps, torch.optim.Adam, "hf_adam"))
     if "ds" in only:
         print(make_ds(a.out, 2, a.width, a.steps))
         print(make_ds(a.out, 4, a.width, a.steps))

@@ -33,7 +33,8 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kNoAdam = "no Adam/AdamW optimizer state";
+constexpr const char* kNoAdam = "no Adam/AdamW optimizer state";      // compress(): nothing to do
+constexpr const char* kNeedsTheta = "for the Adam L2 gradient domain";  // compress(): theta not in the file
 constexpr const char* kSuffix = ".ckz.h5";
 
 std::string parent_of(const std::string& rel) {
@@ -302,24 +303,6 @@ bool looks_like_checkpoint(const std::string& path) {
     return io::is_torch_legacy(f);
 }
 
-/// HF Trainer: the optimizer named by training_args.bin (a pickled TrainingArguments whose
-/// `optim` is an OptimizerNames enum, reduced as OptimizerNames('adamw_torch')), or "".
-std::string hf_optim_name(const std::string& dir, const Limits& limits) {
-    const std::string p = join(dir, "training_args.bin");
-    if (!fs::is_regular_file(p)) return "";
-    try {
-        const Checkpoint ck = read_checkpoint(p, limits);
-        const Value::Object* args = ck.root.object();
-        const Value* optim = args ? args->attr("optim") : nullptr;
-        if (!optim) return "";
-        if (auto s = std::get_if<std::string>(&optim->v)) return *s;
-        if (auto o = optim->object(); o && !o->args.empty())
-            if (auto s = std::get_if<std::string>(&o->args[0].v)) return *s;
-    } catch (const BadInput&) {
-    }
-    return "";
-}
-
 /// A row's moment figures and embedded report from a single-file Report; the report names
 /// the final paths `in` and `out` (not the temporary folder's).
 void fill_from(FileRow& r, const Report& rep, const std::string& in, const std::string& out) {
@@ -475,7 +458,6 @@ FolderReport compress_folder(const std::string& in, const std::string& out, cons
 
     std::vector<uint64_t> weights;
     for (const auto& f : tree.files) weights.push_back(fs::file_size(join(in, f)));
-    std::map<std::string, std::string> hf_optim;   // folder -> optim name from training_args.bin
     auto job = [&](std::size_t i) {
         const std::string& file = tree.files[i];
         const std::string src = join(in, file);
@@ -501,18 +483,22 @@ FolderReport compress_folder(const std::string& in, const std::string& out, cons
         CompressOptions oo = o;
         oo.progress = false;
         std::string note;
-        if (r.layout == "hf-trainer" && base_of(file) == "optimizer.pt" && o.optimizer == "auto") {
-            const std::string dir = parent_of(file);
-            if (!hf_optim.count(dir)) hf_optim[dir] = hf_optim_name(join(in, dir), o.limits);
-            const std::string& name = hf_optim[dir];
-            if (name.rfind("adamw_torch", 0) == 0) {
-                oo.optimizer = "adamw";
-                note = "optimizer adamw (training_args.bin: optim=" + name + ")";
-            }
-        }
         const std::string stored = file + kSuffix;
+        Report cr("", "", "", "", 0, 0);
         try {
-            const Report cr = compress(src, join(tmp, stored), oo);
+            try {
+                cr = compress(src, join(tmp, stored), oo);
+            } catch (const BadInput& e) {
+                // HF Trainer optimizer.pt holds no parameters: Adam's L2 domain takes
+                // |theta| <= the largest |value| of the model file(s) next to it.
+                if (r.layout != "hf-trainer" || o.param_bound || std::string(e.what()).find(kNeedsTheta) == std::string::npos)
+                    throw;
+                const auto b = model_param_bound(join(in, parent_of(file)), o.limits);
+                if (!b) throw;
+                oo.param_bound = b->first;
+                note = fmt::format("Adam L2 domain with |theta| <= {:.6g} from {}", b->first, b->second);
+                cr = compress(src, join(tmp, stored), oo);
+            }
             fill_from(r, cr, src, join(out, stored));
         } catch (const BadInput& e) {
             if (std::string(e.what()).find(kNoAdam) != std::string::npos) return copy("no Adam/AdamW state");

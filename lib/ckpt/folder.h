@@ -83,9 +83,10 @@ struct FolderOptions {
 /// ckpt-compress DIR -o OUT_DIR. Files are sniffed (torch zip / legacy / safetensors); those
 /// compress() refuses with "no Adam/AdamW optimizer state" are copied, any other refusal
 /// fails the run (BadInput naming the file; every rank throws it, nothing is left). An HF
-/// Trainer optimizer.pt under --optimizer auto gets adamw when the training_args.bin next to
-/// it says optim=adamw_torch*. Throws BadInput for an unreadable input, an output inside the
-/// input, or an existing output without force.
+/// Trainer optimizer.pt that compress() refuses for lack of theta (Adam's L2 domain) is
+/// compressed with param_bound = the largest |value| of the model file(s) next to it.
+/// Throws BadInput for an unreadable input, an output inside the input, or an existing
+/// output without force.
 FolderReport compress_folder(const std::string& in, const std::string& out, const CompressOptions&,
                              const FolderOptions&, Comm& = world_comm());
 

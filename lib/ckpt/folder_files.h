@@ -2,8 +2,12 @@
 // hashing and copying files with XXH3-64, the temporary output folder and its final rename.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "io/checkpoint.h"
 
 namespace ckpt::folder {
 
@@ -48,5 +52,13 @@ void check_output_folder(const std::string& in, const std::string& out, bool for
 /// renameat2(RENAME_EXCHANGE) and removed afterwards), then fsyncs the parent.
 /// Throws BadInput(out).
 void commit_folder(const std::string& tmp, const std::string& out);
+
+/// HF Trainer folders: the largest |value| over every float (F32/F16/BF16) storage of the
+/// model files next to optimizer.pt (model.safetensors, pytorch_model.bin and their shards
+/// model-*.safetensors, pytorch_model-*.bin) in `dir`, read in 1 MiB pieces, with the names
+/// of the files read. A sound |theta| bound for Adam's L2 gradient domain (the model file
+/// holds the parameters the next step starts from). Nullopt when no model file is there;
+/// BadInput when one cannot be read or holds a non-finite value.
+std::optional<std::pair<double, std::string>> model_param_bound(const std::string& dir, const Limits& limits);
 
 }  // namespace ckpt::folder

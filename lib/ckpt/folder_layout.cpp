@@ -17,6 +17,10 @@
 #include "common/error.h"
 #include "io/file.h"
 #include "io/pickle.h"
+#include "ckpt/values.h"
+
+#include <cmath>
+#include <filesystem>
 
 namespace ckpt::folder {
 
@@ -69,6 +73,47 @@ std::string dcp_summary(const std::string& path) {
 }
 
 }  // namespace
+
+std::optional<std::pair<double, std::string>> model_param_bound(const std::string& dir, const Limits& limits) {
+    std::vector<std::string> models;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+        const std::string n = e.path().filename().string();
+        const bool st = n == "model.safetensors" || (n.rfind("model-", 0) == 0 && ends_with(n, ".safetensors"));
+        const bool pt = n == "pytorch_model.bin" || (n.rfind("pytorch_model-", 0) == 0 && ends_with(n, ".bin"));
+        if ((st || pt) && e.is_regular_file()) models.push_back(n);
+    }
+    if (models.empty()) return std::nullopt;
+    std::sort(models.begin(), models.end());
+    double bound = 0;
+    std::string names;
+    std::vector<uint8_t> buf;
+    std::vector<float> vals;
+    for (const auto& n : models) {
+        const std::string path = join(dir, n);
+        const Checkpoint ck = read_checkpoint(path, limits);
+        const io::InputFile f(path);
+        for (const auto& s : ck.storages) {
+            const std::string dt = dtype_name(s.dtype);
+            const std::size_t es = float_dtype_size(dt);
+            if (!es) continue;
+            const uint64_t per = (1u << 20) / es;
+            for (uint64_t i = 0; i < s.numel; i += per) {
+                const std::size_t k = std::size_t(std::min<uint64_t>(per, s.numel - i));
+                buf.resize(k * es);
+                vals.resize(k);
+                f.read_at(s.file_offset + i * es, buf.data(), buf.size(), "model tensor");
+                bytes_to_float(dt, buf.data(), k, vals.data());
+                for (float v : vals) {
+                    if (!std::isfinite(v)) throw BadInput(path, "a model tensor holds non-finite values: no |theta| bound");
+                    bound = std::max(bound, double(std::fabs(v)));
+                }
+            }
+        }
+        names += (names.empty() ? "" : ", ") + n;
+    }
+    return std::make_pair(bound, names);
+}
 
 std::vector<Layout> detect_layouts(const std::string& root, const std::vector<std::string>& files) {
     std::map<std::string, std::set<std::string>> by_dir;   // folder -> file names

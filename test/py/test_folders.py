@@ -30,6 +30,7 @@ def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("folders")
     return {
         "hf": mf.make_hf(str(root), 64, mf.STEPS),
+        "hf_adam": mf.make_hf(str(root), 64, mf.STEPS, torch.optim.Adam, "hf_adam"),
         "ds2": mf.make_ds(str(root), 2, 64, mf.STEPS),
         "ds4": mf.make_ds(str(root), 4, 64, mf.STEPS),
         "dcp": mf.make_dcp(str(root), 64, mf.STEPS),
@@ -67,10 +68,10 @@ def roundtrip(tmp_path, src):
     return rep, out, back
 
 
-def step_deltas(params, opt_sd, groups_kw, grads):
-    """Parameter changes of one real torch.optim.AdamW step from opt_sd with the gradients."""
+def step_deltas(params, opt_sd, groups_kw, grads, opt_cls=torch.optim.AdamW):
+    """Parameter changes of one real optimizer step (opt_cls) from opt_sd with the gradients."""
     ps = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    opt = torch.optim.AdamW([dict(params=[ps[i] for i in g], **kw) for g, kw in groups_kw])
+    opt = opt_cls([dict(params=[ps[i] for i in g], **kw) for g, kw in groups_kw])
     opt.load_state_dict(opt_sd)
     for p, g in zip(ps, grads):
         p.grad = g.clone()
@@ -78,7 +79,7 @@ def step_deltas(params, opt_sd, groups_kw, grads):
     return [(p.detach() - q).double() for p, q in zip(ps, params)]
 
 
-def assert_same_step(params, orig_sd, rest_sd, groups_kw, lr):
+def assert_same_step(params, orig_sd, rest_sd, groups_kw, lr, opt_cls=torch.optim.AdamW):
     """One AdamW step from the original and the restored state, for random, zero and +-G
     gradients: every coordinate within tolerance * lr + float32 slack."""
     gen = torch.Generator().manual_seed(7)
@@ -86,8 +87,8 @@ def assert_same_step(params, orig_sd, rest_sd, groups_kw, lr):
              [torch.zeros_like(p) for p in params], [torch.ones_like(p) for p in params],
              [-torch.ones_like(p) for p in params]]
     for grads in kinds:
-        do = step_deltas(params, orig_sd, groups_kw, grads)
-        dr = step_deltas(params, rest_sd, groups_kw, grads)
+        do = step_deltas(params, orig_sd, groups_kw, grads, opt_cls)
+        dr = step_deltas(params, rest_sd, groups_kw, grads, opt_cls)
         for p, a, b in zip(params, do, dr):
             ulp = torch.abs(p.double()) * EPS32 * 4
             slack = ulp + 8 * EPS32 * (a.abs() + b.abs())
@@ -103,14 +104,18 @@ def non_moment_equal(orig_sd, rest_sd):
                 assert torch.equal(torch.as_tensor(v), torch.as_tensor(rest_sd["state"][k][name]))
 
 
-def test_hf_trainer_folder(tmp_path, folders):
-    src = folders["hf"]
+@pytest.mark.parametrize("name,opt_cls", [("hf", torch.optim.AdamW), ("hf_adam", torch.optim.Adam)])
+def test_hf_trainer_folder(tmp_path, folders, name, opt_cls):
+    """optimizer.pt holds no parameters: the L2 domain of Adam (certified with AdamW's under
+    --optimizer auto) takes |theta| <= max |model.safetensors|; a real step of either class."""
+    src = folders[name]
     top = os.path.dirname(src)
     rep, out, back = roundtrip(tmp_path, top)
     assert [(l["kind"], l["dir"]) for l in rep["layouts"]] == [("hf-trainer", "checkpoint-5")]
     rows = {r["file"]: r for r in rep["files"]}
     assert rows["checkpoint-5/optimizer.pt"]["action"] == "compressed"
-    assert "training_args.bin: optim=adamw_torch" in rows["checkpoint-5/optimizer.pt"]["note"]
+    assert "|theta| <= " in rows["checkpoint-5/optimizer.pt"]["note"]
+    assert "from model.safetensors" in rows["checkpoint-5/optimizer.pt"]["note"]
     assert (out / "checkpoint-5" / "optimizer.pt.ckz.h5").is_file()
     for f in files_of(top):
         if f != "checkpoint-5/optimizer.pt":
@@ -125,7 +130,7 @@ def test_hf_trainer_folder(tmp_path, folders):
     params = [p.detach() for p in net.parameters()]
     g = orig["param_groups"][0]
     kw = {k: v for k, v in g.items() if k != "params"}
-    assert_same_step(params, orig, rest, [(list(range(len(params))), kw)], g["lr"])
+    assert_same_step(params, orig, rest, [(list(range(len(params))), kw)], g["lr"], opt_cls)
 
 
 @pytest.mark.parametrize("world", [2, 4])
