@@ -2,7 +2,8 @@
 # CTest mpi_folder: `mpirun -n 3` folder mode on a real 4-rank DeepSpeed folder
 # (scripts/make_folders.py) gives the same output folder, byte for byte, as one process, for
 # compress and for restore; and one bad shard makes every rank exit non-zero naming it, with
-# no output folder left. Exit 77 (CTest skip) when mpirun or the MPI build is absent.
+# no output folder left; a rank SIGKILL-ed mid-run leaves no output folder, or the previous
+# one whole. Exit 77 (CTest skip) when mpirun or the MPI build is absent.
 # Usage: CKPTKIT_BIN=build/apps scripts/mpi_folder_check.sh [RANKS]
 set -eu
 RANKS=${1:-3}
@@ -31,4 +32,31 @@ n=$(grep -c "ckpt-compress: error: .*zero_pp_rank_2_mp_rank_00_optim_states.pt" 
 [ "$n" = "$RANKS" ] || { echo "FAIL: $n of $RANKS ranks named the bad shard"; cat "$T/bad.err"; exit 1; }
 [ ! -e "$T/bad_out" ] || { echo "FAIL: partial output folder left"; exit 1; }
 ls -a "$T" | grep -q '^\.bad_out\.tmp' && { echo "FAIL: temporary folder left"; exit 1; }
-echo "mpi_folder: $RANKS ranks == 1 process (compress, restore); a bad shard fails every rank, nothing left"
+# SIGKILL one rank mid-run (a larger folder, so the run lasts about a second): mpirun ends
+# the others; no output folder is left, and with --force the previous one stays whole.
+/usr/bin/python3 "$(dirname "$0")/make_folders.py" "$T/big" --only ds --width 2048 --steps 2 >/dev/null
+for existing in no yes; do
+  force=""
+  if [ $existing = yes ]; then "$B/ckpt-compress" "$T/big/ds4" -o "$T/kill_out" >/dev/null; force=--force; fi
+  [ $existing = yes ] && cp "$T/kill_out/ckptkit-folder.json" "$T/before.json"
+  $MPIRUN "$B/ckpt-compress" "$T/big/ds4" -o "$T/kill_out" $force >/dev/null 2>&1 &
+  mp=$!
+  i=0
+  while ! ls -a "$T" | grep -q '^\.kill_out\.tmp-' && [ $i -lt 3000 ]; do sleep 0.01; i=$((i + 1)); done
+  sleep 0.1
+  victim=""
+  for p in $(ps -o pid= --ppid $mp); do
+    [ "$(ps -o comm= -p "$p")" = ckpt-compress ] && victim=$p
+  done
+  [ -n "$victim" ] || { echo "FAIL: the run ended before a rank could be killed"; exit 1; }
+  kill -9 "$victim"
+  wait $mp && { echo "FAIL: mpirun exited 0 after a rank was killed"; exit 1; }
+  if [ $existing = yes ]; then
+    cmp "$T/before.json" "$T/kill_out/ckptkit-folder.json" || { echo "FAIL: previous output changed"; exit 1; }
+    "$B/ckpt-verify" "$T/kill_out" >/dev/null || { echo "FAIL: previous output no longer verifies"; exit 1; }
+  else
+    [ ! -e "$T/kill_out" ] || { echo "FAIL: output folder left after a rank was killed"; exit 1; }
+  fi
+done
+echo "mpi_folder: $RANKS ranks == 1 process (compress, restore); a bad shard fails every rank, nothing left;"
+echo "  a rank killed mid-run leaves no output folder, or the previous one whole"

@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 
+#include "ckpt/folder_dcp.h"
 #include "ckpt/folder_files.h"
 #include "common/error.h"
 #include "common/file.h"
@@ -58,6 +59,9 @@ struct Entry {
     bool container = false;
     uint64_t size = 0, xxh3 = 0;                 ///< of the stored file
     uint64_t source_size = 0, source_xxh3 = 0;   ///< of the original file
+    json extra = json::object();   ///< DCP keys: "virtual" (gathered moments), "shell", "moments", "cuts"
+    bool is_virtual() const { return extra.value("virtual", false); }
+    bool is_shell() const { return extra.value("shell", false); }
 };
 
 struct Manifest {
@@ -78,9 +82,12 @@ void write_manifest(const std::string& dir, const Manifest& m) {
     j["layouts"] = json::array();
     for (auto& l : m.layouts) j["layouts"].push_back(layout_json(l));
     j["files"] = json::array();
-    for (auto& e : m.files)
-        j["files"].push_back({{"path", e.path}, {"stored", e.stored}, {"container", e.container}, {"size", e.size},
-                              {"xxh3", hex64(e.xxh3)}, {"source_size", e.source_size}, {"source_xxh3", hex64(e.source_xxh3)}});
+    for (auto& e : m.files) {
+        json f{{"path", e.path}, {"stored", e.stored}, {"container", e.container}, {"size", e.size},
+               {"xxh3", hex64(e.xxh3)}, {"source_size", e.source_size}, {"source_xxh3", hex64(e.source_xxh3)}};
+        for (auto it = e.extra.begin(); it != e.extra.end(); ++it) f[it.key()] = it.value();
+        j["files"].push_back(f);
+    }
     const std::string text = j.dump(1) + "\n";
     const std::string path = join(dir, kManifestName);
     try {
@@ -108,10 +115,14 @@ Manifest read_manifest(const std::string& dir) {
         m.source = j.value("source", "");
         for (auto& l : j.at("layouts")) m.layouts.push_back(layout_from(l));
         for (auto& d : j.at("dirs")) m.dirs.push_back(d.get<std::string>());
-        for (auto& e : j.at("files"))
+        for (auto& e : j.at("files")) {
             m.files.push_back({e.at("path").get<std::string>(), e.at("stored").get<std::string>(), e.at("container").get<bool>(),
                                e.at("size").get<uint64_t>(), parse_hex64(e.at("xxh3").get<std::string>()),
                                e.at("source_size").get<uint64_t>(), parse_hex64(e.at("source_xxh3").get<std::string>())});
+            for (const char* k : {"virtual", "shell", "moments", "cuts"})
+                if (e.contains(k)) m.files.back().extra[k] = e.at(k);
+            if (m.files.back().is_shell()) (void)cuts_from(m.files.back().extra.at("cuts"));   // validate
+        }
     } catch (const BadInput&) {
         throw;
     } catch (const std::exception& e) {
@@ -128,7 +139,9 @@ Manifest read_manifest(const std::string& dir) {
     for (auto& e : m.files) {
         safe(e.path);
         safe(e.stored);
-        if (e.stored != (e.container ? e.path + kSuffix : e.path)) throw BadInput(path, "manifest entry with a wrong stored name: " + e.stored);
+        if (e.stored != (e.container ? e.path + kSuffix : e.is_shell() ? e.path + kShellSuffix : e.path))
+            throw BadInput(path, "manifest entry with a wrong stored name: " + e.stored);
+        if (e.is_shell()) safe(e.extra.value("moments", std::string()));
         if (!seen.insert(e.path).second) throw BadInput(path, "manifest lists a file twice: " + e.path);
     }
     return m;
@@ -143,6 +156,7 @@ json row_json(const FileRow& r) {
            {"moment_reduction", r.moment_bytes_fp32 ? 1.0 - double(r.moment_bytes_out) / double(r.moment_bytes_fp32) : 0.0},
            {"max_bound_lr", r.max_bound}, {"ok", r.ok}, {"note", r.note},
            {"xxh3", hex64(r.xxh3)}, {"source_xxh3", hex64(r.source_xxh3)}};
+    j["extra"] = r.manifest_extra.empty() ? json::object() : json::parse(r.manifest_extra);
     j["report"] = r.report_json.empty() ? json(nullptr) : json::parse(r.report_json);
     return j;
 }
@@ -164,6 +178,7 @@ FileRow row_from(const json& j) {
     r.xxh3 = parse_hex64(j.at("xxh3"));
     r.source_xxh3 = parse_hex64(j.at("source_xxh3"));
     if (!j.at("report").is_null()) r.report_json = j.at("report").dump();
+    if (!j.at("extra").empty()) r.manifest_extra = j.at("extra").dump();
     return r;
 }
 
@@ -200,6 +215,14 @@ void agree(Comm& c, bool root_only, const std::function<void()>& f) {
     }
 }
 
+/// A piece of work given to one rank: one file, or (dcp_dir set) the moment-holding
+/// .distcp files of a DCP folder.
+struct Unit {
+    std::string dcp_dir;
+    std::vector<std::string> files;   ///< relative to the input root
+    uint64_t weight = 0;              ///< bytes
+};
+
 /// Owner rank of each item: longest processing time first (items by weight, descending,
 /// ties by index), each to the least-loaded rank (ties: the lowest). Same on every rank.
 std::vector<int> share(const std::vector<uint64_t>& weights, int ranks) {
@@ -216,10 +239,12 @@ std::vector<int> share(const std::vector<uint64_t>& weights, int ranks) {
     return owner;
 }
 
-/// Run `job(i)` for this rank's items, then gather every rank's rows (sorted by file).
+/// Run `job(i)` (the rows of work unit i: one file, or a DCP folder's moment files) for this
+/// rank's units, then gather every rank's rows (sorted by file).
 /// A rank stops at its first failure; afterwards every rank throws the failure with the
 /// smallest file name (after `cleanup` ran on rank 0).
-std::vector<FileRow> run_shared(Comm& c, const std::vector<uint64_t>& weights, const std::function<FileRow(std::size_t)>& job,
+std::vector<FileRow> run_shared(Comm& c, const std::vector<uint64_t>& weights,
+                                const std::function<std::vector<FileRow>(std::size_t)>& job,
                                 const std::function<void()>& cleanup, bool progress) {
     const std::vector<int> owner = share(weights, c.size());
     json mine{{"rows", json::array()}, {"failure", nullptr}};
@@ -229,9 +254,12 @@ std::vector<FileRow> run_shared(Comm& c, const std::vector<uint64_t>& weights, c
         if (owner[i] != c.rank()) continue;
         Failure fail;
         try {
-            const FileRow r = job(i);
-            mine["rows"].push_back(row_json(r));
-            if (progress) spdlog::info("[{}/{}]{} {} {}", ++done, my_count, c.size() > 1 ? fmt::format(" rank {}", c.rank()) : "", r.action, r.file);
+            ++done;
+            for (const FileRow& r : job(i)) {
+                mine["rows"].push_back(row_json(r));
+                if (progress)
+                    spdlog::info("[{}/{}]{} {} {}", done, my_count, c.size() > 1 ? fmt::format(" rank {}", c.rank()) : "", r.action, r.file);
+            }
         } catch (const BadInput& e) {
             fail = {kExitBadInput, e.file, e.what()};
         } catch (const CheckFailed& e) {
@@ -350,7 +378,7 @@ FolderReport new_report(const char* tool, const std::string& in, const std::stri
 
 // ---------------------------------------------------------------- report
 
-uint64_t FolderReport::bytes_in() const { uint64_t s = 0; for (auto& f : files) s += f.bytes_in; return s; }
+uint64_t FolderReport::bytes_in() const { uint64_t s = 0; for (auto& f : files) s += f.virtual_input ? 0 : f.bytes_in; return s; }
 uint64_t FolderReport::bytes_out() const { uint64_t s = 0; for (auto& f : files) s += f.bytes_out; return s; }
 
 std::string FolderReport::table() const {
@@ -409,6 +437,7 @@ std::string FolderReport::json() const {
         nlohmann::json r = row_json(f);
         r.erase("xxh3");
         r.erase("source_xxh3");
+        r.erase("extra");
         j["files"].push_back(r);
     }
     j["layouts"] = nlohmann::json::array();
@@ -448,7 +477,8 @@ FolderReport compress_folder(const std::string& in, const std::string& out, cons
         tree = list_tree(in);
         std::set<std::string> names(tree.files.begin(), tree.files.end());
         for (const auto& f : tree.files)
-            if (f == kManifestName || names.count(f + kSuffix))
+            if (f == kManifestName || names.count(f + kSuffix) || names.count(f + kShellSuffix) ||
+                base_of(f) == kDcpMomentsName)
                 throw BadInput(join(in, f), "its name is taken by folder mode's output (" + std::string(kManifestName) + " or " +
                                                 f + kSuffix + "); rename it first");
         rep.layouts = detect_layouts(in, tree.files);
@@ -456,54 +486,62 @@ FolderReport compress_folder(const std::string& in, const std::string& out, cons
     tmp = c.broadcast(temp_sibling(out, long(::getpid())));
     agree(c, true, [&] { make_dirs(tmp, tree.dirs); });
 
-    std::vector<uint64_t> weights;
-    for (const auto& f : tree.files) weights.push_back(fs::file_size(join(in, f)));
-    auto job = [&](std::size_t i) {
-        const std::string& file = tree.files[i];
-        const std::string src = join(in, file);
-        FileRow r;
-        r.file = file;
-        r.layout = layout_of(rep.layouts, file);
-        auto copy = [&](const std::string& note) {
-            const Digest d = copy_file(src, join(tmp, file));
-            r.stored = file;
-            r.action = "copied";
-            r.bytes_in = r.bytes_out = d.size;
-            r.xxh3 = r.source_xxh3 = d.xxh3;
-            r.note = note;
-            return r;
-        };
-        if (!looks_like_checkpoint(src)) return copy("");
+    // Work units: one per file, except the .distcp files holding moment items of a DCP
+    // folder whose .metadata reads: those form one unit with the moments gathered from them.
+    std::vector<Unit> units;
+    std::set<std::string> in_dcp;
+    for (const auto& l : rep.layouts) {
+        if (l.kind != "dcp") continue;
+        std::vector<std::string> mf;
         try {
-            (void)read_checkpoint(src, o.limits);
-        } catch (const BadInput& e) {
-            if (declared_optimizer(rep.layouts, file)) throw;
-            return copy(std::string("not read as a checkpoint: ") + e.what());
+            mf = dcp_moment_files(join(in, l.dir));
+        } catch (const BadInput&) {
+            continue;   // the layout note says why; its files are copied
         }
+        Unit u{l.dir, {}, 0};
+        for (const auto& f : mf) {
+            const std::string rel = join(l.dir, f);
+            if (!std::binary_search(tree.files.begin(), tree.files.end(), rel)) continue;
+            u.files.push_back(rel);
+            u.weight += fs::file_size(join(in, rel));
+            in_dcp.insert(rel);
+        }
+        if (!u.files.empty()) units.push_back(u);
+    }
+    for (const auto& f : tree.files)
+        if (!in_dcp.count(f)) units.push_back({"", {f}, fs::file_size(join(in, f))});
+    std::vector<uint64_t> weights;
+    for (const auto& u : units) weights.push_back(u.weight);
+
+    auto copy_row = [&](const std::string& file, const std::string& note) {
+        FileRow r;
+        r.file = r.stored = file;
+        r.layout = layout_of(rep.layouts, file);
+        const Digest d = copy_file(join(in, file), join(tmp, file));
+        r.action = "copied";
+        r.bytes_in = r.bytes_out = d.size;
+        r.xxh3 = r.source_xxh3 = d.xxh3;
+        r.note = note;
+        return r;
+    };
+    // compress `src` into tmp/<stored>; when Adam's L2 domain lacks theta, retry with the
+    // bound `theta_bound()` gives (nullopt: rethrow). Fills the row's figures and hashes.
+    auto compress_row = [&](FileRow& r, const std::string& src, const std::string& stored,
+                            const std::function<std::optional<std::pair<double, std::string>>()>& theta_bound) {
         CompressOptions oo = o;
         oo.progress = false;
-        std::string note;
-        const std::string stored = file + kSuffix;
         Report cr("", "", "", "", 0, 0);
         try {
-            try {
-                cr = compress(src, join(tmp, stored), oo);
-            } catch (const BadInput& e) {
-                // HF Trainer optimizer.pt holds no parameters: Adam's L2 domain takes
-                // |theta| <= the largest |value| of the model file(s) next to it.
-                if (r.layout != "hf-trainer" || o.param_bound || std::string(e.what()).find(kNeedsTheta) == std::string::npos)
-                    throw;
-                const auto b = model_param_bound(join(in, parent_of(file)), o.limits);
-                if (!b) throw;
-                oo.param_bound = b->first;
-                note = fmt::format("Adam L2 domain with |theta| <= {:.6g} from {}", b->first, b->second);
-                cr = compress(src, join(tmp, stored), oo);
-            }
-            fill_from(r, cr, src, join(out, stored));
+            cr = compress(src, join(tmp, stored), oo);
         } catch (const BadInput& e) {
-            if (std::string(e.what()).find(kNoAdam) != std::string::npos) return copy("no Adam/AdamW state");
-            throw;
+            if (o.param_bound || std::string(e.what()).find(kNeedsTheta) == std::string::npos) throw;
+            const auto b = theta_bound();
+            if (!b) throw;
+            oo.param_bound = b->first;
+            r.note = fmt::format("Adam L2 domain with |theta| <= {:.6g} from {}", b->first, b->second);
+            cr = compress(src, join(tmp, stored), oo);
         }
+        fill_from(r, cr, src, join(out, stored));
         const Digest sd = hash_file(src), cd = hash_file(join(tmp, stored));
         r.stored = stored;
         r.action = "compressed";
@@ -511,9 +549,85 @@ FolderReport compress_folder(const std::string& in, const std::string& out, cons
         r.bytes_out = cd.size;
         r.source_xxh3 = sd.xxh3;
         r.xxh3 = cd.xxh3;
-        r.note = note;
         if (!r.ok) r.note += (r.note.empty() ? "" : "; ") + std::string("bound above tolerance");
+    };
+    auto one_file = [&](const std::string& file) -> FileRow {
+        const std::string src = join(in, file);
+        if (!looks_like_checkpoint(src)) return copy_row(file, "");
+        try {
+            (void)read_checkpoint(src, o.limits);
+        } catch (const BadInput& e) {
+            if (declared_optimizer(rep.layouts, file)) throw;
+            return copy_row(file, std::string("not read as a checkpoint: ") + e.what());
+        }
+        FileRow r;
+        r.file = file;
+        r.layout = layout_of(rep.layouts, file);
+        try {
+            // HF Trainer optimizer.pt holds no parameters: Adam's L2 domain takes
+            // |theta| <= the largest |value| of the model file(s) next to it.
+            compress_row(r, src, file + kSuffix, [&]() -> std::optional<std::pair<double, std::string>> {
+                if (r.layout != "hf-trainer") return std::nullopt;
+                return model_param_bound(join(in, parent_of(file)), o.limits);
+            });
+        } catch (const BadInput& e) {
+            if (std::string(e.what()).find(kNoAdam) != std::string::npos) return copy_row(file, "no Adam/AdamW state");
+            throw;
+        }
         return r;
+    };
+    // A DCP folder's moment files: gathered moments -> one container, each file -> a shell.
+    auto dcp_unit = [&](const Unit& u) {
+        std::vector<FileRow> rows;
+        const std::string scratch = join(tmp, ".ckptkit-scratch-" + std::to_string(c.rank()));
+        remove_tree(scratch);
+        fs::create_directories(scratch);
+        const std::string dir = join(in, u.dcp_dir), moments = join(scratch, kDcpMomentsName);
+        const DcpMoments dm = gather_dcp_moments(dir, moments, scratch, o.limits);
+        std::map<std::string, const DcpFile*> cut_of;
+        if (dm.params) {
+            FileRow r;
+            r.file = join(u.dcp_dir, kDcpMomentsName);
+            r.layout = "dcp";
+            r.virtual_input = true;
+            r.manifest_extra = json{{"virtual", true}}.dump();
+            compress_row(r, moments, r.file + kSuffix, [&]() -> std::optional<std::pair<double, std::string>> {
+                return std::make_pair(dcp_param_bound(dir, scratch, o.limits), std::string("the DCP model items"));
+            });
+            r.note += (r.note.empty() ? "" : "; ") + fmt::format("moments of {} parameters gathered from .distcp items", dm.params);
+            if (!dm.note.empty()) r.note += "; " + dm.note;
+            rows.push_back(r);
+            for (const auto& f : dm.files) cut_of[join(u.dcp_dir, f.file)] = &f;
+        }
+        for (const auto& file : u.files) {
+            auto it = cut_of.find(file);
+            if (it == cut_of.end()) {
+                rows.push_back(copy_row(file, dm.params ? "" : "DCP moments left exact: " + dm.note));
+                continue;
+            }
+            FileRow r;
+            r.file = file;
+            r.stored = file + kShellSuffix;
+            r.layout = "dcp";
+            r.action = "shell";
+            write_shell(join(in, file), *it->second, join(tmp, r.stored));
+            const Digest sd = hash_file(join(in, file)), hd = hash_file(join(tmp, r.stored));
+            r.bytes_in = sd.size;
+            r.bytes_out = hd.size;
+            r.source_xxh3 = sd.xxh3;
+            r.xxh3 = hd.xxh3;
+            r.note = fmt::format("{} moment storages cut out", it->second->cuts.size());
+            r.manifest_extra = json{{"shell", true}, {"moments", join(u.dcp_dir, kDcpMomentsName)},
+                                    {"cuts", cuts_json(it->second->cuts)}}.dump();
+            rows.push_back(r);
+        }
+        remove_tree(scratch);
+        return rows;
+    };
+    auto job = [&](std::size_t i) -> std::vector<FileRow> {
+        const Unit& u = units[i];
+        return u.dcp_dir.empty() && u.files.size() == 1 && !in_dcp.count(u.files[0]) ? std::vector<FileRow>{one_file(u.files[0])}
+                                                                                      : dcp_unit(u);
     };
     rep.files = run_shared(c, weights, job, [&] { remove_tree(tmp); }, fo.progress);
 
@@ -522,7 +636,8 @@ FolderReport compress_folder(const std::string& in, const std::string& out, cons
     m.layouts = rep.layouts;
     m.dirs = tree.dirs;
     for (const auto& r : rep.files) {
-        m.files.push_back({r.file, r.stored, r.action == "compressed", r.bytes_out, r.xxh3, r.bytes_in, r.source_xxh3});
+        m.files.push_back({r.file, r.stored, r.action == "compressed", r.bytes_out, r.xxh3, r.bytes_in, r.source_xxh3,
+                           r.manifest_extra.empty() ? json::object() : json::parse(r.manifest_extra)});
         rep.ok = rep.ok && r.ok;
         if (!r.ok) rep.failures.push_back(r.file + ": " + r.note);
     }
@@ -572,12 +687,13 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
     rep.layouts = m.layouts;
     std::vector<uint64_t> weights;
     for (const auto& e : m.files) weights.push_back(missing.count(e.stored) ? 0 : e.size);
-    auto job = [&](std::size_t i) {
+    auto job = [&](std::size_t i) -> std::vector<FileRow> {
         const Entry& e = m.files[i];
         FileRow r;
         r.file = e.path;
         r.stored = e.stored;
         r.layout = layout_of(m.layouts, e.path);
+        r.virtual_input = e.is_virtual();
         r.action = e.container ? "verified" : "intact";
         r.xxh3 = e.xxh3;
         r.source_xxh3 = e.source_xxh3;
@@ -589,16 +705,32 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
         };
         if (missing.count(e.stored)) {
             fail("missing");
-            return r;
+            return {r};
         }
         const std::string path = join(dir, e.stored);
         const Digest d = hash_file(path);
         if (d.size != e.size || d.xxh3 != e.xxh3) {
             fail(fmt::format("size/xxh3 {}/{} differ from the manifest's {}/{}", d.size, hex64(d.xxh3), e.size, hex64(e.xxh3)));
-            return r;
+            return {r};
         }
-        std::string orig;
-        if (original) {
+        std::string orig, scratch;
+        if (original && e.is_virtual()) {
+            // the gathered moments of a DCP folder: gather them again from the original
+            scratch = (fs::temp_directory_path() / fmt::format("ckptkit-verify-{}-{}", ::getpid(), i)).string();
+            remove_tree(scratch);
+            fs::create_directories(scratch);
+            orig = join(scratch, kDcpMomentsName);
+            try {
+                (void)gather_dcp_moments(join(*original, parent_of(e.path)), orig, scratch, Limits{});
+                if (const Digest od = hash_file(orig); od.size != e.source_size || od.xxh3 != e.source_xxh3) {
+                    fail("moments gathered from the original DCP folder differ from those compressed");
+                    orig.clear();
+                }
+            } catch (const std::exception& ex) {
+                fail(std::string("cannot gather the original DCP moments: ") + ex.what());
+                orig.clear();
+            }
+        } else if (original) {
             orig = join(*original, e.path);
             if (!fs::is_regular_file(orig)) {
                 fail("original " + orig + " missing");
@@ -623,7 +755,8 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
                 fail(ex.what());
             }
         }
-        return r;
+        if (!scratch.empty()) remove_tree(scratch);
+        return {r};
     };
     rep.files = run_shared(c, weights, job, [] {}, vo.progress);
     rep.failures = pre;
@@ -652,9 +785,41 @@ FolderReport restore_folder(const std::string& dir, const std::string& out, cons
     rep.layouts = m.layouts;
     const std::string tmp = c.broadcast(temp_sibling(out, long(::getpid())));
     agree(c, true, [&] { make_dirs(tmp, m.dirs); });
+    // Work units: one per entry, except a DCP folder's gathered moments with its shells.
+    std::vector<std::vector<std::size_t>> units;
     std::vector<uint64_t> weights;
-    for (const auto& e : m.files) weights.push_back(e.size);
-    auto job = [&](std::size_t i) {
+    {
+        std::map<std::string, std::size_t> unit_of_moments;
+        for (std::size_t i = 0; i < m.files.size(); ++i)
+            if (m.files[i].is_virtual()) {
+                unit_of_moments[m.files[i].path] = units.size();
+                units.push_back({i});
+                weights.push_back(m.files[i].size);
+            }
+        for (std::size_t i = 0; i < m.files.size(); ++i) {
+            const Entry& e = m.files[i];
+            if (e.is_virtual()) continue;
+            if (e.is_shell()) {
+                auto u = unit_of_moments.find(e.extra.value("moments", std::string()));
+                if (u == unit_of_moments.end())
+                    throw BadInput(join(dir, kManifestName), "shell " + e.stored + " names no gathered moments entry");
+                units[u->second].push_back(i);
+                weights[u->second] += e.size;
+            } else {
+                units.push_back({i});
+                weights.push_back(e.size);
+            }
+        }
+    }
+    auto check_copy = [&](const std::string& src, const Entry& e, const Digest& d) {
+        if (d.size != e.size || d.xxh3 != e.xxh3)
+            throw CheckFailed(src + ": size/xxh3 " + std::to_string(d.size) + "/" + hex64(d.xxh3) +
+                              " differ from the manifest's " + std::to_string(e.size) + "/" + hex64(e.xxh3));
+    };
+    auto job = [&](std::size_t ui) -> std::vector<FileRow> {
+        std::vector<FileRow> rows;
+        std::string moments, scratch;
+        for (std::size_t i : units[ui]) {
         const Entry& e = m.files[i];
         const std::string src = join(dir, e.stored), dst = join(tmp, e.path);
         FileRow r;
@@ -662,7 +827,27 @@ FolderReport restore_folder(const std::string& dir, const std::string& out, cons
         r.stored = e.stored;
         r.layout = layout_of(m.layouts, e.path);
         r.action = "restored";
-        if (e.container) {
+        if (e.is_virtual()) {   // restored next to the output, used by the shells that follow
+            scratch = join(tmp, ".ckptkit-scratch-" + std::to_string(c.rank()));
+            remove_tree(scratch);
+            fs::create_directories(scratch);
+            moments = join(scratch, kDcpMomentsName);
+            RestoreOptions oo = ro;
+            oo.progress = false;
+            const Report rr = restore(src, moments, oo);
+            fill_from(r, rr, src, "");
+            r.virtual_input = true;
+            r.bytes_in = io::InputFile(src).size();
+            r.bytes_out = 0;
+            r.note = "gathered DCP moments (put back into the .distcp files)";
+        } else if (e.is_shell()) {
+            check_copy(src, e, hash_file(src));
+            DcpFile df{e.path, cuts_from(e.extra.at("cuts"))};
+            rebuild_from_shell(src, df, moments, dst);
+            r.bytes_in = e.size;
+            r.bytes_out = io::InputFile(dst).size();
+            r.note = fmt::format("{} moment storages put back", df.cuts.size());
+        } else if (e.container) {
             RestoreOptions oo = ro;
             oo.progress = false;
             const Report rr = restore(src, dst, oo);
@@ -671,14 +856,15 @@ FolderReport restore_folder(const std::string& dir, const std::string& out, cons
             r.bytes_out = io::InputFile(dst).size();
         } else {
             const Digest d = copy_file(src, dst);
-            if (d.size != e.size || d.xxh3 != e.xxh3)
-                throw CheckFailed(src + ": size/xxh3 " + std::to_string(d.size) + "/" + hex64(d.xxh3) +
-                                  " differ from the manifest's " + std::to_string(e.size) + "/" + hex64(e.xxh3));
+            check_copy(src, e, d);
             r.action = "copied";
             r.bytes_in = r.bytes_out = d.size;
             r.xxh3 = r.source_xxh3 = d.xxh3;
         }
-        return r;
+        rows.push_back(r);
+        }
+        if (!scratch.empty()) remove_tree(scratch);
+        return rows;
     };
     rep.files = run_shared(c, weights, job, [&] { remove_tree(tmp); }, fo.progress);
     agree(c, true, [&] {

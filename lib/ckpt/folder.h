@@ -52,6 +52,8 @@ struct FileRow {
     std::string note;          ///< why copied, which optimizer was assumed, what failed
     std::string report_json;   ///< the single-file Report::json() for containers ("" otherwise)
     uint64_t xxh3 = 0, source_xxh3 = 0;   ///< XXH3-64 of the stored file and of the original
+    std::string manifest_extra;   ///< JSON object of extra manifest keys (DCP: virtual, shell, moments, cuts)
+    bool virtual_input = false;   ///< DCP gathered moments: not a file of the input (not in the byte totals)
 };
 
 /// Summary of one folder run, printed by rank 0 (table or one JSON object).
