@@ -1,5 +1,5 @@
 #!/bin/sh
-# CTest mpi_folder: `mpirun -n 3` folder mode on a real 4-rank DeepSpeed folder
+# CTest mpi_folder: `mpirun -n 3` folder mode on real DCP folders and a real 4-rank DeepSpeed folder
 # (scripts/make_folders.py) gives the same output folder, byte for byte, as one process, for
 # compress and for restore; and one bad shard makes every rank exit non-zero naming it, with
 # no output folder left; a rank SIGKILL-ed mid-run leaves no output folder, or the previous
@@ -14,7 +14,15 @@ MPIRUN="mpirun --oversubscribe -n $RANKS"
 [ "$(id -u)" = 0 ] && MPIRUN="mpirun --allow-run-as-root --oversubscribe -n $RANKS"
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-/usr/bin/python3 "$(dirname "$0")/make_folders.py" "$T" --only ds >/dev/null
+/usr/bin/python3 "$(dirname "$0")/make_folders.py" "$T" --only ds --only dcp >/dev/null
+for d in dcp dcp_packed; do   # DCP: the gathered moments and shells, one unit per folder
+  "$B/ckpt-compress" "$T/$d" -o "$T/$d.one" >/dev/null
+  $MPIRUN "$B/ckpt-compress" "$T/$d" -o "$T/$d.many" >/dev/null
+  diff -r "$T/$d.one" "$T/$d.many"
+  $MPIRUN "$B/ckpt-restore" "$T/$d.many" -o "$T/$d.back" >/dev/null
+  "$B/ckpt-restore" "$T/$d.one" -o "$T/$d.back1" >/dev/null
+  diff -r "$T/$d.back" "$T/$d.back1"
+done
 "$B/ckpt-compress" "$T/ds4" -o "$T/one" --json >"$T/one.json"
 $MPIRUN "$B/ckpt-compress" "$T/ds4" -o "$T/many" --json >"$T/many.json"
 diff -r "$T/one" "$T/many"

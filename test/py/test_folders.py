@@ -4,8 +4,8 @@ For each layout: ckpt-compress DIR -o OUT -> ckpt-verify OUT --original DIR -> c
 OUT -o BACK; every file but the optimizer files byte-identical; each restored optimizer file
 torch.load-s, loads into torch.optim.AdamW, and one real step from it moves every parameter
 like the step from the original, within tolerance * lr (plus float32 rounding slack).
-DCP folders are copied exact (moment compression inside .distcp files is not implemented)
-and torch's DCP load_state_dict reads the restored folder back. Also: tampering is caught by
+DCP folders: the moment items are gathered, compressed and put back into the .distcp files;
+torch's DCP load_state_dict reads the restored folder and one AdamW step from it matches. Also: tampering is caught by
 verify, a SIGKILL-ed run leaves no output folder (and an existing one whole), refusals.
 """
 import json
@@ -159,29 +159,63 @@ def test_deepspeed_folder(tmp_path, folders, world):
         assert_same_step(params, osd, rsd, groups, osd["param_groups"][0]["lr"])
 
 
+def load_dcp(dcp, path):
+    """The DCP folder at `path` loaded by torch's own DCP reader into a same-keyed template."""
+    net, opt = mf.train_adamw(64, 1)   # same keys, other values
+    got = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in mf.dcp_state_dict(net, opt).items()}
+    dcp.load_state_dict(got, dcp.FileSystemReader(str(path)), no_dist=True)
+    return got
+
+
+def dcp_params_and_state(sd):
+    """Model parameters and an AdamW state_dict (one group per parameter) from DCP keys."""
+    names = [n for n, _ in mf.Net(64).named_parameters()]
+    params = [sd["model." + n] for n in names]
+    state = {i: {k: sd[f"optim.state.{n}.{k}"] for k in ("step", "exp_avg", "exp_avg_sq")} for i, n in enumerate(names)}
+    groups = []
+    for i, n in enumerate(names):
+        g = {k.rsplit(".", 1)[1]: v for k, v in sd.items() if k.startswith(f"optim.param_groups.{n}.")}
+        groups.append(dict(g, params=[i]))
+    return params, {"state": state, "param_groups": groups}, [([i], {k: v for k, v in g.items() if k != "params"}) for i, g in enumerate(groups)]
+
+
 @pytest.mark.parametrize("name", ["dcp", "dcp_packed", "dcp_py311"])
-def test_dcp_folder_copied_exact_and_loads(tmp_path, folders, name):
+def test_dcp_folder(tmp_path, folders, name):
+    """Moment items gathered, compressed and put back (shells); everything else exact;
+    torch's DCP load_state_dict reads the restored folder; one real AdamW step from it
+    matches the original within tolerance * lr. Python 3.11 .metadata: copied exact."""
     src = folders[name]
     rep, out, back = roundtrip(tmp_path, src)
     (layout,) = rep["layouts"]
     assert layout["kind"] == "dcp"
+    rows = {r["file"]: r for r in rep["files"]}
     if name == "dcp_py311":
         assert "unreadable" in layout["note"] and "getattr" in layout["note"]
-    else:
-        assert "8 moment items" in layout["note"] and "not implemented" in layout["note"]
-    assert all(r["action"] == "copied" for r in rep["files"])
+        assert all(r["action"] == "copied" for r in rep["files"])
+        for f in files_of(src):
+            assert same_bytes(os.path.join(src, f), back / f), f
+        return
+    assert "8 moment items" in layout["note"]
+    moments = rows["ckptkit-dcp-moments.safetensors"]
+    assert moments["action"] == "compressed" and "moments of 4 parameters" in moments["note"]
+    assert moments["moment_values"] == sum(p.numel() for p in mf.Net(64).parameters()) * 2
+    shells = [f for f, r in rows.items() if r["action"] == "shell"]
+    assert len(shells) == (1 if name == "dcp_packed" else 8)
+    assert (out / (shells[0] + ".ckz-shell")).is_file()
     for f in files_of(src):
-        assert same_bytes(os.path.join(src, f), back / f), f
+        if f not in shells:
+            assert same_bytes(os.path.join(src, f), back / f), f
     dcp = mf.import_dcp()
-    torch.manual_seed(123)
-    net, opt = mf.train_adamw(64, 1)   # a template of the same keys, other values
-    want = mf.dcp_state_dict(*mf.train_adamw(64, mf.STEPS))
-    got = mf.dcp_state_dict(net, opt)
-    got = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in got.items()}
-    dcp.load_state_dict(got, dcp.FileSystemReader(str(back)), no_dist=True)
-    for k, v in want.items():
-        if torch.is_tensor(v):
-            assert torch.equal(got[k], v), k
+    orig, rest = load_dcp(dcp, src), load_dcp(dcp, back)
+    for k, v in orig.items():
+        if torch.is_tensor(v) and not k.endswith(("exp_avg", "exp_avg_sq")):
+            assert torch.equal(v, rest[k]), k
+        elif not torch.is_tensor(v):
+            assert v == rest[k], k
+    params, osd, groups = dcp_params_and_state(orig)
+    _, rsd, _ = dcp_params_and_state(rest)
+    assert any(not torch.equal(osd["state"][i]["exp_avg"], rsd["state"][i]["exp_avg"]) for i in osd["state"])
+    assert_same_step(params, osd, rsd, groups, 1e-3)
 
 
 def test_verify_catches_tampering(tmp_path, folders):
@@ -253,3 +287,18 @@ def test_killed_run_leaves_no_output(tmp_path):
             assert run_tool(b, "ckpt-verify", out, timeout=600).returncode == 0
         else:
             assert not out.exists()
+
+
+def test_dcp_shell_tampering(tmp_path, folders):
+    """A changed shell or gathered-moments container fails verify (exit 1) and restore."""
+    b = require_ckptkit_bin()
+    out = tmp_path / "out"
+    assert run_tool(b, "ckpt-compress", folders["dcp_packed"], "-o", out).returncode == 0
+    shell = out / "__0_0.distcp.ckz-shell"
+    data = bytearray(shell.read_bytes())
+    data[100] ^= 1
+    shell.write_bytes(bytes(data))
+    v = run_tool(b, "ckpt-verify", out, "--original", folders["dcp_packed"])
+    assert v.returncode == 1 and "__0_0.distcp.ckz-shell" in v.stdout, v.stdout
+    r = run_tool(b, "ckpt-restore", out, "-o", tmp_path / "back")
+    assert r.returncode == 1 and "__0_0.distcp.ckz-shell" in r.stderr and not (tmp_path / "back").exists()
