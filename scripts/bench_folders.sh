@@ -14,9 +14,10 @@ MPI="mpirun --oversubscribe"
 now() { date +%s.%N; }
 mkdir -p "$T"
 [ -d "$T/ds4" ] || /usr/bin/python3 "$(dirname "$0")/make_folders.py" "$T" --only ds --only hf --width "$W" --steps 3 >/dev/null
+[ -d "$T/dcp_packed" ] || /usr/bin/python3 "$(dirname "$0")/make_folders.py" "$T" --only dcp --width "$W" --steps 3 >/dev/null
 echo "| folder | input MiB | tar+zstd -3 -T0: s, MiB | ckpt-compress 1 proc (all cores): s, MiB | 1 proc --threads 1: s | mpirun -n 1 / 2 / 4, --threads 1 per rank: s | peak RSS per rank (MiB), n = 4 |"
 echo "|---|---|---|---|---|---|---|"
-for f in hf/checkpoint-3 ds4; do
+for f in hf/checkpoint-3 ds4 dcp dcp_packed; do
   in_mib=$(du -sm --apparent-size "$T/$f" | cut -f1)
   rm -f "$T/x.tar.zst"; t0=$(now)
   tar -C "$T" -I 'zstd -3 -T0' -cf "$T/x.tar.zst" "$f"; t1=$(now)

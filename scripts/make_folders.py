@@ -19,6 +19,7 @@ Writes, under OUT_DIR:
                           (one item per .distcp file; single_file_per_rank=True: all items of the
                           rank in __0_0.distcp at offsets), keys flattened as in DCP:
                           model.<fqn>, optim.state.<fqn>.exp_avg, optim.param_groups.<fqn>.lr;
+  dcp_sharded/            model and moments as ShardedTensors of 2 row chunks (one item per chunk);
   dcp_py311/              enum members pickled as Python <= 3.10 does (cls(value)), except in
                           dcp_py311/ (Python 3.11's getattr(cls, name), which the reader refuses)
 The stand-in classes (TrainingArguments, DynamicLossScaler, ZeroStageEnum, fragment_address) are
@@ -374,6 +375,51 @@ def make_dcp(root, width, steps, packed=False, py311=False):
     return d
 
 
+def ensure_process_group():
+    """A one-rank gloo process group (ShardedTensors and DCP's distributed save need one)."""
+    import tempfile
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        fd, path = tempfile.mkstemp(prefix="ckptkit-pg-")
+        os.close(fd)
+        os.unlink(path)
+        dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
+
+
+def to_sharded(t, chunks=2):
+    """`t` as a ShardedTensor of `chunks` row chunks (ChunkShardingSpec, all on this rank),
+    as FSDP / ShardedTensor state dicts hand them to DCP: one storage item per chunk."""
+    from torch.distributed._shard import sharded_tensor
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+    ensure_process_group()
+    st = sharded_tensor.empty(ChunkShardingSpec(dim=0, placements=["rank:0/cpu"] * chunks), *t.shape)
+    for sh in st.local_shards():
+        o, n = sh.metadata.shard_offsets[0], sh.metadata.shard_sizes[0]
+        sh.tensor.copy_(t[o:o + n])
+    return st
+
+
+def from_sharded(st):
+    """The full tensor of a ShardedTensor whose shards are all local."""
+    shards = sorted(st.local_shards(), key=lambda sh: sh.metadata.shard_offsets[0])
+    return torch.cat([sh.tensor for sh in shards])
+
+
+def make_dcp_sharded(root, width, steps):
+    """A DCP folder whose model and moment tensors are ShardedTensors of 2 chunks each
+    (one .distcp item per chunk, MetadataIndex offsets (0, 0) and (rows/2, 0))."""
+    dcp = import_dcp()
+    from torch.distributed._shard.sharded_tensor import metadata as stm
+    py310_enum_pickles(stm.MEM_FORMAT_ENCODING)
+    d = os.path.join(root, "dcp_sharded")
+    os.makedirs(d, exist_ok=True)
+    net, opt = train_adamw(width, steps)
+    sd = OrderedDict((k, to_sharded(v) if torch.is_tensor(v) and v.dim() >= 1 else v)
+                     for k, v in dcp_state_dict(net, opt).items())
+    dcp.save_state_dict(sd, dcp.FileSystemWriter(d))
+    return d
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
@@ -392,6 +438,7 @@ def main():
         print(make_dcp(a.out, a.width, a.steps))
         print(make_dcp(a.out, a.width, a.steps, packed=True))
         print(make_dcp(a.out, a.width, a.steps, py311=True))
+        print(make_dcp_sharded(a.out, a.width, a.steps))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ MPIRUN="mpirun --oversubscribe -n $RANKS"
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 /usr/bin/python3 "$(dirname "$0")/make_folders.py" "$T" --only ds --only dcp >/dev/null
-for d in dcp dcp_packed; do   # DCP: the gathered moments and shells, one unit per folder
+for d in dcp dcp_packed dcp_sharded; do   # DCP: the gathered moments and shells, one unit per folder
   "$B/ckpt-compress" "$T/$d" -o "$T/$d.one" >/dev/null
   $MPIRUN "$B/ckpt-compress" "$T/$d" -o "$T/$d.many" >/dev/null
   diff -r "$T/$d.one" "$T/$d.many"

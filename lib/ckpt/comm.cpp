@@ -1,8 +1,10 @@
 // Comm for one process (always built) and, with CKPTKIT_HAVE_MPI, MPI_COMM_WORLD.
 #include "ckpt/comm.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <stdexcept>
+#include <thread>
 
 #ifdef CKPTKIT_HAVE_MPI
 #include <mpi.h>
@@ -41,6 +43,15 @@ public:
     int rank() const override { return rank_; }
     int size() const override { return size_; }
     std::vector<std::string> allgather(const std::string& mine) override {
+        // Wait for every rank without spinning: Open MPI's blocking collectives busy-poll,
+        // so a rank that finished its files would take a core from one still working.
+        MPI_Request req;
+        MPI_Ibarrier(MPI_COMM_WORLD, &req);
+        for (int done = 0;;) {
+            MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+            if (done) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
         const long long n = static_cast<long long>(mine.size());
         std::vector<long long> lens(static_cast<std::size_t>(size_));
         MPI_Allgather(&n, 1, MPI_LONG_LONG, lens.data(), 1, MPI_LONG_LONG, MPI_COMM_WORLD);

@@ -594,7 +594,7 @@ FolderReport compress_folder(const std::string& in, const std::string& out, cons
             compress_row(r, moments, r.file + kSuffix, [&]() -> std::optional<std::pair<double, std::string>> {
                 return std::make_pair(dcp_param_bound(dir, scratch, o.limits), std::string("the DCP model items"));
             });
-            r.note += (r.note.empty() ? "" : "; ") + fmt::format("moments of {} parameters gathered from .distcp items", dm.params);
+            r.note += (r.note.empty() ? "" : "; ") + fmt::format("moments of {} parameter chunks gathered from .distcp items", dm.params);
             if (!dm.note.empty()) r.note += "; " + dm.note;
             rows.push_back(r);
             for (const auto& f : dm.files) cut_of[join(u.dcp_dir, f.file)] = &f;

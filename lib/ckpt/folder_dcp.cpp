@@ -37,7 +37,21 @@ bool ends_with(const std::string& s, const std::string& e) {
 struct Item {
     std::string fqn, file;
     uint64_t offset = 0, length = 0;
+    std::string chunk;   ///< MetadataIndex.offset of a tensor chunk as "0,4", "" for bytes items
 };
+
+/// "i,j,..." of a torch.Size (a tuple of ints), "" for None / anything else.
+std::string chunk_key(const Value* v) {
+    const auto* l = v ? std::get_if<Value::List>(&v->v) : nullptr;
+    if (!l) return "";
+    std::string s;
+    for (const auto& e : *l) {
+        const auto* i = std::get_if<int64_t>(&e.v);
+        if (!i) return "";
+        s += (s.empty() ? "" : ",") + std::to_string(*i);
+    }
+    return s;
+}
 
 /// A parsed item: its checkpoint (from the .distcp file itself when the item is the whole
 /// file, else from a copy in scratch) and where the item starts in the .distcp file.
@@ -90,7 +104,7 @@ std::vector<Item> read_items(const std::string& dir) {
         if (!fqn || !rel || !off || !len || *off < 0 || *len < 0 || rel->find("..") != std::string::npos || rel->empty() ||
             (*rel)[0] == '/')
             throw BadInput(path, "storage_data entry without a valid fqn / relative_path / offset / length");
-        items.push_back({*fqn, *rel, uint64_t(*off), uint64_t(*len)});
+        items.push_back({*fqn, *rel, uint64_t(*off), uint64_t(*len), chunk_key(key->attr("offset"))});
     }
     return items;
 }
@@ -166,6 +180,14 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::string& out, co
     struct Param { std::string name; std::vector<Moment> m; double step = 0; json group; };
     std::vector<Param> params;
     std::vector<std::string> skipped;
+    // the item of `fqn` for chunk `chunk` (the only item when the FQN is not chunked)
+    auto chunk_of = [&](const std::string& fqn, const std::string& chunk) -> const Item* {
+        auto i = by_fqn.find(fqn);
+        if (i == by_fqn.end()) return nullptr;
+        for (const Item* it : i->second)
+            if (it->chunk == chunk) return it;
+        return nullptr;
+    };
     for (const auto& [fqn, list] : by_fqn) {
         const std::string tail = ".exp_avg";
         const auto st = fqn.find(".state.");
@@ -173,9 +195,12 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::string& out, co
         const std::string X = fqn.substr(0, st), P = fqn.substr(st + 7, fqn.size() - st - 7 - tail.size());
         if (P.empty()) continue;
         const std::string base = X + ".state." + P + ".";
-        auto skip = [&](const std::string& why) { skipped.push_back(P + " (" + why + ")"); };
+        for (const Item* first : list) {
+        // one gathered parameter per chunk: "P" when the FQN has one chunk, else "P@i,j"
+        const std::string name = list.size() == 1 ? P : P + "@" + first->chunk;
+        auto skip = [&](const std::string& why) { skipped.push_back(name + " (" + why + ")"); };
         Param p;
-        p.name = P;
+        p.name = name;
         bool ok = true;
         for (int k = 0; k < 3 && ok; ++k) {
             const std::string f = base + kMoments[k];
@@ -183,14 +208,14 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::string& out, co
                 if (k < 2) { skip(std::string("no ") + kMoments[k]); ok = false; }
                 break;
             }
-            const Item* it = one(f);
-            if (!it) { skip("sharded into several chunks"); ok = false; break; }
+            const Item* it = by_fqn[f].size() == list.size() ? chunk_of(f, first->chunk) : nullptr;
+            if (!it) { skip(std::string(kMoments[k]) + " chunks differ from exp_avg's"); ok = false; break; }
             const Parsed pa = parse_item(dir, *it, scratch, limits);
             const TensorInfo* t = whole_tensor(pa.ck);
             const std::string dt = t ? dtype_name(t->dtype) : "";
             if (!t || !float_dtype_size(dt)) { skip(std::string(kMoments[k]) + " is not a whole F32/F16/BF16 tensor"); ok = false; break; }
             const StorageInfo& s = pa.ck.storages[t->storage];
-            Moment m{std::string("state.") + P + "." + kMoments[k], it->file, pa.base + s.file_offset, s.nbytes, dt, t->shape, {}};
+            Moment m{std::string("state.") + name + "." + kMoments[k], it->file, pa.base + s.file_offset, s.nbytes, dt, t->shape, {}};
             for (uint64_t c : s.crc_offsets) m.crcs.push_back(pa.base + c);
             p.m.push_back(m);
         }
@@ -220,8 +245,9 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::string& out, co
         }
         if (!ok) continue;
         if (p.group.empty()) { skip("no param_groups items"); continue; }
-        p.group["params"] = json::array({P});
+        p.group["params"] = json::array({name});
         params.push_back(std::move(p));
+        }
     }
     DcpMoments res;
     if (!skipped.empty()) res.note = "left exact: " + fmt::format("{}", fmt::join(skipped, ", "));

@@ -45,13 +45,15 @@ struct DcpFile {
 /// What gather_dcp_moments found.
 struct DcpMoments {
     std::vector<DcpFile> files;   ///< .distcp files holding moment storages, sorted
-    uint64_t params = 0;          ///< parameters whose moments were gathered
+    uint64_t params = 0;          ///< parameter chunks whose moments were gathered ("P", or "P@i,j" per chunk)
     std::string note;             ///< parameters left exact and why (sharded chunks, odd items)
 };
 
 /// Read `dir`/.metadata and the items it names; write the moments file to `out` (safetensors).
-/// `scratch` is a folder for item copies. Parameters whose moments are not each one whole,
-/// contiguous, unsharded F32/F16/BF16 item, or whose step / param_groups items are missing or
+/// `scratch` is a folder for item copies. A parameter whose moments are chunked (ShardedTensor,
+/// FSDP) gives one gathered parameter per chunk ("P@i,j", the chunk offset), its moments
+/// paired by chunk offset. Chunks whose moments are not each one whole, contiguous
+/// F32/F16/BF16 item, or whose step / param_groups items are missing or
 /// not plain numbers, are left out (their items stay in the copied files). Returns params = 0
 /// (and writes nothing) when none is left. Throws BadInput for an unreadable item.
 DcpMoments gather_dcp_moments(const std::string& dir, const std::string& out, const std::string& scratch, const Limits&);

@@ -36,6 +36,7 @@ def folders(tmp_path_factory):
         "dcp": mf.make_dcp(str(root), 64, mf.STEPS),
         "dcp_packed": mf.make_dcp(str(root), 64, mf.STEPS, packed=True),
         "dcp_py311": mf.make_dcp(str(root), 64, mf.STEPS, py311=True),
+        "dcp_sharded": mf.make_dcp_sharded(str(root), 64, mf.STEPS),
     }
 
 
@@ -159,10 +160,15 @@ def test_deepspeed_folder(tmp_path, folders, world):
         assert_same_step(params, osd, rsd, groups, osd["param_groups"][0]["lr"])
 
 
-def load_dcp(dcp, path):
-    """The DCP folder at `path` loaded by torch's own DCP reader into a same-keyed template."""
+def load_dcp(dcp, path, sharded=False):
+    """The DCP folder at `path` loaded by torch's own DCP reader into a same-keyed template
+    (ShardedTensors of 2 chunks when `sharded`); returns full tensors."""
     net, opt = mf.train_adamw(64, 1)   # same keys, other values
     got = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in mf.dcp_state_dict(net, opt).items()}
+    if sharded:
+        got = {k: (mf.to_sharded(v) if torch.is_tensor(v) and v.dim() >= 1 else v) for k, v in got.items()}
+        dcp.load_state_dict(got, dcp.FileSystemReader(str(path)))
+        return {k: (mf.from_sharded(v) if hasattr(v, "local_shards") else v) for k, v in got.items()}
     dcp.load_state_dict(got, dcp.FileSystemReader(str(path)), no_dist=True)
     return got
 
@@ -179,7 +185,7 @@ def dcp_params_and_state(sd):
     return params, {"state": state, "param_groups": groups}, [([i], {k: v for k, v in g.items() if k != "params"}) for i, g in enumerate(groups)]
 
 
-@pytest.mark.parametrize("name", ["dcp", "dcp_packed", "dcp_py311"])
+@pytest.mark.parametrize("name", ["dcp", "dcp_packed", "dcp_sharded", "dcp_py311"])
 def test_dcp_folder(tmp_path, folders, name):
     """Moment items gathered, compressed and put back (shells); everything else exact;
     torch's DCP load_state_dict reads the restored folder; one real AdamW step from it
@@ -195,18 +201,20 @@ def test_dcp_folder(tmp_path, folders, name):
         for f in files_of(src):
             assert same_bytes(os.path.join(src, f), back / f), f
         return
-    assert "8 moment items" in layout["note"]
+    sharded = name == "dcp_sharded"
+    assert ("16 moment items" if sharded else "8 moment items") in layout["note"]
     moments = rows["ckptkit-dcp-moments.safetensors"]
-    assert moments["action"] == "compressed" and "moments of 4 parameters" in moments["note"]
+    assert moments["action"] == "compressed"
+    assert f"moments of {8 if sharded else 4} parameter chunks" in moments["note"]
     assert moments["moment_values"] == sum(p.numel() for p in mf.Net(64).parameters()) * 2
     shells = [f for f, r in rows.items() if r["action"] == "shell"]
-    assert len(shells) == (1 if name == "dcp_packed" else 8)
+    assert len(shells) == {"dcp_packed": 1, "dcp": 8, "dcp_sharded": 16}[name]
     assert (out / (shells[0] + ".ckz-shell")).is_file()
     for f in files_of(src):
         if f not in shells:
             assert same_bytes(os.path.join(src, f), back / f), f
     dcp = mf.import_dcp()
-    orig, rest = load_dcp(dcp, src), load_dcp(dcp, back)
+    orig, rest = load_dcp(dcp, src, sharded), load_dcp(dcp, back, sharded)
     for k, v in orig.items():
         if torch.is_tensor(v) and not k.endswith(("exp_avg", "exp_avg_sq")):
             assert torch.equal(v, rest[k]), k
