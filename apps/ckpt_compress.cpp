@@ -44,6 +44,11 @@ int main(int argc, char** argv) {
     app.add_option("--max-memo-entries", o.limits.max_memo_entries, "pickle memo entries limit")->capture_default_str();
     app.add_flag("--strict", o.limits.strict, "accept only the globals torch.load(weights_only=True) accepts "
                  "(default: any other object is read as opaque data, never run)");
+    ckpt::folder::FolderOptions fo;
+    unsigned dcp_unit_mib = 256;
+    app.add_option("--dcp-unit-mib", dcp_unit_mib, "folder mode, DCP: .distcp MiB gathered into one moments container "
+                   "(at least; 0: one per group of linked files); the containers are shared among MPI ranks")
+        ->capture_default_str();
     app.add_option("--device", o.device, "cpu | cuda | auto (auto: the GPU when one is present)")
         ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     return cli.main(argc, argv, in, [&] {
@@ -59,10 +64,12 @@ int main(int argc, char** argv) {
             throw ckpt::BadInput(in, e.what());
         }
         if (pb->count()) o.param_bound = param_bound;
-        if (ckpt::folder::is_folder(in))
-            return ckpt::app::run_folder(cli, [&](const ckpt::folder::FolderOptions& fo) {
-                return ckpt::folder::compress_folder(in, out, o, fo);
-            });
+        if (ckpt::folder::is_folder(in)) {
+            fo.dcp_unit_bytes = uint64_t(dcp_unit_mib) << 20;
+            return ckpt::app::run_folder(cli, [&](const ckpt::folder::FolderOptions& f) {
+                return ckpt::folder::compress_folder(in, out, o, f);
+            }, fo);
+        }
         ckpt::check_outputs({in}, {out}, cli.force);
         o.progress = !cli.json;
         const ckpt::Report r = ckpt::compress(in, out, o);

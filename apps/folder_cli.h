@@ -19,11 +19,11 @@ inline void add_folder_help(Cli& cli) {
                                 : "Built without MPI (CKPTKIT_MPI=OFF or not found): one process."));
 }
 
-/// Run a folder job (lib/ckpt/folder.h) with --force and a per-file progress line (stderr
-/// a terminal, no --json); rank 0 prints the summary (table or --json). Returns the exit
+/// Run a folder job (lib/ckpt/folder.h) with `fo` plus --force and a per-file progress line
+/// (stderr a terminal, no --json); rank 0 prints the summary (table or --json). Returns the exit
 /// code: 0 ok, 1 a check failed; errors propagate to Cli::main (exit 2 naming the file).
-inline int run_folder(const Cli& cli, const std::function<folder::FolderReport(const folder::FolderOptions&)>& job) {
-    folder::FolderOptions fo;
+inline int run_folder(const Cli& cli, const std::function<folder::FolderReport(const folder::FolderOptions&)>& job,
+                      folder::FolderOptions fo = {}) {
     fo.force = cli.force;
     fo.progress = !cli.json && ::isatty(2);
     const folder::FolderReport r = job(fo);

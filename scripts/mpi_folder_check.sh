@@ -19,6 +19,9 @@ for d in dcp dcp_packed dcp_sharded; do   # DCP: the gathered moments and shells
   "$B/ckpt-compress" "$T/$d" -o "$T/$d.one" >/dev/null
   $MPIRUN "$B/ckpt-compress" "$T/$d" -o "$T/$d.many" >/dev/null
   diff -r "$T/$d.one" "$T/$d.many"
+  "$B/ckpt-compress" "$T/$d" -o "$T/$d.one0" --dcp-unit-mib 0 >/dev/null   # many units, shared among ranks
+  $MPIRUN "$B/ckpt-compress" "$T/$d" -o "$T/$d.many0" --dcp-unit-mib 0 >/dev/null
+  diff -r "$T/$d.one0" "$T/$d.many0"
   $MPIRUN "$B/ckpt-restore" "$T/$d.many" -o "$T/$d.back" >/dev/null
   "$B/ckpt-restore" "$T/$d.one" -o "$T/$d.back1" >/dev/null
   diff -r "$T/$d.back" "$T/$d.back1"
@@ -47,6 +50,7 @@ for existing in no yes; do
   force=""
   if [ $existing = yes ]; then "$B/ckpt-compress" "$T/big/ds4" -o "$T/kill_out" >/dev/null; force=--force; fi
   [ $existing = yes ] && cp "$T/kill_out/ckptkit-folder.json" "$T/before.json"
+  rm -rf "$T"/.kill_out.tmp-*   # what the killed run of the first round left
   $MPIRUN "$B/ckpt-compress" "$T/big/ds4" -o "$T/kill_out" $force >/dev/null 2>&1 &
   mp=$!
   i=0

@@ -119,7 +119,7 @@ Manifest read_manifest(const std::string& dir) {
             m.files.push_back({e.at("path").get<std::string>(), e.at("stored").get<std::string>(), e.at("container").get<bool>(),
                                e.at("size").get<uint64_t>(), parse_hex64(e.at("xxh3").get<std::string>()),
                                e.at("source_size").get<uint64_t>(), parse_hex64(e.at("source_xxh3").get<std::string>())});
-            for (const char* k : {"virtual", "shell", "moments", "cuts"})
+            for (const char* k : {"virtual", "files", "shell", "moments", "cuts"})
                 if (e.contains(k)) m.files.back().extra[k] = e.at(k);
             if (m.files.back().is_shell()) (void)cuts_from(m.files.back().extra.at("cuts"));   // validate
         }
@@ -221,6 +221,7 @@ struct Unit {
     std::string dcp_dir;
     std::vector<std::string> files;   ///< relative to the input root
     uint64_t weight = 0;              ///< bytes
+    std::size_t index = 0;            ///< DCP: unit number in its folder (dcp_moments_name)
 };
 
 /// Owner rank of each item: longest processing time first (items by weight, descending,
@@ -478,7 +479,7 @@ FolderReport compress_folder(const std::string& in, const std::string& out, cons
         std::set<std::string> names(tree.files.begin(), tree.files.end());
         for (const auto& f : tree.files)
             if (f == kManifestName || names.count(f + kSuffix) || names.count(f + kShellSuffix) ||
-                base_of(f) == kDcpMomentsName)
+                base_of(f).rfind(kDcpMomentsPrefix, 0) == 0)
                 throw BadInput(join(in, f), "its name is taken by folder mode's output (" + std::string(kManifestName) + " or " +
                                                 f + kSuffix + "); rename it first");
         rep.layouts = detect_layouts(in, tree.files);
@@ -492,24 +493,26 @@ FolderReport compress_folder(const std::string& in, const std::string& out, cons
     std::set<std::string> in_dcp;
     for (const auto& l : rep.layouts) {
         if (l.kind != "dcp") continue;
-        std::vector<std::string> mf;
+        std::vector<std::vector<std::string>> groups;
         try {
-            mf = dcp_moment_files(join(in, l.dir));
+            groups = dcp_units(join(in, l.dir), fo.dcp_unit_bytes);
         } catch (const BadInput&) {
             continue;   // the layout note says why; its files are copied
         }
-        Unit u{l.dir, {}, 0};
-        for (const auto& f : mf) {
-            const std::string rel = join(l.dir, f);
-            if (!std::binary_search(tree.files.begin(), tree.files.end(), rel)) continue;
-            u.files.push_back(rel);
-            u.weight += fs::file_size(join(in, rel));
-            in_dcp.insert(rel);
+        for (std::size_t n = 0; n < groups.size(); ++n) {
+            Unit u{l.dir, {}, 0, n};
+            for (const auto& f : groups[n]) {
+                const std::string rel = join(l.dir, f);
+                if (!std::binary_search(tree.files.begin(), tree.files.end(), rel)) continue;
+                u.files.push_back(rel);
+                u.weight += fs::file_size(join(in, rel));
+                in_dcp.insert(rel);
+            }
+            if (!u.files.empty()) units.push_back(u);
         }
-        if (!u.files.empty()) units.push_back(u);
     }
     for (const auto& f : tree.files)
-        if (!in_dcp.count(f)) units.push_back({"", {f}, fs::file_size(join(in, f))});
+        if (!in_dcp.count(f)) units.push_back({"", {f}, fs::file_size(join(in, f)), 0});
     std::vector<uint64_t> weights;
     for (const auto& u : units) weights.push_back(u.weight);
 
@@ -582,15 +585,18 @@ FolderReport compress_folder(const std::string& in, const std::string& out, cons
         const std::string scratch = join(tmp, ".ckptkit-scratch-" + std::to_string(c.rank()));
         remove_tree(scratch);
         fs::create_directories(scratch);
-        const std::string dir = join(in, u.dcp_dir), moments = join(scratch, kDcpMomentsName);
-        const DcpMoments dm = gather_dcp_moments(dir, moments, scratch, o.limits);
+        const std::string name = dcp_moments_name(u.index);
+        const std::string dir = join(in, u.dcp_dir), moments = join(scratch, name);
+        std::vector<std::string> local;   // the unit's files relative to the DCP folder
+        for (const auto& f : u.files) local.push_back(u.dcp_dir.empty() ? f : f.substr(u.dcp_dir.size() + 1));
+        const DcpMoments dm = gather_dcp_moments(dir, local, moments, scratch, o.limits);
         std::map<std::string, const DcpFile*> cut_of;
         if (dm.params) {
             FileRow r;
-            r.file = join(u.dcp_dir, kDcpMomentsName);
+            r.file = join(u.dcp_dir, name);
             r.layout = "dcp";
             r.virtual_input = true;
-            r.manifest_extra = json{{"virtual", true}}.dump();
+            r.manifest_extra = json{{"virtual", true}, {"files", local}}.dump();
             compress_row(r, moments, r.file + kSuffix, [&]() -> std::optional<std::pair<double, std::string>> {
                 return std::make_pair(dcp_param_bound(dir, scratch, o.limits), std::string("the DCP model items"));
             });
@@ -617,7 +623,7 @@ FolderReport compress_folder(const std::string& in, const std::string& out, cons
             r.source_xxh3 = sd.xxh3;
             r.xxh3 = hd.xxh3;
             r.note = fmt::format("{} moment storages cut out", it->second->cuts.size());
-            r.manifest_extra = json{{"shell", true}, {"moments", join(u.dcp_dir, kDcpMomentsName)},
+            r.manifest_extra = json{{"shell", true}, {"moments", join(u.dcp_dir, name)},
                                     {"cuts", cuts_json(it->second->cuts)}}.dump();
             rows.push_back(r);
         }
@@ -719,9 +725,10 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
             scratch = (fs::temp_directory_path() / fmt::format("ckptkit-verify-{}-{}", ::getpid(), i)).string();
             remove_tree(scratch);
             fs::create_directories(scratch);
-            orig = join(scratch, kDcpMomentsName);
+            orig = join(scratch, base_of(e.path));
             try {
-                (void)gather_dcp_moments(join(*original, parent_of(e.path)), orig, scratch, Limits{});
+                (void)gather_dcp_moments(join(*original, parent_of(e.path)), e.extra.at("files").get<std::vector<std::string>>(),
+                                         orig, scratch, Limits{});
                 if (const Digest od = hash_file(orig); od.size != e.source_size || od.xxh3 != e.source_xxh3) {
                     fail("moments gathered from the original DCP folder differ from those compressed");
                     orig.clear();
@@ -831,7 +838,7 @@ FolderReport restore_folder(const std::string& dir, const std::string& out, cons
             scratch = join(tmp, ".ckptkit-scratch-" + std::to_string(c.rank()));
             remove_tree(scratch);
             fs::create_directories(scratch);
-            moments = join(scratch, kDcpMomentsName);
+            moments = join(scratch, base_of(e.path));
             RestoreOptions oo = ro;
             oo.progress = false;
             const Report rr = restore(src, moments, oo);

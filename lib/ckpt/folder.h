@@ -80,6 +80,7 @@ bool is_folder(const std::string& path);
 struct FolderOptions {
     bool force = false;           ///< replace an existing output folder (at the very end)
     bool progress = false;        ///< per-file progress lines on stderr (rank 0)
+    uint64_t dcp_unit_bytes = 256ull << 20;   ///< compress: DCP .distcp bytes per gathered-moments container (at least)
 };
 
 /// ckpt-compress DIR -o OUT_DIR. Files are sniffed (torch zip / legacy / safetensors); those

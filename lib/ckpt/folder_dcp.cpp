@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -157,18 +159,60 @@ void copy_range(const io::InputFile& f, uint64_t off, uint64_t n, FileWriter& w,
 
 }  // namespace
 
-std::vector<std::string> dcp_moment_files(const std::string& dir) {
-    std::set<std::string> files;
-    for (const auto& it : read_items(dir)) {
+std::string dcp_moments_name(std::size_t n) { return kDcpMomentsPrefix + std::to_string(n) + ".safetensors"; }
+
+std::vector<std::vector<std::string>> dcp_units(const std::string& dir, uint64_t unit_bytes) {
+    const std::vector<Item> items = read_items(dir);
+    std::map<std::string, std::string> parent;   // union-find over file names
+    std::function<std::string(const std::string&)> find = [&](const std::string& f) -> std::string {
+        auto it = parent.find(f);
+        if (it == parent.end()) { parent[f] = f; return f; }
+        if (it->second == f) return f;
+        return it->second = find(it->second);
+    };
+    std::map<std::pair<std::string, std::string>, std::vector<std::string>> chunk_files;   // (base, chunk) -> files
+    for (const auto& it : items) {
         if (it.fqn.find(".state.") == std::string::npos) continue;
         for (const char* m : {".exp_avg", ".exp_avg_sq", ".max_exp_avg_sq"})
-            if (ends_with(it.fqn, m)) files.insert(it.file);
+            if (ends_with(it.fqn, m)) {
+                chunk_files[{it.fqn.substr(0, it.fqn.size() - std::strlen(m)), it.chunk}].push_back(it.file);
+                (void)find(it.file);
+            }
     }
-    return {files.begin(), files.end()};
+    for (const auto& [key, files] : chunk_files)
+        for (const auto& f : files) {
+            const std::string a = find(files[0]), b = find(f);
+            if (a != b) parent[std::max(a, b)] = std::min(a, b);
+        }
+    std::map<std::string, std::vector<std::string>> comps;   // root -> files (sorted by root = smallest)
+    for (const auto& [f, _] : parent) comps[find(f)].push_back(f);
+    std::vector<std::vector<std::string>> units;
+    uint64_t bytes = 0;
+    for (auto& [root, files] : comps) {
+        if (units.empty() || bytes >= unit_bytes) {
+            units.emplace_back();
+            bytes = 0;
+        }
+        for (const auto& f : files) {
+            units.back().push_back(f);
+            std::error_code ec;
+            const auto n = std::filesystem::file_size(join(dir, f), ec);
+            bytes += ec ? 0 : uint64_t(n);
+        }
+    }
+    for (auto& u : units) std::sort(u.begin(), u.end());
+    return units;
 }
 
-DcpMoments gather_dcp_moments(const std::string& dir, const std::string& out, const std::string& scratch, const Limits& limits) {
-    const std::vector<Item> items = read_items(dir);
+DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::string>& files_in, const std::string& out,
+                              const std::string& scratch, const Limits& limits) {
+    const std::set<std::string> in_unit(files_in.begin(), files_in.end());
+    std::vector<Item> items;
+    for (auto& it : read_items(dir)) {   // moment items of other units are not ours
+        const bool moment = it.fqn.find(".state.") != std::string::npos &&
+                            (ends_with(it.fqn, ".exp_avg") || ends_with(it.fqn, ".exp_avg_sq") || ends_with(it.fqn, ".max_exp_avg_sq"));
+        if (!moment || in_unit.count(it.file)) items.push_back(std::move(it));
+    }
     std::map<std::string, std::vector<const Item*>> by_fqn;
     for (const auto& it : items) by_fqn[it.fqn].push_back(&it);
     auto one = [&](const std::string& fqn) -> const Item* {

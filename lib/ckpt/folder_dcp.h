@@ -23,9 +23,12 @@
 
 namespace ckpt::folder {
 
-/// File name of the gathered moments inside a DCP folder (a virtual input: it never exists
-/// in the input folder; the output holds it as "<name>.ckz.h5").
-inline constexpr const char* kDcpMomentsName = "ckptkit-dcp-moments.safetensors";
+/// Prefix of the gathered moments' names inside a DCP folder (virtual inputs: they never
+/// exist in the input folder; the output holds each as "<name>.ckz.h5").
+inline constexpr const char* kDcpMomentsPrefix = "ckptkit-dcp-moments-";
+/// Name of the gathered moments of DCP work unit `n`: "ckptkit-dcp-moments-<n>.safetensors".
+std::string dcp_moments_name(std::size_t n);
+
 /// Suffix of a shell file in the output folder.
 inline constexpr const char* kShellSuffix = ".ckz-shell";
 
@@ -56,12 +59,17 @@ struct DcpMoments {
 /// F32/F16/BF16 item, or whose step / param_groups items are missing or
 /// not plain numbers, are left out (their items stay in the copied files). Returns params = 0
 /// (and writes nothing) when none is left. Throws BadInput for an unreadable item.
-DcpMoments gather_dcp_moments(const std::string& dir, const std::string& out, const std::string& scratch, const Limits&);
+/// Only parameter chunks whose moment items all lie in `files` (relative to `dir`) are gathered.
+DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::string>& files, const std::string& out,
+                              const std::string& scratch, const Limits&);
 
-/// The .distcp files (relative to `dir`) that hold a moment item (exp_avg, exp_avg_sq,
-/// max_exp_avg_sq under `<X>.state.`), from `dir`/.metadata, sorted. Throws BadInput when the
-/// .metadata cannot be read.
-std::vector<std::string> dcp_moment_files(const std::string& dir);
+/// Work units of a DCP folder: groups of .distcp files (relative to `dir`, each group sorted)
+/// that hold moment items (exp_avg, exp_avg_sq, max_exp_avg_sq under `<X>.state.`), such that
+/// the moments of one parameter chunk never span two groups (files linked by a chunk's
+/// moments are one component; torch 1.13 puts each moment in its own file, 2.x one file per
+/// rank), consecutive components merged until a group reaches `unit_bytes` (file sizes).
+/// Same result on every rank. Throws BadInput when the .metadata cannot be read.
+std::vector<std::vector<std::string>> dcp_units(const std::string& dir, uint64_t unit_bytes);
 
 /// The largest |value| of every float tensor item of the DCP folder that is not optimizer
 /// state (not under `<X>.state.` / `<X>.param_groups.`): a |theta| bound for Adam's L2 domain.
