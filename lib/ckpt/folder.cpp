@@ -38,18 +38,6 @@ constexpr const char* kNoAdam = "no Adam/AdamW optimizer state";      // compres
 constexpr const char* kNeedsTheta = "for the Adam L2 gradient domain";  // compress(): theta not in the file
 constexpr const char* kSuffix = ".ckz.h5";
 
-std::string parent_of(const std::string& rel) {
-    const auto s = rel.rfind('/');
-    return s == std::string::npos ? "" : rel.substr(0, s);
-}
-std::string base_of(const std::string& rel) {
-    const auto s = rel.rfind('/');
-    return s == std::string::npos ? rel : rel.substr(s + 1);
-}
-bool ends_with(const std::string& s, const std::string& e) {
-    return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
-}
-
 // ---------------------------------------------------------------- manifest
 
 /// One manifest entry (formats/folder.md).

@@ -31,16 +31,7 @@ constexpr uint64_t kPiece = 1 << 20;
 
 const std::string* str_of(const Value* v) { return v ? std::get_if<std::string>(&v->v) : nullptr; }
 const int64_t* int_of(const Value* v) { return v ? std::get_if<int64_t>(&v->v) : nullptr; }
-bool ends_with(const std::string& s, const std::string& e) {
-    return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
-}
-
-/// One item of storage_data.
-struct Item {
-    std::string fqn, file;
-    uint64_t offset = 0, length = 0;
-    std::string chunk;   ///< MetadataIndex.offset of a tensor chunk as "0,4", "" for bytes items
-};
+using Item = DcpItem;
 
 /// "i,j,..." of a torch.Size (a tuple of ints), "" for None / anything else.
 std::string chunk_key(const Value* v) {
@@ -86,8 +77,9 @@ Parsed parse_item(const std::string& dir, const Item& it, const std::string& scr
     return p;
 }
 
-/// Index of storage_data from a .metadata file.
-std::vector<Item> read_items(const std::string& dir) {
+}  // namespace
+
+std::vector<Item> dcp_items(const std::string& dir) {
     const std::string path = join(dir, ".metadata");
     const io::InputFile f(path);
     io::RangeReader r(f, 0, f.size());
@@ -110,6 +102,13 @@ std::vector<Item> read_items(const std::string& dir) {
     }
     return items;
 }
+
+bool is_moment_fqn(const std::string& fqn) {
+    return fqn.find(".state.") != std::string::npos &&
+           (ends_with(fqn, ".exp_avg") || ends_with(fqn, ".exp_avg_sq") || ends_with(fqn, ".max_exp_avg_sq"));
+}
+
+namespace {
 
 /// The whole-storage tensor an item holds, or nullptr (a view, a slice, not a tensor).
 const TensorInfo* whole_tensor(const Checkpoint& ck) {
@@ -162,7 +161,7 @@ void copy_range(const io::InputFile& f, uint64_t off, uint64_t n, FileWriter& w,
 std::string dcp_moments_name(std::size_t n) { return kDcpMomentsPrefix + std::to_string(n) + ".safetensors"; }
 
 std::vector<std::vector<std::string>> dcp_units(const std::string& dir, uint64_t unit_bytes) {
-    const std::vector<Item> items = read_items(dir);
+    const std::vector<Item> items = dcp_items(dir);
     std::map<std::string, std::string> parent;   // union-find over file names
     std::function<std::string(const std::string&)> find = [&](const std::string& f) -> std::string {
         auto it = parent.find(f);
@@ -172,12 +171,9 @@ std::vector<std::vector<std::string>> dcp_units(const std::string& dir, uint64_t
     };
     std::map<std::pair<std::string, std::string>, std::vector<std::string>> chunk_files;   // (base, chunk) -> files
     for (const auto& it : items) {
-        if (it.fqn.find(".state.") == std::string::npos) continue;
-        for (const char* m : {".exp_avg", ".exp_avg_sq", ".max_exp_avg_sq"})
-            if (ends_with(it.fqn, m)) {
-                chunk_files[{it.fqn.substr(0, it.fqn.size() - std::strlen(m)), it.chunk}].push_back(it.file);
-                (void)find(it.file);
-            }
+        if (!is_moment_fqn(it.fqn)) continue;
+        chunk_files[{it.fqn.substr(0, it.fqn.rfind('.')), it.chunk}].push_back(it.file);
+        (void)find(it.file);
     }
     for (const auto& [key, files] : chunk_files)
         for (const auto& f : files) {
@@ -208,10 +204,8 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
                               const std::string& scratch, const Limits& limits) {
     const std::set<std::string> in_unit(files_in.begin(), files_in.end());
     std::vector<Item> items;
-    for (auto& it : read_items(dir)) {   // moment items of other units are not ours
-        const bool moment = it.fqn.find(".state.") != std::string::npos &&
-                            (ends_with(it.fqn, ".exp_avg") || ends_with(it.fqn, ".exp_avg_sq") || ends_with(it.fqn, ".max_exp_avg_sq"));
-        if (!moment || in_unit.count(it.file)) items.push_back(std::move(it));
+    for (auto& it : dcp_items(dir)) {   // moment items of other units are not ours
+        if (!is_moment_fqn(it.fqn) || in_unit.count(it.file)) items.push_back(std::move(it));
     }
     std::map<std::string, std::vector<const Item*>> by_fqn;
     for (const auto& it : items) by_fqn[it.fqn].push_back(&it);
@@ -343,29 +337,11 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
 
 double dcp_param_bound(const std::string& dir, const std::string& scratch, const Limits& limits) {
     double bound = 0;
-    std::vector<uint8_t> buf;
-    std::vector<float> vals;
-    for (const auto& it : read_items(dir)) {
+    for (const auto& it : dcp_items(dir)) {
         if (it.fqn.find(".state.") != std::string::npos || it.fqn.find(".param_groups.") != std::string::npos) continue;
         const Parsed pa = parse_item(dir, it, scratch, limits);
         if (!std::holds_alternative<Value::Tensor>(pa.ck.root.v)) continue;
-        const io::InputFile f(pa.path);
-        for (const auto& s : pa.ck.storages) {
-            const std::string dt = dtype_name(s.dtype);
-            const std::size_t es = float_dtype_size(dt);
-            if (!es) continue;
-            for (uint64_t i = 0; i < s.numel; i += kPiece / es) {
-                const std::size_t k = std::size_t(std::min<uint64_t>(kPiece / es, s.numel - i));
-                buf.resize(k * es);
-                vals.resize(k);
-                f.read_at(s.file_offset + i * es, buf.data(), buf.size(), "tensor");
-                bytes_to_float(dt, buf.data(), k, vals.data());
-                for (float v : vals) {
-                    if (!std::isfinite(v)) throw BadInput(join(dir, it.file), it.fqn + " holds non-finite values: no |theta| bound");
-                    bound = std::max(bound, double(std::fabs(v)));
-                }
-            }
-        }
+        bound = std::max(bound, max_abs_storages(pa.ck, io::InputFile(pa.path), it.fqn));
     }
     return bound;
 }

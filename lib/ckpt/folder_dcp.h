@@ -32,6 +32,21 @@ std::string dcp_moments_name(std::size_t n);
 /// Suffix of a shell file in the output folder.
 inline constexpr const char* kShellSuffix = ".ckz-shell";
 
+/// One item of a DCP .metadata's storage_data.
+struct DcpItem {
+    std::string fqn;            ///< MetadataIndex.fqn
+    std::string file;           ///< _StorageInfo.relative_path
+    uint64_t offset = 0, length = 0;   ///< bytes in that file
+    std::string chunk;          ///< MetadataIndex.offset of a tensor chunk as "0,4"; "" for bytes items
+};
+
+/// Every storage_data item of `dir`/.metadata (a pickled Metadata, opaque objects, nothing
+/// run). Throws BadInput when it cannot be read or an entry is malformed.
+std::vector<DcpItem> dcp_items(const std::string& dir);
+
+/// True for an optimizer moment FQN: "<X>.state.<P>.exp_avg" / "exp_avg_sq" / "max_exp_avg_sq".
+bool is_moment_fqn(const std::string& fqn);
+
 /// One moment storage cut out of a .distcp file.
 struct DcpCut {
     uint64_t offset = 0, length = 0;      ///< byte range in the .distcp file

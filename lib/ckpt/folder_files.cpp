@@ -14,6 +14,9 @@
 #include "common/error.h"
 #include "common/file.h"
 #include "common/xxh3.h"
+#include "ckpt/values.h"
+
+#include <cmath>
 
 namespace ckpt::folder {
 
@@ -118,6 +121,44 @@ std::string join(const std::string& a, const std::string& b) {
     if (a.empty()) return b;
     if (b.empty()) return a;
     return a.back() == '/' ? a + b : a + "/" + b;
+}
+
+std::string parent_of(const std::string& rel) {
+    const auto s = rel.rfind('/');
+    return s == std::string::npos ? "" : rel.substr(0, s);
+}
+
+std::string base_of(const std::string& rel) {
+    const auto s = rel.rfind('/');
+    return s == std::string::npos ? rel : rel.substr(s + 1);
+}
+
+bool ends_with(const std::string& s, const std::string& e) {
+    return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
+}
+
+double max_abs_storages(const Checkpoint& ck, const io::InputFile& f, const std::string& what) {
+    double bound = 0;
+    std::vector<uint8_t> buf;
+    std::vector<float> vals;
+    for (const auto& s : ck.storages) {
+        const std::string dt = dtype_name(s.dtype);
+        const std::size_t es = float_dtype_size(dt);
+        if (!es) continue;
+        const uint64_t per = kPiece / es;
+        for (uint64_t i = 0; i < s.numel; i += per) {
+            const std::size_t k = std::size_t(std::min<uint64_t>(per, s.numel - i));
+            buf.resize(k * es);
+            vals.resize(k);
+            f.read_at(s.file_offset + i * es, buf.data(), buf.size(), "tensor");
+            bytes_to_float(dt, buf.data(), k, vals.data());
+            for (float v : vals) {
+                if (!std::isfinite(v)) throw BadInput(f.path(), what + " holds non-finite values: no |theta| bound");
+                bound = std::max(bound, double(std::fabs(v)));
+            }
+        }
+    }
+    return bound;
 }
 
 std::string temp_sibling(const std::string& out, long pid) {

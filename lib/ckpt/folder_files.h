@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
+#include "io/file.h"
 
 namespace ckpt::folder {
 
@@ -39,6 +40,15 @@ uint64_t parse_hex64(const std::string&);
 
 /// "a/b" joined with '/', "" parts skipped.
 std::string join(const std::string& a, const std::string& b);
+/// Folder part of a relative path ("" at the root) and its last component.
+std::string parent_of(const std::string& rel);
+std::string base_of(const std::string& rel);
+/// True when `s` ends with `e`.
+bool ends_with(const std::string& s, const std::string& e);
+
+/// The largest |value| over every F32/F16/BF16 storage of `ck` (read from `f` in 1 MiB
+/// pieces). Throws BadInput(f) naming `what` on a non-finite value.
+double max_abs_storages(const Checkpoint& ck, const io::InputFile& f, const std::string& what);
 
 /// The temporary sibling of an output folder: "<parent>/.<name>.tmp-<pid>".
 std::string temp_sibling(const std::string& out, long pid);

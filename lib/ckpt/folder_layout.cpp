@@ -13,62 +13,32 @@
 #include <set>
 
 #include "ckpt/folder.h"
+#include "ckpt/folder_dcp.h"
 #include "ckpt/folder_files.h"
 #include "common/error.h"
 #include "io/file.h"
-#include "io/pickle.h"
-#include "ckpt/values.h"
 
-#include <cmath>
 #include <filesystem>
 
 namespace ckpt::folder {
 
 namespace {
 
-std::string parent_of(const std::string& rel) {
-    const auto s = rel.rfind('/');
-    return s == std::string::npos ? "" : rel.substr(0, s);
-}
-std::string base_of(const std::string& rel) {
-    const auto s = rel.rfind('/');
-    return s == std::string::npos ? rel : rel.substr(s + 1);
-}
-bool ends_with(const std::string& s, const std::string& e) {
-    return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
-}
-const std::string* str_of(const Value* v) { return v ? std::get_if<std::string>(&v->v) : nullptr; }
-const int64_t* int_of(const Value* v) { return v ? std::get_if<int64_t>(&v->v) : nullptr; }
-
 /// What a DCP .metadata says: items, files, and the moment items among them.
-std::string dcp_summary(const std::string& path) {
-    const io::InputFile f(path);
-    io::RangeReader r(f, 0, f.size());
-    const io::PickleResult p = io::unpickle(r, Limits{}, io::PersistentIds::None);
-    const Value::Object* md = p.root.object();
-    if (!md) throw BadInput(path, "not a pickled Metadata object");
-    const Value* sd = md->attr("storage_data");
-    const Value* sdm = md->attr("state_dict_metadata");
-    if (!sd || !sd->is_dict()) throw BadInput(path, "Metadata has no storage_data dict");
-    std::set<std::string> files;
-    uint64_t items = 0, moments = 0, moment_bytes = 0;
-    for (const auto& kv : std::get<Value::Dict>(sd->v)) {
-        const Value::Object* key = kv.first.object();
-        const Value::Object* info = kv.second.object();
-        const std::string* fqn = key ? str_of(key->attr("fqn")) : nullptr;
-        const std::string* rel = info ? str_of(info->attr("relative_path")) : nullptr;
-        const int64_t* len = info ? int_of(info->attr("length")) : nullptr;
-        if (!fqn || !rel || !len) throw BadInput(path, "storage_data entry without fqn / relative_path / length");
-        ++items;
-        files.insert(*rel);
-        if (ends_with(*fqn, ".exp_avg") || ends_with(*fqn, ".exp_avg_sq") || ends_with(*fqn, ".max_exp_avg_sq")) {
+std::string dcp_summary(const std::string& dir) {
+    std::set<std::string> files, fqns;
+    uint64_t moments = 0, moment_bytes = 0;
+    const std::vector<DcpItem> items = dcp_items(dir);
+    for (const auto& it : items) {
+        files.insert(it.file);
+        fqns.insert(it.fqn);
+        if (is_moment_fqn(it.fqn)) {
             ++moments;
-            moment_bytes += uint64_t(*len);
+            moment_bytes += it.length;
         }
     }
-    const std::size_t fqns = sdm && sdm->is_dict() ? std::get<Value::Dict>(sdm->v).size() : 0;
-    return fmt::format("{} FQNs, {} items in {} .distcp files; {} moment items ({} bytes)", fqns, items, files.size(),
-                       moments, moment_bytes);
+    return fmt::format("{} FQNs, {} items in {} .distcp files; {} moment items ({} bytes)", fqns.size(), items.size(),
+                       files.size(), moments, moment_bytes);
 }
 
 }  // namespace
@@ -86,29 +56,10 @@ std::optional<std::pair<double, std::string>> model_param_bound(const std::strin
     std::sort(models.begin(), models.end());
     double bound = 0;
     std::string names;
-    std::vector<uint8_t> buf;
-    std::vector<float> vals;
     for (const auto& n : models) {
         const std::string path = join(dir, n);
         const Checkpoint ck = read_checkpoint(path, limits);
-        const io::InputFile f(path);
-        for (const auto& s : ck.storages) {
-            const std::string dt = dtype_name(s.dtype);
-            const std::size_t es = float_dtype_size(dt);
-            if (!es) continue;
-            const uint64_t per = (1u << 20) / es;
-            for (uint64_t i = 0; i < s.numel; i += per) {
-                const std::size_t k = std::size_t(std::min<uint64_t>(per, s.numel - i));
-                buf.resize(k * es);
-                vals.resize(k);
-                f.read_at(s.file_offset + i * es, buf.data(), buf.size(), "model tensor");
-                bytes_to_float(dt, buf.data(), k, vals.data());
-                for (float v : vals) {
-                    if (!std::isfinite(v)) throw BadInput(path, "a model tensor holds non-finite values: no |theta| bound");
-                    bound = std::max(bound, double(std::fabs(v)));
-                }
-            }
-        }
+        bound = std::max(bound, max_abs_storages(ck, io::InputFile(path), "a model tensor"));
         names += (names.empty() ? "" : ", ") + n;
     }
     return std::make_pair(bound, names);
@@ -151,7 +102,7 @@ std::vector<Layout> detect_layouts(const std::string& root, const std::vector<st
         if (has(".metadata") && std::any_of(names.begin(), names.end(), [](auto& n) { return ends_with(n, ".distcp"); })) {
             Layout l{"dcp", dir, ".metadata + *.distcp", ""};
             try {
-                l.note = dcp_summary(join(root, join(dir, ".metadata")));
+                l.note = dcp_summary(join(root, dir));
             } catch (const std::exception& e) {
                 l.note = std::string(".metadata unreadable (") + e.what() + "); every file copied exact";
             }
