@@ -142,7 +142,7 @@ json row_json(const FileRow& r) {
            {"bytes_in", r.bytes_in}, {"bytes_out", r.bytes_out}, {"moment_values", r.moment_values},
            {"escapes", r.escapes}, {"moment_bytes_fp32", r.moment_bytes_fp32}, {"moment_bytes_out", r.moment_bytes_out},
            {"moment_reduction", r.moment_bytes_fp32 ? 1.0 - double(r.moment_bytes_out) / double(r.moment_bytes_fp32) : 0.0},
-           {"max_bound_lr", r.max_bound}, {"ok", r.ok}, {"note", r.note},
+           {"max_bound_lr", r.max_bound}, {"ok", r.ok}, {"note", r.note}, {"virtual_input", r.virtual_input},
            {"xxh3", hex64(r.xxh3)}, {"source_xxh3", hex64(r.source_xxh3)}};
     j["extra"] = r.manifest_extra.empty() ? json::object() : json::parse(r.manifest_extra);
     j["report"] = r.report_json.empty() ? json(nullptr) : json::parse(r.report_json);
@@ -163,6 +163,7 @@ FileRow row_from(const json& j) {
     r.max_bound = j.at("max_bound_lr");
     r.ok = j.at("ok");
     r.note = j.at("note");
+    r.virtual_input = j.at("virtual_input");
     r.xxh3 = parse_hex64(j.at("xxh3"));
     r.source_xxh3 = parse_hex64(j.at("source_xxh3"));
     if (!j.at("report").is_null()) r.report_json = j.at("report").dump();

@@ -207,6 +207,7 @@ def test_dcp_folder(tmp_path, folders, name):
     assert moments["action"] == "compressed"
     assert f"moments of {8 if sharded else 4} parameter chunks" in moments["note"]
     assert moments["moment_values"] == sum(p.numel() for p in mf.Net(64).parameters()) * 2
+    assert moments["virtual_input"] and rep["file_bytes_in"] == sum(os.path.getsize(os.path.join(src, f)) for f in files_of(src))
     shells = [f for f, r in rows.items() if r["action"] == "shell"]
     assert len(shells) == {"dcp_packed": 1, "dcp": 8, "dcp_sharded": 16}[name]
     assert (out / (shells[0] + ".ckz-shell")).is_file()
