@@ -12,8 +12,8 @@ namespace ckpt {
 class Comm {
 public:
     virtual ~Comm() = default;
-    virtual int rank() const = 0;
-    virtual int size() const = 0;
+    virtual int rank() const = 0;   ///< this process, 0..size()-1
+    virtual int size() const = 0;   ///< number of ranks
     /// Every rank's `mine`, in rank order, on every rank (MPI_Allgatherv of bytes).
     virtual std::vector<std::string> allgather(const std::string& mine) = 0;
     /// Rank 0's `value` on every rank.

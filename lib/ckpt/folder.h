@@ -67,8 +67,8 @@ struct FolderReport {
     bool ok = true;
     std::vector<std::string> failures;   ///< "FILE: what failed"
 
-    uint64_t bytes_in() const;
-    uint64_t bytes_out() const;
+    uint64_t bytes_in() const;   ///< sum of the input files' sizes (DCP gathered moments not counted)
+    uint64_t bytes_out() const;  ///< sum of the written / stored files' sizes
     std::string table() const;   ///< per-file lines and the total
     std::string json() const;    ///< one object: totals, "layouts", "files" (each with its report)
 };
