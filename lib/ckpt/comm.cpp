@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #ifdef CKPTKIT_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -73,12 +75,14 @@ public:
     }
 };
 
+#endif
+
+/// An MPI launcher (mpirun, mpiexec, srun) started this process.
 bool launched_by_mpi() {
     for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"})
         if (std::getenv(v)) return true;
     return false;
 }
-#endif
 
 }  // namespace
 
@@ -90,6 +94,14 @@ Comm& world_comm() {
     }
 #endif
     static SerialComm serial;
+#ifndef CKPTKIT_HAVE_MPI
+    static const bool warned = [] {
+        if (launched_by_mpi())
+            spdlog::warn("started by an MPI launcher, but built without MPI (CKPTKIT_MPI): every rank does the whole job");
+        return true;
+    }();
+    (void)warned;
+#endif
     return serial;
 }
 
