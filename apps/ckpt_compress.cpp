@@ -1,10 +1,13 @@
 // ckpt-compress IN -o OUT.ckz.h5: guarded compression of the Adam/AdamW moments.
+// ckpt-compress DIR -o OUT_DIR: folder mode (lib/ckpt/folder.h), also under mpirun / srun.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
 
+#include "ckpt/folder.h"
 #include "ckpt/pipeline.h"
 #include "cli.h"
+#include "folder_cli.h"
 #include "gpu_codec.h"
 
 int main(int argc, char** argv) {
@@ -12,11 +15,12 @@ int main(int argc, char** argv) {
                        "checkpoint with a guarded 8-bit codec; every other byte is kept exactly. "
                        "Exit 0 ok, 1 a check failed, 2 bad input or usage.");
     CLI::App& app = cli.app;
+    ckpt::app::add_folder_help(cli);
     std::string in, out, grad = "1.0", codec = "log8";
     ckpt::CompressOptions o;
     double param_bound = 0;
-    app.add_option("input", in, "checkpoint (.pt torch.save zip or legacy, .safetensors)")->required();
-    app.add_option("-o,--output", out, "container to write (.ckz.h5)")->required();
+    app.add_option("input", in, "checkpoint (.pt torch.save zip or legacy, .safetensors), or a checkpoint folder")->required();
+    app.add_option("-o,--output", out, "container to write (.ckz.h5), or the output folder for a folder input")->required();
     cli.add_force();
     ckpt::app::add_threads_option(app);
     app.add_option("--tolerance", o.tolerance, "max |first update - FP32 update|, in units of lr, in (0, 1]")
@@ -40,6 +44,11 @@ int main(int argc, char** argv) {
     app.add_option("--max-memo-entries", o.limits.max_memo_entries, "pickle memo entries limit")->capture_default_str();
     app.add_flag("--strict", o.limits.strict, "accept only the globals torch.load(weights_only=True) accepts "
                  "(default: any other object is read as opaque data, never run)");
+    ckpt::folder::FolderOptions fo;
+    unsigned dcp_unit_mib = 256;
+    app.add_option("--dcp-unit-mib", dcp_unit_mib, "folder mode, DCP: .distcp MiB gathered into one moments container "
+                   "(at least; 0: one per group of linked files); the containers are shared among MPI ranks")
+        ->capture_default_str();
     app.add_option("--device", o.device, "cpu | cuda | auto (auto: the GPU when one is present)")
         ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     return cli.main(argc, argv, in, [&] {
@@ -55,6 +64,12 @@ int main(int argc, char** argv) {
             throw ckpt::BadInput(in, e.what());
         }
         if (pb->count()) o.param_bound = param_bound;
+        if (ckpt::folder::is_folder(in)) {
+            fo.dcp_unit_bytes = uint64_t(dcp_unit_mib) << 20;
+            return ckpt::app::run_folder(cli, [&](const ckpt::folder::FolderOptions& f) {
+                return ckpt::folder::compress_folder(in, out, o, f);
+            }, fo);
+        }
         ckpt::check_outputs({in}, {out}, cli.force);
         o.progress = !cli.json;
         const ckpt::Report r = ckpt::compress(in, out, o);

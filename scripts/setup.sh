@@ -1,7 +1,8 @@
 #!/bin/sh
 # Install every Debian 12 package the build, the tools and the tests need (run as root);
 # clang + libclang-rt-14-dev (libFuzzer, sanitizer runtimes) and llvm (llvm-symbolizer for
-# sanitizer stack traces) are for the fuzz stage of scripts/test.sh.
+# sanitizer stack traces) are for the fuzz stage of scripts/test.sh; openmpi-bin +
+# libopenmpi-dev build and test the optional MPI folder mode (CKPTKIT_MPI).
 set -eu
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""
@@ -12,5 +13,5 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   libcli11-dev libhdf5-dev libzstd-dev libfmt-dev libspdlog-dev doctest-dev \
   nlohmann-json3-dev libxxhash-dev zlib1g-dev \
   python3 python3-torch python3-numpy python3-h5py python3-hdf5plugin python3-pytest \
-  python3-sklearn zstd time \
+  python3-sklearn zstd time openmpi-bin libopenmpi-dev \
   clang libclang-rt-14-dev llvm >/dev/null

@@ -1,0 +1,34 @@
+// Folder mode front end shared by ckpt-compress, ckpt-verify and ckpt-restore: the folder
+// options from the Cli flags, the job, and the summary printed by rank 0 only.
+#pragma once
+#include <unistd.h>
+
+#include <functional>
+#include <iostream>
+
+#include "ckpt/folder.h"
+#include "cli.h"
+
+namespace ckpt::app {
+
+/// --help footer on folder mode; names mpirun only when the tools were built with MPI.
+inline void add_folder_help(Cli& cli) {
+    cli.app.footer(std::string("Folder mode: pass a folder (HF Trainer checkpoint-N/, DeepSpeed global_stepN/ or its "
+                               "parent, DCP, any tree) and an output folder; formats/folder.md. ") +
+                   (mpi_built() ? "Built with MPI: under mpirun / srun the ranks share the files."
+                                : "Built without MPI (CKPTKIT_MPI=OFF or not found): one process."));
+}
+
+/// Run a folder job (lib/ckpt/folder.h) with `fo` plus --force and a per-file progress line
+/// (stderr a terminal, no --json); rank 0 prints the summary (table or --json). Returns the exit
+/// code: 0 ok, 1 a check failed; errors propagate to Cli::main (exit 2 naming the file).
+inline int run_folder(const Cli& cli, const std::function<folder::FolderReport(const folder::FolderOptions&)>& job,
+                      folder::FolderOptions fo = {}) {
+    fo.force = cli.force;
+    fo.progress = !cli.json && ::isatty(2);
+    const folder::FolderReport r = job(fo);
+    if (world_comm().rank() == 0) std::cout << (cli.json ? r.json() + "\n" : r.table()) << std::flush;
+    return r.ok ? 0 : 1;
+}
+
+}  // namespace ckpt::app

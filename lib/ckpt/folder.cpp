@@ -1,0 +1,877 @@
+// Folder mode (folder.h): the three jobs over a tree of files, shared among the ranks of a
+// Comm, built on the single-file compress / verify / restore of pipeline.h.
+#include "ckpt/folder.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "ckpt/folder_dcp.h"
+#include "ckpt/folder_files.h"
+#include "common/error.h"
+#include "common/file.h"
+#include "io/file.h"
+#include "io/torch_file.h"
+
+#ifndef CKPTKIT_VERSION
+#error "CKPTKIT_VERSION must be defined (lib/ckpt/CMakeLists.txt)"
+#endif
+
+namespace ckpt::folder {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kNoAdam = "no Adam/AdamW optimizer state";      // compress(): nothing to do
+constexpr const char* kNeedsTheta = "for the Adam L2 gradient domain";  // compress(): theta not in the file
+constexpr const char* kSuffix = ".ckz.h5";
+
+// ---------------------------------------------------------------- manifest
+
+/// One manifest entry (formats/folder.md).
+struct Entry {
+    std::string path;       ///< relative path of the original file
+    std::string stored;     ///< relative path in the compressed folder
+    bool container = false;
+    uint64_t size = 0, xxh3 = 0;                 ///< of the stored file
+    uint64_t source_size = 0, source_xxh3 = 0;   ///< of the original file
+    json extra = json::object();   ///< DCP keys: "virtual" (gathered moments), "shell", "moments", "cuts"
+    bool is_virtual() const { return extra.value("virtual", false); }
+    bool is_shell() const { return extra.value("shell", false); }
+};
+
+struct Manifest {
+    std::string source;               ///< name of the input folder
+    std::vector<Layout> layouts;
+    std::vector<std::string> dirs;
+    std::vector<Entry> files;         ///< sorted by path
+};
+
+json layout_json(const Layout& l) { return {{"kind", l.kind}, {"dir", l.dir}, {"evidence", l.evidence}, {"note", l.note}}; }
+Layout layout_from(const json& j) {
+    return {j.at("kind").get<std::string>(), j.at("dir").get<std::string>(), j.value("evidence", ""), j.value("note", "")};
+}
+
+void write_manifest(const std::string& dir, const Manifest& m) {
+    json j{{"format", kManifestFormat}, {"version", kManifestVersion}, {"tool_version", CKPTKIT_VERSION},
+           {"source", m.source}, {"dirs", m.dirs}};
+    j["layouts"] = json::array();
+    for (auto& l : m.layouts) j["layouts"].push_back(layout_json(l));
+    j["files"] = json::array();
+    for (auto& e : m.files) {
+        json f{{"path", e.path}, {"stored", e.stored}, {"container", e.container}, {"size", e.size},
+               {"xxh3", hex64(e.xxh3)}, {"source_size", e.source_size}, {"source_xxh3", hex64(e.source_xxh3)}};
+        for (auto it = e.extra.begin(); it != e.extra.end(); ++it) f[it.key()] = it.value();
+        j["files"].push_back(f);
+    }
+    const std::string text = j.dump(1) + "\n";
+    const std::string path = join(dir, kManifestName);
+    try {
+        FileWriter w(path);
+        w.write(text.data(), text.size());
+        w.close();
+    } catch (const std::exception& e) {
+        throw BadInput(path, e.what());
+    }
+}
+
+/// Read and check OUT_DIR's manifest: every path relative, inside, unique. Throws BadInput.
+Manifest read_manifest(const std::string& dir) {
+    const std::string path = join(dir, kManifestName);
+    if (!fs::is_regular_file(path))
+        throw BadInput(dir, std::string("not a ckptkit folder (no ") + kManifestName + "); pass the folder ckpt-compress wrote");
+    Manifest m;
+    try {
+        const io::InputFile f(path);
+        if (f.size() > (256u << 20)) throw BadInput(path, "manifest over 256 MiB");
+        const json j = json::parse(f.read_string(0, std::size_t(f.size()), "manifest"));
+        if (j.at("format").get<std::string>() != kManifestFormat) throw BadInput(path, "not a ckptkit folder manifest");
+        if (j.at("version").get<int>() != kManifestVersion)
+            throw BadInput(path, fmt::format("manifest version {} (this tool reads {})", j.at("version").get<int>(), kManifestVersion));
+        m.source = j.value("source", "");
+        for (auto& l : j.at("layouts")) m.layouts.push_back(layout_from(l));
+        for (auto& d : j.at("dirs")) m.dirs.push_back(d.get<std::string>());
+        for (auto& e : j.at("files")) {
+            m.files.push_back({e.at("path").get<std::string>(), e.at("stored").get<std::string>(), e.at("container").get<bool>(),
+                               e.at("size").get<uint64_t>(), parse_hex64(e.at("xxh3").get<std::string>()),
+                               e.at("source_size").get<uint64_t>(), parse_hex64(e.at("source_xxh3").get<std::string>())});
+            for (const char* k : {"virtual", "files", "shell", "moments", "cuts"})
+                if (e.contains(k)) m.files.back().extra[k] = e.at(k);
+            if (m.files.back().is_shell()) (void)cuts_from(m.files.back().extra.at("cuts"));   // validate
+        }
+    } catch (const BadInput&) {
+        throw;
+    } catch (const std::exception& e) {
+        throw BadInput(path, std::string("malformed manifest: ") + e.what());
+    }
+    std::set<std::string> seen;
+    auto safe = [&](const std::string& p) {
+        const fs::path q(p);
+        if (p.empty() || q.is_absolute() || p.find('\\') != std::string::npos ||
+            std::any_of(q.begin(), q.end(), [](const fs::path& c) { return c == ".." || c == "."; }))
+            throw BadInput(path, "manifest path outside the folder: " + p);
+    };
+    for (auto& d : m.dirs) safe(d);
+    for (auto& e : m.files) {
+        safe(e.path);
+        safe(e.stored);
+        if (e.stored != (e.container ? e.path + kSuffix : e.is_shell() ? e.path + kShellSuffix : e.path))
+            throw BadInput(path, "manifest entry with a wrong stored name: " + e.stored);
+        if (e.is_shell()) safe(e.extra.value("moments", std::string()));
+        if (!seen.insert(e.path).second) throw BadInput(path, "manifest lists a file twice: " + e.path);
+    }
+    return m;
+}
+
+// ---------------------------------------------------------------- rows across ranks
+
+json row_json(const FileRow& r) {
+    json j{{"file", r.file}, {"stored", r.stored}, {"action", r.action}, {"layout", r.layout},
+           {"bytes_in", r.bytes_in}, {"bytes_out", r.bytes_out}, {"moment_values", r.moment_values},
+           {"escapes", r.escapes}, {"moment_bytes_fp32", r.moment_bytes_fp32}, {"moment_bytes_out", r.moment_bytes_out},
+           {"moment_reduction", r.moment_bytes_fp32 ? 1.0 - double(r.moment_bytes_out) / double(r.moment_bytes_fp32) : 0.0},
+           {"max_bound_lr", r.max_bound}, {"ok", r.ok}, {"note", r.note}, {"virtual_input", r.virtual_input},
+           {"xxh3", hex64(r.xxh3)}, {"source_xxh3", hex64(r.source_xxh3)}};
+    j["extra"] = r.manifest_extra.empty() ? json::object() : json::parse(r.manifest_extra);
+    j["report"] = r.report_json.empty() ? json(nullptr) : json::parse(r.report_json);
+    return j;
+}
+FileRow row_from(const json& j) {
+    FileRow r;
+    r.file = j.at("file");
+    r.stored = j.at("stored");
+    r.action = j.at("action");
+    r.layout = j.at("layout");
+    r.bytes_in = j.at("bytes_in");
+    r.bytes_out = j.at("bytes_out");
+    r.moment_values = j.at("moment_values");
+    r.escapes = j.at("escapes");
+    r.moment_bytes_fp32 = j.at("moment_bytes_fp32");
+    r.moment_bytes_out = j.at("moment_bytes_out");
+    r.max_bound = j.at("max_bound_lr");
+    r.ok = j.at("ok");
+    r.note = j.at("note");
+    r.virtual_input = j.at("virtual_input");
+    r.xxh3 = parse_hex64(j.at("xxh3"));
+    r.source_xxh3 = parse_hex64(j.at("source_xxh3"));
+    if (!j.at("report").is_null()) r.report_json = j.at("report").dump();
+    if (!j.at("extra").empty()) r.manifest_extra = j.at("extra").dump();
+    return r;
+}
+
+/// The error one rank met, as every rank will rethrow it.
+struct Failure {
+    int code = 0;            ///< 0 none, kExitBadInput, kExitCheckFailed
+    std::string file, what;
+    json to_json() const { return {{"code", code}, {"file", file}, {"what", what}}; }
+    static Failure from(const json& j) { return {j.at("code").get<int>(), j.at("file").get<std::string>(), j.at("what").get<std::string>()}; }
+    [[noreturn]] void raise() const {
+        if (code == kExitCheckFailed) throw CheckFailed(file.empty() ? what : file + ": " + what);
+        throw BadInput(file, what);
+    }
+};
+
+/// Run `f` (on rank 0 only when `root_only`), then agree: when any rank failed, every rank
+/// throws the failure of the lowest failing rank. Keeps the ranks' collectives in step.
+void agree(Comm& c, bool root_only, const std::function<void()>& f) {
+    Failure fail;
+    if (!root_only || c.rank() == 0) {
+        try {
+            f();
+        } catch (const BadInput& e) {
+            fail = {kExitBadInput, e.file, e.what()};
+        } catch (const CheckFailed& e) {
+            fail = {kExitCheckFailed, "", e.what()};
+        } catch (const std::exception& e) {
+            fail = {kExitBadInput, "", e.what()};
+        }
+    }
+    for (const auto& s : c.allgather(fail.to_json().dump())) {
+        const Failure g = Failure::from(json::parse(s));
+        if (g.code) g.raise();
+    }
+}
+
+/// A piece of work given to one rank: one file, or (dcp_dir set) the moment-holding
+/// .distcp files of a DCP folder.
+struct Unit {
+    std::string dcp_dir;
+    std::vector<std::string> files;   ///< relative to the input root
+    uint64_t weight = 0;              ///< bytes
+    std::size_t index = 0;            ///< DCP: unit number in its folder (dcp_moments_name)
+};
+
+/// Owner rank of each item: longest processing time first (items by weight, descending,
+/// ties by index), each to the least-loaded rank (ties: the lowest). Same on every rank.
+std::vector<int> share(const std::vector<uint64_t>& weights, int ranks) {
+    std::vector<std::size_t> order(weights.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return weights[a] > weights[b]; });
+    std::vector<uint64_t> load(std::size_t(ranks), 0);
+    std::vector<int> owner(weights.size(), 0);
+    for (std::size_t i : order) {
+        const auto r = std::size_t(std::min_element(load.begin(), load.end()) - load.begin());
+        owner[i] = int(r);
+        load[r] += weights[i] + 4096;   // + a per-file cost, so many empty files spread too
+    }
+    return owner;
+}
+
+/// Run `job(i)` (the rows of work unit i: one file, or a DCP folder's moment files) for this
+/// rank's units, then gather every rank's rows (sorted by file).
+/// A rank stops at its first failure; afterwards every rank throws the failure with the
+/// smallest file name (after `cleanup` ran on rank 0).
+std::vector<FileRow> run_shared(Comm& c, const std::vector<uint64_t>& weights,
+                                const std::function<std::vector<FileRow>(std::size_t)>& job,
+                                const std::function<void()>& cleanup, bool progress) {
+    const std::vector<int> owner = share(weights, c.size());
+    json mine{{"rows", json::array()}, {"failure", nullptr}};
+    const std::size_t my_count = std::size_t(std::count(owner.begin(), owner.end(), c.rank()));
+    std::size_t done = 0;
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+        if (owner[i] != c.rank()) continue;
+        Failure fail;
+        try {
+            ++done;
+            for (const FileRow& r : job(i)) {
+                mine["rows"].push_back(row_json(r));
+                if (progress)
+                    spdlog::info("[{}/{}]{} {} {}", done, my_count, c.size() > 1 ? fmt::format(" rank {}", c.rank()) : "", r.action, r.file);
+            }
+        } catch (const BadInput& e) {
+            fail = {kExitBadInput, e.file, e.what()};
+        } catch (const CheckFailed& e) {
+            fail = {kExitCheckFailed, "", e.what()};
+        } catch (const std::exception& e) {
+            fail = {kExitBadInput, "", e.what()};
+        }
+        if (fail.code) {
+            mine["failure"] = fail.to_json();
+            break;
+        }
+    }
+    std::vector<FileRow> rows;
+    std::optional<Failure> first;
+    for (const auto& s : c.allgather(mine.dump())) {
+        const json j = json::parse(s);
+        for (auto& r : j.at("rows")) rows.push_back(row_from(r));
+        if (!j.at("failure").is_null()) {
+            const Failure f = Failure::from(j.at("failure"));
+            if (!first || f.file < first->file) first = f;
+        }
+    }
+    if (first) {
+        agree(c, true, cleanup);
+        first->raise();
+    }
+    std::sort(rows.begin(), rows.end(), [](const FileRow& a, const FileRow& b) { return a.file < b.file; });
+    return rows;
+}
+
+// ---------------------------------------------------------------- per-file work
+
+/// The layout a file belongs to: the one of its own folder, else of the nearest parent.
+std::string layout_of(const std::vector<Layout>& ls, const std::string& file) {
+    std::string best;
+    std::size_t depth = 0;
+    for (const auto& l : ls) {
+        const bool under = l.dir.empty() || file.rfind(l.dir + "/", 0) == 0;
+        if (under && (best.empty() || l.dir.size() + 1 > depth)) {
+            best = l.kind;
+            depth = l.dir.size() + 1;
+        }
+    }
+    return best;
+}
+
+/// Files a layout says hold optimizer state: an error reading them fails the run instead
+/// of copying them.
+bool declared_optimizer(const std::vector<Layout>& ls, const std::string& file) {
+    const std::string dir = parent_of(file), base = base_of(file);
+    for (const auto& l : ls) {
+        if (l.dir != dir) continue;
+        if (l.kind == "hf-trainer" && base == "optimizer.pt") return true;
+        if (l.kind == "deepspeed-zero" && ends_with(base, "optim_states.pt")) return true;
+    }
+    return false;
+}
+
+/// First bytes say torch.save (zip or legacy) or safetensors; or a checkpoint extension.
+bool looks_like_checkpoint(const std::string& path) {
+    for (const char* e : {".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".distcp"})
+        if (ends_with(path, e)) return true;
+    const io::InputFile f(path);
+    if (f.size() >= 4 && f.u32(0, "magic") == 0x04034b50u) return true;   // "PK\3\4"
+    if (f.size() >= 9) {
+        const uint64_t n = f.u64(0, "safetensors header size");
+        if (n > 1 && n <= f.size() - 8 && f.read_string(8, 1, "header") == "{") return true;
+    }
+    return io::is_torch_legacy(f);
+}
+
+/// A row's moment figures and embedded report from a single-file Report; the report names
+/// the final paths `in` and `out` (not the temporary folder's).
+void fill_from(FileRow& r, const Report& rep, const std::string& in, const std::string& out) {
+    r.moment_values = rep.moment_values();
+    r.escapes = rep.escapes();
+    r.moment_bytes_fp32 = rep.moment_bytes_fp32();
+    r.moment_bytes_out = rep.moment_bytes_out();
+    r.max_bound = rep.max_bound();
+    r.ok = rep.ok;
+    json j = json::parse(rep.json());
+    j["input"] = in;
+    if (j.contains("output")) j["output"] = out;
+    r.report_json = j.dump();
+}
+
+/// Create `tmp` and every sub-folder of the tree in it.
+void make_dirs(const std::string& tmp, const std::vector<std::string>& dirs) {
+    std::error_code ec;
+    if (!fs::create_directory(tmp, ec) || ec) throw BadInput(tmp, "cannot create the temporary folder: " + ec.message());
+    for (const auto& d : dirs)
+        if (fs::create_directories(join(tmp, d), ec); ec) throw BadInput(join(tmp, d), "cannot create folder: " + ec.message());
+}
+
+void remove_tree(const std::string& p) {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+}
+
+std::string folder_name(const std::string& p) {
+    fs::path q = fs::path(p).lexically_normal();
+    if (q.filename().empty()) q = q.parent_path();
+    return q.filename().string();
+}
+
+FolderReport new_report(const char* tool, const std::string& in, const std::string& out, Comm& c) {
+    FolderReport rep;
+    rep.tool = tool;
+    rep.input = in;
+    rep.output = out;
+    rep.ranks = c.size();
+    return rep;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- report
+
+uint64_t FolderReport::bytes_in() const { uint64_t s = 0; for (auto& f : files) s += f.virtual_input ? 0 : f.bytes_in; return s; }
+uint64_t FolderReport::bytes_out() const { uint64_t s = 0; for (auto& f : files) s += f.bytes_out; return s; }
+
+std::string FolderReport::table() const {
+    uint64_t mv = 0, esc = 0, mf = 0, mo = 0;
+    double mb = 0;
+    for (auto& f : files) {
+        mv += f.moment_values; esc += f.escapes; mf += f.moment_bytes_fp32; mo += f.moment_bytes_out;
+        mb = std::max(mb, f.max_bound);
+    }
+    const std::string what = tool == "ckpt-verify" ? input + (output.empty() ? "" : " (original: " + output + ")")
+                                                   : input + " -> " + output;
+    std::string s = fmt::format("{}: folder {}  ranks={}", tool, what, ranks);
+    if (!codec.empty()) s += fmt::format(" codec={} tolerance={} grad_bound={}", codec, tolerance, grad_bound);
+    s += "\n";
+    for (auto& l : layouts)
+        s += fmt::format("layout: {} in {} ({}){}\n", l.kind, l.dir.empty() ? "." : l.dir + "/", l.evidence,
+                         l.note.empty() ? "" : "; " + l.note);
+    std::size_t w = 5;
+    for (auto& f : files) w = std::max(w, f.file.size());
+    w = std::min<std::size_t>(w, 60);
+    s += fmt::format("{:<{}}  {:<10}  {:>14}  {:>14}  {:>11}  {:>9}  {:>14}\n", "file", w, "action", "bytes in", "bytes out",
+                     "reduction %", "escapes %", "max bound (lr)");
+    auto line = [&](const std::string& name, const std::string& action, uint64_t bi, uint64_t bo, uint64_t v, uint64_t e,
+                    uint64_t f, uint64_t o, double b, const std::string& note) {
+        const std::string red = f ? fmt::format("{:.2f}", 100.0 * (1.0 - double(o) / double(f))) : "-";
+        const std::string ep = v ? fmt::format("{:.3f}", 100.0 * double(e) / double(v)) : "-";
+        const std::string bs = f ? fmt::format("{:.3e}", b) : "-";
+        s += fmt::format("{:<{}}  {:<10}  {:>14}  {:>14}  {:>11}  {:>9}  {:>14}{}\n", name.substr(0, w), w, action, bi, bo, red,
+                         ep, bs, note.empty() ? "" : "  " + note);
+    };
+    for (auto& f : files)
+        line(f.file, f.action, f.bytes_in, f.bytes_out, f.moment_values, f.escapes, f.moment_bytes_fp32, f.moment_bytes_out,
+             f.max_bound, f.note);
+    line("total", fmt::format("{} files", files.size()), bytes_in(), bytes_out(), mv, esc, mf, mo, mb, "");
+    for (auto& f : failures) s += "FAILED: " + f + "\n";
+    s += ok ? "ok\n" : "NOT OK\n";
+    return s;
+}
+
+std::string FolderReport::json() const {
+    nlohmann::json j{{"tool", tool}, {"input", input}, {"folder", true}, {"ranks", ranks}, {"ok", ok}, {"exit_code", ok ? 0 : 1}};
+    if (tool == "ckpt-verify") j["original"] = output.empty() ? nlohmann::json(nullptr) : nlohmann::json(output);
+    else j["output"] = output;
+    if (!codec.empty()) {
+        j["codec"] = codec;
+        j["tolerance"] = tolerance;
+        j["grad_bound"] = std::isfinite(grad_bound) ? nlohmann::json(grad_bound) : nlohmann::json("inf");
+    }
+    uint64_t mv = 0, esc = 0, mf = 0, mo = 0, containers = 0;
+    double mb = 0;
+    j["files"] = nlohmann::json::array();
+    for (auto& f : files) {
+        mv += f.moment_values; esc += f.escapes; mf += f.moment_bytes_fp32; mo += f.moment_bytes_out;
+        mb = std::max(mb, f.max_bound);
+        containers += f.report_json.empty() ? 0 : 1;
+        nlohmann::json r = row_json(f);
+        r.erase("xxh3");
+        r.erase("source_xxh3");
+        r.erase("extra");
+        j["files"].push_back(r);
+    }
+    j["layouts"] = nlohmann::json::array();
+    for (auto& l : layouts) j["layouts"].push_back(layout_json(l));
+    j["file_count"] = files.size();
+    j["container_count"] = containers;
+    j["file_bytes_in"] = bytes_in();
+    j["file_bytes_out"] = bytes_out();
+    j["moment_values"] = mv;
+    j["escapes"] = esc;
+    j["moment_bytes_fp32"] = mf;
+    j["moment_bytes_out"] = mo;
+    j["moment_reduction"] = mf ? 1.0 - double(mo) / double(mf) : 0.0;
+    j["max_bound_lr"] = mb;
+    j["failures"] = failures;
+    return j.dump();
+}
+
+bool is_folder(const std::string& path) {
+    std::error_code ec;
+    return fs::is_directory(path, ec);
+}
+
+// ---------------------------------------------------------------- compress
+
+FolderReport compress_folder(const std::string& in, const std::string& out, const CompressOptions& o,
+                             const FolderOptions& fo, Comm& c) {
+    FolderReport rep = new_report("ckpt-compress", in, out, c);
+    rep.codec = codec::kind_name(o.codec);
+    rep.tolerance = o.tolerance;
+    rep.grad_bound = o.grad_bound;
+    Tree tree;
+    std::string tmp;
+    agree(c, false, [&] {
+        if (!is_folder(in)) throw BadInput(in, "not a folder");
+        check_output_folder(in, out, fo.force);
+        tree = list_tree(in);
+        std::set<std::string> names(tree.files.begin(), tree.files.end());
+        for (const auto& f : tree.files)
+            if (f == kManifestName || names.count(f + kSuffix) || names.count(f + kShellSuffix) ||
+                base_of(f).rfind(kDcpMomentsPrefix, 0) == 0)
+                throw BadInput(join(in, f), "its name is taken by folder mode's output (" + std::string(kManifestName) + " or " +
+                                                f + kSuffix + "); rename it first");
+        rep.layouts = detect_layouts(in, tree.files);
+    });
+    tmp = c.broadcast(temp_sibling(out, long(::getpid())));
+    agree(c, true, [&] { make_dirs(tmp, tree.dirs); });
+
+    // Work units: one per file, except the .distcp files holding moment items of a DCP
+    // folder whose .metadata reads: those form one unit with the moments gathered from them.
+    std::vector<Unit> units;
+    std::set<std::string> in_dcp;
+    for (const auto& l : rep.layouts) {
+        if (l.kind != "dcp") continue;
+        std::vector<std::vector<std::string>> groups;
+        try {
+            groups = dcp_units(join(in, l.dir), fo.dcp_unit_bytes);
+        } catch (const BadInput&) {
+            continue;   // the layout note says why; its files are copied
+        }
+        for (std::size_t n = 0; n < groups.size(); ++n) {
+            Unit u{l.dir, {}, 0, n};
+            for (const auto& f : groups[n]) {
+                const std::string rel = join(l.dir, f);
+                if (!std::binary_search(tree.files.begin(), tree.files.end(), rel)) continue;
+                u.files.push_back(rel);
+                u.weight += fs::file_size(join(in, rel));
+                in_dcp.insert(rel);
+            }
+            if (!u.files.empty()) units.push_back(u);
+        }
+    }
+    for (const auto& f : tree.files)
+        if (!in_dcp.count(f)) units.push_back({"", {f}, fs::file_size(join(in, f)), 0});
+    std::vector<uint64_t> weights;
+    for (const auto& u : units) weights.push_back(u.weight);
+
+    auto copy_row = [&](const std::string& file, const std::string& note) {
+        FileRow r;
+        r.file = r.stored = file;
+        r.layout = layout_of(rep.layouts, file);
+        const Digest d = copy_file(join(in, file), join(tmp, file));
+        r.action = "copied";
+        r.bytes_in = r.bytes_out = d.size;
+        r.xxh3 = r.source_xxh3 = d.xxh3;
+        r.note = note;
+        return r;
+    };
+    // compress `src` into tmp/<stored>; when Adam's L2 domain lacks theta, retry with the
+    // bound `theta_bound()` gives (nullopt: rethrow). Fills the row's figures and hashes.
+    auto compress_row = [&](FileRow& r, const std::string& src, const std::string& stored,
+                            const std::function<std::optional<std::pair<double, std::string>>()>& theta_bound) {
+        CompressOptions oo = o;
+        oo.progress = false;
+        Report cr("", "", "", "", 0, 0);
+        try {
+            cr = compress(src, join(tmp, stored), oo);
+        } catch (const BadInput& e) {
+            if (o.param_bound || std::string(e.what()).find(kNeedsTheta) == std::string::npos) throw;
+            const auto b = theta_bound();
+            if (!b) throw;
+            oo.param_bound = b->first;
+            r.note = fmt::format("Adam L2 domain with |theta| <= {:.6g} from {}", b->first, b->second);
+            cr = compress(src, join(tmp, stored), oo);
+        }
+        fill_from(r, cr, src, join(out, stored));
+        const Digest sd = hash_file(src), cd = hash_file(join(tmp, stored));
+        r.stored = stored;
+        r.action = "compressed";
+        r.bytes_in = sd.size;
+        r.bytes_out = cd.size;
+        r.source_xxh3 = sd.xxh3;
+        r.xxh3 = cd.xxh3;
+        if (!r.ok) r.note += (r.note.empty() ? "" : "; ") + std::string("bound above tolerance");
+    };
+    auto one_file = [&](const std::string& file) -> FileRow {
+        const std::string src = join(in, file);
+        if (!looks_like_checkpoint(src)) return copy_row(file, "");
+        try {
+            (void)read_checkpoint(src, o.limits);
+        } catch (const BadInput& e) {
+            if (declared_optimizer(rep.layouts, file)) throw;
+            return copy_row(file, std::string("not read as a checkpoint: ") + e.what());
+        }
+        FileRow r;
+        r.file = file;
+        r.layout = layout_of(rep.layouts, file);
+        try {
+            // HF Trainer optimizer.pt holds no parameters: Adam's L2 domain takes
+            // |theta| <= the largest |value| of the model file(s) next to it.
+            compress_row(r, src, file + kSuffix, [&]() -> std::optional<std::pair<double, std::string>> {
+                if (r.layout != "hf-trainer") return std::nullopt;
+                return model_param_bound(join(in, parent_of(file)), o.limits);
+            });
+        } catch (const BadInput& e) {
+            if (std::string(e.what()).find(kNoAdam) != std::string::npos) return copy_row(file, "no Adam/AdamW state");
+            throw;
+        }
+        return r;
+    };
+    // A DCP folder's moment files: gathered moments -> one container, each file -> a shell.
+    auto dcp_unit = [&](const Unit& u) {
+        std::vector<FileRow> rows;
+        const std::string scratch = join(tmp, ".ckptkit-scratch-" + std::to_string(c.rank()));
+        remove_tree(scratch);
+        fs::create_directories(scratch);
+        const std::string name = dcp_moments_name(u.index);
+        const std::string dir = join(in, u.dcp_dir), moments = join(scratch, name);
+        std::vector<std::string> local;   // the unit's files relative to the DCP folder
+        for (const auto& f : u.files) local.push_back(u.dcp_dir.empty() ? f : f.substr(u.dcp_dir.size() + 1));
+        const DcpMoments dm = gather_dcp_moments(dir, local, moments, scratch, o.limits);
+        std::map<std::string, const DcpFile*> cut_of;
+        if (dm.params) {
+            FileRow r;
+            r.file = join(u.dcp_dir, name);
+            r.layout = "dcp";
+            r.virtual_input = true;
+            r.manifest_extra = json{{"virtual", true}, {"files", local}}.dump();
+            compress_row(r, moments, r.file + kSuffix, [&]() -> std::optional<std::pair<double, std::string>> {
+                return std::make_pair(dcp_param_bound(dir, scratch, o.limits), std::string("the DCP model items"));
+            });
+            r.note += (r.note.empty() ? "" : "; ") + fmt::format("moments of {} parameter chunks gathered from .distcp items", dm.params);
+            if (!dm.note.empty()) r.note += "; " + dm.note;
+            rows.push_back(r);
+            for (const auto& f : dm.files) cut_of[join(u.dcp_dir, f.file)] = &f;
+        }
+        for (const auto& file : u.files) {
+            auto it = cut_of.find(file);
+            if (it == cut_of.end()) {
+                rows.push_back(copy_row(file, dm.params ? "" : "DCP moments left exact: " + dm.note));
+                continue;
+            }
+            FileRow r;
+            r.file = file;
+            r.stored = file + kShellSuffix;
+            r.layout = "dcp";
+            r.action = "shell";
+            write_shell(join(in, file), *it->second, join(tmp, r.stored));
+            const Digest sd = hash_file(join(in, file)), hd = hash_file(join(tmp, r.stored));
+            r.bytes_in = sd.size;
+            r.bytes_out = hd.size;
+            r.source_xxh3 = sd.xxh3;
+            r.xxh3 = hd.xxh3;
+            r.note = fmt::format("{} moment storages cut out", it->second->cuts.size());
+            r.manifest_extra = json{{"shell", true}, {"moments", join(u.dcp_dir, name)},
+                                    {"cuts", cuts_json(it->second->cuts)}}.dump();
+            rows.push_back(r);
+        }
+        remove_tree(scratch);
+        return rows;
+    };
+    auto job = [&](std::size_t i) -> std::vector<FileRow> {
+        const Unit& u = units[i];
+        return u.dcp_dir.empty() && u.files.size() == 1 && !in_dcp.count(u.files[0]) ? std::vector<FileRow>{one_file(u.files[0])}
+                                                                                      : dcp_unit(u);
+    };
+    rep.files = run_shared(c, weights, job, [&] { remove_tree(tmp); }, fo.progress);
+
+    Manifest m;
+    m.source = folder_name(in);
+    m.layouts = rep.layouts;
+    m.dirs = tree.dirs;
+    for (const auto& r : rep.files) {
+        m.files.push_back({r.file, r.stored, r.action == "compressed", r.bytes_out, r.xxh3, r.bytes_in, r.source_xxh3,
+                           r.manifest_extra.empty() ? json::object() : json::parse(r.manifest_extra)});
+        rep.ok = rep.ok && r.ok;
+        if (!r.ok) rep.failures.push_back(r.file + ": " + r.note);
+    }
+    agree(c, true, [&] {
+        try {
+            write_manifest(tmp, m);
+            commit_folder(tmp, out);
+        } catch (...) {
+            remove_tree(tmp);
+            throw;
+        }
+    });
+    return rep;
+}
+
+// ---------------------------------------------------------------- verify
+
+FolderReport verify_folder(const std::string& dir, const std::optional<std::string>& original, const VerifyOptions& vo,
+                           Comm& c) {
+    FolderReport rep = new_report("ckpt-verify", dir, original.value_or(""), c);
+    Manifest m;
+    std::vector<std::string> pre;   // failures found before the per-file work
+    std::set<std::string> missing;
+    agree(c, false, [&] {
+        if (!is_folder(dir)) throw BadInput(dir, "not a folder");
+        m = read_manifest(dir);
+        if (original && !is_folder(*original)) throw BadInput(*original, "--original: not a folder");
+        const Tree t = list_tree(dir);
+        std::set<std::string> present(t.files.begin(), t.files.end()), listed;
+        present.erase(kManifestName);
+        for (const auto& e : m.files) {
+            listed.insert(e.stored);
+            if (!present.count(e.stored)) {
+                missing.insert(e.stored);
+                pre.push_back(e.stored + ": missing (listed in the manifest)");
+            }
+        }
+        for (const auto& p : present)
+            if (!listed.count(p)) pre.push_back(p + ": not in the manifest");
+        if (original) {
+            std::set<std::string> paths;
+            for (const auto& e : m.files) paths.insert(e.path);
+            for (const auto& f : list_tree(*original).files)
+                if (!paths.count(f)) pre.push_back(join(*original, f) + ": in the original but not in the compressed folder");
+        }
+    });
+    rep.layouts = m.layouts;
+    std::vector<uint64_t> weights;
+    for (const auto& e : m.files) weights.push_back(missing.count(e.stored) ? 0 : e.size);
+    auto job = [&](std::size_t i) -> std::vector<FileRow> {
+        const Entry& e = m.files[i];
+        FileRow r;
+        r.file = e.path;
+        r.stored = e.stored;
+        r.layout = layout_of(m.layouts, e.path);
+        r.virtual_input = e.is_virtual();
+        r.action = e.container ? "verified" : "intact";
+        r.xxh3 = e.xxh3;
+        r.source_xxh3 = e.source_xxh3;
+        r.bytes_in = e.size;
+        r.bytes_out = e.source_size;
+        auto fail = [&](const std::string& why) {
+            r.ok = false;
+            r.note += (r.note.empty() ? "" : "; ") + why;
+        };
+        if (missing.count(e.stored)) {
+            fail("missing");
+            return {r};
+        }
+        const std::string path = join(dir, e.stored);
+        const Digest d = hash_file(path);
+        if (d.size != e.size || d.xxh3 != e.xxh3) {
+            fail(fmt::format("size/xxh3 {}/{} differ from the manifest's {}/{}", d.size, hex64(d.xxh3), e.size, hex64(e.xxh3)));
+            return {r};
+        }
+        std::string orig, scratch;
+        if (original && e.is_virtual()) {
+            // the gathered moments of a DCP folder: gather them again from the original
+            scratch = (fs::temp_directory_path() / fmt::format("ckptkit-verify-{}-{}", ::getpid(), i)).string();
+            remove_tree(scratch);
+            fs::create_directories(scratch);
+            orig = join(scratch, base_of(e.path));
+            try {
+                (void)gather_dcp_moments(join(*original, parent_of(e.path)), e.extra.at("files").get<std::vector<std::string>>(),
+                                         orig, scratch, Limits{});
+                if (const Digest od = hash_file(orig); od.size != e.source_size || od.xxh3 != e.source_xxh3) {
+                    fail("moments gathered from the original DCP folder differ from those compressed");
+                    orig.clear();
+                }
+            } catch (const std::exception& ex) {
+                fail(std::string("cannot gather the original DCP moments: ") + ex.what());
+                orig.clear();
+            }
+        } else if (original) {
+            orig = join(*original, e.path);
+            if (!fs::is_regular_file(orig)) {
+                fail("original " + orig + " missing");
+                orig.clear();
+            } else if (const Digest od = hash_file(orig); od.size != e.source_size || od.xxh3 != e.source_xxh3) {
+                fail("original " + orig + " is not the file that was compressed (size/xxh3 differ)");
+                orig.clear();
+            }
+        }
+        if (e.container) {
+            VerifyOptions v = vo;
+            v.progress = false;
+            if (!orig.empty()) v.original = orig;
+            else v.original.reset();
+            try {
+                const Report vr = verify(path, v);
+                const bool was_ok = r.ok;
+                fill_from(r, vr, path, orig);
+                r.ok = was_ok && vr.ok;
+                for (const auto& f : vr.failures) fail(f);
+            } catch (const std::exception& ex) {
+                fail(ex.what());
+            }
+        }
+        if (!scratch.empty()) remove_tree(scratch);
+        return {r};
+    };
+    rep.files = run_shared(c, weights, job, [] {}, vo.progress);
+    rep.failures = pre;
+    rep.ok = pre.empty();
+    for (const auto& r : rep.files)
+        if (!r.ok) {
+            rep.ok = false;
+            rep.failures.push_back(r.stored + ": " + r.note);
+        }
+    std::sort(rep.failures.begin(), rep.failures.end());
+    rep.failures.erase(std::unique(rep.failures.begin(), rep.failures.end()), rep.failures.end());
+    return rep;
+}
+
+// ---------------------------------------------------------------- restore
+
+FolderReport restore_folder(const std::string& dir, const std::string& out, const RestoreOptions& ro,
+                            const FolderOptions& fo, Comm& c) {
+    FolderReport rep = new_report("ckpt-restore", dir, out, c);
+    Manifest m;
+    agree(c, false, [&] {
+        if (!is_folder(dir)) throw BadInput(dir, "not a folder");
+        m = read_manifest(dir);
+        check_output_folder(dir, out, fo.force);
+    });
+    rep.layouts = m.layouts;
+    const std::string tmp = c.broadcast(temp_sibling(out, long(::getpid())));
+    agree(c, true, [&] { make_dirs(tmp, m.dirs); });
+    // Work units: one per entry, except a DCP folder's gathered moments with its shells.
+    std::vector<std::vector<std::size_t>> units;
+    std::vector<uint64_t> weights;
+    {
+        std::map<std::string, std::size_t> unit_of_moments;
+        for (std::size_t i = 0; i < m.files.size(); ++i)
+            if (m.files[i].is_virtual()) {
+                unit_of_moments[m.files[i].path] = units.size();
+                units.push_back({i});
+                weights.push_back(m.files[i].size);
+            }
+        for (std::size_t i = 0; i < m.files.size(); ++i) {
+            const Entry& e = m.files[i];
+            if (e.is_virtual()) continue;
+            if (e.is_shell()) {
+                auto u = unit_of_moments.find(e.extra.value("moments", std::string()));
+                if (u == unit_of_moments.end())
+                    throw BadInput(join(dir, kManifestName), "shell " + e.stored + " names no gathered moments entry");
+                units[u->second].push_back(i);
+                weights[u->second] += e.size;
+            } else {
+                units.push_back({i});
+                weights.push_back(e.size);
+            }
+        }
+    }
+    auto check_copy = [&](const std::string& src, const Entry& e, const Digest& d) {
+        if (d.size != e.size || d.xxh3 != e.xxh3)
+            throw CheckFailed(src + ": size/xxh3 " + std::to_string(d.size) + "/" + hex64(d.xxh3) +
+                              " differ from the manifest's " + std::to_string(e.size) + "/" + hex64(e.xxh3));
+    };
+    auto job = [&](std::size_t ui) -> std::vector<FileRow> {
+        std::vector<FileRow> rows;
+        std::string moments, scratch;
+        for (std::size_t i : units[ui]) {
+        const Entry& e = m.files[i];
+        const std::string src = join(dir, e.stored), dst = join(tmp, e.path);
+        FileRow r;
+        r.file = e.path;
+        r.stored = e.stored;
+        r.layout = layout_of(m.layouts, e.path);
+        r.action = "restored";
+        if (e.is_virtual()) {   // restored next to the output, used by the shells that follow
+            scratch = join(tmp, ".ckptkit-scratch-" + std::to_string(c.rank()));
+            remove_tree(scratch);
+            fs::create_directories(scratch);
+            moments = join(scratch, base_of(e.path));
+            RestoreOptions oo = ro;
+            oo.progress = false;
+            const Report rr = restore(src, moments, oo);
+            fill_from(r, rr, src, "");
+            r.virtual_input = true;
+            r.bytes_in = io::InputFile(src).size();
+            r.bytes_out = 0;
+            r.note = "gathered DCP moments (put back into the .distcp files)";
+        } else if (e.is_shell()) {
+            check_copy(src, e, hash_file(src));
+            DcpFile df{e.path, cuts_from(e.extra.at("cuts"))};
+            rebuild_from_shell(src, df, moments, dst);
+            r.bytes_in = e.size;
+            r.bytes_out = io::InputFile(dst).size();
+            r.note = fmt::format("{} moment storages put back", df.cuts.size());
+        } else if (e.container) {
+            RestoreOptions oo = ro;
+            oo.progress = false;
+            const Report rr = restore(src, dst, oo);
+            fill_from(r, rr, src, join(out, e.path));
+            r.bytes_in = io::InputFile(src).size();
+            r.bytes_out = io::InputFile(dst).size();
+        } else {
+            const Digest d = copy_file(src, dst);
+            check_copy(src, e, d);
+            r.action = "copied";
+            r.bytes_in = r.bytes_out = d.size;
+            r.xxh3 = r.source_xxh3 = d.xxh3;
+        }
+        rows.push_back(r);
+        }
+        if (!scratch.empty()) remove_tree(scratch);
+        return rows;
+    };
+    rep.files = run_shared(c, weights, job, [&] { remove_tree(tmp); }, fo.progress);
+    agree(c, true, [&] {
+        try {
+            commit_folder(tmp, out);
+        } catch (...) {
+            remove_tree(tmp);
+            throw;
+        }
+    });
+    return rep;
+}
+
+}  // namespace ckpt::folder

@@ -1,0 +1,108 @@
+// Folder mode of ckpt-compress / ckpt-verify / ckpt-restore: a whole checkpoint folder (HF
+// Trainer checkpoint-N/, DeepSpeed global_stepN/ or its parent, a DCP folder, or any tree of
+// files) in, a mirrored folder out. Every file holding Adam/AdamW moments becomes
+// "<relative path>.ckz.h5" (ckpt::compress), every other file is copied byte for byte, and a
+// manifest (formats/folder.md) at the output's root lists every file with its XXH3-64 hash.
+// The output is built in a temporary sibling folder and renamed at the very end, so a killed
+// run leaves no partial output (an existing one, replaced under --force, stays whole until
+// that rename). Under MPI (ckpt/comm.h) whole files are shared among ranks by size; the
+// output is the same as one process's; rank 0 writes the manifest and the summary.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/comm.h"
+#include "ckpt/pipeline.h"
+
+namespace ckpt::folder {
+
+/// Name of the manifest at the root of a compressed folder.
+inline constexpr const char* kManifestName = "ckptkit-folder.json";
+/// Value of the manifest's "format" key.
+inline constexpr const char* kManifestFormat = "ckptkit-folder";
+/// Manifest format version (formats/folder.md).
+inline constexpr int kManifestVersion = 1;
+
+/// A layout recognised from the files of one folder (relative path "" is the root).
+struct Layout {
+    std::string kind;     ///< "hf-trainer", "deepspeed-zero", "dcp"
+    std::string dir;      ///< folder relative to the input root ("" = the root)
+    std::string evidence; ///< which files said so ("optimizer.pt + model.safetensors")
+    std::string note;     ///< what the tools do with it, e.g. DCP moment items kept exact
+};
+
+/// Layouts found under `root` from the file list `files` (relative paths, '/'-separated,
+/// sorted). DCP `.metadata` files are parsed (pickled Metadata, opaque objects) to count
+/// the moment items; an unreadable one is reported in the note, never an error.
+std::vector<Layout> detect_layouts(const std::string& root, const std::vector<std::string>& files);
+
+/// One file's line of the summary.
+struct FileRow {
+    std::string file;          ///< relative path in the input (compress: source; verify/restore: output entry)
+    std::string stored;        ///< relative path in the compressed folder ("x.pt.ckz.h5" or "x.pt")
+    std::string action;        ///< "compressed", "copied", "verified", "intact", "restored"
+    std::string layout;        ///< kind of the layout the file belongs to, or ""
+    uint64_t bytes_in = 0, bytes_out = 0;      ///< file sizes
+    uint64_t moment_values = 0, escapes = 0;
+    uint64_t moment_bytes_fp32 = 0, moment_bytes_out = 0;
+    double max_bound = 0;      ///< lr units
+    bool ok = true;
+    std::string note;          ///< why copied, which optimizer was assumed, what failed
+    std::string report_json;   ///< the single-file Report::json() for containers ("" otherwise)
+    uint64_t xxh3 = 0, source_xxh3 = 0;   ///< XXH3-64 of the stored file and of the original
+    std::string manifest_extra;   ///< JSON object of extra manifest keys (DCP: virtual, shell, moments, cuts)
+    bool virtual_input = false;   ///< DCP gathered moments: not a file of the input (not in the byte totals)
+};
+
+/// Summary of one folder run, printed by rank 0 (table or one JSON object).
+struct FolderReport {
+    std::string tool, input, output;
+    double tolerance = 0, grad_bound = 0;
+    std::string codec;
+    int ranks = 1;
+    std::vector<Layout> layouts;
+    std::vector<FileRow> files;   ///< sorted by path
+    bool ok = true;
+    std::vector<std::string> failures;   ///< "FILE: what failed"
+
+    uint64_t bytes_in() const;   ///< sum of the input files' sizes (DCP gathered moments not counted)
+    uint64_t bytes_out() const;  ///< sum of the written / stored files' sizes
+    std::string table() const;   ///< per-file lines and the total
+    std::string json() const;    ///< one object: totals, "layouts", "files" (each with its report)
+};
+
+/// True when `path` is a folder (following symlinks).
+bool is_folder(const std::string& path);
+
+/// Options of the folder jobs beyond the single-file ones.
+struct FolderOptions {
+    bool force = false;           ///< replace an existing output folder (at the very end)
+    bool progress = false;        ///< per-file progress lines on stderr (rank 0)
+    uint64_t dcp_unit_bytes = 256ull << 20;   ///< compress: DCP .distcp bytes per gathered-moments container (at least)
+};
+
+/// ckpt-compress DIR -o OUT_DIR. Files are sniffed (torch zip / legacy / safetensors); those
+/// compress() refuses with "no Adam/AdamW optimizer state" are copied, any other refusal
+/// fails the run (BadInput naming the file; every rank throws it, nothing is left). An HF
+/// Trainer optimizer.pt that compress() refuses for lack of theta (Adam's L2 domain) is
+/// compressed with param_bound = the largest |value| of the model file(s) next to it.
+/// Throws BadInput for an unreadable input, an output inside the input, or an existing
+/// output without force.
+FolderReport compress_folder(const std::string& in, const std::string& out, const CompressOptions&,
+                             const FolderOptions&, Comm& = world_comm());
+
+/// ckpt-verify OUT_DIR [--original DIR]: every container verify()-ed (with its original when
+/// `original` is set), every other file's size and XXH3 checked against the manifest, no file
+/// missing or extra (with `original`: each original file's hash too). Report::ok false (exit 1)
+/// when any check fails; BadInput when OUT_DIR has no readable manifest.
+FolderReport verify_folder(const std::string& dir, const std::optional<std::string>& original,
+                           const VerifyOptions&, Comm& = world_comm());
+
+/// ckpt-restore OUT_DIR -o DIR2: containers restore()-d under their source names, other files
+/// copied with their hash checked (CheckFailed on a mismatch); same temporary-folder rule.
+FolderReport restore_folder(const std::string& dir, const std::string& out, const RestoreOptions&,
+                            const FolderOptions&, Comm& = world_comm());
+
+}  // namespace ckpt::folder

@@ -1,0 +1,424 @@
+// DCP moments in folder mode (folder_dcp.h): gather into one safetensors file, cut the
+// moment storages out of the .distcp files (shells), put them back on restore.
+#include "ckpt/folder_dcp.h"
+
+#include <fmt/format.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "ckpt/folder_files.h"
+#include "ckpt/optimizer.h"
+#include "ckpt/values.h"
+#include "common/error.h"
+#include "common/file.h"
+#include "io/file.h"
+#include "io/pickle.h"
+
+namespace ckpt::folder {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr uint64_t kPiece = 1 << 20;
+
+const std::string* str_of(const Value* v) { return v ? std::get_if<std::string>(&v->v) : nullptr; }
+const int64_t* int_of(const Value* v) { return v ? std::get_if<int64_t>(&v->v) : nullptr; }
+using Item = DcpItem;
+
+/// "i,j,..." of a torch.Size (a tuple of ints), "" for None / anything else.
+std::string chunk_key(const Value* v) {
+    const auto* l = v ? std::get_if<Value::List>(&v->v) : nullptr;
+    if (!l) return "";
+    std::string s;
+    for (const auto& e : *l) {
+        const auto* i = std::get_if<int64_t>(&e.v);
+        if (!i) return "";
+        s += (s.empty() ? "" : ",") + std::to_string(*i);
+    }
+    return s;
+}
+
+/// A parsed item: its checkpoint (from the .distcp file itself when the item is the whole
+/// file, else from a copy in scratch) and where the item starts in the .distcp file.
+struct Parsed {
+    Checkpoint ck;
+    std::string path;    ///< file the checkpoint was read from
+    uint64_t base = 0;   ///< offset of `path`'s byte 0 in the .distcp file
+};
+
+Parsed parse_item(const std::string& dir, const Item& it, const std::string& scratch, const Limits& limits) {
+    const std::string file = join(dir, it.file);
+    const io::InputFile f(file);
+    if (!f.contains(it.offset, it.length)) throw BadInput(file, fmt::format("item {} lies outside the file", it.fqn));
+    Parsed p;
+    if (it.offset == 0 && it.length == f.size()) {
+        p.path = file;
+    } else {
+        p.path = join(scratch, "item.pt");
+        FileWriter w(p.path);
+        std::vector<char> buf;
+        for (uint64_t i = 0; i < it.length; i += kPiece) {
+            buf.resize(std::size_t(std::min(kPiece, it.length - i)));
+            f.read_at(it.offset + i, buf.data(), buf.size(), "item");
+            w.write(buf.data(), buf.size());
+        }
+        w.close();
+        p.base = it.offset;
+    }
+    p.ck = read_checkpoint(p.path, limits);
+    return p;
+}
+
+}  // namespace
+
+std::vector<Item> dcp_items(const std::string& dir) {
+    const std::string path = join(dir, ".metadata");
+    const io::InputFile f(path);
+    io::RangeReader r(f, 0, f.size());
+    const io::PickleResult p = io::unpickle(r, Limits{}, io::PersistentIds::None);
+    const Value::Object* md = p.root.object();
+    const Value* sd = md ? md->attr("storage_data") : nullptr;
+    if (!sd || !sd->is_dict()) throw BadInput(path, "not a pickled Metadata with a storage_data dict");
+    std::vector<Item> items;
+    for (const auto& kv : std::get<Value::Dict>(sd->v)) {
+        const Value::Object* key = kv.first.object();
+        const Value::Object* info = kv.second.object();
+        const std::string* fqn = key ? str_of(key->attr("fqn")) : nullptr;
+        const std::string* rel = info ? str_of(info->attr("relative_path")) : nullptr;
+        const int64_t* off = info ? int_of(info->attr("offset")) : nullptr;
+        const int64_t* len = info ? int_of(info->attr("length")) : nullptr;
+        if (!fqn || !rel || !off || !len || *off < 0 || *len < 0 || rel->find("..") != std::string::npos || rel->empty() ||
+            (*rel)[0] == '/')
+            throw BadInput(path, "storage_data entry without a valid fqn / relative_path / offset / length");
+        items.push_back({*fqn, *rel, uint64_t(*off), uint64_t(*len), chunk_key(key->attr("offset"))});
+    }
+    return items;
+}
+
+bool is_moment_fqn(const std::string& fqn) {
+    return fqn.find(".state.") != std::string::npos &&
+           (ends_with(fqn, ".exp_avg") || ends_with(fqn, ".exp_avg_sq") || ends_with(fqn, ".max_exp_avg_sq"));
+}
+
+namespace {
+
+/// The whole-storage tensor an item holds, or nullptr (a view, a slice, not a tensor).
+const TensorInfo* whole_tensor(const Checkpoint& ck) {
+    auto t = std::get_if<Value::Tensor>(&ck.root.v);
+    if (!t) return nullptr;
+    const TensorInfo& ti = ck.tensors.at(t->index);
+    const StorageInfo& s = ck.storages.at(ti.storage);
+    int64_t n = 1, stride = 1;
+    for (std::size_t d = ti.shape.size(); d-- > 0;) {
+        if (ti.shape[d] != 1 && ti.stride[d] != stride) return nullptr;
+        stride *= ti.shape[d];
+        n *= ti.shape[d];
+    }
+    if (ti.storage_offset != 0 || uint64_t(n) != s.numel) return nullptr;
+    return &ti;
+}
+
+/// A param_groups value as JSON (numbers, bools, None, lists of numbers); false otherwise.
+bool to_json(const Value& v, json& out) {
+    if (std::holds_alternative<Value::None>(v.v)) out = nullptr;
+    else if (auto b = std::get_if<bool>(&v.v)) out = *b;
+    else if (auto i = std::get_if<int64_t>(&v.v)) out = *i;
+    else if (auto d = std::get_if<double>(&v.v)) {
+        if (!std::isfinite(*d)) return false;
+        out = *d;
+    } else if (auto l = std::get_if<Value::List>(&v.v)) {
+        out = json::array();
+        for (const auto& e : *l) {
+            json x;
+            if (!to_json(e, x) || x.is_array()) return false;
+            out.push_back(x);
+        }
+    } else return false;
+    return true;
+}
+
+/// Stream bytes [off, off+n) of `f` to `w`, updating `crc` when given.
+void copy_range(const io::InputFile& f, uint64_t off, uint64_t n, FileWriter& w, uLong* crc) {
+    std::vector<char> buf;
+    for (uint64_t i = 0; i < n; i += kPiece) {
+        buf.resize(std::size_t(std::min(kPiece, n - i)));
+        f.read_at(off + i, buf.data(), buf.size(), "range");
+        if (crc) *crc = crc32_z(*crc, reinterpret_cast<const Bytef*>(buf.data()), buf.size());
+        w.write(buf.data(), buf.size());
+    }
+}
+
+}  // namespace
+
+std::string dcp_moments_name(std::size_t n) { return kDcpMomentsPrefix + std::to_string(n) + ".safetensors"; }
+
+std::vector<std::vector<std::string>> dcp_units(const std::string& dir, uint64_t unit_bytes) {
+    const std::vector<Item> items = dcp_items(dir);
+    std::map<std::string, std::string> parent;   // union-find over file names
+    std::function<std::string(const std::string&)> find = [&](const std::string& f) -> std::string {
+        auto it = parent.find(f);
+        if (it == parent.end()) { parent[f] = f; return f; }
+        if (it->second == f) return f;
+        return it->second = find(it->second);
+    };
+    std::map<std::pair<std::string, std::string>, std::vector<std::string>> chunk_files;   // (base, chunk) -> files
+    for (const auto& it : items) {
+        if (!is_moment_fqn(it.fqn)) continue;
+        chunk_files[{it.fqn.substr(0, it.fqn.rfind('.')), it.chunk}].push_back(it.file);
+        (void)find(it.file);
+    }
+    for (const auto& [key, files] : chunk_files)
+        for (const auto& f : files) {
+            const std::string a = find(files[0]), b = find(f);
+            if (a != b) parent[std::max(a, b)] = std::min(a, b);
+        }
+    std::map<std::string, std::vector<std::string>> comps;   // root -> files (sorted by root = smallest)
+    for (const auto& [f, _] : parent) comps[find(f)].push_back(f);
+    std::vector<std::vector<std::string>> units;
+    uint64_t bytes = 0;
+    for (auto& [root, files] : comps) {
+        if (units.empty() || bytes >= unit_bytes) {
+            units.emplace_back();
+            bytes = 0;
+        }
+        for (const auto& f : files) {
+            units.back().push_back(f);
+            std::error_code ec;
+            const auto n = std::filesystem::file_size(join(dir, f), ec);
+            bytes += ec ? 0 : uint64_t(n);
+        }
+    }
+    for (auto& u : units) std::sort(u.begin(), u.end());
+    return units;
+}
+
+DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::string>& files_in, const std::string& out,
+                              const std::string& scratch, const Limits& limits) {
+    const std::set<std::string> in_unit(files_in.begin(), files_in.end());
+    std::vector<Item> items;
+    for (auto& it : dcp_items(dir)) {   // moment items of other units are not ours
+        if (!is_moment_fqn(it.fqn) || in_unit.count(it.file)) items.push_back(std::move(it));
+    }
+    std::map<std::string, std::vector<const Item*>> by_fqn;
+    for (const auto& it : items) by_fqn[it.fqn].push_back(&it);
+    auto one = [&](const std::string& fqn) -> const Item* {
+        auto i = by_fqn.find(fqn);
+        return i != by_fqn.end() && i->second.size() == 1 ? i->second[0] : nullptr;
+    };
+    static const char* kMoments[3] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    struct Moment { std::string name; std::string file; uint64_t abs = 0, nbytes = 0; std::string dtype; std::vector<int64_t> shape; std::vector<uint64_t> crcs; };
+    struct Param { std::string name; std::vector<Moment> m; double step = 0; json group; };
+    std::vector<Param> params;
+    std::vector<std::string> skipped;
+    // the item of `fqn` for chunk `chunk` (the only item when the FQN is not chunked)
+    auto chunk_of = [&](const std::string& fqn, const std::string& chunk) -> const Item* {
+        auto i = by_fqn.find(fqn);
+        if (i == by_fqn.end()) return nullptr;
+        for (const Item* it : i->second)
+            if (it->chunk == chunk) return it;
+        return nullptr;
+    };
+    for (const auto& [fqn, list] : by_fqn) {
+        const std::string tail = ".exp_avg";
+        const auto st = fqn.find(".state.");
+        if (!ends_with(fqn, tail) || st == std::string::npos) continue;
+        const std::string X = fqn.substr(0, st), P = fqn.substr(st + 7, fqn.size() - st - 7 - tail.size());
+        if (P.empty()) continue;
+        const std::string base = X + ".state." + P + ".";
+        for (const Item* first : list) {
+        // one gathered parameter per chunk: "P" when the FQN has one chunk, else "P@i,j"
+        const std::string name = list.size() == 1 ? P : P + "@" + first->chunk;
+        auto skip = [&](const std::string& why) { skipped.push_back(name + " (" + why + ")"); };
+        Param p;
+        p.name = name;
+        bool ok = true;
+        for (int k = 0; k < 3 && ok; ++k) {
+            const std::string f = base + kMoments[k];
+            if (!by_fqn.count(f)) {
+                if (k < 2) { skip(std::string("no ") + kMoments[k]); ok = false; }
+                break;
+            }
+            const Item* it = by_fqn[f].size() == list.size() ? chunk_of(f, first->chunk) : nullptr;
+            if (!it) { skip(std::string(kMoments[k]) + " chunks differ from exp_avg's"); ok = false; break; }
+            const Parsed pa = parse_item(dir, *it, scratch, limits);
+            const TensorInfo* t = whole_tensor(pa.ck);
+            const std::string dt = t ? dtype_name(t->dtype) : "";
+            if (!t || !float_dtype_size(dt)) { skip(std::string(kMoments[k]) + " is not a whole F32/F16/BF16 tensor"); ok = false; break; }
+            const StorageInfo& s = pa.ck.storages[t->storage];
+            Moment m{std::string("state.") + name + "." + kMoments[k], it->file, pa.base + s.file_offset, s.nbytes, dt, t->shape, {}};
+            for (uint64_t c : s.crc_offsets) m.crcs.push_back(pa.base + c);
+            p.m.push_back(m);
+        }
+        if (!ok) continue;
+        const Item* si = one(base + "step");
+        if (!si) { skip("no step item"); continue; }
+        {
+            const Parsed pa = parse_item(dir, *si, scratch, limits);
+            if (auto d = std::get_if<double>(&pa.ck.root.v)) p.step = *d;
+            else if (auto i = std::get_if<int64_t>(&pa.ck.root.v)) p.step = double(*i);
+            else if (auto t = std::get_if<Value::Tensor>(&pa.ck.root.v)) {
+                const io::InputFile f(pa.path);
+                const auto v = read_small_tensor(pa.ck, f, int(t->index));
+                if (v.size() != 1) { skip("step is not a scalar"); continue; }
+                p.step = v[0];
+            } else { skip("step is not a number"); continue; }
+        }
+        const std::string gp = X + ".param_groups." + P + ".";
+        p.group = json::object();
+        for (auto it = by_fqn.lower_bound(gp); it != by_fqn.end() && it->first.rfind(gp, 0) == 0 && ok; ++it) {
+            const std::string key = it->first.substr(gp.size());
+            if (key.find('.') != std::string::npos || it->second.size() != 1) continue;
+            const Parsed pa = parse_item(dir, *it->second[0], scratch, limits);
+            json v;
+            if (!to_json(pa.ck.root, v)) { skip("param_groups." + key + " is not a plain value"); ok = false; break; }
+            p.group[key] = v;
+        }
+        if (!ok) continue;
+        if (p.group.empty()) { skip("no param_groups items"); continue; }
+        p.group["params"] = json::array({name});
+        params.push_back(std::move(p));
+        }
+    }
+    DcpMoments res;
+    if (!skipped.empty()) res.note = "left exact: " + fmt::format("{}", fmt::join(skipped, ", "));
+    if (params.empty()) return res;
+    // the safetensors file: header (tensors in file order), then the data
+    json header = json::object(), groups = json::array();
+    uint64_t off = 0;
+    for (const auto& p : params) {
+        for (const auto& m : p.m) {
+            header[m.name] = {{"dtype", m.dtype}, {"shape", m.shape}, {"data_offsets", {off, off + m.nbytes}}};
+            off += m.nbytes;
+        }
+        header["state." + p.name + ".step"] = {{"dtype", "F64"}, {"shape", json::array()}, {"data_offsets", {off, off + 8}}};
+        off += 8;
+        groups.push_back(p.group);
+    }
+    header["__metadata__"] = {{"format", "pt"}, {"param_groups", groups.dump()}, {"source", "ckptkit folder mode: DCP moment items"}};
+    std::string h = header.dump();
+    h.append((8 - h.size() % 8) % 8, ' ');
+    std::map<std::string, DcpFile> files;
+    try {
+        FileWriter w(out);
+        const uint64_t hn = h.size();
+        w.write(&hn, 8);
+        w.write(h.data(), h.size());
+        for (const auto& p : params) {
+            for (const auto& m : p.m) {
+                const io::InputFile f(join(dir, m.file));
+                copy_range(f, m.abs, m.nbytes, w, nullptr);
+                DcpFile& df = files[m.file];
+                df.file = m.file;
+                df.cuts.push_back({m.abs, m.nbytes, m.name, m.crcs});
+            }
+            w.write(&p.step, 8);
+        }
+        w.close();
+    } catch (const BadInput&) {
+        throw;
+    } catch (const std::exception& e) {
+        throw BadInput(out, e.what());
+    }
+    for (auto& [name, f] : files) {
+        std::sort(f.cuts.begin(), f.cuts.end(), [](const DcpCut& a, const DcpCut& b) { return a.offset < b.offset; });
+        res.files.push_back(f);
+    }
+    res.params = params.size();
+    return res;
+}
+
+double dcp_param_bound(const std::string& dir, const std::string& scratch, const Limits& limits) {
+    double bound = 0;
+    for (const auto& it : dcp_items(dir)) {
+        if (it.fqn.find(".state.") != std::string::npos || it.fqn.find(".param_groups.") != std::string::npos) continue;
+        const Parsed pa = parse_item(dir, it, scratch, limits);
+        if (!std::holds_alternative<Value::Tensor>(pa.ck.root.v)) continue;
+        bound = std::max(bound, max_abs_storages(pa.ck, io::InputFile(pa.path), it.fqn));
+    }
+    return bound;
+}
+
+void write_shell(const std::string& src, const DcpFile& df, const std::string& dst) {
+    try {
+        const io::InputFile f(src);
+        FileWriter w(dst);
+        uint64_t pos = 0;
+        for (const auto& c : df.cuts) {
+            if (c.offset < pos || !f.contains(c.offset, c.length)) throw BadInput(src, "overlapping or outside moment ranges");
+            copy_range(f, pos, c.offset - pos, w, nullptr);
+            pos = c.offset + c.length;
+        }
+        copy_range(f, pos, f.size() - pos, w, nullptr);
+        w.close();
+    } catch (const BadInput&) {
+        throw;
+    } catch (const std::exception& e) {
+        throw BadInput(dst, e.what());
+    }
+}
+
+void rebuild_from_shell(const std::string& shell, const DcpFile& df, const std::string& moments, const std::string& dst) {
+    const Checkpoint mk = read_checkpoint(moments);
+    std::map<std::string, const StorageInfo*> by_name;
+    for (const auto& t : mk.tensors) by_name[t.path] = &mk.storages[t.storage];
+    try {
+        const io::InputFile sh(shell), mf(moments);
+        FileWriter w(dst);
+        uint64_t orig = 0, spos = 0;
+        std::vector<std::pair<uint64_t, uint32_t>> crcs;
+        for (const auto& c : df.cuts) {
+            auto s = by_name.find(c.tensor);
+            if (s == by_name.end() || s->second->nbytes != c.length)
+                throw CheckFailed(moments + ": restored moments lack " + c.tensor + " of " + std::to_string(c.length) + " bytes");
+            const uint64_t n = c.offset - orig;
+            copy_range(sh, spos, n, w, nullptr);
+            spos += n;
+            uLong crc = crc32(0, nullptr, 0);
+            copy_range(mf, s->second->file_offset, c.length, w, &crc);
+            for (uint64_t o : c.crc_offsets) crcs.push_back({o, uint32_t(crc)});
+            orig = c.offset + c.length;
+        }
+        copy_range(sh, spos, sh.size() - spos, w, nullptr);
+        for (const auto& [o, v] : crcs) {
+            if (o + 4 > w.offset()) throw CheckFailed(shell + ": CRC field outside the rebuilt file");
+            const uint8_t le[4] = {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)};
+            w.pwrite(o, le, 4);
+        }
+        w.close();
+    } catch (const BadInput&) {
+        throw;
+    } catch (const CheckFailed&) {
+        throw;
+    } catch (const std::exception& e) {
+        throw BadInput(dst, e.what());
+    }
+}
+
+json cuts_json(const std::vector<DcpCut>& cuts) {
+    json a = json::array();
+    for (const auto& c : cuts) a.push_back({{"offset", c.offset}, {"length", c.length}, {"tensor", c.tensor}, {"crc_offsets", c.crc_offsets}});
+    return a;
+}
+
+std::vector<DcpCut> cuts_from(const json& a) {
+    std::vector<DcpCut> out;
+    uint64_t prev = 0;
+    for (const auto& c : a) {
+        DcpCut x{c.at("offset").get<uint64_t>(), c.at("length").get<uint64_t>(), c.at("tensor").get<std::string>(),
+                 c.at("crc_offsets").get<std::vector<uint64_t>>()};
+        if (x.offset < prev || x.length > UINT64_MAX - x.offset) throw std::invalid_argument("cuts out of order");
+        prev = x.offset + x.length;
+        out.push_back(x);
+    }
+    return out;
+}
+
+}  // namespace ckpt::folder
