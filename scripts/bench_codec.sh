@@ -154,7 +154,7 @@ for f in "${INPUTS[@]}"; do
         for G in 1.0 inf; do
             n=$reps; [ $G = inf ] && n=1
             bench $n kind=compress input=$name codec=$codec tol=0.01 G=$G -- \
-                "$COMPRESS" "$f" -o "$TMP/$codec.$G.ckz.h5" --codec $codec --tolerance 0.01 --grad-bound $G --json
+                "$COMPRESS" "$f" -o "$TMP/$codec.$G.ckz.h5" --codec $codec --tolerance 0.01 --grad-bound $G --json --force
             if [ $T_RC = 0 ]; then
                 $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("tensors",None); print(json.dumps(d))' "$TMP/stdout" > "$TMP/summary"
                 emit kind=summary input=$name codec=$codec tol=0.01 G=$G "json=$(cat "$TMP/summary")"
@@ -163,7 +163,7 @@ for f in "${INPUTS[@]}"; do
         # decode: restore the G=1 container
         if [ -f "$TMP/$codec.1.0.ckz.h5" ]; then
             bench $reps kind=restore input=$name codec=$codec -- \
-                "$RESTORE" "$TMP/$codec.1.0.ckz.h5" -o "$TMP/restored.pt"
+                "$RESTORE" "$TMP/$codec.1.0.ckz.h5" -o "$TMP/restored.pt" --force
             rm -f "$TMP/restored.pt"
         fi
     done
@@ -174,7 +174,7 @@ for f in "${INPUTS[@]}"; do
     # log8 tolerance sweep (0.01 is above)
     for tol in 0.001 0.003 0.03; do
         bench 1 kind=compress input=$name codec=log8 tol=$tol G=1.0 -- \
-            "$COMPRESS" "$f" -o "$TMP/sweep.ckz.h5" --codec log8 --tolerance $tol --json
+            "$COMPRESS" "$f" -o "$TMP/sweep.ckz.h5" --codec log8 --tolerance $tol --json --force
         if [ $T_RC = 0 ]; then
             $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("tensors",None); print(json.dumps(d))' "$TMP/stdout" > "$TMP/summary"
             emit kind=summary input=$name codec=log8 tol=$tol G=1.0 "json=$(cat "$TMP/summary")"
@@ -192,14 +192,14 @@ for f in "${INPUTS[@]}"; do
     if [ $big = 1 ]; then
         # the optimizer kind stated (torch 1.13 files do not say Adam vs AdamW; auto certifies both)
         bench 1 kind=compress input=$name codec=log8_adamw tol=0.01 G=1.0 -- \
-            "$COMPRESS" "$f" -o "$TMP/k.ckz.h5" --codec log8 --optimizer adamw --json
+            "$COMPRESS" "$f" -o "$TMP/k.ckz.h5" --codec log8 --optimizer adamw --json --force
         if [ $T_RC = 0 ]; then
             $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("tensors",None); print(json.dumps(d))' "$TMP/stdout" > "$TMP/summary"
             emit kind=summary input=$name codec=log8_adamw tol=0.01 G=1.0 "json=$(cat "$TMP/summary")"
         fi
         for cores in 0 0,1; do
             bench $reps kind=threads input=$name cores=$cores what=log8 -- \
-                taskset -c $cores "$COMPRESS" "$f" -o "$TMP/t.ckz.h5" --codec log8 --json
+                taskset -c $cores "$COMPRESS" "$f" -o "$TMP/t.ckz.h5" --codec log8 --json --force
             bench $reps kind=threads input=$name cores=$cores what=zstd3_T0 -- \
                 taskset -c $cores zstd -3 -T0 -q -f "$mom" -o "$TMP/t.zst"
         done

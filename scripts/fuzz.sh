@@ -69,10 +69,10 @@ if [[ " $TARGETS " == *" container "* ]]; then
   CBIN=${CKPTKIT_BIN:-}
   [ -n "$CBIN" ] || for d in "$ROOT/build/apps"; do [ -x "$d/ckpt-compress" ] && CBIN=$d && break; done
   if [ -n "$CBIN" ]; then
-    "$CBIN/ckpt-compress" "$ROOT/data/cnn_adamw.safetensors" -o "$S/container/cnn_st.ckz.h5" >/dev/null 2>&1
-    "$CBIN/ckpt-compress" "$ROOT/data/io/optim_only.pt" -o "$S/container/optim_only.ckz.h5" --optimizer adamw >/dev/null 2>&1
-    "$CBIN/ckpt-compress" "$ROOT/data/cnn_adamw.pt" -o "$S/container/cnn_bf16.ckz.h5" --codec bf16 >/dev/null 2>&1
-    "$CBIN/ckpt-compress" "$ROOT/data/cnn_adamw.pt" -o "$S/container/cnn_bw8.ckz.h5" --codec blockwise8 --grad-bound inf >/dev/null 2>&1
+    "$CBIN/ckpt-compress" "$ROOT/data/cnn_adamw.safetensors" -o "$S/container/cnn_st.ckz.h5" --force >/dev/null 2>&1
+    "$CBIN/ckpt-compress" "$ROOT/data/io/optim_only.pt" -o "$S/container/optim_only.ckz.h5" --optimizer adamw --force >/dev/null 2>&1
+    "$CBIN/ckpt-compress" "$ROOT/data/cnn_adamw.pt" -o "$S/container/cnn_bf16.ckz.h5" --codec bf16 --force >/dev/null 2>&1
+    "$CBIN/ckpt-compress" "$ROOT/data/cnn_adamw.pt" -o "$S/container/cnn_bw8.ckz.h5" --codec blockwise8 --grad-bound inf --force >/dev/null 2>&1
   else
     echo "fuzz.sh: no ckpt-compress found (CKPTKIT_BIN); container target seeded from bad files only" >&2
   fi

@@ -11,17 +11,17 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 CKPT=data/lm_adamw.pt
 echo "== ckpt-compress $CKPT"
-$B/ckpt-compress "$CKPT" -o "$OUT/lm_adamw.ckz.h5" --tolerance 0.01 --grad-bound 1.0
+$B/ckpt-compress "$CKPT" -o "$OUT/lm_adamw.ckz.h5" --tolerance 0.01 --grad-bound 1.0 --force
 echo "== ckpt-verify (with the original)"
 $B/ckpt-verify "$OUT/lm_adamw.ckz.h5" --original "$CKPT"
 echo "== ckpt-restore"
-$B/ckpt-restore "$OUT/lm_adamw.ckz.h5" -o "$OUT/lm_adamw.restored.pt"
+$B/ckpt-restore "$OUT/lm_adamw.ckz.h5" -o "$OUT/lm_adamw.restored.pt" --force
 echo "== stock torch: load, load_state_dict, one optimizer.step() per gradient kind"
 /usr/bin/python3 scripts/torch_step_check.py "$CKPT" "$OUT/lm_adamw.restored.pt" --tolerance 0.01 --grad-bound 1.0
 TRACE=data/traces/bn.trace.json
 echo "== replay-plan $TRACE (a real recorded step of test/models/bn.py, BatchNorm running stats)"
-$B/replay-plan "$TRACE" --budget 1.5MiB --budget 1.7MiB -o "$OUT/bn.plan.json" --check
+$B/replay-plan "$TRACE" --budget 1.5MiB --budget 1.7MiB -o "$OUT/bn.plan.json" --check --force
 echo "== apply the plan in real torch: gradients, loss, outputs and buffers byte-identical"
 /usr/bin/python3 scripts/apply_plan.py test/models/bn.py "$TRACE" "$OUT/bn.plan.json" --budget 1.5MiB
 echo "== budget sweep, every planner on one plot: $OUT/bn.sweep.svg"
-$B/replay-plan "$TRACE" --sweep 1.0MiB:2.0MiB:0.1MiB --planner joint -o "$OUT/bn.sweep.json" --svg "$OUT/bn.sweep.svg" | tail -n 14
+$B/replay-plan "$TRACE" --sweep 1.0MiB:2.0MiB:0.1MiB --planner joint -o "$OUT/bn.sweep.json" --svg "$OUT/bn.sweep.svg" --force | tail -n 14

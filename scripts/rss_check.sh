@@ -55,9 +55,9 @@ measure() {  # name, command...
   if [ "$mib" -ge "$LIMIT_MIB" ]; then echo "rss_check: $name peak RSS $mib MiB >= $LIMIT_MIB MiB"; fail=1; fi
 }
 
-measure compress "$BIN/ckpt-compress" "$BIG" -o "$W/big.ckz.h5" --json
+measure compress "$BIN/ckpt-compress" "$BIG" -o "$W/big.ckz.h5" --json --force
 measure verify "$BIN/ckpt-verify" "$W/big.ckz.h5" --json
-measure restore "$BIN/ckpt-restore" "$W/big.ckz.h5" -o "$W/restored.pt" --json
+measure restore "$BIN/ckpt-restore" "$W/big.ckz.h5" -o "$W/restored.pt" --json --force
 if [ -f "$W/restored.pt" ]; then
   RS=$(stat -c %s "$W/restored.pt")
   if [ "$RS" != "$SIZE" ]; then echo "rss_check: restored size $RS != $SIZE"; fail=1; fi
