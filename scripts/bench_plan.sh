@@ -41,7 +41,7 @@ EOF
 )
   for pl in joint eager stateless; do
     P=$OUT/$m.$pl.plan.json
-    $RP "$T" --planner $pl --budget "$LOOSE" --budget "$MED" --budget "$TIGHT" -o "$P" >/dev/null 2>&1 || true
+    $RP "$T" --planner $pl --budget "$LOOSE" --budget "$MED" --budget "$TIGHT" -o "$P" --force >/dev/null 2>&1 || true
     for b in "$LOOSE" "$MED" "$TIGHT"; do
       case $b in "$LOOSE") name=loose;; "$MED") name=medium;; *) name=tight;; esac
       $PY - "$ROOT" "$m" "$T" "$P" "$b" "$pl" "$name" <<'EOF'
