@@ -30,8 +30,9 @@ struct Layout {
 Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressOptions& o);
 
 /// Compare a stored manifest with the plan re-derived from its source; returns one line
-/// per disagreement (empty when they agree). Hyper-parameters are compared where the
-/// source states them.
+/// per disagreement (empty when they agree): sizes, the storage of every moment and of
+/// theta (binding each stream to its parameter), step, the gradient domain, and the
+/// hyper-parameters the source states. Names are for reports and not compared.
 std::vector<std::string> compare_layout(const container::Manifest& stored, const Layout& derived);
 
 }  // namespace ckpt
