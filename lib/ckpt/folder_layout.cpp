@@ -69,7 +69,9 @@ std::vector<Layout> detect_layouts(const std::string& root, const std::vector<st
     std::map<std::string, std::set<std::string>> by_dir;   // folder -> file names
     for (const auto& f : files) by_dir[parent_of(f)].insert(base_of(f));
     std::vector<Layout> out;
-    for (const auto& [dir, names] : by_dir) {
+    for (const auto& entry : by_dir) {
+        const std::string& dir = entry.first;
+        const std::set<std::string>& names = entry.second;  // (clang 14: lambdas cannot capture bindings)
         auto has = [&](const char* n) { return names.count(n) > 0; };
         // HF Trainer checkpoint-N/
         if (has("optimizer.pt")) {
