@@ -177,6 +177,20 @@ struct Failure {
     std::string file, what;
     json to_json() const { return {{"code", code}, {"file", file}, {"what", what}}; }
     static Failure from(const json& j) { return {j.at("code").get<int>(), j.at("file").get<std::string>(), j.at("what").get<std::string>()}; }
+    /// Run f; its exception (BadInput: exit 2 naming the file, CheckFailed: 1, any other: 2)
+    /// as a Failure, code 0 when it returned.
+    static Failure of(const std::function<void()>& f) {
+        try {
+            f();
+        } catch (const BadInput& e) {
+            return {kExitBadInput, e.file, e.what()};
+        } catch (const CheckFailed& e) {
+            return {kExitCheckFailed, "", e.what()};
+        } catch (const std::exception& e) {
+            return {kExitBadInput, "", e.what()};
+        }
+        return {};
+    }
     [[noreturn]] void raise() const {
         if (code == kExitCheckFailed) throw CheckFailed(file.empty() ? what : file + ": " + what);
         throw BadInput(file, what);
@@ -186,18 +200,7 @@ struct Failure {
 /// Run `f` (on rank 0 only when `root_only`), then agree: when any rank failed, every rank
 /// throws the failure of the lowest failing rank. Keeps the ranks' collectives in step.
 void agree(Comm& c, bool root_only, const std::function<void()>& f) {
-    Failure fail;
-    if (!root_only || c.rank() == 0) {
-        try {
-            f();
-        } catch (const BadInput& e) {
-            fail = {kExitBadInput, e.file, e.what()};
-        } catch (const CheckFailed& e) {
-            fail = {kExitCheckFailed, "", e.what()};
-        } catch (const std::exception& e) {
-            fail = {kExitBadInput, "", e.what()};
-        }
-    }
+    const Failure fail = (!root_only || c.rank() == 0) ? Failure::of(f) : Failure{};
     for (const auto& s : c.allgather(fail.to_json().dump())) {
         const Failure g = Failure::from(json::parse(s));
         if (g.code) g.raise();
@@ -242,21 +245,14 @@ std::vector<FileRow> run_shared(Comm& c, const std::vector<uint64_t>& weights,
     std::size_t done = 0;
     for (std::size_t i = 0; i < weights.size(); ++i) {
         if (owner[i] != c.rank()) continue;
-        Failure fail;
-        try {
+        const Failure fail = Failure::of([&] {
             ++done;
             for (const FileRow& r : job(i)) {
                 mine["rows"].push_back(row_json(r));
                 if (progress)
                     spdlog::info("[{}/{}]{} {} {}", done, my_count, c.size() > 1 ? fmt::format(" rank {}", c.rank()) : "", r.action, r.file);
             }
-        } catch (const BadInput& e) {
-            fail = {kExitBadInput, e.file, e.what()};
-        } catch (const CheckFailed& e) {
-            fail = {kExitCheckFailed, "", e.what()};
-        } catch (const std::exception& e) {
-            fail = {kExitBadInput, "", e.what()};
-        }
+        });
         if (fail.code) {
             mine["failure"] = fail.to_json();
             break;
