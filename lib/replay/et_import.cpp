@@ -36,6 +36,17 @@ namespace {
 
 using json = nlohmann::json;
 
+// Integer field `key` of node n, or `fallback` when absent. A float or a number outside
+// int64 is bad input: nlohmann's get<int64_t> would convert it with undefined behaviour.
+int64_t int_field(const json& n, const char* key, int64_t fallback) {
+    auto it = n.find(key);
+    if (it == n.end()) return fallback;
+    if (!it->is_number_integer() ||
+        (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(INT64_MAX)))
+        throw std::invalid_argument(fmt::format("node field '{}': expected an int64", key));
+    return it->get<int64_t>();
+}
+
 const char* const kLabel = "ckpt.segment:";
 const std::set<std::string> kRandomOps = {
     "aten::bernoulli_", "aten::bernoulli",   "aten::normal_",     "aten::normal",
@@ -86,7 +97,10 @@ void scalar_args(EtNode& e, const json& vals, const json& types) {
 bool is_tref(const json& v) {
     if (!v.is_array() || v.size() != 6 || !v[5].is_string()) return false;
     for (int k = 0; k < 5; ++k)
-        if (!v[k].is_number_integer() || v[k].get<int64_t>() < 0) return false;
+        if (!v[k].is_number_integer() ||
+            (!v[k].is_number_unsigned() && v[k].get<int64_t>() < 0) ||
+            (k < 2 && v[k].get<uint64_t>() > uint64_t(INT64_MAX)))
+            return false;
     return true;
 }
 
@@ -112,17 +126,17 @@ std::vector<std::vector<TRef>> args(const json& vals) {
 
 EtNode normalise(const json& n, bool chakra) {
     EtNode e;
-    e.id = n.at("id").get<int64_t>();
+    e.id = int_field(n, "id", -1);
     e.name = n.at("name").get<std::string>();
     if (!chakra) {
-        e.parent = n.value("parent", int64_t{-1});
+        e.parent = int_field(n, "parent", -1);
         e.schema = n.value("op_schema", "");
         e.inputs = args(n.value("inputs", json::array()));
         e.outputs = args(n.value("outputs", json::array()));
         scalar_args(e, n.value("inputs", json::array()), n.value("input_types", json::array()));
         if (n.contains("dur") && n["dur"].is_number()) e.dur_us = n["dur"].get<double>();
     } else {
-        e.parent = n.value("ctrl_deps", int64_t{-1});
+        e.parent = int_field(n, "ctrl_deps", -1);
         if (n.contains("inputs") && n["inputs"].is_object()) {
             e.inputs = args(n["inputs"].value("values", json::array()));
             scalar_args(e, n["inputs"].value("values", json::array()),
