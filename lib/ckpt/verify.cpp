@@ -39,48 +39,91 @@ std::vector<double> grid_multipliers(int points) {
 }
 
 /// One coordinate's dense-grid check: the largest |u(g) - u~(g)| / lr (double arithmetic,
-/// codec::update_lr's formula, 1/sqrt(bc2) and 1/D as products) over the grid points inside
-/// the domain [lo, hi]: 0, lo, hi (when finite) and +-scale * mult[k]; and how many points
-/// exceed `bound`. +t and -t share v' = b2 v + (1-b2) t^2, so one square root and one
-/// division per state serve both signs; a point outside the domain is masked (difference 0,
-/// not counted). Both updates NaN (torch gives NaN for both) is no difference. `d` is
-/// scratch of 2 nm doubles. Branch-free over the points so the compiler vectorises it;
-/// target_clones picks AVX-512 or AVX2 at run time (the same IEEE operations in the same
-/// order on every ISA).
+/// codec::update_lr's formula, 1/sqrt(bc2) as a product) over the grid points inside the
+/// domain [lo, hi]: 0, lo, hi (when finite) and +-scale * mult[k]; and how many points
+/// exceed `bound`. +t and -t share v' = b2 v + (1-b2) t^2, so one square root per state
+/// serves both signs, and one division serves both states: inv_bc1 / D1 and inv_bc1 / D2
+/// as q D2 and q D1 with q = inv_bc1 / (D1 D2), used only where every D1 D2 of the grid
+/// lies inside [2^-500, 2^500] (then it cannot overflow or underflow; the result differs
+/// from two divisions by a few ulps of u, far below any tolerance); otherwise two divisions.
+/// A point outside the domain is masked (difference 0, not counted). Both updates NaN
+/// (torch gives NaN for both) is no difference; one NaN counts as over `bound`. `d` is
+/// scratch of 2 nm doubles. Branch-free over the points, reductions apart (the max as an
+/// integer max over bit patterns), so the compiler vectorises both; target_clones picks
+/// AVX-512 or AVX2 at run time (the same IEEE operations in the same order on every ISA).
 struct GridResult { double max_diff = 0; uint64_t points = 0, over = 0; };
+
+struct GridState {  // the two states' per-coordinate constants
+    double a1, a2, c1, c2, e1, e2, x1, x2, isb, inv_bc1, eps;
+    /// D(t) = sqrt(max(c + e2 t^2, x)) / sqrt(bc2) + eps of state 1 or 2.
+    double denom(int which, double t) const {
+        const double w = (which == 1 ? c1 : c2) + e2 * t * t, x = which == 1 ? x1 : x2;
+        return std::sqrt(w > x ? w : x) * isb + eps;
+    }
+};
+
+template <bool kOneDivision>
+__attribute__((always_inline)) inline uint64_t grid_loop(const GridState& g, double lo, double hi, double scale,
+                                                          double bound, const double* mult, int nm, double* d,
+                                                          uint64_t& over) {
+    uint64_t points = 0, n_over = 0;
+    for (int k = 0; k < nm; ++k) {
+        const double t = scale * mult[k];
+        const double w1 = g.c1 + g.e2 * t * t, w2 = g.c2 + g.e2 * t * t;
+        const double d1 = std::sqrt(w1 > g.x1 ? w1 : g.x1) * g.isb + g.eps;
+        const double d2 = std::sqrt(w2 > g.x2 ? w2 : g.x2) * g.isb + g.eps;
+        double r1, r2;
+        if constexpr (kOneDivision) {
+            const double q = g.inv_bc1 / (d1 * d2);
+            r1 = q * d2;
+            r2 = q * d1;
+        } else {
+            r1 = g.inv_bc1 / d1;
+            r2 = g.inv_bc1 / d2;
+        }
+        const double p1 = (g.a1 + g.e1 * t) * r1, p2 = (g.a2 + g.e1 * t) * r2;
+        const double q1 = (g.a1 - g.e1 * t) * r1, q2 = (g.a2 - g.e1 * t) * r2;
+        const bool in_p = (t >= lo) & (t <= hi), in_q = (-t >= lo) & (-t <= hi);
+        const double dp = std::fabs(p1 - p2), dq = std::fabs(q1 - q2);
+        const bool use_p = in_p & !((p1 != p1) & (p2 != p2)), use_q = in_q & !((q1 != q1) & (q2 != q2));
+        n_over += uint64_t(use_p & !(dp <= bound)) + uint64_t(use_q & !(dq <= bound));
+        d[2 * k] = (use_p & (dp == dp)) ? dp : 0.0;  // NaN (one update NaN) is counted, not a max
+        d[2 * k + 1] = (use_q & (dq == dq)) ? dq : 0.0;
+        points += uint64_t(in_p) + uint64_t(in_q);
+    }
+    over = n_over;
+    return points;
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
                       double vmaxt, double lo, double hi, double scale, double bound, const double* mult, int nm,
                       double* d) {
-    const double a1 = c.b1 * m, a2 = c.b1 * mt, c1 = c.b2 * v, c2 = c.b2 * vt, e1 = 1 - c.b1, e2 = 1 - c.b2;
-    const double x1 = ams ? vmax : -INFINITY, x2 = ams ? vmaxt : -INFINITY;
-    const double isb = 1 / c.sqrt_bc2;
-    uint64_t points = 0;
-    for (int k = 0; k < nm; ++k) {
-        const double t = scale * mult[k];
-        const double w1 = c1 + e2 * t * t, w2 = c2 + e2 * t * t;
-        const double r1 = c.inv_bc1 / (std::sqrt(w1 > x1 ? w1 : x1) * isb + c.eps);
-        const double r2 = c.inv_bc1 / (std::sqrt(w2 > x2 ? w2 : x2) * isb + c.eps);
-        const double p1 = (a1 + e1 * t) * r1, p2 = (a2 + e1 * t) * r2;
-        const double q1 = (a1 - e1 * t) * r1, q2 = (a2 - e1 * t) * r2;
-        const bool in_p = (t >= lo) & (t <= hi), in_q = (-t >= lo) & (-t <= hi);
-        d[2 * k] = ((!in_p) | ((p1 != p1) & (p2 != p2))) ? 0.0 : std::fabs(p1 - p2);
-        d[2 * k + 1] = ((!in_q) | ((q1 != q1) & (q2 != q2))) ? 0.0 : std::fabs(q1 - q2);
-        points += uint64_t(in_p) + uint64_t(in_q);
-    }
-    double worst = 0;
+    const GridState g{c.b1 * m, c.b1 * mt, c.b2 * v, c.b2 * vt, 1 - c.b1, 1 - c.b2,
+                      ams ? vmax : -INFINITY, ams ? vmaxt : -INFINITY, 1 / c.sqrt_bc2, c.inv_bc1, c.eps};
+    // D grows with t: the grid's extreme products are at its first and last point.
+    const double pmin = g.denom(1, scale * mult[0]) * g.denom(2, scale * mult[0]);
+    const double pmax = g.denom(1, scale * mult[nm - 1]) * g.denom(2, scale * mult[nm - 1]);
+    const bool one_division = pmin >= 0x1p-500 && pmax <= 0x1p500;  // false for NaN too
     uint64_t over = 0;
-    for (int k = 0; k < 2 * nm; ++k) {  // reductions apart: a NaN-aware max does not vectorise
-        worst = d[k] > worst ? d[k] : worst;
-        over += !(d[k] <= bound);
+    uint64_t points = one_division ? grid_loop<true>(g, lo, hi, scale, bound, mult, nm, d, over)
+                                   : grid_loop<false>(g, lo, hi, scale, bound, mult, nm, d, over);
+    // The max over bit patterns: for non-negative doubles unsigned order is numeric order,
+    // and an integer max vectorises without fast-math.
+    uint64_t wbits = 0;
+    for (int k = 0; k < 2 * nm; ++k) {
+        uint64_t b;
+        std::memcpy(&b, &d[k], sizeof b);
+        wbits = b > wbits ? b : wbits;
     }
+    double worst;
+    std::memcpy(&worst, &wbits, sizeof worst);
     for (double x : {0.0, lo, hi}) {  // the domain's ends and 0, where inside
         if (!(x >= lo && x <= hi) || !std::isfinite(x)) continue;
-        const double w1 = c1 + e2 * x * x, w2 = c2 + e2 * x * x;
-        const double u1 = c.inv_bc1 * (a1 + e1 * x) / (std::sqrt(w1 > x1 ? w1 : x1) * isb + c.eps);
-        const double u2 = c.inv_bc1 * (a2 + e1 * x) / (std::sqrt(w2 > x2 ? w2 : x2) * isb + c.eps);
+        const double u1 = c.inv_bc1 * (g.a1 + g.e1 * x) / g.denom(1, x);
+        const double u2 = c.inv_bc1 * (g.a2 + g.e1 * x) / g.denom(2, x);
         const double dd = (u1 != u1 && u2 != u2) ? 0.0 : std::fabs(u1 - u2);
         worst = dd > worst ? dd : worst;
         over += !(dd <= bound);

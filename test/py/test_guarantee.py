@@ -482,3 +482,36 @@ def test_originals_at_both_cell_edges_verify(tmp_path, kind, kw):
         torch.save(sd, edge)
         rep, back = roundtrip(tmp_path, edge, "--optimizer", kind, "--force")
         assert_step_close(torch.optim.Adam, torch.load(edge), back, grads_like(net), **kw)
+
+
+def test_verify_original_catches_codes_of_another_coordinate(tmp_path):
+    """The dense-grid check itself: the exp_avg and exp_avg_sq codes of two kept AdamW
+    coordinates of one block are swapped (dataset hashes recomputed). Every certificate is
+    still one the codec made (each is the other coordinate's), so verify without the
+    original passes; against the original the grid finds the update differences, exit 1."""
+    import make_bad_containers as mbc
+    b = require_ckptkit_bin()
+    net, opt = train(torch.optim.AdamW, lr=1e-3, weight_decay=0.0)
+    src = save(tmp_path / "w.pt", net, opt)
+    out = tmp_path / "c.h5"
+    assert run_tool(b, "ckpt-compress", src, "-o", out).returncode == 0
+    with h5py.File(out, "r+") as f:
+        p = mbc.get_manifest(f)["params"][0]
+        assert p["escapes"] == 0 and p["numel"] >= 64
+        m = mbc.read_dataset(f["moments/codes/exp_avg"]).copy()
+        v = mbc.read_dataset(f["moments/codes/exp_avg_sq"]).copy()
+        base = p["code_offset"]
+        blk = slice(base, base + 64)
+        j = base + int(np.argmax(np.abs(m[blk].astype(int) - int(m[base]))))
+        assert m[j] != m[base]
+        for arr in (m, v):
+            arr[base], arr[j] = arr[j], arr[base]
+        mbc._replace(f, "moments/codes/exp_avg", m)
+        mbc._replace(f, "moments/codes/exp_avg_sq", v)
+    r = run_tool(b, "ckpt-verify", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run_tool(b, "ckpt-verify", out, "--original", src, "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    rep = parse_json_stdout(r)
+    assert not rep["ok"]
+    assert "grid points exceed their certificate" in json.dumps(rep)
