@@ -59,6 +59,9 @@ private:
     uint64_t manifest_stored_ = 0;
     std::unique_ptr<container::DatasetReader> raw_, escidx_;
     std::vector<std::unique_ptr<container::DatasetReader>> codes_, params_, escv_;
+    /// Source offsets of the moment storages (sorted) and the moment bytes up to and
+    /// including each one, for read_raw's source -> /raw offset in O(log storages).
+    std::vector<uint64_t> moment_at_, moment_through_;
     /// Escape rows [buf_begin_, buf_begin_ + buf_idx_.size()) read in blocks.
     mutable uint64_t buf_begin_ = 0;
     mutable std::vector<uint64_t> buf_idx_;

@@ -84,7 +84,7 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
         e.crc_offsets = s.crc_offsets;
         man.storages.push_back(e);
     }
-    std::map<int, double> bound_of;  // candidate tensor -> max |theta|
+    std::map<const std::vector<int>*, double> bound_of;  // candidate group -> max |theta| over it
     for (const auto& p : states) {
         if (!p.compressible) {
             TensorRow row;
@@ -117,15 +117,16 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
                     throw BadInput(f.path(), "parameter of " + p.name + " is not a whole FP32/F16/BF16 storage; pass --param-bound B");
                 e.theta_storage = int64_t(th.storage);
                 e.theta_dtype = dtype_name(th.dtype);
-            } else if (!p.theta_candidates.empty()) {
-                double b = 0;
-                for (int t : p.theta_candidates) {
-                    if (!bound_of.count(t)) bound_of[t] = max_abs(ck, f, t);
-                    b = std::max(b, bound_of[t]);
+            } else if (p.theta_candidates && !p.theta_candidates->empty()) {
+                auto known = bound_of.find(p.theta_candidates.get());  // once per shape group
+                if (known == bound_of.end()) {
+                    double b = 0;
+                    for (int t : *p.theta_candidates) b = std::max(b, max_abs(ck, f, t));
+                    known = bound_of.emplace(p.theta_candidates.get(), b).first;
                 }
-                if (!std::isfinite(b)) throw BadInput(f.path(), "a parameter candidate of " + p.name + " holds non-finite values");
-                e.domain.theta_bound = b;
-                e.theta_candidates = int(p.theta_candidates.size());
+                if (!std::isfinite(known->second)) throw BadInput(f.path(), "a parameter candidate of " + p.name + " holds non-finite values");
+                e.domain.theta_bound = known->second;
+                e.theta_candidates = int(p.theta_candidates->size());
             } else if (o.param_bound) {
                 e.domain.theta_bound = *o.param_bound;
             } else {

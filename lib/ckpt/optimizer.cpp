@@ -9,7 +9,9 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
+#include <unordered_map>
 
 #include "codec/bf16.h"
 #include "common/error.h"
@@ -181,33 +183,75 @@ std::vector<std::pair<std::string, int>> model_tensors(const Checkpoint& ck, con
     return out;
 }
 
+/// The model tensors of a file, indexed once for map_theta (which runs per optimizer
+/// state): by key, and per shape the candidates deduplicated by (storage, offset) (tied
+/// weights appear once), in model order. A shape's candidate list is built once and shared
+/// by every state of that shape, so a file of many same-shape tensors costs linear time and
+/// memory, not quadratic.
+class ModelIndex {
+public:
+    /// `model`: (key, Checkpoint::tensors index) of every model tensor, in file order.
+    ModelIndex(const Checkpoint& ck, const std::vector<std::pair<std::string, int>>& model) : ck_(ck), model_(model) {
+        for (const auto& [k, t] : model) by_key_[k].push_back(t);
+    }
+    /// The first tensor named `key` with this shape, or -1.
+    int by_key(const std::string& key, const std::vector<int64_t>& shape) const {
+        auto it = by_key_.find(key);
+        if (it != by_key_.end())
+            for (int t : it->second)
+                if (ck_.tensors[std::size_t(t)].shape == shape) return t;
+        return -1;
+    }
+    /// Candidates of one shape and the key of the last one (the name when it is the only one).
+    struct Group {
+        std::shared_ptr<const std::vector<int>> tensors;
+        std::string last_key;
+    };
+    const Group& by_shape(const std::vector<int64_t>& shape) {
+        if (by_shape_.empty() && !model_.empty()) build_shapes();
+        static const Group kNone{std::make_shared<const std::vector<int>>(), std::string()};
+        auto it = by_shape_.find(shape);
+        return it == by_shape_.end() ? kNone : it->second;
+    }
+
+private:
+    void build_shapes() {
+        std::map<std::vector<int64_t>, std::vector<int>> lists;
+        std::map<std::vector<int64_t>, std::string> last;
+        std::set<std::pair<std::size_t, int64_t>> seen;
+        for (const auto& [k, t] : model_) {
+            const TensorInfo& ti = ck_.tensors[std::size_t(t)];
+            if (!seen.insert({ti.storage, ti.storage_offset}).second) continue;
+            lists[ti.shape].push_back(t);
+            last[ti.shape] = k;
+        }
+        for (auto& [shape, l] : lists)
+            by_shape_[shape] = Group{std::make_shared<const std::vector<int>>(std::move(l)), last[shape]};
+    }
+    const Checkpoint& ck_;
+    const std::vector<std::pair<std::string, int>>& model_;
+    std::unordered_map<std::string, std::vector<int>> by_key_;
+    std::map<std::vector<int64_t>, Group> by_shape_;
+};
+
 /// Map one optimizer state to its parameter: by name (param_names or an FQN state key,
 /// also with the "model." / "module." prefixes Lightning and DDP add) when one is given,
 /// otherwise every model tensor of the same shape is a candidate (one candidate: mapped;
 /// several: theta_candidates, the union of their domains is certified).
-void map_theta(const Checkpoint& ck, const std::vector<std::pair<std::string, int>>& model,
-               const std::string& given_name, ParamState& p) {
+void map_theta(const Checkpoint& ck, ModelIndex& model, const std::string& given_name, ParamState& p) {
     if (p.tensor[0] < 0) return;
     const auto& shape = ck.tensors[std::size_t(p.tensor[0])].shape;
-    auto fits = [&](int t) { return ck.tensors[std::size_t(t)].shape == shape; };
     if (!given_name.empty()) {
         p.name = given_name;
         for (const std::string& pre : {std::string(), std::string("model."), std::string("module.")})
-            for (const auto& [k, t] : model)
-                if (k == pre + given_name && fits(t)) { p.theta = t; return; }
+            if (const int t = model.by_key(pre + given_name, shape); t >= 0) { p.theta = t; return; }
     }
-    std::set<std::pair<std::size_t, int64_t>> seen;  // tied weights appear once
-    std::string only;
-    for (const auto& [k, t] : model) {
-        const TensorInfo& ti = ck.tensors[std::size_t(t)];
-        if (!fits(t) || !seen.insert({ti.storage, ti.storage_offset}).second) continue;
-        p.theta_candidates.push_back(t);
-        only = k;
-    }
-    if (p.theta_candidates.size() == 1) {
-        p.theta = p.theta_candidates[0];
-        p.theta_candidates.clear();
-        if (given_name.empty()) p.name = only;
+    const ModelIndex::Group& g = model.by_shape(shape);
+    if (g.tensors->size() == 1) {
+        p.theta = (*g.tensors)[0];
+        if (given_name.empty()) p.name = g.last_key;
+    } else if (!g.tensors->empty()) {
+        p.theta_candidates = g.tensors;
     }
 }
 
@@ -301,7 +345,7 @@ std::string fused_adam(const Value& g, const Value* ds_config, ParamState& p) {
 /// `masters` DeepSpeed's fp32 partitions for its flat groups (or null). Appends to out.
 void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOverrides& o, const Value& opt,
                     const std::string& prefix, const Value* model, const std::vector<std::pair<std::string, int>>& mt,
-                    const Value::List* masters, const std::map<std::size_t, int>& refs, const Value* ds_config,
+                    ModelIndex& model_index, const Value::List* masters, const std::map<std::size_t, int>& refs, const Value* ds_config,
                     std::vector<ParamState>& out) {
     const auto* groups = std::get_if<Value::List>(&opt.get("param_groups")->v);
     if (!groups) throw BadInput(f.path(), "param_groups is not a list");
@@ -383,7 +427,7 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
             if (gi < masters->size())
                 if (auto t = std::get_if<Value::Tensor>(&(*masters)[gi].v)) p.theta = int(t->index);
         } else {
-            map_theta(ck, mt, !w->second.second.empty() ? w->second.second : is_integer_key(p.index) ? "" : p.index, p);
+            map_theta(ck, model_index, !w->second.second.empty() ? w->second.second : is_integer_key(p.index) ? "" : p.index, p);
         }
         if (p.name.rfind(prefix + "state/", 0) == 0 && likely_name.count(p.index)) p.name = likely_name[p.index];
         apply(p.hyper, p.stated, o, f.path(), p.name);
@@ -438,10 +482,11 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
     std::vector<std::pair<std::string, int>> mt;  // every model tensor in the file (theta candidates)
     for (const auto& [m, path] : found.models)
         for (auto& kv : model_tensors(ck, *m)) mt.push_back(kv);
+    ModelIndex model_index(ck, mt);
     std::map<std::size_t, int> refs;
     count_refs(ck, ck.root, refs);
     for (const auto& [opt, prefix] : found.opts)
-        scan_optimizer(ck, f, o, *opt, prefix, found.models.size() == 1 ? found.models[0].first : nullptr, mt,
+        scan_optimizer(ck, f, o, *opt, prefix, found.models.size() == 1 ? found.models[0].first : nullptr, mt, model_index,
                        found.masters.count(opt) ? found.masters.at(opt) : nullptr, refs,
                        ck.root.is_dict() ? ck.root.get("ds_config") : nullptr, out);
     return out;
@@ -486,32 +531,35 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
     std::map<std::size_t, int> refs;
     count_refs(ck, ck.root, refs);
     std::vector<ParamState> out;
+    // param id -> (its group, flat position over all groups): the first listing wins
+    std::unordered_map<std::string, std::pair<const nlohmann::json*, std::size_t>> group_of;
+    std::size_t flat = 0;
+    for (const auto& g : groups) {
+        if (!g.is_object() || !g.contains("params") || !g["params"].is_array()) continue;
+        for (const auto& pid : g["params"])
+            group_of.emplace(pid.is_string() ? pid.get<std::string>() : pid.dump(), std::make_pair(&g, flat++));
+    }
+    ModelIndex model_index(ck, model);
     for (auto& [idx, p] : by_index) {
         if (p.tensor[0] < 0 && p.tensor[1] < 0) continue;
-        std::size_t flat = 0;
-        bool found = false;
         std::string pname;
         std::vector<std::string> gkeys;
-        for (const auto& g : groups) {
-            if (!g.is_object() || !g.contains("params") || !g["params"].is_array()) continue;
-            for (const auto& pid : g["params"]) {
-                const std::string s = pid.is_string() ? pid.get<std::string>() : pid.dump();
-                if (s == idx && !found) {
-                    found = true;
-                    for (auto it = g.begin(); it != g.end(); ++it) gkeys.push_back(it.key());
-                    read_group(p.hyper, p.stated, p.decoupled, [&](const char* key) -> std::optional<double> {
-                        std::string kk = key;
-                        if ((kk == "beta1" || kk == "beta2") && g.contains("betas") && g["betas"].is_array() && g["betas"].size() == 2 && g["betas"][kk == "beta1" ? 0 : 1].is_number())
-                            return g["betas"][kk == "beta1" ? 0 : 1].get<double>();
-                        if (!g.contains(kk)) return std::nullopt;
-                        if (g[kk].is_number()) return g[kk].get<double>();
-                        if (g[kk].is_boolean()) return g[kk].get<bool>() ? 1.0 : 0.0;
-                        return std::nullopt;
-                    });
-                    if (names.is_array() && flat < names.size() && names[flat].is_string()) pname = names[flat].get<std::string>();
-                }
-                ++flat;
-            }
+        const auto listed = group_of.find(idx);
+        const bool found = listed != group_of.end();
+        if (found) {
+            const nlohmann::json& g = *listed->second.first;
+            const std::size_t at = listed->second.second;
+            for (auto it = g.begin(); it != g.end(); ++it) gkeys.push_back(it.key());
+            read_group(p.hyper, p.stated, p.decoupled, [&](const char* key) -> std::optional<double> {
+                std::string kk = key;
+                if ((kk == "beta1" || kk == "beta2") && g.contains("betas") && g["betas"].is_array() && g["betas"].size() == 2 && g["betas"][kk == "beta1" ? 0 : 1].is_number())
+                    return g["betas"][kk == "beta1" ? 0 : 1].get<double>();
+                if (!g.contains(kk)) return std::nullopt;
+                if (g[kk].is_number()) return g[kk].get<double>();
+                if (g[kk].is_boolean()) return g[kk].get<bool>() ? 1.0 : 0.0;
+                return std::nullopt;
+            });
+            if (names.is_array() && at < names.size() && names[at].is_string()) pname = names[at].get<std::string>();
         }
         if (meta.count("optimizer")) {
             if (meta["optimizer"] == "adamw") p.decoupled = true;
@@ -522,7 +570,7 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
         const auto s = read_small_tensor(ck, f, step_tensor[idx]);
         if (s.size() != 1) throw BadInput(f.path(), "state." + idx + ".step is not a scalar");
         p.hyper.step = s[0];
-        map_theta(ck, model, pname.empty() && !is_integer_key(idx) ? idx : pname, p);
+        map_theta(ck, model_index, pname.empty() && !is_integer_key(idx) ? idx : pname, p);
         apply(p.hyper, p.stated, o, f.path(), p.name);
         if (p.why_not.empty()) {
             if (!found) p.why_not = "no param_groups entry in __metadata__ (optimizer unknown)";

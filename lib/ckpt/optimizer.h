@@ -4,6 +4,7 @@
 // Sources: torch.optim.Optimizer.state_dict layout (docs/design.md); safetensors files carry the
 // state flattened as state.<idx>.<name> with hyper-parameters in __metadata__.
 #pragma once
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,7 +33,8 @@ struct ParamState {
     int theta = -1;                   ///< parameter tensor when the mapping is proven, else -1
     /// Model tensors of the right shape when the mapping is not proven (the Adam L2 domain
     /// is then certified over the union of their domains, as |theta| <= max over them).
-    std::vector<int> theta_candidates;
+    /// Shared by every state of the same shape (null when none).
+    std::shared_ptr<const std::vector<int>> theta_candidates;
     codec::AdamHyper hyper;
     unsigned stated = 0;              ///< HyperKey bits the file states
     std::optional<bool> decoupled;    ///< AdamW (true) / Adam (false) when the file says so

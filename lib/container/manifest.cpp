@@ -288,13 +288,4 @@ uint64_t param_metadata_bytes(const Manifest& m, uint64_t stored) {
     return uint64_t(std::llround(double(stored) * std::min(1.0, share)));
 }
 
-uint64_t Manifest::raw_offset(uint64_t off) const {
-    uint64_t skipped = 0;
-    for (const auto& s : storages) {
-        if (s.param < 0 || s.offset >= off) continue;
-        skipped += s.nbytes;
-    }
-    return off - skipped;
-}
-
 }  // namespace ckpt::container

@@ -78,8 +78,6 @@ struct Manifest {
     /// Parse and validate (ranges tile inside source_size, indices in range, known codec,
     /// finite hyper-parameters). Throws std::runtime_error with the reason.
     static Manifest from_json(const std::string&);
-    /// Bytes of /raw before source offset `off` (off must not be inside a moment storage).
-    uint64_t raw_offset(uint64_t off) const;
 };
 
 /// Write the manifest as the /manifest dataset; returns its stored (compressed) bytes.

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <unordered_set>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -42,9 +42,8 @@ std::optional<uint64_t> find_eocd(const InputFile& f) {
 }  // namespace
 
 const ZipEntry* ZipArchive::find(const std::string& name) const {
-    for (const auto& e : entries)
-        if (e.name == name) return &e;
-    return nullptr;
+    auto it = index.find(name);
+    return it == index.end() ? nullptr : &entries[it->second];
 }
 
 bool has_zip_eocd(const InputFile& f) { return find_eocd(f).has_value(); }
@@ -105,7 +104,6 @@ ZipArchive read_zip(const InputFile& f, const Limits& limits) {
     ZipArchive zip;
     zip.archive_start = start;
     zip.entries.reserve(count);
-    std::unordered_set<std::string> names;
     // Streamed record by record: memory stays bounded whatever cd_size claims.
     RangeReader cdr(f, cd_abs, cd_abs + cd_size);
     for (uint64_t i = 0; i < count; ++i) {
@@ -157,7 +155,7 @@ ZipArchive read_zip(const InputFile& f, const Limits& limits) {
                                   ent.name, method));
         if (csize != usize)
             throw bad(fmt::format("zip entry '{}' is stored but its sizes differ ({} vs {})", ent.name, csize, usize));
-        if (!names.insert(ent.name).second) throw bad(fmt::format("zip entry '{}' appears twice", ent.name));
+        if (!zip.index.emplace(ent.name, zip.entries.size()).second) throw bad(fmt::format("zip entry '{}' appears twice", ent.name));
         ent.size = usize;
 
         // Local header: data starts after its own name and extra field.

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "io/checkpoint.h"
@@ -28,7 +29,8 @@ struct ZipEntry {
 struct ZipArchive {
     uint64_t archive_start = 0;   ///< bytes before the archive (prepended data)
     std::vector<ZipEntry> entries;
-    /// Entry by exact name; nullptr when absent.
+    std::unordered_map<std::string, std::size_t> index;  ///< entry name -> entries position
+    /// Entry by exact name (constant time); nullptr when absent.
     const ZipEntry* find(const std::string& name) const;
 };
 
