@@ -20,6 +20,7 @@
 #include "ckpt/folder_files.h"
 #include "common/error.h"
 #include "common/file.h"
+#include "common/json_num.h"
 #include "io/file.h"
 #include "io/torch_file.h"
 
@@ -98,15 +99,15 @@ Manifest read_manifest(const std::string& dir) {
         if (f.size() > (256u << 20)) throw BadInput(path, "manifest over 256 MiB");
         const json j = json::parse(f.read_string(0, std::size_t(f.size()), "manifest"));
         if (j.at("format").get<std::string>() != kManifestFormat) throw BadInput(path, "not a ckptkit folder manifest");
-        if (j.at("version").get<int>() != kManifestVersion)
-            throw BadInput(path, fmt::format("manifest version {} (this tool reads {})", j.at("version").get<int>(), kManifestVersion));
+        if (const int version = json_int(j, "version"); version != kManifestVersion)
+            throw BadInput(path, fmt::format("manifest version {} (this tool reads {})", version, kManifestVersion));
         m.source = j.value("source", "");
         for (auto& l : j.at("layouts")) m.layouts.push_back(layout_from(l));
         for (auto& d : j.at("dirs")) m.dirs.push_back(d.get<std::string>());
         for (auto& e : j.at("files")) {
             m.files.push_back({e.at("path").get<std::string>(), e.at("stored").get<std::string>(), e.at("container").get<bool>(),
-                               e.at("size").get<uint64_t>(), parse_hex64(e.at("xxh3").get<std::string>()),
-                               e.at("source_size").get<uint64_t>(), parse_hex64(e.at("source_xxh3").get<std::string>())});
+                               json_count(e, "size"), parse_hex64(e.at("xxh3").get<std::string>()),
+                               json_count(e, "source_size"), parse_hex64(e.at("source_xxh3").get<std::string>())});
             for (const char* k : {"virtual", "files", "shell", "moments", "cuts"})
                 if (e.contains(k)) m.files.back().extra[k] = e.at(k);
             if (m.files.back().is_shell()) (void)cuts_from(m.files.back().extra.at("cuts"));   // validate
@@ -176,7 +177,7 @@ struct Failure {
     int code = 0;            ///< 0 none, kExitBadInput, kExitCheckFailed
     std::string file, what;
     json to_json() const { return {{"code", code}, {"file", file}, {"what", what}}; }
-    static Failure from(const json& j) { return {j.at("code").get<int>(), j.at("file").get<std::string>(), j.at("what").get<std::string>()}; }
+    static Failure from(const json& j) { return {json_int(j, "code"), j.at("file").get<std::string>(), j.at("what").get<std::string>()}; }
     /// Run f; its exception (BadInput: exit 2 naming the file, CheckFailed: 1, any other: 2)
     /// as a Failure, code 0 when it returned.
     static Failure of(const std::function<void()>& f) {

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "ckpt/folder_files.h"
+#include "common/json_num.h"
 #include "ckpt/optimizer.h"
 #include "ckpt/values.h"
 #include "common/error.h"
@@ -412,8 +413,9 @@ std::vector<DcpCut> cuts_from(const json& a) {
     std::vector<DcpCut> out;
     uint64_t prev = 0;
     for (const auto& c : a) {
-        DcpCut x{c.at("offset").get<uint64_t>(), c.at("length").get<uint64_t>(), c.at("tensor").get<std::string>(),
-                 c.at("crc_offsets").get<std::vector<uint64_t>>()};
+        std::vector<uint64_t> crcs;
+        for (const auto& o : c.at("crc_offsets")) crcs.push_back(json_count(o, "crc_offsets"));
+        DcpCut x{json_count(c, "offset"), json_count(c, "length"), c.at("tensor").get<std::string>(), std::move(crcs)};
         if (x.offset < prev || x.length > UINT64_MAX - x.offset) throw std::invalid_argument("cuts out of order");
         prev = x.offset + x.length;
         out.push_back(x);

@@ -327,3 +327,30 @@ def test_dcp_units(tmp_path, folders, name, units):
     assert run_tool(b, "ckpt-restore", tmp_path / "one", "-o", back1).returncode == 0
     for f in files_of(src):
         assert same_bytes(back / f, back1 / f), f
+
+
+@pytest.mark.parametrize("edit", ["version_float", "size_float", "size_negative", "cut_offset_float"])
+def test_manifest_numbers_are_checked(tmp_path, folders, edit):
+    """A folder manifest whose numbers cannot be what they name (a float such as 1e300 for a
+    size, a negative size, a float cut offset) is one clear error, exit 2: never a float
+    converted to an integer (undefined behaviour) or a wrapped negative."""
+    b = require_ckptkit_bin()
+    src = folders["dcp_packed"] if edit.startswith("cut") else folders["ds2"]
+    out = tmp_path / "out"
+    assert run_tool(b, "ckpt-compress", src, "-o", out).returncode == 0
+    mpath = out / "ckptkit-folder.json"
+    m = json.loads(mpath.read_text())
+    if edit == "version_float":
+        m["version"] = 1e300
+    elif edit == "size_float":
+        m["files"][0]["size"] = 1.5e300
+    elif edit == "size_negative":
+        m["files"][0]["size"] = -1
+    else:
+        shell = next(e for e in m["files"] if "cuts" in e)
+        shell["cuts"][0]["offset"] = 1e300
+    mpath.write_text(json.dumps(m))
+    r = run_tool(b, "ckpt-verify", out)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "ckptkit-folder.json: malformed manifest: " in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
