@@ -29,20 +29,34 @@ namespace ckpt {
 
 namespace {
 
-/// Dense-grid multipliers 10^k for k in [-3, 4], per_side points (computed once per run:
-/// the grid of every coordinate is scale * these, so no pow in the per-coordinate loop).
-std::vector<double> grid_multipliers(int points) {
-    const int per_side = std::max(1, (points - 3) / 2);
-    std::vector<double> m(static_cast<std::size_t>(per_side));
-    for (int i = 0; i < per_side; ++i) m[std::size_t(i)] = std::pow(10.0, -3.0 + 7.0 * i / std::max(1, per_side - 1));
-    return m;
-}
+/// The dense grid of one tensor: multipliers 10^k for k in [-3, 4], per_side points
+/// (computed once per run: the grid of every coordinate is scale * these, so no pow in the
+/// per-coordinate loop), and root[k] = sqrt(b2 + (1 - b2) mult[k]^2) for the tensor's b2,
+/// so that the original state's sqrt(b2 v + (1 - b2) t^2) at t = sqrt(v) mult[k] is
+/// sqrt(v) root[k] (the same value up to rounding, with no square root per point).
+struct GridPoints {
+    std::vector<double> mult, root;
+    double b2 = -1;  ///< the b2 root was computed for
+    explicit GridPoints(int points) {
+        const int per_side = std::max(1, (points - 3) / 2);
+        mult.resize(std::size_t(per_side));
+        for (int i = 0; i < per_side; ++i)
+            mult[std::size_t(i)] = std::pow(10.0, -3.0 + 7.0 * i / std::max(1, per_side - 1));
+        root.resize(mult.size());
+    }
+    void set_b2(double b2_) {
+        if (b2_ == b2) return;
+        b2 = b2_;
+        for (std::size_t k = 0; k < mult.size(); ++k) root[k] = std::sqrt(b2 + (1 - b2) * mult[k] * mult[k]);
+    }
+};
 
 /// One coordinate's dense-grid check: the largest |u(g) - u~(g)| / lr (double arithmetic,
 /// codec::update_lr's formula, 1/sqrt(bc2) as a product) over the grid points inside the
 /// domain [lo, hi]: 0, lo, hi (when finite) and +-scale * mult[k]; and how many points
 /// exceed `bound`. +t and -t share v' = b2 v + (1-b2) t^2, so one square root per state
-/// serves both signs, and one division serves both states: inv_bc1 / D1 and inv_bc1 / D2
+/// serves both signs; the original's is sqrt(v) * GridPoints::root[k] (no square root per
+/// point) when scale = sqrt(v) >= 1e-15; and one division serves both states: inv_bc1 / D1 and inv_bc1 / D2
 /// as q D2 and q D1 with q = inv_bc1 / (D1 D2), used only where every D1 D2 of the grid
 /// lies inside [2^-500, 2^500] (then it cannot overflow or underflow; the result differs
 /// from two divisions by a few ulps of u, far below any tolerance); otherwise two divisions.
@@ -54,7 +68,7 @@ std::vector<double> grid_multipliers(int points) {
 struct GridResult { double max_diff = 0; uint64_t points = 0, over = 0; };
 
 struct GridState {  // the two states' per-coordinate constants
-    double a1, a2, c1, c2, e1, e2, x1, x2, isb, inv_bc1, eps;
+    double a1, a2, c1, c2, e1, e2, x1, x2, sx1, isb, inv_bc1, eps;  // sx1 = sqrt(x1)
     /// D(t) = sqrt(max(c + e2 t^2, x)) / sqrt(bc2) + eps of state 1 or 2.
     double denom(int which, double t) const {
         const double w = (which == 1 ? c1 : c2) + e2 * t * t, x = which == 1 ? x1 : x2;
@@ -62,15 +76,22 @@ struct GridState {  // the two states' per-coordinate constants
     }
 };
 
-template <bool kOneDivision>
+template <bool kOneDivision, bool kFactored>
 __attribute__((always_inline)) inline uint64_t grid_loop(const GridState& g, double lo, double hi, double scale,
-                                                          double bound, const double* mult, int nm, double* d,
-                                                          uint64_t& over) {
+                                                          double bound, const double* mult, const double* root,
+                                                          int nm, double* d, uint64_t& over) {
     uint64_t points = 0, n_over = 0;
     for (int k = 0; k < nm; ++k) {
         const double t = scale * mult[k];
-        const double w1 = g.c1 + g.e2 * t * t, w2 = g.c2 + g.e2 * t * t;
-        const double d1 = std::sqrt(w1 > g.x1 ? w1 : g.x1) * g.isb + g.eps;
+        double d1;
+        if constexpr (kFactored) {  // sqrt(b2 v + e2 t^2) = scale * root[k] when scale^2 = v
+            const double s1 = scale * root[k];
+            d1 = (s1 > g.sx1 ? s1 : g.sx1) * g.isb + g.eps;
+        } else {
+            const double w1 = g.c1 + g.e2 * t * t;
+            d1 = std::sqrt(w1 > g.x1 ? w1 : g.x1) * g.isb + g.eps;
+        }
+        const double w2 = g.c2 + g.e2 * t * t;
         const double d2 = std::sqrt(w2 > g.x2 ? w2 : g.x2) * g.isb + g.eps;
         double r1, r2;
         if constexpr (kOneDivision) {
@@ -99,17 +120,26 @@ __attribute__((always_inline)) inline uint64_t grid_loop(const GridState& g, dou
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
-                      double vmaxt, double lo, double hi, double scale, double bound, const double* mult, int nm,
+                      double vmaxt, double lo, double hi, double scale, double bound, const GridPoints& grid,
                       double* d) {
+    const double* mult = grid.mult.data();
+    const int nm = int(grid.mult.size());
     const GridState g{c.b1 * m, c.b1 * mt, c.b2 * v, c.b2 * vt, 1 - c.b1, 1 - c.b2,
-                      ams ? vmax : -INFINITY, ams ? vmaxt : -INFINITY, 1 / c.sqrt_bc2, c.inv_bc1, c.eps};
+                      ams ? vmax : -INFINITY, ams ? vmaxt : -INFINITY, ams ? std::sqrt(vmax) : -INFINITY,
+                      1 / c.sqrt_bc2, c.inv_bc1, c.eps};
     // D grows with t: the grid's extreme products are at its first and last point.
     const double pmin = g.denom(1, scale * mult[0]) * g.denom(2, scale * mult[0]);
     const double pmax = g.denom(1, scale * mult[nm - 1]) * g.denom(2, scale * mult[nm - 1]);
     const bool one_division = pmin >= 0x1p-500 && pmax <= 0x1p500;  // false for NaN too
+    // the original's square root factors out of the grid when scale = sqrt(v) (v >= 1e-30)
+    const bool factored = v >= 1e-30 && v < INFINITY && scale == std::sqrt(v) && grid.b2 == c.b2;
+    const double* root = grid.root.data();
     uint64_t over = 0;
-    uint64_t points = one_division ? grid_loop<true>(g, lo, hi, scale, bound, mult, nm, d, over)
-                                   : grid_loop<false>(g, lo, hi, scale, bound, mult, nm, d, over);
+    uint64_t points =
+        one_division ? (factored ? grid_loop<true, true>(g, lo, hi, scale, bound, mult, root, nm, d, over)
+                                 : grid_loop<true, false>(g, lo, hi, scale, bound, mult, root, nm, d, over))
+                     : (factored ? grid_loop<false, true>(g, lo, hi, scale, bound, mult, root, nm, d, over)
+                                 : grid_loop<false, false>(g, lo, hi, scale, bound, mult, root, nm, d, over));
     // The max over bit patterns: for non-negative doubles unsigned order is numeric order,
     // and an integer max vectorises without fast-math.
     uint64_t wbits = 0;
@@ -285,7 +315,7 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     }
     uint64_t certified = 0, grid_points = 0, escapes_checked = 0;
     double max_true = 0;
-    const std::vector<double> mult = grid_multipliers(o.grid);
+    GridPoints grid(o.grid);
     std::vector<uint8_t> ob[3];
     std::vector<float> ov[3];
     uint64_t moment_bytes = 0;
@@ -295,6 +325,7 @@ Report verify(const std::string& path, const VerifyOptions& o) {
         const auto& e = man.params[j];
         const codec::TensorSetup s = cr.setup(j);
         const codec::GuardConst gc = codec::make_guard_const(s.hyper, s.tolerance);
+        grid.set_b2(gc.b2);
         const std::size_t es = float_dtype_size(e.dtype);
         const int nm = e.moments();
         double max_bound = 0;
@@ -322,7 +353,7 @@ Report verify(const std::string& path, const VerifyOptions& o) {
                 std::vector<Acc> acc(codec::parallel_parts(c.n));
                 codec::parallel_ranges(c.n, [&](unsigned part, std::size_t i0, std::size_t i1) {
                     Acc& a = acc[part];
-                    std::vector<double> dd(2 * mult.size());
+                    std::vector<double> dd(2 * grid.mult.size());
                     for (std::size_t i = i0; i < i1; ++i) {
                         if (esc[i]) continue;
                         if (c.bounds.empty()) continue;  // decode-only pass (VerifyOptions::certificates off)
@@ -335,7 +366,7 @@ Report verify(const std::string& path, const VerifyOptions& o) {
                         codec::gradient_domain(e.domain, c.theta.empty() ? nullptr : c.theta.data(), i, lo, hi);
                         const double vt = nm == 3 ? c.values[2][i] : 0.0, vo = nm == 3 ? ov[2][i] : 0.0;
                         const GridResult r = grid_check(gc, nm == 3, ov[0][i], ov[1][i], vo, c.values[0][i], c.values[1][i], vt, lo, hi,
-                                                        std::sqrt(std::max<double>(ov[1][i], 1e-30)), b, mult.data(), int(mult.size()), dd.data());
+                                                        std::sqrt(std::max<double>(ov[1][i], 1e-30)), b, grid, dd.data());
                         a.grid_points += r.points;
                         a.grid_fail += r.over;
                         a.max_true = std::max(a.max_true, r.max_diff);
