@@ -414,7 +414,7 @@ std::vector<DcpCut> cuts_from(const json& a) {
     uint64_t prev = 0;
     for (const auto& c : a) {
         std::vector<uint64_t> crcs;
-        for (const auto& o : c.at("crc_offsets")) crcs.push_back(json_count(o, "crc_offsets"));
+        for (const auto& o : c.at("crc_offsets")) crcs.push_back(json_count_of(o, "crc_offsets"));
         DcpCut x{json_count(c, "offset"), json_count(c, "length"), c.at("tensor").get<std::string>(), std::move(crcs)};
         if (x.offset < prev || x.length > UINT64_MAX - x.offset) throw std::invalid_argument("cuts out of order");
         prev = x.offset + x.length;

@@ -285,25 +285,48 @@ std::map<std::string, int> map_params(const Checkpoint& ck, const std::vector<in
     std::size_t total = 0;
     for (const auto& g : groups) total += g.size();
     if (params.size() != total) return {};
+    // Depth-first search over interleavings, iterative (one level per parameter: a
+    // recursive search overflowed the stack at 10^5 parameters). choice[k] is the group
+    // that parameter k is taken from; the search stops at a second solution or when the
+    // step budget (enough for one pass down and back per group) runs out.
     std::vector<std::size_t> pos(groups.size(), 0);
-    std::map<std::string, int> found, current;
+    std::vector<int> choice(params.size() + 1, -1);
+    std::map<std::string, int> found;
     int solutions = 0;
-    long budget = 200000;
-    std::function<void(std::size_t)> go = [&](std::size_t k) {
-        if (solutions > 1 || --budget < 0) return;
-        if (k == params.size()) { if (++solutions == 1) found = current; return; }
-        const auto& shape = ck.tensors[std::size_t(params[k])].shape;
-        for (std::size_t g = 0; g < groups.size(); ++g) {
-            if (pos[g] >= groups[g].size()) continue;
-            const auto& [id, want] = groups[g][pos[g]];
-            if (want && *want != shape) continue;
-            current[id] = params[k];
-            ++pos[g];
-            go(k + 1);
-            --pos[g];
+    long budget = 200000 + 4 * long(params.size()) * long(groups.size() + 1);
+    std::size_t k = 0;
+    while (solutions <= 1 && --budget >= 0) {
+        if (k == params.size()) {
+            if (++solutions == 1) {
+                std::vector<std::size_t> at(groups.size(), 0);
+                for (std::size_t i = 0; i < k; ++i) {
+                    const std::size_t g = std::size_t(choice[i]);
+                    found[groups[g][at[g]++].first] = params[i];
+                }
+            }
+            if (k == 0) break;
+            --k;
+            --pos[std::size_t(choice[k])];
+            continue;  // try the next group for parameter k
         }
-    };
-    go(0);
+        const auto& shape = ck.tensors[std::size_t(params[k])].shape;
+        std::size_t g = std::size_t(choice[k] + 1);
+        for (; g < groups.size(); ++g) {
+            if (pos[g] >= groups[g].size()) continue;
+            const auto* want = groups[g][pos[g]].second;
+            if (!want || *want == shape) break;
+        }
+        if (g < groups.size()) {
+            choice[k] = int(g);
+            ++pos[g];
+            choice[++k] = -1;
+        } else {
+            choice[k] = -1;
+            if (k == 0) break;
+            --k;
+            --pos[std::size_t(choice[k])];
+        }
+    }
     return solutions == 1 && budget >= 0 ? found : std::map<std::string, int>{};
 }
 

@@ -14,7 +14,7 @@
 namespace ckpt {
 
 /// `v` as a count: a JSON integer >= 0. `what` names the field in the error.
-inline uint64_t json_count(const nlohmann::json& v, const std::string& what) {
+inline uint64_t json_count_of(const nlohmann::json& v, const std::string& what) {
     if (!v.is_number_unsigned()) throw std::invalid_argument(what + ": expected a non-negative integer");
     return v.get<uint64_t>();
 }
@@ -22,7 +22,7 @@ inline uint64_t json_count(const nlohmann::json& v, const std::string& what) {
 /// j.at(key) as a count (throws std::invalid_argument when missing or not a count).
 inline uint64_t json_count(const nlohmann::json& j, const char* key) {
     if (!j.is_object() || !j.contains(key)) throw std::invalid_argument(std::string(key) + ": missing");
-    return json_count(j.at(key), key);
+    return json_count_of(j.at(key), key);
 }
 
 /// j.at(key) as an int: a JSON integer in [INT_MIN, INT_MAX].

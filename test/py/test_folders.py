@@ -338,6 +338,7 @@ def test_manifest_numbers_are_checked(tmp_path, folders, edit):
     src = folders["dcp_packed"] if edit.startswith("cut") else folders["ds2"]
     out = tmp_path / "out"
     assert run_tool(b, "ckpt-compress", src, "-o", out).returncode == 0
+    assert run_tool(b, "ckpt-verify", out).returncode == 0  # the unedited manifest reads
     mpath = out / "ckptkit-folder.json"
     m = json.loads(mpath.read_text())
     if edit == "version_float":
