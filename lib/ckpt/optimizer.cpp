@@ -390,12 +390,15 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
     std::map<std::string, std::string> likely_name;  // state index -> model key (reports only)
     if (model) {
         std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>> seq;
-        const Value* state_dict = opt.get("state");
+        std::unordered_map<std::string, const Value*> state_of;  // one pass: Value::get is linear
+        if (const auto* sd = std::get_if<Value::Dict>(&opt.get("state")->v))
+            for (const auto& [k, st] : *sd) state_of.emplace(k.key_text(), &st);
         for (const Value& g : *groups) {
             seq.emplace_back();
             for (const Value& p : std::get<Value::List>(g.get("params")->v)) {
                 const std::vector<int64_t>* shape = nullptr;
-                if (const Value* st = state_dict->get(p.key_text()))
+                const auto found_st = state_of.find(p.key_text());
+                if (const Value* st = found_st == state_of.end() ? nullptr : found_st->second)
                     if (const Value* m = st->get("exp_avg"))
                         if (auto ti = std::get_if<Value::Tensor>(&m->v)) shape = &ck.tensors[ti->index].shape;
                 seq.back().push_back({p.key_text(), shape});

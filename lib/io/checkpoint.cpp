@@ -93,9 +93,13 @@ std::string Value::key_text() const {
 const Value* Value::get(const std::string& key) const {
     auto d = std::get_if<Dict>(&v);
     if (!d) return nullptr;
-    for (const auto& [k, val] : *d)
-        if ((std::holds_alternative<std::string>(k.v) || std::holds_alternative<int64_t>(k.v)) && k.key_text() == key)
+    for (const auto& [k, val] : *d) {  // no key_text() string per entry
+        if (auto s = std::get_if<std::string>(&k.v)) {
+            if (*s == key) return &val;
+        } else if (std::holds_alternative<int64_t>(k.v) && k.key_text() == key) {
             return &val;
+        }
+    }
     return nullptr;
 }
 
