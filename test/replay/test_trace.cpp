@@ -317,3 +317,17 @@ TEST_CASE("Execution Trace import: a random op on an explicit torch.Generator is
     for (const auto& s : plain.segments) CHECK(s.non_replayable.empty());
     CHECK(plain.segments[2].rng.size() == 1);
 }
+
+TEST_CASE("plan output: the trace hash and its algorithm; the SVG title is XML-escaped") {
+    const Trace t = load_trace(trace_path("counter.trace.json"));
+    Problem p(t);
+    const auto results = make_planner("joint")->plan_all(p, {1ull << 30});
+    const nlohmann::json plan = plan_to_json(p, "counter.trace.json", "joint", results);
+    CHECK(plan["format_version"] == kPlanFormatVersion);
+    CHECK(plan["trace"]["hash"] == t.hash);
+    CHECK(plan["trace"]["hash_algorithm"] == "xxh3-64");
+    CHECK(xml_escape(R"(a<b & "c" 'd'>)") == "a&lt;b &amp; &quot;c&quot; &apos;d&apos;&gt;");
+    const std::string svg = sweep_svg({{"joint", results}}, "replay-plan: <model & \"x\">");
+    CHECK(svg.find(">replay-plan: &lt;model &amp; &quot;x&quot;&gt;</text>") != std::string::npos);
+    CHECK(svg.find("<model") == std::string::npos);
+}
