@@ -30,6 +30,14 @@ std::string bad_input_message(const std::string& text) {
     return msg;
 }
 
+// The bytes of a file.
+std::string file_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
 const StateAccess* access(const Trace& t, const std::string& seg, const std::string& buf) {
     for (const auto& s : t.segments)
         if (s.name == seg)
@@ -134,10 +142,7 @@ TEST_CASE("budget parsing") {
 TEST_CASE("duplicate keys are refused at any depth, naming the key and where it is") {
     CHECK(bad_input_message(R"({"format":"x","format":"ckptkit-trace","format_version":3})") ==
           "duplicate key 'format' in the top-level object");
-    std::ifstream in(trace_path("bn.trace.json"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string text = ss.str();
+    std::string text = file_bytes(trace_path("bn.trace.json"));
     const auto pos = text.find("\"version_read\"");
     REQUIRE(pos != std::string::npos);
     text.insert(pos, "\"version_read\": 7, ");   // a second version_read in one state entry
@@ -153,10 +158,7 @@ TEST_CASE("duplicate keys are refused at any depth, naming the key and where it 
 TEST_CASE("the trace hash is XXH3-64 of the file's bytes (apply_plan.py: xxhash.xxh3_64_hexdigest)") {
     CHECK(trace_hash("") == "2d06800538d394c2");   // XXH3_64bits of no bytes, seed 0
     CHECK(trace_hash("abc") == "78af5f94892f3950");
-    std::ifstream in(trace_path("bn.trace.json"), std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string text = ss.str();
+    const std::string text = file_bytes(trace_path("bn.trace.json"));
     const Trace t = load_trace(trace_path("bn.trace.json"));
     CHECK(t.hash == trace_hash(text));
     CHECK(parse_trace(text, "<mem>").hash == t.hash);
@@ -165,10 +167,7 @@ TEST_CASE("the trace hash is XXH3-64 of the file's bytes (apply_plan.py: xxhash.
     CHECK(spaced.hash != t.hash);
     CHECK(trace_to_json(spaced) == trace_to_json(t));
     // an Execution Trace is hashed as its own file, not as the converted trace
-    std::ifstream et(trace_path("bn.et.json"), std::ios::binary);
-    std::stringstream es;
-    es << et.rdbuf();
-    CHECK(load_trace(trace_path("bn.et.json")).hash == trace_hash(es.str()));
+    CHECK(load_trace(trace_path("bn.et.json")).hash == trace_hash(file_bytes(trace_path("bn.et.json"))));
 }
 
 TEST_CASE("numbers: out of range is one BadInput naming the number; floats are no integers") {
