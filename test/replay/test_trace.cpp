@@ -197,7 +197,9 @@ TEST_CASE("malformed-trace corpus: every file is BadInput with its expected mess
     const std::string dir = std::string(CKPT_SOURCE_DIR) + "/test/corpus/";
     nlohmann::json expected = nlohmann::json::parse(std::ifstream(dir + "bad_traces_expected.json"));
     REQUIRE(expected.size() == 9);
-    for (const auto& [name, msg] : expected.items()) {
+    for (const auto& item : expected.items()) {   // no structured binding: CAPTURE (clang 14)
+        const std::string name = item.key();
+        const nlohmann::json& msg = item.value();
         CAPTURE(name);
         const std::string path = dir + "fuzz/trace/" + name;
         std::string got;
