@@ -190,9 +190,9 @@ int main(int argc, char** argv) {
         }
         try {
             if (!out_path.empty())
-                write_file_atomic(out_path, plan_to_json(problem, trace_path, planner, results).dump(1) + "\n");
+                ckpt::write_text_atomic(out_path, plan_to_json(problem, trace_path, planner, results).dump(1) + "\n");
             if (!svg_path.empty())
-                write_file_atomic(svg_path, sweep_svg(curves, "replay-plan: " + (trace.model.empty() ? trace_path : trace.model)));
+                ckpt::write_text_atomic(svg_path, sweep_svg(curves, "replay-plan: " + (trace.model.empty() ? trace_path : trace.model)));
         } catch (const std::exception& e) {
             throw ckpt::BadInput("", e.what());  // the message names the path
         }

@@ -34,6 +34,7 @@ import time
 
 import torch
 import torch.utils.checkpoint as tuc
+import xxhash
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from record_trace import (RecordError, buffer_owner, byte_view, generator_by_stream,  # noqa: E402
@@ -65,30 +66,41 @@ def digest(t):
     return h.hexdigest()
 
 
-def trace_hash(trace):
-    """FNV-1a 64 of the canonical JSON (sorted keys, compact, UTF-8), as replay-plan computes
-    it (formats/trace.md), 16 hex digits."""
-    h = 1469598103934665603
-    for c in json.dumps(trace, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode():
-        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    return "%016x" % h
+PLAN_FORMAT_VERSION = 2          # formats/plan.md; 1 carried the old FNV-1a trace hash
+TRACE_HASH_ALGORITHM = "xxh3-64"
+
+
+def trace_hash(data):
+    """The trace hash plans carry (formats/trace.md): XXH3-64 (seed 0) of the trace file's
+    bytes, 16 hex digits, as replay-plan computes it."""
+    return xxhash.xxh3_64_hexdigest(data)
 
 
 def load_plan(trace_path, plan_path, budgets):
     """Read trace + plan, check the plan matches the trace, return (trace, entries): the
-    entries for `budgets` (bytes; all must be feasible), or the first feasible one."""
+    entries for `budgets` (bytes; all must be feasible), or the first feasible one. A plan
+    from before format_version 2 (another trace hash) must be made again (PlanError)."""
     try:
-        with open(trace_path) as f:
-            trace = json.load(f)
+        with open(trace_path, "rb") as f:
+            trace_bytes = f.read()
+        trace = json.loads(trace_bytes)
         with open(plan_path) as f:
             plan = json.load(f)
     except (OSError, ValueError) as e:
         raise PlanError(str(e))
     if plan.get("format") != "ckptkit-plan" or trace.get("format") != "ckptkit-trace":
         raise PlanError("expected a ckptkit plan and a ckptkit trace")
-    if plan.get("trace", {}).get("hash") != trace_hash(trace):
+    algorithm = plan.get("trace", {}).get("hash_algorithm")
+    if plan.get("format_version") != PLAN_FORMAT_VERSION or algorithm != TRACE_HASH_ALGORITHM:
+        raise PlanError(f"{plan_path} is a plan of format_version {plan.get('format_version')} "
+                        f"(trace hash {algorithm or 'FNV-1a of the canonical JSON'}); this tool "
+                        f"reads format_version {PLAN_FORMAT_VERSION} ({TRACE_HASH_ALGORITHM} of the "
+                        f"trace file's bytes): re-plan with replay-plan {trace_path} --budget ... "
+                        f"-o {plan_path} --force")
+    want = trace_hash(trace_bytes)
+    if plan.get("trace", {}).get("hash") != want:
         raise PlanError(f"{plan_path} was made for another trace (hash "
-                        f"{plan.get('trace', {}).get('hash')}, {trace_path} is {trace_hash(trace)})")
+                        f"{plan.get('trace', {}).get('hash')}, {trace_path} is {want})")
     feasible = [e for e in plan.get("budgets", []) if e["feasible"]]
     if budgets:
         entries = []
@@ -139,17 +151,27 @@ def check_entry(trace, entry):
                 raise PlanError(f"stale contract for segment {s['name']}: {r['buffer']}")
 
 
-class Recorder:
-    """Outputs, grads, buffers and RNG state of one step; measured held bytes."""
+class StepMeter:
+    """What one step measures besides its results: the model output (forward hook), the bytes
+    autograd saved (saved-tensor hook), the checkpointed segments' inputs and the bytes the
+    contracts preserved."""
 
     def __init__(self):
         self.out = None
-        self.held = {}
+        self.held = {}          # storage key -> bytes, saved for backward
+        self.inputs = {}        # storage key -> bytes, inputs a checkpointed segment holds
+        self.preserved = 0      # bytes the contracts copied at forward
 
     def pack(self, t):
         key, nbytes = storage_of(t)
         self.held[key] = nbytes
         return t
+
+    def hold_inputs(self, args):
+        for a in args:
+            if torch.is_tensor(a):
+                key, nbytes = storage_of(a)
+                self.inputs[key] = nbytes
 
 
 def trace_layout(trace):
@@ -174,6 +196,156 @@ def set_stream_state(model, stream, state):
         generator_by_stream(model, stream).set_state(state)
 
 
+class SegmentContract:
+    """A recomputed segment run under its replay contract (module docstring, contract mode):
+    replaces the module's forward; each call stashes the contract's state (ContractCall) and
+    runs the segment under torch.utils.checkpoint. `contract`: the plan's contract object
+    (restore, rng, discard); `layout`: trace_layout(); version mismatches found at recompute
+    are appended to `problems`; preserved bytes are counted in `meter`."""
+
+    def __init__(self, name, model, module, contract, layout, problems, meter):
+        self.name, self.model, self.contract = name, model, contract
+        self.layout, self.problems, self.meter = layout, problems, meter
+        self.orig = module.forward
+        module.forward = self.forward
+
+    def forward(self, *args, **kw):
+        self.meter.hold_inputs(args)
+        call = ContractCall(self, args)
+        return tuc.checkpoint(call, *args, use_reentrant=False, preserve_rng_state=False, **kw)
+
+    def touched(self):
+        """State ids the recompute must not see or change: restored ones, then discard-only."""
+        out = [r["buffer"] for r in self.contract.get("restore", [])]
+        return out + [x["buffer"] for x in self.contract.get("discard", []) if x["buffer"] not in out]
+
+    def kind(self, b):
+        return self.layout["kind"].get(b, "buffer")
+
+    def arg_pos(self, b, positions):
+        """Position in the call's arguments of the tensor argument that is state b, or None."""
+        k = self.layout["arg"].get((self.name, b))
+        return None if k is None or k >= len(positions) else positions[k]
+
+    def current(self, b, args, positions):
+        """The tensor state id b names now: a module buffer / parameter, or a tensor argument
+        of this call (inputs)."""
+        if self.kind(b) == "input":
+            pos = self.arg_pos(b, positions)
+            if pos is None:
+                raise PlanError(f"segment {self.name}: input state {b} is not an argument")
+            return args[pos]
+        owner, attr = buffer_owner(self.model, b)
+        return getattr(owner, attr)
+
+    def stash(self, args, positions):
+        """At forward: per restored state its shape, dtype, digest and bytes (whole, or the
+        contract's byte regions); counts the bytes in meter.preserved."""
+        kept = {}
+        for r in self.contract.get("restore", []):
+            t = self.current(r["buffer"], args, positions)
+            entry = {"shape": t.shape, "dtype": t.dtype, "digest": digest(t)}
+            if r["mode"] == "whole":
+                entry["whole"] = t.detach().clone()
+                self.meter.preserved += entry["whole"].numel() * entry["whole"].element_size()
+            else:
+                bv = byte_view(t)
+                entry["regions"] = [(o, n, bv[o:o + n].clone()) for o, n in r["regions"]]
+                self.meter.preserved += sum(n for _, n, _ in entry["regions"]) + 16 * len(r["regions"])
+            kept[r["buffer"]] = entry
+        return kept
+
+    def scratch(self, cur, entry):
+        """A scratch tensor holding a state at the version the segment read: the whole copy,
+        `cur` with the kept regions written back, or (discard only) a copy of `cur`."""
+        if entry is None:
+            return cur.detach().clone()
+        if "whole" in entry:
+            return entry["whole"].clone()
+        nbytes = entry["shape"].numel() * torch.empty((), dtype=entry["dtype"]).element_size()
+        tb = byte_view(cur)[:nbytes].clone()
+        for o, n, chunk in entry["regions"]:
+            tb[o:o + n] = chunk
+        return tb.view(entry["dtype"]).reshape(entry["shape"])
+
+    def recompute(self, call, a, k):
+        """The recompute: every touched state rebound (buffers), swapped in place (params) or
+        replaced as an argument (inputs) by its scratch copy, RNG streams set to their state at
+        forward; afterwards the originals and the outer RNG state are put back."""
+        rebound, overwritten = {}, {}
+        with torch.no_grad():
+            for b in self.touched():
+                cur = self.current(b, a, call.positions)
+                e = call.kept.get(b)
+                tmp = self.scratch(cur, e)
+                if e is not None and digest(tmp) != e["digest"]:
+                    self.problems.append(f"segment {self.name}: recompute would read {b} at a "
+                                         "version other than the recorded one")
+                kind = self.kind(b)
+                if kind == "param":
+                    # a parameter keeps its identity (autograd, optimizer): its bytes are
+                    # swapped in place (.data: no version bump) and put back after
+                    overwritten[b] = (cur, cur.detach().clone())
+                    cur.data.copy_(tmp)
+                    continue
+                if kind == "buffer":
+                    owner, attr = buffer_owner(self.model, b)
+                    rebound[b] = cur
+                    setattr(owner, attr, tmp)
+                pos = self.arg_pos(b, call.positions)
+                if pos is not None:               # passed as an argument: a scratch arg
+                    if cur.requires_grad:   # a non-leaf that requires grad, as the
+                        with torch.enable_grad():   # argument was (in-place ops allowed)
+                            tmp = tmp.detach().requires_grad_(True).clone()
+                    a[pos] = tmp
+        outer = {st: stream_state(self.model, st) for st in call.rng}
+        for st, state in call.rng.items():
+            set_stream_state(self.model, st, state)
+        try:
+            return self.orig(*a, **k)
+        finally:
+            with torch.no_grad():
+                for b, cur in rebound.items():
+                    owner, attr = buffer_owner(self.model, b)
+                    setattr(owner, attr, cur)
+                for b, (cur, bytes_now) in overwritten.items():
+                    cur.data.copy_(bytes_now)
+            for st, state in outer.items():
+                set_stream_state(self.model, st, state)
+
+
+class ContractCall:
+    """One forward call of a SegmentContract: the tensor argument positions, the state stashed
+    at forward and the RNG states; called by torch.utils.checkpoint, first for the forward,
+    then for the recompute."""
+
+    def __init__(self, seg, args):
+        self.seg = seg
+        self.positions = [i for i, x in enumerate(args) if torch.is_tensor(x)]
+        self.kept = seg.stash(args, self.positions)
+        self.rng = {g["stream"]: stream_state(seg.model, g["stream"])
+                    for g in seg.contract.get("rng", [])}
+        self.calls = 0
+
+    def __call__(self, *a, **k):
+        self.calls += 1
+        if self.calls == 1:
+            return self.seg.orig(*a, **k)
+        return self.seg.recompute(self, list(a), k)
+
+
+def plain_checkpoint(module, mode, meter):
+    """Plain torch.utils.checkpoint over a segment, no contract (modes plain, plain-norng)."""
+    orig = module.forward
+
+    def forward(*args, **kw):
+        meter.hold_inputs(args)
+        return tuc.checkpoint(orig, *args, use_reentrant=False,
+                              preserve_rng_state=(mode == "plain"), **kw)
+
+    module.forward = forward
+
+
 def run_step(model_path, decisions, mode, problems, layout=None):
     """One seeded training step. decisions: name -> (decision, contract) for the recomputed
     segments; layout: trace_layout() of the trace. Returns (result dict, step seconds,
@@ -184,134 +356,30 @@ def run_step(model_path, decisions, mode, problems, layout=None):
     model.train()
     segs = segment_modules(model, names)
     gens = generator_names(model)
-    rec = Recorder()
+    meter = StepMeter()
     fixed = {storage_of(p)[0] for p in model.parameters()}
-    preserved = [0]
-    ckpt_inputs = {}
-
-    def wrap(name, mod, decision, contract):
-        orig = mod.forward
-
-        def forward(*args, **kw):
-            positions = [i for i, x in enumerate(args) if torch.is_tensor(x)]
-            for a in args:
-                if torch.is_tensor(a):
-                    key, nbytes = storage_of(a)
-                    ckpt_inputs[key] = nbytes
-            if mode != "contract":
-                return tuc.checkpoint(orig, *args, use_reentrant=False,
-                                      preserve_rng_state=(mode == "plain"), **kw)
-
-            def arg_pos(b):
-                k = layout["arg"].get((name, b))
-                return None if k is None or k >= len(positions) else positions[k]
-
-            def current(b, a):
-                """The tensor state id b names now: a module buffer / parameter, or a tensor
-                argument of this call (inputs)."""
-                if layout["kind"].get(b, "buffer") == "input":
-                    pos = arg_pos(b)
-                    if pos is None:
-                        raise PlanError(f"segment {name}: input state {b} is not an argument")
-                    return a[pos]
-                owner, attr = buffer_owner(model, b)
-                return getattr(owner, attr)
-
-            kept = {}
-            for r in contract.get("restore", []):
-                t = current(r["buffer"], args)
-                entry = {"shape": t.shape, "dtype": t.dtype, "digest": digest(t)}
-                if r["mode"] == "whole":
-                    entry["whole"] = t.detach().clone()
-                    preserved[0] += entry["whole"].numel() * entry["whole"].element_size()
-                else:
-                    bv = byte_view(t)
-                    entry["regions"] = [(o, n, bv[o:o + n].clone()) for o, n in r["regions"]]
-                    preserved[0] += sum(n for _, n, _ in entry["regions"]) + 16 * len(r["regions"])
-                kept[r["buffer"]] = entry
-            rng = {g["stream"]: stream_state(model, g["stream"]) for g in contract.get("rng", [])}
-            calls = [0]
-
-            def fn(*a, **k):
-                calls[0] += 1
-                if calls[0] == 1:
-                    return orig(*a, **k)
-                a = list(a)
-                touched = [r["buffer"] for r in contract.get("restore", [])]
-                touched += [x["buffer"] for x in contract.get("discard", []) if x["buffer"] not in touched]
-                rebound, overwritten = {}, {}
-                with torch.no_grad():
-                    for b in touched:
-                        cur = current(b, a)
-                        e = kept.get(b)
-                        if e is None:                     # discard only: write into a scratch copy
-                            tmp = cur.detach().clone()
-                        elif "whole" in e:
-                            tmp = e["whole"].clone()
-                        else:                             # rebuild the read version from regions
-                            nbytes = e["shape"].numel() * torch.empty((), dtype=e["dtype"]).element_size()
-                            tb = byte_view(cur)[:nbytes].clone()
-                            for o, n, chunk in e["regions"]:
-                                tb[o:o + n] = chunk
-                            tmp = tb.view(e["dtype"]).reshape(e["shape"])
-                        if e is not None and digest(tmp) != e["digest"]:
-                            problems.append(f"segment {name}: recompute would read {b} at a "
-                                            "version other than the recorded one")
-                        kind = layout["kind"].get(b, "buffer")
-                        if kind == "param":
-                            # a parameter keeps its identity (autograd, optimizer): its bytes
-                            # are swapped in place (.data: no version bump) and put back after
-                            overwritten[b] = (cur, cur.detach().clone())
-                            cur.data.copy_(tmp)
-                            continue
-                        if kind == "buffer":
-                            owner, attr = buffer_owner(model, b)
-                            rebound[b] = cur
-                            setattr(owner, attr, tmp)
-                        pos = arg_pos(b)
-                        if pos is not None:               # passed as an argument: a scratch arg
-                            if cur.requires_grad:   # a non-leaf that requires grad, as the
-                                with torch.enable_grad():   # argument was (in-place ops allowed)
-                                    tmp = tmp.detach().requires_grad_(True).clone()
-                            a[pos] = tmp
-                outer = {st: stream_state(model, st) for st in rng}
-                for st, state in rng.items():
-                    set_stream_state(model, st, state)
-                try:
-                    return orig(*a, **k)
-                finally:
-                    with torch.no_grad():
-                        for b, cur in rebound.items():
-                            owner, attr = buffer_owner(model, b)
-                            setattr(owner, attr, cur)
-                        for b, (cur, bytes_now) in overwritten.items():
-                            cur.data.copy_(bytes_now)
-                    for st, state in outer.items():
-                        set_stream_state(model, st, state)
-
-            return tuc.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False, **kw)
-
-        mod.forward = forward
-
     for name, (decision, contract) in decisions.items():
-        wrap(name, segs[name], decision, contract)
-    model.register_forward_hook(lambda m, i, o: setattr(rec, "out", o))
+        if mode == "contract":
+            SegmentContract(name, model, segs[name], contract, layout, problems, meter)
+        else:
+            plain_checkpoint(segs[name], mode, meter)
+    model.register_forward_hook(lambda m, i, o: setattr(meter, "out", o))
     t0 = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
         loss = loss_fn(model, batch)
     loss.backward()
     secs = time.perf_counter() - t0
     bufptrs = {storage_of(b)[0] for b in model.buffers()}
-    held = {p: n for p, n in {**rec.held, **ckpt_inputs}.items()
+    held = {p: n for p, n in {**meter.held, **meter.inputs}.items()
             if p not in fixed and p not in bufptrs}
-    result = {"loss": loss.detach(), "output": rec.out.detach() if torch.is_tensor(rec.out) else rec.out,
+    result = {"loss": loss.detach(), "output": meter.out.detach() if torch.is_tensor(meter.out) else meter.out,
               "grads": {n: p.grad for n, p in model.named_parameters()},
               "buffers": {n: b.detach().clone() for n, b in model.named_buffers()},
               "params": {n: p.detach().clone() for n, p in model.named_parameters()},
               "generators": {"gen:" + g: generator_by_stream(model, "gen:" + g).get_state()
                              for g in gens.values()},
               "rng": torch.get_rng_state()}
-    return result, secs, sum(held.values()) + preserved[0]
+    return result, secs, sum(held.values()) + meter.preserved
 
 
 def compare(ref, got):

@@ -201,11 +201,11 @@ def _ptr(t):
 class OpLog(TorchDispatchMode):
     """Logs every aten op: storages read, written ((a!) arguments) and born (outputs not
     among the inputs), and the generator= argument of random ops, into the current segment's
-    record (cur[0] is None outside segments: only generator use is checked there)."""
+    record (recorder.current is None outside segments: only generator use is checked there)."""
 
-    def __init__(self, cur, records, gen_names, model):
+    def __init__(self, recorder, records, gen_names, model):
         super().__init__()
-        self.cur, self.records, self.gen_names = cur, records, gen_names
+        self.recorder, self.records, self.gen_names = recorder, records, gen_names
         self.gens = {name: generator_by_stream(model, "gen:" + name) for name in gen_names.values()}
 
     def which_generator(self, v):
@@ -226,7 +226,8 @@ class OpLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        rec = self.records.get(self.cur[0]) if self.cur[0] is not None else None
+        cur = self.recorder.current
+        rec = self.records.get(cur) if cur is not None else None
         ins = set()
         for i, a in enumerate(func._schema.arguments):
             v = args[i] if i < len(args) else kwargs.get(a.name)
@@ -333,40 +334,58 @@ def _equal_values(a, b):
                torch.equal(byte_view(x), byte_view(y)) for x, y in zip(ta, tb))
 
 
-def record(model_path, copy_gbps=10.0):
-    """Record one step; returns the trace dict (formats/trace.md). Raises RecordError."""
-    torch.manual_seed(0)
-    model, batch, loss_fn, names = load_build(model_path)
-    model.train()
-    fingerprint = model_fingerprint(model)
-    segs = segment_modules(model, names)
-    seg_of = {id(m): n for n, m in segs.items()}
-    gen_names = generator_names(model)
-    st = State(model)
-    order, info = [], {}
-    cur = [None]
-    probing = [False]
-    records = {}
-    state = {"snap": st.snap(), "rng": _rng_states(model, gen_names)}
-    initial = dict(state["snap"])
+class Recorder:
+    """Records one seeded training step of MODEL.py as a ckptkit trace (formats/trace.md).
+    Phases (record() runs them in order): run_step (segment hooks, op log, saved-tensor hook),
+    find_non_replayable (op log + replay probe), state_accesses (per segment, logical
+    versions), count_saved, then trace() assembles the dict. Raises RecordError."""
 
-    def outside_writes(before, after):
+    def __init__(self, model_path, copy_gbps=10.0):
+        self.model_path, self.copy_gbps = model_path, copy_gbps
+        torch.manual_seed(0)
+        self.model, self.batch, self.loss_fn, names = load_build(model_path)
+        self.model.train()
+        self.fingerprint = model_fingerprint(self.model)
+        self.segs = segment_modules(self.model, names)
+        self.seg_of = {id(m): n for n, m in self.segs.items()}
+        self.gen_names = generator_names(self.model)
+        self.st = State(self.model)
+        self.order, self.info, self.records = [], {}, {}
+        self.current = None      # the segment whose forward runs now (None: outside)
+        self.probing = False     # the replay probe runs: the hooks stay out
+        self.last_snap = self.st.snap()   # tracked state / RNG at the last segment boundary
+        self.last_rng = _rng_states(self.model, self.gen_names)
+        self.initial = dict(self.last_snap)
+        self.packed = {}   # storage ptr -> (segment, bytes); first segment that saves it owns it
+        self.times = None  # (t0, t1, t2): step start, forward end, backward end (perf_counter)
+
+    def record(self):
+        """The trace dict of the step."""
+        self.run_step()
+        non_replayable = self.find_non_replayable()
+        self.state_accesses()
+        self.count_saved()
+        return self.trace(non_replayable)
+
+    # ---- phase 1: the step, with segment hooks, the op log and the saved-tensor hook
+    def outside_writes(self, before, after):
         bad = [n for n in after if n in before and _changed(before[n], after[n])]
-        bad += [n for n in after if n not in before and st.kind[n] == "buffer"]
+        bad += [n for n in after if n not in before and self.st.kind[n] == "buffer"]
         return bad
 
-    def pre(mod, inputs):
-        if probing[0]:
+    def pre(self, mod, inputs):
+        """Forward pre-hook of a segment: checks nothing changed since the last boundary,
+        names its tensor arguments, snapshots the tracked state and RNG."""
+        if self.probing:
             return
-        name = seg_of[id(mod)]
-        if name in info:
+        st, name = self.st, self.seg_of[id(mod)]
+        if name in self.info:
             raise RecordError(f"segment {name} called more than once per step")
-        snap = st.snap()
-        bad = outside_writes(state["snap"], snap)
+        bad = self.outside_writes(self.last_snap, st.snap())
         if bad:
             raise RecordError(f"state written outside any segment (before segment {name}): {sorted(bad)}")
-        rng = _rng_states(model, gen_names)
-        for stream, s0 in state["rng"].items():
+        rng = _rng_states(self.model, self.gen_names)
+        for stream, s0 in self.last_rng.items():
             if not torch.equal(rng[stream], s0):
                 raise RecordError(f"RNG stream {stream} consumed outside segments before segment {name}")
         args = [x for x in inputs if torch.is_tensor(x)]
@@ -380,254 +399,282 @@ def record(model_path, copy_gbps=10.0):
                 st.add_input(n, x)
                 arg_names.append(n)
         snap = st.snap()
-        order.append(name)
-        records[name] = {"reads": set(), "writes": set(), "born": set(), "generators": set()}
-        info[name] = {"snap": snap, "rng": rng, "saved": 0, "by_ptr": st.by_ptr(),
-                      "input_bytes": tensor_bytes(inputs), "arg_names": arg_names,
-                      "input_keys": {storage_of(x)[0] for x in args},
-                      "probe_inputs": [x.detach().clone() if torch.is_tensor(x) else x for x in inputs],
-                      "probe_pre": {n: st.tensor(n).detach().clone() for n in st.kind
-                                    if st.kind[n] != "input" and st.tensor(n) is not None},
-                      "autocast": (torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype())}
-        cur[0] = name
-        info[name]["t0"] = time.perf_counter()
+        self.order.append(name)
+        self.records[name] = {"reads": set(), "writes": set(), "born": set(), "generators": set()}
+        self.info[name] = {
+            "snap": snap, "rng": rng, "saved": 0, "by_ptr": st.by_ptr(),
+            "input_bytes": tensor_bytes(inputs), "arg_names": arg_names,
+            "input_keys": {storage_of(x)[0] for x in args},
+            "probe_inputs": [x.detach().clone() if torch.is_tensor(x) else x for x in inputs],
+            "probe_pre": {n: st.tensor(n).detach().clone() for n in st.kind
+                          if st.kind[n] != "input" and st.tensor(n) is not None},
+            "autocast": (torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype())}
+        self.current = name
+        self.info[name]["t0"] = time.perf_counter()
 
-    def post(mod, inputs, output):
-        if probing[0]:
+    def post(self, mod, inputs, output):
+        """Forward hook of a segment: its time, the state and RNG after it, its output."""
+        if self.probing:
             return
         t1 = time.perf_counter()
-        name = seg_of[id(mod)]
-        d = info[name]
+        name = self.seg_of[id(mod)]
+        d = self.info[name]
         d["forward_ms"] = (t1 - d.pop("t0")) * 1e3
-        cur[0] = None
-        after = st.snap()
-        d["after"] = after
-        rng = _rng_states(model, gen_names)
-        d["rng_after"] = rng
+        self.current = None
+        d["after"] = self.st.snap()
+        d["rng_after"] = _rng_states(self.model, self.gen_names)
         d["output_bytes"] = tensor_bytes(output)
         d["probe_output"] = [t.detach().clone() for t in tensors_in(output)]
-        state["snap"], state["rng"] = after, rng
+        self.last_snap, self.last_rng = d["after"], d["rng_after"]
 
-    packed = {}   # storage ptr -> (segment, bytes); first segment that saves it owns it
-
-    def pack(t):
-        # A boundary tensor saved by both its producer and its consumer belongs to the
-        # consumer: it stays alive while the consumer is kept, whatever the producer does.
+    def pack(self, t):
+        """Saved-tensor hook. A boundary tensor saved by both its producer and its consumer
+        belongs to the consumer: it stays alive while the consumer is kept, whatever the
+        producer does."""
         key, nbytes = storage_of(t)
-        if cur[0] is not None and (key not in packed or key in info[cur[0]]["input_keys"]):
-            packed[key] = (cur[0], nbytes)
+        cur = self.current
+        if cur is not None and (key not in self.packed or key in self.info[cur]["input_keys"]):
+            self.packed[key] = (cur, nbytes)
         return t
 
-    handles = [m.register_forward_pre_hook(pre) for m in segs.values()]
-    handles += [m.register_forward_hook(post) for m in segs.values()]
-    t0 = time.perf_counter()
-    with OpLog(cur, records, gen_names, model):
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = loss_fn(model, batch)
-    t1 = time.perf_counter()
-    loss.backward()
-    t2 = time.perf_counter()
-    end_snap = st.snap()
-    bad = outside_writes(state["snap"], end_snap)
-    if bad:
-        raise RecordError(f"state written outside any segment (after the last one): {sorted(bad)}")
-    missing = [n for n in segs if n not in info]
-    if missing:
-        for h in handles:
+    def run_step(self):
+        """One step, loss_fn(model, batch).backward(), under the hooks; checks every segment
+        ran once and no state changed outside segments."""
+        handles = [m.register_forward_pre_hook(self.pre) for m in self.segs.values()]
+        handles += [m.register_forward_hook(self.post) for m in self.segs.values()]
+        self.handles = handles
+        t0 = time.perf_counter()
+        with OpLog(self, self.records, self.gen_names, self.model):
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
+                loss = self.loss_fn(self.model, self.batch)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        self.times = (t0, t1, t2)
+        bad = self.outside_writes(self.last_snap, self.st.snap())
+        if bad:
+            raise RecordError(f"state written outside any segment (after the last one): {sorted(bad)}")
+        missing = [n for n in self.segs if n not in self.info]
+        if missing:
+            self.remove_hooks()
+            raise RecordError(f"segment(s) never called: {missing}")
+
+    def remove_hooks(self):
+        for h in self.handles:
             h.remove()
-        raise RecordError(f"segment(s) never called: {missing}")
 
-    non_replayable = {}
-    for n in order:
-        rec = records[n]
-        if "unknown_generator" in rec:
-            non_replayable[n] = (f"{rec['unknown_generator']} draws from a torch.Generator that is "
-                                 "not an attribute of a model module (no contract can restore it)")
-            continue
-        by_ptr = info[n]["by_ptr"]
-        other = [p for p in rec["writes"] if p not in by_ptr and p not in rec["born"]]
-        if other:
-            non_replayable[n] = (f"writes {len(other)} tensor(s) that are not parameters, buffers "
-                                 "or segment inputs (no contract can restore them)")
-    probe_failures = _probe(model, segs, order, info, st, gen_names, probing)
-    for n, why in probe_failures.items():
-        non_replayable.setdefault(n, why)
-    for h in handles:
-        h.remove()
-
-    # Per segment and tracked tensor: written (snapshot diff), read (subtree buffers and
-    # parameters, the segment's own inputs, any storage the op log saw it read).
-    written_ever = set()
-    per_seg = {}
-    for n in order:
-        d = info[n]
-        before, after = d["snap"], d["after"]
-        mod = segs[n]
-        subtree = {n + "." + b if n else b for b, _ in mod.named_buffers()}
-        subtree |= {n + "." + b if n else b for b, _ in mod.named_parameters()}
-        read_ptrs = records[n]["reads"]
-        reads = {name for ptr, name in d["by_ptr"].items() if ptr in read_ptrs}
-        reads |= set(d["arg_names"])
-        writes = {}
-        for name, a in after.items():
-            b = before.get(name)
-            if b is not None and _changed(b, a):
-                writes[name] = (b, a)
-                written_ever.add(name)
-        per_seg[n] = (subtree, reads, writes)
-    versions = {}
-    used = set()
-    segments = []
-    for n in order:
-        d = info[n]
-        subtree, reads, writes = per_seg[n]
-        accesses = []
-        for name in st.kind:
-            if name not in d["snap"]:
+    # ---- phase 2: segments no contract can make exact
+    def find_non_replayable(self):
+        """segment -> why it is non-replayable: an unknown generator or a write to an untracked
+        tensor (op log), else a replay probe difference. Removes the hooks."""
+        non_replayable = {}
+        for n in self.order:
+            rec = self.records[n]
+            if "unknown_generator" in rec:
+                non_replayable[n] = (f"{rec['unknown_generator']} draws from a torch.Generator that is "
+                                     "not an attribute of a model module (no contract can restore it)")
                 continue
-            kind = st.kind[name]
-            w = name in writes
-            r = name in reads or (kind == "buffer" and name in subtree) or (kind == "param" and name in subtree)
-            if not w and not r:
-                continue
-            if kind != "buffer" and name not in written_ever:
-                continue   # a parameter / input nobody writes: no hazard to describe
-            oid, over, obytes, isz, _ = d["snap"][name]
-            acc = {"buffer": name, "read": bool(r), "version_read": versions.get(name, 0),
-                   "bytes_read": obytes.numel(), "torch_version_before": over}
-            if name in d["arg_names"]:
-                acc["arg"] = d["arg_names"].index(name)
-            if w:
-                b, a = writes[name]
-                versions[name] = versions.get(name, 0) + 1
-                acc.update({"version_written": versions[name], "bytes_written": a[2].numel(),
-                            "torch_version_after": a[1], "rebound": b[0] != a[0],
-                            "regions": diff_regions(b[2], a[2], isz)})
-            accesses.append(acc)
-            used.add(name)
-        rng = []
-        for stream, s0 in d["rng"].items():
-            if not torch.equal(s0, d["rng_after"][stream]):
-                rng.append({"stream": stream, "device": "cpu", "state_bytes": s0.numel()})
-        d["state"], d["rng_use"] = accesses, rng
+            by_ptr = self.info[n]["by_ptr"]
+            other = [p for p in rec["writes"] if p not in by_ptr and p not in rec["born"]]
+            if other:
+                non_replayable[n] = (f"writes {len(other)} tensor(s) that are not parameters, buffers "
+                                     "or segment inputs (no contract can restore them)")
+        for n, why in self.probe().items():
+            non_replayable.setdefault(n, why)
+        self.remove_hooks()
+        return non_replayable
 
-    # Saved tensors that are not parameters or buffers at the end of the step are activations
-    # (a buffer rebound during the step, e.g. a queue, leaves its old tensor to autograd).
-    persistent = {storage_of(t)[0] for t in list(model.parameters()) + list(model.buffers())}
-    for ptr, (seg, nbytes) in packed.items():
-        if ptr not in persistent:
-            info[seg]["saved"] += nbytes
-    fwd_total = sum(info[n]["forward_ms"] for n in order) or 1.0
-    bwd_ms = (t2 - t1) * 1e3
-    pbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    gbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    first_snap = {}
-    for n in order:   # inputs appear at their segment; everything else is in `initial`
-        for name, v in info[n]["snap"].items():
-            first_snap.setdefault(name, v)
-    buffers = []
-    for name in st.kind:
-        if name in used:
-            v = initial.get(name, first_snap.get(name))
-            buffers.append({"id": name, "kind": st.kind[name], "bytes": v[2].numel()})
-    segments = []
-    for n in order:
-        d = info[n]
-        seg = {
-            "name": n,
-            "forward_ms": round(d["forward_ms"], 6),
-            "backward_ms": round(bwd_ms * d["forward_ms"] / fwd_total, 6),
-            "saved_bytes": d["saved"],
-            "input_bytes": d["input_bytes"],
-            "output_bytes": d["output_bytes"],
-            "transient_bytes": d["output_bytes"],
-            "state": d["state"],
-            "rng": d["rng_use"],
-        }
-        if n in non_replayable:
-            seg["non_replayable"] = non_replayable[n]
-        segments.append(seg)
-    return {
-        "format": FORMAT, "format_version": FORMAT_VERSION,
-        "source": "record_trace.py torch " + torch.__version__,
-        "model": os.path.basename(model_path),
-        "fingerprint": fingerprint,
-        "device": {"name": "cpu", "copy_gbps": copy_gbps},
-        "fixed": {"param_bytes": pbytes, "grad_bytes": gbytes, "optimizer_bytes": 2 * gbytes},
-        "step_ms": round((t2 - t0) * 1e3, 6),
-        "backward_order": list(reversed(order)),
-        "buffers": buffers,
-        "segments": segments,
-    }
-
-
-def _probe(model, segs, order, info, st, gen_names, probing):
-    """Replay probe: re-run every segment's forward from its recorded state (module buffers
-    rebound to copies, parameters' bytes put back, inputs and generator states as recorded,
-    the same CPU autocast state) and compare its output, the tracked state after it and the
-    generator states bit for bit with the recorded run. Returns segment -> reason for the
-    segments that differ; the model's state is restored after each probe."""
-    failures = {}
-    probing[0] = True
-    try:
-        for n in order:
-            d = info[n]
-            saved_bufs = {b: st.tensor(b) for b in st.kind if st.kind[b] == "buffer"}
-            saved_params = {p: st.tensor(p).detach().clone() for p in st.kind if st.kind[p] == "param"}
-            saved_rng = _rng_states(model, gen_names)
-            try:
-                with torch.no_grad():
-                    for name, pre in d["probe_pre"].items():
-                        if st.kind[name] == "buffer":
-                            owner, attr = buffer_owner(model, name)
-                            setattr(owner, attr, pre.clone())
-                        else:
-                            st.tensor(name).data.copy_(pre)
-                _set_rng_states(model, d["rng"])
-                # inputs as recorded; an argument that is a buffer or parameter is passed as
-                # the (restored) live tensor, as the step passes it
-                args, k = [], 0
-                for x in d["probe_inputs"]:
-                    if torch.is_tensor(x):
-                        an = d["arg_names"][k]
-                        k += 1
-                        x = st.tensor(an) if st.kind[an] != "input" else x.clone()
-                    args.append(x)
-                enabled, dtype = d["autocast"]
-                with torch.autocast("cpu", dtype=dtype, enabled=enabled):
-                    out = segs[n](*args)
-                why = None
-                if not _equal_values(out, d["probe_output"]):
-                    why = "its output"
-                else:
-                    after = st.snap()
-                    for name, a in d["after"].items():
-                        if st.kind[name] == "input":
-                            continue
-                        if name in after and not torch.equal(after[name][2], a[2]):
-                            why = f"'{name}' after it"
-                            break
-                    if why is None:
-                        now = _rng_states(model, gen_names)
-                        for stream, s1 in d["rng_after"].items():
-                            if not torch.equal(now[stream], s1):
-                                why = f"RNG stream {stream} after it"
-                                break
+    def probe(self):
+        """Replay probe: re-run every segment's forward from its recorded state (module buffers
+        rebound to copies, parameters' bytes put back, inputs and generator states as recorded,
+        the same CPU autocast state) and compare its output, the tracked state after it and the
+        generator states bit for bit with the recorded run. Returns segment -> reason for the
+        segments that differ; the model's state is restored after each probe."""
+        failures = {}
+        self.probing = True
+        try:
+            for n in self.order:
+                why = self.probe_segment(n)
                 if why:
                     failures[n] = (f"replay probe: re-running the forward from the recorded state "
                                    f"changed {why} (state no log sees: a Python global, a C++ "
                                    "extension or a non-tensor attribute)")
-            finally:
-                with torch.no_grad():
-                    for b, t in saved_bufs.items():
-                        owner, attr = buffer_owner(model, b)
-                        setattr(owner, attr, t)
-                    for p, v in saved_params.items():
-                        st.tensor(p).data.copy_(v)
-                _set_rng_states(model, saved_rng)
-    finally:
-        probing[0] = False
-    return failures
+        finally:
+            self.probing = False
+        return failures
+
+    def probe_segment(self, n):
+        """What re-running segment n from its recorded state changed ("its output", "'X' after
+        it", "RNG stream S after it"), or None."""
+        model, st, d = self.model, self.st, self.info[n]
+        saved_bufs = {b: st.tensor(b) for b in st.kind if st.kind[b] == "buffer"}
+        saved_params = {p: st.tensor(p).detach().clone() for p in st.kind if st.kind[p] == "param"}
+        saved_rng = _rng_states(model, self.gen_names)
+        try:
+            with torch.no_grad():
+                for name, pre in d["probe_pre"].items():
+                    if st.kind[name] == "buffer":
+                        owner, attr = buffer_owner(model, name)
+                        setattr(owner, attr, pre.clone())
+                    else:
+                        st.tensor(name).data.copy_(pre)
+            _set_rng_states(model, d["rng"])
+            # inputs as recorded; an argument that is a buffer or parameter is passed as
+            # the (restored) live tensor, as the step passes it
+            args, k = [], 0
+            for x in d["probe_inputs"]:
+                if torch.is_tensor(x):
+                    an = d["arg_names"][k]
+                    k += 1
+                    x = st.tensor(an) if st.kind[an] != "input" else x.clone()
+                args.append(x)
+            enabled, dtype = d["autocast"]
+            with torch.autocast("cpu", dtype=dtype, enabled=enabled):
+                out = self.segs[n](*args)
+            if not _equal_values(out, d["probe_output"]):
+                return "its output"
+            after = st.snap()
+            for name, a in d["after"].items():
+                if st.kind[name] == "input":
+                    continue
+                if name in after and not torch.equal(after[name][2], a[2]):
+                    return f"'{name}' after it"
+            now = _rng_states(model, self.gen_names)
+            for stream, s1 in d["rng_after"].items():
+                if not torch.equal(now[stream], s1):
+                    return f"RNG stream {stream} after it"
+            return None
+        finally:
+            with torch.no_grad():
+                for b, t in saved_bufs.items():
+                    owner, attr = buffer_owner(model, b)
+                    setattr(owner, attr, t)
+                for p, v in saved_params.items():
+                    st.tensor(p).data.copy_(v)
+            _set_rng_states(model, saved_rng)
+
+    # ---- phase 3: state accesses with logical versions
+    def state_accesses(self):
+        """Per segment (info[n]["state"], ["rng_use"]): every tracked tensor it reads (subtree
+        buffers and parameters, its own inputs, any storage the op log saw it read) or writes
+        (snapshot diff), with logical versions and written regions; RNG streams it consumed.
+        Sets self.used (the tracked tensors any access names)."""
+        st = self.st
+        written_ever = set()
+        per_seg = {}
+        for n in self.order:
+            d = self.info[n]
+            before, after = d["snap"], d["after"]
+            mod = self.segs[n]
+            subtree = {n + "." + b if n else b for b, _ in mod.named_buffers()}
+            subtree |= {n + "." + b if n else b for b, _ in mod.named_parameters()}
+            read_ptrs = self.records[n]["reads"]
+            reads = {name for ptr, name in d["by_ptr"].items() if ptr in read_ptrs}
+            reads |= set(d["arg_names"])
+            writes = {}
+            for name, a in after.items():
+                b = before.get(name)
+                if b is not None and _changed(b, a):
+                    writes[name] = (b, a)
+                    written_ever.add(name)
+            per_seg[n] = (subtree, reads, writes)
+        versions = {}
+        self.used = set()
+        for n in self.order:
+            d = self.info[n]
+            subtree, reads, writes = per_seg[n]
+            accesses = []
+            for name in st.kind:
+                if name not in d["snap"]:
+                    continue
+                kind = st.kind[name]
+                w = name in writes
+                r = name in reads or (kind == "buffer" and name in subtree) or (kind == "param" and name in subtree)
+                if not w and not r:
+                    continue
+                if kind != "buffer" and name not in written_ever:
+                    continue   # a parameter / input nobody writes: no hazard to describe
+                oid, over, obytes, isz, _ = d["snap"][name]
+                acc = {"buffer": name, "read": bool(r), "version_read": versions.get(name, 0),
+                       "bytes_read": obytes.numel(), "torch_version_before": over}
+                if name in d["arg_names"]:
+                    acc["arg"] = d["arg_names"].index(name)
+                if w:
+                    b, a = writes[name]
+                    versions[name] = versions.get(name, 0) + 1
+                    acc.update({"version_written": versions[name], "bytes_written": a[2].numel(),
+                                "torch_version_after": a[1], "rebound": b[0] != a[0],
+                                "regions": diff_regions(b[2], a[2], isz)})
+                accesses.append(acc)
+                self.used.add(name)
+            rng = []
+            for stream, s0 in d["rng"].items():
+                if not torch.equal(s0, d["rng_after"][stream]):
+                    rng.append({"stream": stream, "device": "cpu", "state_bytes": s0.numel()})
+            d["state"], d["rng_use"] = accesses, rng
+
+    # ---- phase 4: saved bytes
+    def count_saved(self):
+        """info[n]["saved"]: saved tensors that are not parameters or buffers at the end of
+        the step are activations (a buffer rebound during the step, e.g. a queue, leaves its
+        old tensor to autograd)."""
+        persistent = {storage_of(t)[0] for t in list(self.model.parameters()) + list(self.model.buffers())}
+        for ptr, (seg, nbytes) in self.packed.items():
+            if ptr not in persistent:
+                self.info[seg]["saved"] += nbytes
+
+    # ---- the trace
+    def trace(self, non_replayable):
+        """The trace dict (formats/trace.md, format 2) from what the phases found."""
+        model, st, order, info = self.model, self.st, self.order, self.info
+        t0, t1, t2 = self.times
+        fwd_total = sum(info[n]["forward_ms"] for n in order) or 1.0
+        bwd_ms = (t2 - t1) * 1e3
+        pbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        gbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        first_snap = {}
+        for n in order:   # inputs appear at their segment; everything else is in `initial`
+            for name, v in info[n]["snap"].items():
+                first_snap.setdefault(name, v)
+        buffers = []
+        for name in st.kind:
+            if name in self.used:
+                v = self.initial.get(name, first_snap.get(name))
+                buffers.append({"id": name, "kind": st.kind[name], "bytes": v[2].numel()})
+        segments = []
+        for n in order:
+            d = info[n]
+            seg = {
+                "name": n,
+                "forward_ms": round(d["forward_ms"], 6),
+                "backward_ms": round(bwd_ms * d["forward_ms"] / fwd_total, 6),
+                "saved_bytes": d["saved"],
+                "input_bytes": d["input_bytes"],
+                "output_bytes": d["output_bytes"],
+                "transient_bytes": d["output_bytes"],
+                "state": d["state"],
+                "rng": d["rng_use"],
+            }
+            if n in non_replayable:
+                seg["non_replayable"] = non_replayable[n]
+            segments.append(seg)
+        return {
+            "format": FORMAT, "format_version": FORMAT_VERSION,
+            "source": "record_trace.py torch " + torch.__version__,
+            "model": os.path.basename(self.model_path),
+            "fingerprint": self.fingerprint,
+            "device": {"name": "cpu", "copy_gbps": self.copy_gbps},
+            "fixed": {"param_bytes": pbytes, "grad_bytes": gbytes, "optimizer_bytes": 2 * gbytes},
+            "step_ms": round((t2 - t0) * 1e3, 6),
+            "backward_order": list(reversed(order)),
+            "buffers": buffers,
+            "segments": segments,
+        }
+
+
+def record(model_path, copy_gbps=10.0):
+    """Record one step; returns the trace dict (formats/trace.md). Raises RecordError."""
+    return Recorder(model_path, copy_gbps).record()
 
 
 def record_et(model_path, out_path):

@@ -112,6 +112,16 @@ void AtomicOutput::commit() {
     fsync_path(dir_of(path_));
 }
 
+void write_text_atomic(const std::string& path, const std::string& text) {
+    AtomicOutput out(path);
+    {
+        FileWriter w(out.temp_path());
+        w.write(text.data(), text.size());
+        w.close();
+    }
+    out.commit();
+}
+
 FileWriter::FileWriter(const std::string& path) : path_(path) {
     fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) throw std::runtime_error(path + ": cannot create: " + errtext());

@@ -25,6 +25,11 @@ private:
     bool done_ = false;
 };
 
+/// Write `text` to `path` crash-safely: an AtomicOutput temporary written by FileWriter
+/// (fsync), renamed onto `path`, folder fsynced. Throws std::runtime_error naming the path
+/// (the temporary is removed).
+void write_text_atomic(const std::string& path, const std::string& text);
+
 /// fsync a path (file or folder). Throws std::runtime_error.
 void fsync_path(const std::string& path);
 

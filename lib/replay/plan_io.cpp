@@ -3,11 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <fstream>
 #include <map>
 #include <stdexcept>
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -86,8 +83,9 @@ json plan_to_json(const Problem& p, const std::string& trace_path, const std::st
         budgets.push_back(b);
     }
     return {{"format", "ckptkit-plan"},
-            {"format_version", 1},
-            {"trace", {{"path", trace_path}, {"hash", p.trace->hash}, {"model", p.trace->model},
+            {"format_version", kPlanFormatVersion},
+            {"trace", {{"path", trace_path}, {"hash", p.trace->hash},
+                       {"hash_algorithm", kTraceHashAlgorithm}, {"model", p.trace->model},
                        {"segments", p.size()}, {"fixed_bytes", p.fixed()}}},
             {"planner", planner},
             {"budgets", budgets}};
@@ -133,7 +131,7 @@ std::string sweep_svg(const std::vector<std::pair<std::string, std::vector<PlanR
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
         "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
         "fill=\"white\"/>\n<text x=\"{}\" y=\"24\" font-size=\"14\">{}</text>\n",
-        W, H, L, title);
+        W, H, L, xml_escape(title));
     s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", L, H - B, W - R, H - B);
     s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", L, T, L, H - B);
     // Ticks: enough decimals that neighbouring labels differ.
@@ -178,7 +176,8 @@ std::string sweep_svg(const std::vector<std::pair<std::string, std::vector<PlanR
         }
         flush();
         s += marks;
-        s += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 10, T + 16 * (c + 1), col, curves[c].first);
+        s += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 10, T + 16 * (c + 1), col,
+                         xml_escape(curves[c].first));
     }
     const double ly = T + 16 * (static_cast<double>(curves.size()) + 2);
     s += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"10\">o = unsafe plan</text>\n", W - R + 10, ly);
@@ -231,22 +230,20 @@ std::string human_bytes(uint64_t b) {
     return fmt::format("{:.2f} {}", v, u[k]);
 }
 
-void write_file_atomic(const std::string& path, const std::string& text) {
-    std::string tmp = fmt::format("{}.tmp{}", path, static_cast<long>(getpid()));
-    {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        if (!out) throw std::runtime_error("cannot write " + path);
-        out << text;
-        out.flush();
-        if (!out) {
-            std::remove(tmp.c_str());
-            throw std::runtime_error("cannot write " + path);
+std::string xml_escape(const std::string& text) {
+    std::string out;
+    out.reserve(text.size());
+    for (char c : text) {
+        switch (c) {
+            case '&': out += "&amp;"; break;
+            case '<': out += "&lt;"; break;
+            case '>': out += "&gt;"; break;
+            case '"': out += "&quot;"; break;
+            case '\'': out += "&apos;"; break;
+            default: out += c;
         }
     }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-        std::remove(tmp.c_str());
-        throw std::runtime_error("cannot rename into " + path);
-    }
+    return out;
 }
 
 }  // namespace ckpt::replay

@@ -11,7 +11,12 @@
 
 namespace ckpt::replay {
 
-/// The plan file: trace identity, planner, and per budget the decisions with contracts.
+/// Plan format version written (formats/plan.md). 2: the trace hash is XXH3-64 of the trace
+/// file's bytes (trace.hash_algorithm "xxh3-64"); 1 carried FNV-1a of a canonical re-dump.
+inline constexpr int kPlanFormatVersion = 2;
+
+/// The plan file: trace identity (path, hash, hash_algorithm, model, segments, fixed bytes),
+/// planner, and per budget the decisions with contracts.
 nlohmann::json plan_to_json(const Problem& p, const std::string& trace_path,
                             const std::string& planner, const std::vector<PlanResult>& results);
 
@@ -23,7 +28,8 @@ nlohmann::json summary_json(const std::string& planner, const std::vector<PlanRe
 /// largest unit under the largest budget), one polyline per planner, widest first with its
 /// own dash pattern (coinciding planners stay visible); unsafe plans are open circles
 /// (class "unsafe"), infeasible budgets gaps with an "x" per planner above the axis (class
-/// "oom"). `curves` = (planner, results over the same budgets).
+/// "oom"). `curves` = (planner, results over the same budgets); `title` is plain text (XML-escaped
+/// here).
 std::string sweep_svg(const std::vector<std::pair<std::string, std::vector<PlanResult>>>& curves,
                       const std::string& title);
 
@@ -35,11 +41,10 @@ uint64_t parse_bytes(const std::string& s);
 /// Throws std::invalid_argument (bad syntax, STEP 0, MIN > MAX, more than 10000 points).
 std::vector<uint64_t> parse_sweep(const std::string& s);
 
+/// `text` with &, <, >, " and ' replaced by XML entities (for SVG text and attributes).
+std::string xml_escape(const std::string& text);
+
 /// "43.50 GiB" style rendering (binary units, 2 decimals; bytes below 1 KiB).
 std::string human_bytes(uint64_t b);
-
-/// Write `text` to `path` through a temporary file in the same folder and rename. Throws
-/// std::runtime_error on I/O failure (the temporary is removed).
-void write_file_atomic(const std::string& path, const std::string& text);
 
 }  // namespace ckpt::replay

@@ -1,4 +1,5 @@
-// Trace reading, validation and serialisation (formats/trace.md).
+// Trace reading, validation and serialisation (formats/trace.md). Reading goes through
+// simdjson's DOM (trace_json.h); writing through nlohmann::json.
 #include "replay/trace.h"
 
 #include <cmath>
@@ -7,38 +8,22 @@
 #include <limits>
 #include <map>
 #include <unordered_set>
-#include <sstream>
 #include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "common/error.h"
-#include "replay/json_tree.h"
+#include "replay/trace_json.h"
 
 namespace ckpt::replay {
-namespace {
-constexpr uint64_t kFnvOffset = 1469598103934665603ull, kFnvPrime = 1099511628211ull;
-uint64_t fnv1a64(uint64_t h, std::string_view bytes) {
-    for (unsigned char c : bytes) {
-        h ^= c;
-        h *= kFnvPrime;
-    }
-    return h;
-}
-/// The trace hash (formats/trace.md) of either JSON model: FNV-1a 64 of the canonical text
-/// (the compact tree's is streamed in chunks, never held whole).
-std::string trace_hash(const nlohmann::json& j) { return fnv1a64_hex(canonical_dump(j)); }
-std::string trace_hash(const JsonTree::Node& j) {
-    uint64_t h = kFnvOffset;
-    j.dump([&h](std::string_view chunk) { h = fnv1a64(h, chunk); });
-    return fmt::format("{:016x}", h);
-}
-}  // namespace
 
 namespace {
 
 using json = nlohmann::json;
+using simdjson::dom::element;
+namespace dom = simdjson::dom;
 
 constexpr const char* kFormat = "ckptkit-trace";
 // Limits that keep every sum of the cost model inside 64 bits: values (bytes, versions)
@@ -54,87 +39,119 @@ constexpr double kMaxTotalBytes = 1152921504606846976.0;   // 2^60
 constexpr double kMaxTotalMs = 1e9;
 constexpr double kMaxCopyNs = 4e18;
 constexpr uint64_t kMaxRegionMeta = 16;   // bytes of index metadata per region (contract.h)
-// Largest trace file read (the compact tree uses 32-bit offsets).
-constexpr uint64_t kMaxFileBytes = uint64_t{4} << 30;
+// Largest trace file read (simdjson's DOM: 32-bit offsets).
+constexpr uint64_t kMaxFileBytes = kMaxJsonBytes;
 
-// Member `key` of object o, or nullptr (J = nlohmann::json or JsonTree::Node).
-const json* member(const json& o, const char* key) {
-    auto it = o.find(key);
-    return it == o.end() ? nullptr : &*it;
+// An array's elements; an empty array for anything else (callers check the type first). A
+// default dom::array is no empty range (it has no document), hence the parsed "[]".
+dom::array empty_array() {
+    static const dom::array kEmpty = [] {
+        static dom::parser p;
+        return p.parse("[]", 2).get_array().value_unsafe();
+    }();
+    return kEmpty;
 }
-const JsonTree::Node* member(const JsonTree::Node& o, const char* key) { return o.find(key); }
+dom::array elements(element v) {
+    dom::array a;
+    return v.get(a) == simdjson::SUCCESS ? a : empty_array();
+}
 
 // Field access with a clear message (the path of the field) on a missing or mistyped field.
-// One reader for both JSON representations: nlohmann::json (trace_from_json) and the compact
-// JsonTree (load_trace's fast path for large traces).
-template <class J>
 struct Reader {
     const std::string& file;
     [[noreturn]] void fail(const std::string& what) const { throw BadInput(file, what); }
-    const J& field(const J& o, const char* key, const std::string& where) const {
+    element field(element o, const char* key, const std::string& where) const {
         if (!o.is_object()) fail(where + ": expected an object");
-        const J* m = member(o, key);
+        auto m = member(o, key);
         if (!m) fail(fmt::format("{}: missing field '{}'", where, key));
         return *m;
     }
-    uint64_t u64(const J& o, const char* key, const std::string& where) const {
-        const J& v = field(o, key, where);
-        if (!v.is_number_integer() || (!v.is_number_unsigned() && v.template get<int64_t>() < 0))
+    bool has(element o, const char* key) const { return member(o, key).has_value(); }
+    uint64_t u64(element o, const char* key, const std::string& where) const {
+        const element v = field(o, key, where);
+        uint64_t x = 0;
+        if (!is_integer(v) || v.get_uint64().get(x) != simdjson::SUCCESS)
             fail(fmt::format("{}.{}: expected a non-negative integer", where, key));
-        uint64_t x = v.template get<uint64_t>();
         if (x > kMaxValue)
             fail(fmt::format("{}.{}: {} is implausibly large (limit 2^44)", where, key, x));
         return x;
     }
-    uint64_t u64_or(const J& o, const char* key, const std::string& where, uint64_t d) const {
-        return o.contains(key) ? u64(o, key, where) : d;
+    uint64_t u64_or(element o, const char* key, const std::string& where, uint64_t d) const {
+        return has(o, key) ? u64(o, key, where) : d;
     }
-    double ms(const J& o, const char* key, const std::string& where) const {
-        const J& v = field(o, key, where);
-        if (!v.is_number()) fail(fmt::format("{}.{}: expected a number", where, key));
-        double d = v.template get<double>();
+    double ms(element o, const char* key, const std::string& where) const {
+        const element v = field(o, key, where);
+        double d = 0;
+        if (!v.is_number() || v.get_double().get(d) != simdjson::SUCCESS)
+            fail(fmt::format("{}.{}: expected a number", where, key));
         if (!std::isfinite(d) || d < 0 || d > 1e7)
             fail(fmt::format("{}.{}: expected a finite non-negative time", where, key));
         return d;
     }
-    std::string str(const J& o, const char* key, const std::string& where) const {
-        const J& v = field(o, key, where);
-        if (!v.is_string()) fail(fmt::format("{}.{}: expected a string", where, key));
-        return v.template get<std::string>();
+    std::string str(element o, const char* key, const std::string& where) const {
+        std::string_view s;
+        if (field(o, key, where).get_string().get(s) != simdjson::SUCCESS)
+            fail(fmt::format("{}.{}: expected a string", where, key));
+        return std::string(s);
     }
-    const J& arr(const J& o, const char* key, const std::string& where) const {
-        const J& v = field(o, key, where);
+    std::string str_or(element o, const char* key, const std::string& where, const char* d) const {
+        return has(o, key) ? str(o, key, where) : d;
+    }
+    bool boolean_or(element o, const char* key, const std::string& where, bool d) const {
+        if (!has(o, key)) return d;
+        bool b = d;
+        if (field(o, key, where).get_bool().get(b) != simdjson::SUCCESS)
+            fail(fmt::format("{}.{}: expected true or false", where, key));
+        return b;
+    }
+    dom::array arr(element o, const char* key, const std::string& where) const {
+        const element v = field(o, key, where);
         if (!v.is_array()) fail(fmt::format("{}.{}: expected an array", where, key));
-        return v;
+        return elements(v);
+    }
+    /// arr(), or an empty array when the field is absent.
+    dom::array arr_or_empty(element o, const char* key, const std::string& where) const {
+        return has(o, key) ? arr(o, key, where) : empty_array();
     }
 };
 
-template <class J>
-std::vector<Region> read_regions(const Reader<J>& r, const J& a, const std::string& where,
+// A non-negative integer that simdjson holds as int64 (as the old reader: not above 2^63-1).
+bool non_negative_int64(element v, uint64_t& out) {
+    int64_t x = 0;
+    if (!v.is_int64() || v.get_int64().get(x) != simdjson::SUCCESS || x < 0) return false;
+    out = static_cast<uint64_t>(x);
+    return true;
+}
+
+std::vector<Region> read_regions(const Reader& r, dom::array a, const std::string& where,
                                  uint64_t size) {
     std::vector<Region> out;
     out.reserve(a.size());
     uint64_t prev_end = 0;
-    for (size_t k = 0; k < a.size(); ++k) {
-        const J& p = a[k];
+    size_t k = 0;
+    for (element p : a) {
         auto w = [&] { return fmt::format("{}.regions[{}]", where, k); };   // on failure only
-        if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() ||
-            !p[1].is_number_integer() || p[0].template get<int64_t>() < 0 || p[1].template get<int64_t>() < 0)
+        Region g;
+        dom::array pair;
+        if (p.get(pair) != simdjson::SUCCESS || pair.size() != 2 ||
+            !non_negative_int64(pair.at(0).value_unsafe(), g.offset) ||
+            !non_negative_int64(pair.at(1).value_unsafe(), g.length))
             r.fail(w() + ": expected [offset, length]");
-        Region g{p[0].template get<uint64_t>(), p[1].template get<uint64_t>()};
         if (g.length == 0 || g.offset > size || g.length > size - g.offset)
             r.fail(fmt::format("{}: [{}, {}] outside the buffer's {} bytes", w(), g.offset,
                                g.length, size));
         if (k > 0 && g.offset < prev_end) r.fail(w() + ": regions overlap or are not sorted");
         prev_end = g.offset + g.length;
         out.push_back(g);
+        ++k;
     }
     return out;
 }
 
-template <class J>
-Trace read_trace(const J& j, const std::string& file) {
-    Reader<J> r{file};
+}  // namespace
+
+Trace read_ckptkit_trace(element j, const std::string& file) {
+    Reader r{file};
     if (!j.is_object()) r.fail("expected a JSON object");
     if (r.str(j, "format", "trace") != kFormat)
         r.fail(fmt::format("format is not '{}'", kFormat));
@@ -143,18 +160,18 @@ Trace read_trace(const J& j, const std::string& file) {
         r.fail(fmt::format("unsupported format_version {} (this tool reads 1 and 2)", format_version));
     Trace t;
     t.format_version = static_cast<int>(format_version);
-    if (format_version >= 2 && j.contains("fingerprint"))
+    if (format_version >= 2 && r.has(j, "fingerprint"))
         t.fingerprint = r.str(r.field(j, "fingerprint", "trace"), "hash", "fingerprint");
-    t.source = j.value("source", "");
-    t.model = j.value("model", "");
-    if (j.contains("device")) {
-        const J& d = r.field(j, "device", "trace");
-        if (d.contains("copy_gbps")) {
+    t.source = r.str_or(j, "source", "trace", "");
+    t.model = r.str_or(j, "model", "trace", "");
+    if (r.has(j, "device")) {
+        const element d = r.field(j, "device", "trace");
+        if (r.has(d, "copy_gbps")) {
             t.copy_gbps = r.ms(d, "copy_gbps", "device");
             if (t.copy_gbps < 1e-3) r.fail("device.copy_gbps must be at least 0.001");
         }
     }
-    const J& fixed = r.field(j, "fixed", "trace");
+    const element fixed = r.field(j, "fixed", "trace");
     t.param_bytes = r.u64(fixed, "param_bytes", "fixed");
     t.grad_bytes = r.u64(fixed, "grad_bytes", "fixed");
     t.optimizer_bytes = r.u64(fixed, "optimizer_bytes", "fixed");
@@ -162,12 +179,12 @@ Trace read_trace(const J& j, const std::string& file) {
     double total_ms = 0;
 
     std::map<std::string, uint64_t> size, version;
-    const J& bufs = r.arr(j, "buffers", "trace");
-    for (size_t k = 0; k < bufs.size(); ++k) {
-        auto w = fmt::format("buffers[{}]", k);
-        BufferInfo b{r.str(bufs[k], "id", w), r.u64(bufs[k], "bytes", w)};
-        if (format_version >= 2 && bufs[k].contains("kind")) {
-            b.kind = r.str(bufs[k], "kind", w);
+    size_t k = 0;
+    for (element buf : r.arr(j, "buffers", "trace")) {
+        auto w = fmt::format("buffers[{}]", k++);
+        BufferInfo b{r.str(buf, "id", w), r.u64(buf, "bytes", w)};
+        if (format_version >= 2 && r.has(buf, "kind")) {
+            b.kind = r.str(buf, "kind", w);
             if (b.kind != "buffer" && b.kind != "param" && b.kind != "input")
                 r.fail(fmt::format("{}.kind: '{}' is not buffer, param or input", w, b.kind));
         }
@@ -177,21 +194,22 @@ Trace read_trace(const J& j, const std::string& file) {
         total_bytes += double(b.bytes);
         t.buffers.push_back(b);
     }
-    const J& segs = r.arr(j, "segments", "trace");
-    if (segs.empty()) r.fail("trace has no segments");
-    if (segs.size() > kMaxSegments) r.fail("more than 1048576 segments");
+    const dom::array segs = r.arr(j, "segments", "trace");
+    const size_t n_segs = segs.size();
+    if (n_segs == 0) r.fail("trace has no segments");
+    if (n_segs > kMaxSegments) r.fail("more than 1048576 segments");
     std::unordered_set<std::string_view> names;   // views of t.segments[k].name (reserved)
-    names.reserve(segs.size());
-    t.segments.reserve(segs.size());
-    for (size_t i = 0; i < segs.size(); ++i) {
-        const J& s = segs[i];
-        auto w = fmt::format("segments[{}]", i);
+    names.reserve(n_segs);
+    t.segments.reserve(n_segs);
+    size_t i = 0;
+    for (element s : segs) {
+        auto w = fmt::format("segments[{}]", i++);
         Segment g;
         g.name = r.str(s, "name", w);
         if (g.name.empty() || names.count(g.name))
             r.fail(fmt::format("{}: empty or duplicate segment name '{}'", w, g.name));
         g.forward_ms = r.ms(s, "forward_ms", w);
-        g.backward_ms = s.contains("backward_ms") ? r.ms(s, "backward_ms", w) : 2 * g.forward_ms;
+        g.backward_ms = r.has(s, "backward_ms") ? r.ms(s, "backward_ms", w) : 2 * g.forward_ms;
         g.saved_bytes = r.u64(s, "saved_bytes", w);
         g.input_bytes = r.u64_or(s, "input_bytes", w, 0);
         g.output_bytes = r.u64(s, "output_bytes", w);
@@ -199,16 +217,14 @@ Trace read_trace(const J& j, const std::string& file) {
         total_ms += g.forward_ms + g.backward_ms;
         total_bytes += double(g.saved_bytes) + double(g.input_bytes) + double(g.output_bytes) +
                        double(g.transient_bytes);
-        const J* st = s.contains("state") ? &r.arr(s, "state", w) : nullptr;
-        const size_t n_state = st ? st->size() : 0;
-        for (size_t k = 0; k < n_state; ++k) {
-            const J& a = (*st)[k];
-            auto wa = fmt::format("{}.state[{}]", w, k);
+        size_t ka = 0;
+        for (element a : r.arr_or_empty(s, "state", w)) {
+            auto wa = fmt::format("{}.state[{}]", w, ka++);
             StateAccess acc;
             acc.buffer = r.str(a, "buffer", wa);
             if (!size.count(acc.buffer))
                 r.fail(fmt::format("{}: buffer '{}' is not in the buffers list", wa, acc.buffer));
-            acc.read = a.value("read", true);
+            acc.read = r.boolean_or(a, "read", wa, true);
             acc.version_read = r.u64(a, "version_read", wa);
             acc.bytes_read = r.u64_or(a, "bytes_read", wa, size[acc.buffer]);
             if (acc.version_read != version[acc.buffer])
@@ -217,7 +233,7 @@ Trace read_trace(const J& j, const std::string& file) {
             if (acc.bytes_read != size[acc.buffer])
                 r.fail(fmt::format("{}: bytes_read {} but '{}' holds {} bytes", wa,
                                    acc.bytes_read, acc.buffer, size[acc.buffer]));
-            acc.written = a.contains("version_written");
+            acc.written = r.has(a, "version_written");
             if (acc.written) {
                 acc.version_written = r.u64(a, "version_written", wa);
                 if (acc.version_written <= acc.version_read)
@@ -232,11 +248,10 @@ Trace read_trace(const J& j, const std::string& file) {
             total_bytes += double(acc.bytes_read);
             g.state.push_back(std::move(acc));
         }
-        const J* rng = s.contains("rng") ? &r.arr(s, "rng", w) : nullptr;
-        const size_t n_rng = rng ? rng->size() : 0;
-        for (size_t k = 0; k < n_rng; ++k) {
-            auto wr = fmt::format("{}.rng[{}]", w, k);
-            g.rng.push_back({r.str((*rng)[k], "stream", wr), r.u64((*rng)[k], "state_bytes", wr)});
+        size_t kr = 0;
+        for (element u : r.arr_or_empty(s, "rng", w)) {
+            auto wr = fmt::format("{}.rng[{}]", w, kr++);
+            g.rng.push_back({r.str(u, "stream", wr), r.u64(u, "state_bytes", wr)});
             total_bytes += double(g.rng.back().state_bytes);
         }
         if (total_bytes > kMaxTotalBytes)
@@ -246,34 +261,34 @@ Trace read_trace(const J& j, const std::string& file) {
                                "4e18 ns", w, t.copy_gbps));
         if (total_ms > kMaxTotalMs)
             r.fail(fmt::format("{}: the trace's times add up to more than 1e9 ms", w));
-        if (format_version >= 2 && s.contains("non_replayable")) {
+        if (format_version >= 2 && r.has(s, "non_replayable")) {
             g.non_replayable = r.str(s, "non_replayable", w);
             if (g.non_replayable.empty()) r.fail(w + ".non_replayable: empty reason");
         }
         t.segments.push_back(std::move(g));
         names.insert(t.segments.back().name);   // no reallocation: reserved above
     }
-    if (j.contains("backward_order")) {
-        const J& bo = r.arr(j, "backward_order", "trace");
+    if (r.has(j, "backward_order")) {
+        const dom::array bo = r.arr(j, "backward_order", "trace");
         bool reverse = bo.size() == t.segments.size();
-        for (size_t k = 0; reverse && k < bo.size(); ++k)
-            reverse = bo[k].is_string() &&
-                      bo[k].template get<std::string>() == t.segments[t.segments.size() - 1 - k].name;
+        size_t kb = 0;
+        for (element name : bo) {
+            std::string_view v;
+            if (!reverse) break;
+            reverse = name.get_string().get(v) == simdjson::SUCCESS &&
+                      v == t.segments[t.segments.size() - 1 - kb].name;
+            ++kb;
+        }
         if (!reverse)
             r.fail("backward_order must be the reverse of the forward order (the only order "
                    "this planner models)");
     }
-    t.hash = trace_hash(j);
     return t;
 }
 
-}  // namespace
-
-std::string fnv1a64_hex(const std::string& bytes) {
-    return fmt::format("{:016x}", fnv1a64(kFnvOffset, bytes));
+std::string trace_hash(std::string_view bytes) {
+    return fmt::format("{:016x}", XXH3_64bits(bytes.data(), bytes.size()));
 }
-
-Trace trace_from_json(const json& j, const std::string& file) { return read_trace(j, file); }
 
 json trace_to_json(const Trace& t) {
     json j = {{"format", kFormat},
@@ -328,9 +343,10 @@ json trace_to_json(const Trace& t) {
 }
 
 namespace {
-// Whole file (or pipe) as text; BadInput for a folder, an unreadable file, or more than
+// Whole file (or pipe) as text, followed by kJsonPadding zero bytes (simdjson reads them;
+// they are not part of the file). BadInput for a folder, an unreadable file, or more than
 // kMaxFileBytes.
-std::string read_text(const std::string& path) {
+std::string read_padded(const std::string& path) {
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec)) throw BadInput(path, "is a folder, not a trace file");
     std::ifstream in(path, std::ios::binary);
@@ -339,6 +355,7 @@ std::string read_text(const std::string& path) {
     in.seekg(0, std::ios::end);
     if (auto size = in.tellg(); size > 0 && in.seekg(0)) {
         if (static_cast<uint64_t>(size) > kMaxFileBytes) throw BadInput(path, "larger than 4 GiB");
+        text.reserve(static_cast<size_t>(size) + kJsonPadding);
         text.resize(static_cast<size_t>(size));
         in.read(text.data(), size);
         text.resize(static_cast<size_t>(in.gcount()));
@@ -350,70 +367,77 @@ std::string read_text(const std::string& path) {
         if (text.size() > kMaxFileBytes) throw BadInput(path, "larger than 4 GiB");
     }
     if (in.bad()) throw BadInput(path, "read error");
+    text.resize(text.size() + kJsonPadding, '\0');
     return text;
 }
 
-// Parse, detect the kind and read. Every failure is BadInput except std::bad_alloc.
-Trace load_text(std::string text, const std::string& path) {
-    // Fast path for ckptkit traces: the compact tree (no per-node allocation; 100,000-segment
-    // traces). Anything it rejects or does not model, valid or not, is read again below with
-    // nlohmann::json, which gives the same Trace or the error message.
-    if (auto tree = JsonTree::parse(text); tree && tree->root().contains("format")) {
-        // A large text is not needed while the tree is read (10^6 segments: ~400 MB); it is
-        // read again in the rare case the fallback needs it.
-        const bool drop = text.size() > (size_t{64} << 20);
-        if (drop) std::string().swap(text);
-        try {
-            return read_trace(tree->root(), path);
-        } catch (const std::exception&) {
-        }
-        tree.reset();
-        if (drop) text = read_text(path);
-    }
-    json j;
-    try {
-        j = json::parse(text);
-    } catch (const json::parse_error& e) {
-        throw BadInput(path, fmt::format("not valid JSON (byte {})", e.byte));
-    } catch (const json::exception& e) {
-        // out_of_range.406: a number no double holds (1e999, a 400-digit integer).
-        std::string what = e.what();
-        auto q = what.find('\'');
-        std::string number = q == std::string::npos ? "" : what.substr(q + 1);
-        if (!number.empty() && number.back() == '\'') number.pop_back();
-        if (number.size() > 24) number = number.substr(0, 20) + "...";
-        throw BadInput(path, number.empty() ? std::string("not valid JSON: ") + e.what()
-                                            : fmt::format("number {} is out of range", number));
-    }
-    if (j.is_object() && j.contains("format")) {
-        try {
-            return trace_from_json(j, path);
-        } catch (const json::exception& e) {
-            throw BadInput(path, std::string("malformed trace: ") + e.what());
-        }
-    }
-    if (j.is_object() && j.contains("schema") && j.contains("nodes")) {
-        try {
-            return import_execution_trace(j, path);
-        } catch (const json::exception& e) {
-            throw BadInput(path, std::string("malformed execution trace: ") + e.what());
-        }
-    }
-    throw BadInput(path, "neither a ckptkit trace (no 'format') nor a PyTorch Execution Trace "
+// What a trace text is, from its top-level object's members.
+enum class TraceKind { Ckptkit, ExecutionTrace };
+TraceKind kind_of(element root, const std::string& file) {
+    if (member(root, "format")) return TraceKind::Ckptkit;
+    if (member(root, "schema") && member(root, "nodes")) return TraceKind::ExecutionTrace;
+    throw BadInput(file, "neither a ckptkit trace (no 'format') nor a PyTorch Execution Trace "
                          "(no 'schema'/'nodes')");
+}
+
+// Hash, parse, detect the kind and read `padded` (the text + kJsonPadding zero bytes; freed
+// once parsed: the DOM holds its own copy of every value). Every failure is BadInput except
+// std::bad_alloc. `want`: the kind the caller requires (nullptr: either).
+Trace read_padded_text(std::string padded, const std::string& file, const TraceKind* want) {
+    const size_t len = padded.size() - kJsonPadding;
+    const std::string hash = trace_hash(std::string_view(padded).substr(0, len));
+    JsonDoc doc;
+    parse_trace_json(doc, padded, len, file);
+    std::string().swap(padded);
+    const TraceKind kind = kind_of(doc.root, file);
+    if (want && kind != *want)
+        throw BadInput(file, *want == TraceKind::Ckptkit ? "not a ckptkit trace (no 'format')"
+                                                         : "not a PyTorch Execution Trace");
+    Trace t = kind == TraceKind::Ckptkit ? read_ckptkit_trace(doc.root, file)
+                                         : read_execution_trace(doc.root, file);
+    t.hash = hash;
+    return t;
+}
+
+std::string padded_copy(std::string_view text) {
+    std::string s;
+    s.reserve(text.size() + kJsonPadding);
+    s.append(text);
+    s.resize(text.size() + kJsonPadding, '\0');
+    return s;
+}
+
+// Every exception but BadInput as BadInput (bad_alloc: "out of memory"); never abort.
+template <class F>
+Trace as_bad_input(const std::string& file, F&& read) {
+    try {
+        return read();
+    } catch (const BadInput&) {
+        throw;
+    } catch (const std::bad_alloc&) {
+        throw BadInput(file, "out of memory while reading the trace");
+    } catch (const std::exception& e) {   // nothing known reaches here
+        throw BadInput(file, std::string("malformed trace: ") + e.what());
+    }
 }
 }  // namespace
 
 Trace load_trace(const std::string& path) {
-    try {
-        return load_text(read_text(path), path);
-    } catch (const BadInput&) {
-        throw;
-    } catch (const std::bad_alloc&) {
-        throw BadInput(path, "out of memory while reading the trace");
-    } catch (const std::exception& e) {   // nothing known reaches here; never abort
-        throw BadInput(path, std::string("malformed trace: ") + e.what());
-    }
+    return as_bad_input(path, [&] { return read_padded_text(read_padded(path), path, nullptr); });
+}
+
+Trace parse_trace(std::string_view text, const std::string& file) {
+    return as_bad_input(file, [&] { return read_padded_text(padded_copy(text), file, nullptr); });
+}
+
+Trace trace_from_json(const json& j, const std::string& file) {
+    static const TraceKind kWant = TraceKind::Ckptkit;
+    return as_bad_input(file, [&] { return read_padded_text(padded_copy(j.dump()), file, &kWant); });
+}
+
+Trace import_execution_trace(const json& j, const std::string& file) {
+    static const TraceKind kWant = TraceKind::ExecutionTrace;
+    return as_bad_input(file, [&] { return read_padded_text(padded_copy(j.dump()), file, &kWant); });
 }
 
 }  // namespace ckpt::replay

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -64,7 +65,7 @@ struct BufferInfo {
     std::string kind = "buffer";
 };
 
-/// The whole trace. hash identifies it in plans (fnv1a64 of the canonical JSON).
+/// The whole trace. hash identifies it in plans: trace_hash() of the bytes it was read from.
 struct Trace {
     int format_version = 2;           ///< 1 or 2 as read (written: always 2)
     std::string source;
@@ -77,7 +78,7 @@ struct Trace {
     uint64_t optimizer_bytes = 0;
     std::vector<BufferInfo> buffers;
     std::vector<Segment> segments;    ///< forward order; backward runs in reverse
-    std::string hash;
+    std::string hash;                 ///< trace_hash() of the text read (16 hex digits)
 
     /// Params + grads + optimizer state + the mutable buffers at their initial size (bytes).
     uint64_t fixed_bytes() const {
@@ -88,26 +89,38 @@ struct Trace {
 };
 
 /// Read a trace file: the ckptkit format, a PyTorch Execution Trace (schema 1.0.1) or the
-/// Chakra-style nested schema (detected from the JSON). Throws ckpt::BadInput{path, what}
-/// for unreadable, malformed or inconsistent input.
+/// Chakra-style nested schema (detected from the JSON). Trace::hash = trace_hash() of the
+/// file's bytes. Throws ckpt::BadInput{path, what} for unreadable, malformed or inconsistent
+/// input (duplicate keys and numbers no double / 64-bit integer holds included).
 Trace load_trace(const std::string& path);
 
-/// Parse and validate a ckptkit trace JSON value. Throws BadInput{file, what}.
+/// As load_trace for `text` held in memory (either kind, detected); `file` names it in
+/// errors. Trace::hash = trace_hash(text). Throws BadInput{file, what}.
+Trace parse_trace(std::string_view text, const std::string& file);
+
+/// A ckptkit trace from a nlohmann value (tests, the fuzz round trip): parse_trace() of
+/// j.dump(), so the one reader validates it; hash = trace_hash(j.dump()). Throws BadInput,
+/// also when j is an Execution Trace.
 Trace trace_from_json(const nlohmann::json& j, const std::string& file);
 
 /// Serialise to the ckptkit trace format (formats/trace.md).
 nlohmann::json trace_to_json(const Trace& t);
 
 /// Import a PyTorch Execution Trace (torch 1.13 ExecutionGraphObserver schema 1.0.1, or the
-/// Chakra-style nested schema). Segments are the record_function nodes named
+/// Chakra-style nested schema) given as a nlohmann value: parse_trace() of j.dump() (load_trace
+/// reads files the same way). Segments are the record_function nodes named
 /// "ckpt.segment:NAME"; writes come from `(a!)` annotations in op_schema (plus
 /// native_batch_norm's unannotated running stats); sizes from the tensor tuples
 /// [tensor_id, storage_id, offset, numel, itemsize, device]; RNG from random ops. Forward time
 /// is the node's `dur` (us) when present, else 0.01 ms per op (schema 1.0.1 has no times).
-/// Throws BadInput.
+/// Throws BadInput, also when j is a ckptkit trace.
 Trace import_execution_trace(const nlohmann::json& j, const std::string& file);
 
-/// FNV-1a 64-bit hash of a byte string, as 16 hex digits.
-std::string fnv1a64_hex(const std::string& bytes);
+/// The trace hash plans carry (formats/trace.md, formats/plan.md): XXH3-64 (seed 0) of the
+/// trace's bytes exactly as stored, as 16 lowercase hex digits (python: xxhash.xxh3_64_hexdigest).
+std::string trace_hash(std::string_view bytes);
+
+/// Name of trace_hash()'s algorithm, as plans record it ("trace": {"hash_algorithm": ...}).
+inline constexpr const char* kTraceHashAlgorithm = "xxh3-64";
 
 }  // namespace ckpt::replay

@@ -1,5 +1,5 @@
 // libFuzzer target: the replay trace loader (ckptkit trace JSON, PyTorch Execution Trace
-// schema 1.0.1, Chakra-style nested schema) and the canonical re-serialisation.
+// schema 1.0.1, Chakra-style nested schema) and the trace_to_json -> trace_from_json round trip.
 #include <nlohmann/json.hpp>
 
 #include "fuzz_common.h"

@@ -9,7 +9,6 @@
 
 #include "common/error.h"
 #include "helpers.h"
-#include "replay/json_tree.h"
 #include "replay/plan_io.h"
 #include "replay/trace.h"
 
@@ -29,6 +28,14 @@ std::string bad_input_message(const std::string& text) {
     }
     std::remove(path.c_str());
     return msg;
+}
+
+// The bytes of a file.
+std::string file_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
 }
 
 const StateAccess* access(const Trace& t, const std::string& seg, const std::string& buf) {
@@ -132,52 +139,55 @@ TEST_CASE("budget parsing") {
     CHECK(human_bytes(1536) == "1.50 KiB");
 }
 
-TEST_CASE("JsonTree: dump is canonical_dump of the nlohmann value; repeated keys and bad JSON are refused") {
-    for (const char* text :
-         {R"({"b":1,"a":[1.5,-2,3e20,0.1,4.0,18446744073709551615,"x\"y\u00e9\n\t",true,null,{}],"c":{"z":[],"y":-0}})",
-          R"([])", R"("\u0001")", R"({"\u00e9":{"b":2,"a":1}})"}) {
-        auto t = JsonTree::parse(text);
-        REQUIRE(t);
-        CHECK(t->root().dump() == canonical_dump(nlohmann::json::parse(text)));
-    }
-    auto dup = JsonTree::parse(R"({"a":1,"a":2})");
-    REQUIRE(dup);
-    CHECK_THROWS_AS(dup->root().dump(), JsonTree::Unsupported);
-    CHECK(!JsonTree::parse("[1,"));
-    CHECK(!JsonTree::parse("[[[1]]]", 2));   // deeper than max_depth
-}
-
-TEST_CASE("load_trace's fast path reads example traces as trace_from_json does") {
-    for (const char* name : {"bn.trace.json", "sparse_write.trace.json", "dense_queue.trace.json",
-                             "kvcache.trace.json", "counter.trace.json"}) {
-        Trace fast = load_trace(trace_path(name));
-        std::ifstream in(trace_path(name));
-        std::stringstream ss;
-        ss << in.rdbuf();
-        Trace dom = trace_from_json(nlohmann::json::parse(ss.str()), trace_path(name));
-        CHECK(fast.hash == dom.hash);
-        CHECK(trace_to_json(fast) == trace_to_json(dom));
-    }
-    // a repeated key: the DOM path reads it (the last one wins), as before
+TEST_CASE("duplicate keys are refused at any depth, naming the key and where it is") {
     CHECK(bad_input_message(R"({"format":"x","format":"ckptkit-trace","format_version":3})") ==
-          "unsupported format_version 3 (this tool reads 1 and 2)");
+          "duplicate key 'format' in the top-level object");
+    std::string text = file_bytes(trace_path("bn.trace.json"));
+    const auto pos = text.find("\"version_read\"");
+    REQUIRE(pos != std::string::npos);
+    text.insert(pos, "\"version_read\": 7, ");   // a second version_read in one state entry
+    const std::string msg = bad_input_message(text);
+    CHECK(msg.rfind("duplicate key 'version_read' in segments[", 0) == 0);
+    CHECK(msg.find("].state[0]") != std::string::npos);
+    CHECK(bad_input_message(R"({"schema":"1.0.1","nodes":[{"id":1,"name":"a","id":2}]})") ==
+          "duplicate key 'id' in nodes[0]");
+    CHECK(bad_input_message(R"([{"a":[{"b":1,"c":2,"b":3}]}])") == "duplicate key 'b' in [0].a[0]");
+    CHECK(bad_input_message(R"({"format":"ckptkit-trace","a":{"":1,"":2}})") == "duplicate key '' in a");
 }
 
-TEST_CASE("trace hash floats are written as Python's repr (apply_plan.py hashes json.dumps)") {
-    // expected strings: repr() of the same doubles in CPython 3.11
-    const std::pair<double, const char*> cases[] = {
-        {1.35259, "1.35259"}, {10.0, "10.0"}, {1e+16, "1e+16"}, {1000000000000000.0, "1000000000000000.0"},
-        {0.0001, "0.0001"}, {1e-05, "1e-05"}, {-0.0, "-0.0"}, {0.0, "0.0"}, {123456.789, "123456.789"},
-        {1.5e-07, "1.5e-07"}, {5e-324, "5e-324"}, {1.7976931348623157e+308, "1.7976931348623157e+308"},
-        {0.1 + 0.2, "0.30000000000000004"}, {2.5e-05, "2.5e-05"}, {-3e+20, "-3e+20"},
-        {1234567890123456.8, "1234567890123456.8"}, {0.00012, "0.00012"}};
-    for (const auto& [x, want] : cases) {
-        std::string got;
-        ckpt::replay::append_python_float(got, x);
-        CHECK(got == want);
-    }
-    const auto j = nlohmann::json::parse(R"({"b":[1,2.5,"x\u00e9"],"a":{"z":null,"y":true,"t":1.35259}})");
-    CHECK(ckpt::replay::canonical_dump(j) == "{\"a\":{\"t\":1.35259,\"y\":true,\"z\":null},\"b\":[1,2.5,\"x\xc3\xa9\"]}");
+TEST_CASE("the trace hash is XXH3-64 of the file's bytes (apply_plan.py: xxhash.xxh3_64_hexdigest)") {
+    CHECK(trace_hash("") == "2d06800538d394c2");   // XXH3_64bits of no bytes, seed 0
+    CHECK(trace_hash("abc") == "78af5f94892f3950");
+    const std::string text = file_bytes(trace_path("bn.trace.json"));
+    const Trace t = load_trace(trace_path("bn.trace.json"));
+    CHECK(t.hash == trace_hash(text));
+    CHECK(parse_trace(text, "<mem>").hash == t.hash);
+    // the bytes count, not the JSON value: another spacing is another trace file
+    const Trace spaced = parse_trace(text + "\n", "<mem>");
+    CHECK(spaced.hash != t.hash);
+    CHECK(trace_to_json(spaced) == trace_to_json(t));
+    // an Execution Trace is hashed as its own file, not as the converted trace
+    CHECK(load_trace(trace_path("bn.et.json")).hash == trace_hash(file_bytes(trace_path("bn.et.json"))));
+}
+
+TEST_CASE("numbers: out of range is one BadInput naming the number; floats are no integers") {
+    const std::string head = R"({"format":"ckptkit-trace","format_version":1,"fixed":{"param_bytes":1,"grad_bytes":1,"optimizer_bytes":1},"buffers":[],"segments":[{"name":"a","forward_ms":1,"output_bytes":0,"saved_bytes":)";
+    CHECK(bad_input_message(head + "1e999}]}") == "number 1e999 is out of range");
+    CHECK(bad_input_message(head + "18446744073709551616}]}") == "number 18446744073709551616 is out of range");
+    CHECK(bad_input_message(head + "-9223372036854775809}]}") == "number -9223372036854775809 is out of range");
+    CHECK(bad_input_message(head + "1" + std::string(400, '0') + "}]}") ==
+          "number 10000000000000000000... is out of range");
+    CHECK(bad_input_message(head + "2.0}]}") == "segments[0].saved_bytes: expected a non-negative integer");
+    CHECK(bad_input_message(head + "1e300}]}") == "segments[0].saved_bytes: expected a non-negative integer");
+    CHECK(bad_input_message(head + "-1}]}") == "segments[0].saved_bytes: expected a non-negative integer");
+    CHECK(bad_input_message(head + "1e-999}]}") == "segments[0].saved_bytes: expected a non-negative integer");
+    CHECK(bad_input_message(head + "01}]}").rfind("not valid JSON: ", 0) == 0);
+    CHECK(bad_input_message(R"({"schema":"1.0.1","nodes":[{"id":1.5,"name":"a"}]})") == "nodes[0].id: expected an int64");
+    CHECK(bad_input_message(R"({"schema":"1.0.1","nodes":[{"id":9223372036854775808,"name":"a"}]})") ==
+          "nodes[0].id: expected an int64");
+    CHECK(bad_input_message(R"({"schema":"1.0.1","nodes":[{"id":1,"name":7}]})") == "nodes[0].name: expected a string");
+    // a UTF-8 byte-order mark is skipped, as before
+    CHECK(bad_input_message("\xEF\xBB\xBF[1]").find("neither a ckptkit trace") == 0);
 }
 
 TEST_CASE("malformed-trace corpus: every file is BadInput with its expected message") {
@@ -187,7 +197,9 @@ TEST_CASE("malformed-trace corpus: every file is BadInput with its expected mess
     const std::string dir = std::string(CKPT_SOURCE_DIR) + "/test/corpus/";
     nlohmann::json expected = nlohmann::json::parse(std::ifstream(dir + "bad_traces_expected.json"));
     REQUIRE(expected.size() == 9);
-    for (const auto& [name, msg] : expected.items()) {
+    for (const auto& item : expected.items()) {   // no structured binding: CAPTURE (clang 14)
+        const std::string name = item.key();
+        const nlohmann::json& msg = item.value();
         CAPTURE(name);
         const std::string path = dir + "fuzz/trace/" + name;
         std::string got;
@@ -307,35 +319,16 @@ TEST_CASE("Execution Trace import: a random op on an explicit torch.Generator is
     CHECK(plain.segments[2].rng.size() == 1);
 }
 
-TEST_CASE("JsonTree fast parser: accepts and reads exactly what nlohmann does") {
-    // valid and invalid JSON around the fast parser's edges; each either parses to the same
-    // canonical text as nlohmann's DOM or is refused by both
-    const std::vector<std::string> cases = {
-        R"({"a":1,"b":[1,2,3],"c":{"d":-4,"e":1.5e3,"f":true,"g":null,"h":"x"}})",
-        R"([0, -0, 1.0, 1e5, 1E-5, -2.5e+3, 18446744073709551615, -9223372036854775808])",
-        R"([18446744073709551616, -9223372036854775809, 123456789012345678901234567890])",
-        R"(["esc\"aped", "tab\t", "\u00e9", "é"])", " \t\n[ 1 ,\r\n 2 ] \n", "{}", "[]", "\"s\"",
-        "01", "1.", ".5", "-", "+1", "[1,]", R"({"a":1,})", "[1 2]", "tru", "nul", "[1]x",
-        "\"a\x01b\"", "[", "{\"a\"}", "{\"a\":}", "1e", "1e+", "--1", "[1.5.2]", "",
-        R"({"a":1,"a":2})"};
-    for (const auto& text : cases) {
-        CAPTURE(text);
-        auto tree = JsonTree::parse(text);
-        nlohmann::json dom;
-        bool dom_ok = true;
-        try {
-            dom = nlohmann::json::parse(text);
-        } catch (const nlohmann::json::exception&) {
-            dom_ok = false;
-        }
-        REQUIRE(bool(tree) == dom_ok);
-        if (!tree) continue;
-        std::string fast;
-        try {
-            fast = tree->root().dump();
-        } catch (const JsonTree::Unsupported&) {
-            continue;   // a repeated key: the DOM path reads it (see the test above)
-        }
-        CHECK(fast == canonical_dump(dom));
-    }
+TEST_CASE("plan output: the trace hash and its algorithm; the SVG title is XML-escaped") {
+    const Trace t = load_trace(trace_path("counter.trace.json"));
+    Problem p(t);
+    const auto results = make_planner("joint")->plan_all(p, {1ull << 30});
+    const nlohmann::json plan = plan_to_json(p, "counter.trace.json", "joint", results);
+    CHECK(plan["format_version"] == kPlanFormatVersion);
+    CHECK(plan["trace"]["hash"] == t.hash);
+    CHECK(plan["trace"]["hash_algorithm"] == "xxh3-64");
+    CHECK(xml_escape(R"(a<b & "c" 'd'>)") == "a&lt;b &amp; &quot;c&quot; &apos;d&apos;&gt;");
+    const std::string svg = sweep_svg({{"joint", results}}, "replay-plan: <model & \"x\">");
+    CHECK(svg.find(">replay-plan: &lt;model &amp; &quot;x&quot;&gt;</text>") != std::string::npos);
+    CHECK(svg.find("<model") == std::string::npos);
 }

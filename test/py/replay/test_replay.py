@@ -422,3 +422,52 @@ def test_execution_trace_memory_within_10_percent(replay_plan, tmp_path, model):
     (f_rec, p_rec), (f_et, p_et) = _range(replay_plan, trace), _range(replay_plan, et)
     assert abs(f_et / f_rec - 1) < 0.001, (f_et, f_rec)
     assert abs(p_et / p_rec - 1) < 0.10, (p_et, p_rec)   # measured +0.4%
+
+
+def test_plan_carries_the_xxh3_of_the_trace_bytes_and_old_plans_must_be_remade(replay_plan, tmp_path):
+    """Plans (format_version 2) carry XXH3-64 of the trace file's bytes; a plan of format 1
+    (FNV-1a of a canonical re-dump) is refused with a re-plan message, exit 2; a trace file
+    with other bytes (here one more newline) is another trace."""
+    import xxhash
+    src = ROOT / "data" / "traces" / "counter.trace.json"
+    trace, plan = tmp_path / "counter.trace.json", tmp_path / "p.json"
+    trace.write_bytes(src.read_bytes())
+    assert run([replay_plan, trace, "--budget", "1GiB", "-o", plan]).returncode == 0
+    p = json.load(open(plan))
+    assert p["format_version"] == 2
+    assert p["trace"]["hash_algorithm"] == "xxh3-64"
+    assert p["trace"]["hash"] == xxhash.xxh3_64_hexdigest(trace.read_bytes())
+    old = dict(p, format_version=1)
+    old["trace"] = {k: v for k, v in p["trace"].items() if k != "hash_algorithm"}
+    old["trace"]["hash"] = "9c5903223b54e40c"
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    r = run([PY, SCRIPTS / "apply_plan.py", MODELS / "counter.py", trace, tmp_path / "old.json"])
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is a plan of format_version 1" in lines[0], r.stderr
+    assert f"re-plan with replay-plan {trace} --budget" in lines[0]
+    trace.write_bytes(src.read_bytes() + b"\n")
+    r = run([PY, SCRIPTS / "apply_plan.py", MODELS / "counter.py", trace, plan])
+    assert r.returncode == 2 and "was made for another trace" in r.stderr
+
+
+def test_svg_title_is_xml_escaped(replay_plan, tmp_path):
+    t = json.load(open(ROOT / "data" / "traces" / "counter.trace.json"))
+    t["model"] = "a<b & \"c\" 'd'>.py"
+    trace, svg = tmp_path / "t.json", tmp_path / "s.svg"
+    trace.write_text(json.dumps(t))
+    r = run([replay_plan, trace, "--budget", "1GiB", "--svg", svg])
+    assert r.returncode == 0, r.stderr
+    import xml.etree.ElementTree as ET
+    root = ET.fromstring(svg.read_text())   # well-formed despite the title
+    texts = [e.text for e in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "replay-plan: a<b & \"c\" 'd'>.py" in texts
+
+
+def test_duplicate_keys_in_a_trace_are_bad_input(replay_plan, tmp_path):
+    text = (ROOT / "data" / "traces" / "counter.trace.json").read_text()
+    path = tmp_path / "dup.json"
+    path.write_text(text.replace('"format": "ckptkit-trace"', '"format": "ckptkit-trace", "format": "x"', 1))
+    r = run([replay_plan, path, "--budget", "1GiB"])
+    assert r.returncode == 2
+    assert r.stderr == f"replay-plan: error: {path}: duplicate key 'format' in the top-level object\n"
