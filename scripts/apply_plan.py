@@ -37,7 +37,7 @@ import torch.utils.checkpoint as tuc
 import xxhash
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from record_trace import (RecordError, buffer_owner, byte_view, generator_by_stream,  # noqa: E402
+from record_trace import (RecordError, buffer_owner, byte_view, cuda_streams, set_stream_state, stream_state,  # noqa: E402
                           generator_names, load_build, model_fingerprint, segment_modules,
                           storage_of)
 
@@ -182,18 +182,6 @@ def trace_layout(trace):
     args = {(s["name"], a["buffer"]): a["arg"] for s in trace["segments"]
             for a in s.get("state", []) if "arg" in a}
     return {"kind": kinds, "arg": args}
-
-
-def stream_state(model, stream):
-    """RNG state of a stream: "cpu" (the default CPU generator) or "gen:NAME"."""
-    return torch.get_rng_state() if stream == "cpu" else generator_by_stream(model, stream).get_state()
-
-
-def set_stream_state(model, stream, state):
-    if stream == "cpu":
-        torch.set_rng_state(state)
-    else:
-        generator_by_stream(model, stream).set_state(state)
 
 
 class SegmentContract:
@@ -376,8 +364,8 @@ def run_step(model_path, decisions, mode, problems, layout=None):
               "grads": {n: p.grad for n, p in model.named_parameters()},
               "buffers": {n: b.detach().clone() for n, b in model.named_buffers()},
               "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-              "generators": {"gen:" + g: generator_by_stream(model, "gen:" + g).get_state()
-                             for g in gens.values()},
+              "generators": {st: stream_state(model, st)
+                             for st in cuda_streams() + ["gen:" + g for g in gens.values()]},
               "rng": torch.get_rng_state()}
     return result, secs, sum(held.values()) + meter.preserved
 

@@ -241,10 +241,13 @@ class OpLog(TorchDispatchMode):
                         if written:
                             rec["writes"].add(p)
             if "Generator" in str(a.type) and rec is not None:
-                if v is None:
-                    dev = next((t.device.type for t in tensors_in(list(args)) if t.device.type != "cpu"),
-                               str(kwargs.get("device") or "cpu").split(":")[0])
-                    rec["generators"].add("cpu" if dev == "cpu" else dev)
+                if v is None:  # the default generator of the op's device
+                    dev = next((t.device for t in tensors_in(list(args)) if t.device.type != "cpu"),
+                               torch.device(kwargs.get("device") or "cpu"))
+                    if dev.type == "cuda":
+                        rec["generators"].add(f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}")
+                    else:
+                        rec["generators"].add("cpu")
                 elif self.which_generator(v) is not None:
                     rec["generators"].add("gen:" + self.which_generator(v))
                 else:
@@ -258,20 +261,44 @@ class OpLog(TorchDispatchMode):
         return out
 
 
+def cuda_streams():
+    """RNG streams of the CUDA default generators ("cuda:N", one per visible device) when
+    CUDA is initialised; none on a machine without CUDA."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return []
+    return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+
+def stream_state(model, stream):
+    """State tensor of one RNG stream: "cpu" (the default CPU generator), "cuda:N" (device
+    N's default CUDA generator: Philox seed + offset) or "gen:NAME" (a model generator)."""
+    if stream == "cpu":
+        return torch.get_rng_state()
+    if stream.startswith("cuda:"):
+        return torch.cuda.get_rng_state(int(stream[5:]))
+    return generator_by_stream(model, stream).get_state()
+
+
+def set_stream_state(model, stream, state):
+    """Restore one RNG stream (see stream_state)."""
+    if stream == "cpu":
+        torch.set_rng_state(state)
+    elif stream.startswith("cuda:"):
+        torch.cuda.set_rng_state(state, int(stream[5:]))
+    else:
+        generator_by_stream(model, stream).set_state(state)
+
+
 def _rng_states(model, gen_names):
-    """stream -> state tensor: the default CPU generator and every model generator."""
-    states = {"cpu": torch.get_rng_state()}
-    for name in gen_names.values():
-        states["gen:" + name] = generator_by_stream(model, "gen:" + name).get_state()
-    return states
+    """stream -> state tensor: the default CPU generator, the CUDA default generators (when
+    CUDA is in use) and every model generator."""
+    streams = ["cpu"] + cuda_streams() + ["gen:" + name for name in gen_names.values()]
+    return {st: stream_state(model, st) for st in streams}
 
 
 def _set_rng_states(model, states):
     for stream, st in states.items():
-        if stream == "cpu":
-            torch.set_rng_state(st)
-        else:
-            generator_by_stream(model, stream).set_state(st)
+        set_stream_state(model, stream, st)
 
 
 class State:
@@ -610,7 +637,8 @@ class Recorder:
             rng = []
             for stream, s0 in d["rng"].items():
                 if not torch.equal(s0, d["rng_after"][stream]):
-                    rng.append({"stream": stream, "device": "cpu", "state_bytes": s0.numel()})
+                    rng.append({"stream": stream, "device": stream if stream.startswith("cuda:") else "cpu",
+                                "state_bytes": s0.numel()})
             d["state"], d["rng_use"] = accesses, rng
 
     # ---- phase 4: saved bytes
