@@ -106,25 +106,15 @@ codec::ChunkIn read_chunk(const io::InputFile& f, const ct::Manifest& man, const
     ci.vmax = nm == 3 ? b.vals[2].data() : nullptr;
     if (e.theta_storage >= 0) {
         const auto& st = man.storages[std::size_t(e.theta_storage)];
-        const std::size_t ts = float_dtype_size(e.theta_dtype);
+        const DType td = e.theta_dtype.value_or(DType::F32);
+        const std::size_t ts = float_dtype_size(td);
         b.tbytes.resize(n * ts);
         b.theta.resize(n);
         f.read_at(st.offset + i0 * ts, b.tbytes.data(), n * ts, "parameter storage");
-        bytes_to_float(e.theta_dtype, b.tbytes.data(), n, b.theta.data());
+        bytes_to_float(td, b.tbytes.data(), n, b.theta.data());
         ci.theta = b.theta.data();
     }
     return ci;
-}
-
-/// The codec setup of one parameter under a codec and tolerance.
-codec::TensorSetup setup_of(const ct::ParamEntry& e, codec::Kind kind, double tolerance) {
-    codec::TensorSetup setup;
-    setup.kind = kind;
-    setup.hyper = e.hyper;
-    setup.tolerance = tolerance;
-    setup.domain = e.domain;
-    setup.type = e.dtype == "F32" ? codec::MomentType::F32 : e.dtype == "F16" ? codec::MomentType::F16 : codec::MomentType::BF16;
-    return setup;
 }
 
 /// When more than 5% of the moment values escaped: estimate, on a sample (the first 16k
@@ -143,7 +133,7 @@ void warn_escapes(const io::InputFile& f, const ct::Manifest& man, const Report&
         const std::size_t n = std::size_t(std::min<uint64_t>(e.numel, 16384));
         const codec::ChunkIn ci = read_chunk(f, man, e, 0, n, b, nullptr, nullptr);
         for (auto& t : tries) {
-            t.esc += codec::encode_chunk(setup_of(e, t.kind, t.tol), ci).escapes.size() * uint64_t(e.moments());
+            t.esc += codec::encode_chunk(ct::tensor_setup(e, t.kind, t.tol), ci).escapes.size() * uint64_t(e.moments());
             t.n += n * uint64_t(e.moments());
         }
     }
@@ -227,7 +217,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
             Streams streams(file.get(), roles);
             const std::size_t chunk = std::max<std::size_t>(codec::kBlock, o.chunk / codec::kBlock * codec::kBlock);
             for (auto& e : man.params) {  // phase 3
-                encode_param(f, man, e, setup_of(e, o.codec, o.tolerance), device, chunk, streams, prog);
+                encode_param(f, man, e, ct::tensor_setup(e, o.codec, o.tolerance), device, chunk, streams, prog);
                 prog.item_done();
             }
             streams.finish();

@@ -153,14 +153,7 @@ std::vector<GroupRow> ContainerReader::groups() const {
 }
 
 codec::TensorSetup ContainerReader::setup(std::size_t j) const {
-    const auto& e = man_.params.at(j);
-    codec::TensorSetup s;
-    s.kind = man_.codec;
-    s.hyper = e.hyper;
-    s.tolerance = man_.tolerance;
-    s.domain = e.domain;
-    s.type = e.dtype == "F32" ? codec::MomentType::F32 : e.dtype == "F16" ? codec::MomentType::F16 : codec::MomentType::BF16;
-    return s;
+    return ct::tensor_setup(man_.params.at(j), man_.codec, man_.tolerance);
 }
 
 void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, bool with_bounds, Chunk& c,
@@ -191,12 +184,13 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, bool 
         const bool need_theta = e.domain.l2 && std::isfinite(e.domain.grad_bound) && e.theta_storage >= 0;
         if (with_bounds && need_theta) {
             const auto& ts = man_.storages[std::size_t(e.theta_storage)];
-            const std::size_t es = float_dtype_size(e.theta_dtype);
+            const DType td = e.theta_dtype.value_or(DType::U8);
+            const std::size_t es = float_dtype_size(td);
             if (es == 0 || ts.nbytes != e.numel * es) throw std::runtime_error("param " + e.name + ": theta storage size mismatch");
             std::vector<uint8_t> b(n * es);
             read_raw(ts.offset + begin * es, n * es, b.data());
             c.theta.resize(n);
-            bytes_to_float(e.theta_dtype, b.data(), n, c.theta.data());
+            bytes_to_float(td, b.data(), n, c.theta.data());
         }
         c.bounds.assign(with_bounds ? n : 0, 0.0);
         gpu::decode_chunk_on(gpu::decode_device(), setup(j), cp, pp, n, out, c.theta.empty() ? nullptr : c.theta.data(),

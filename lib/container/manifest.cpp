@@ -39,12 +39,32 @@ std::string get_str(const json& j, const char* k) {
         throw std::runtime_error(std::string("manifest field '") + k + "' is missing or not a string");
     return j.at(k).get<std::string>();
 }
+/// The moment float type spelled `s` (F32, F16, BF16); nullopt for any other spelling.
+std::optional<DType> moment_dtype(const std::string& s) {
+    const std::optional<DType> d = dtype_from_name(s);
+    if (d && float_dtype_size(*d) != 0) return d;
+    return std::nullopt;
+}
 bool get_bool(const json& j, const char* k) {
     if (!j.contains(k) || !j.at(k).is_boolean())
         throw std::runtime_error(std::string("manifest field '") + k + "' is missing or not a boolean");
     return j.at(k).get<bool>();
 }
 }  // namespace
+
+codec::MomentType moment_type(DType d) {
+    return d == DType::F32 ? codec::MomentType::F32 : d == DType::F16 ? codec::MomentType::F16 : codec::MomentType::BF16;
+}
+
+codec::TensorSetup tensor_setup(const ParamEntry& e, codec::Kind kind, double tolerance) {
+    codec::TensorSetup s;
+    s.kind = kind;
+    s.hyper = e.hyper;
+    s.tolerance = tolerance;
+    s.domain = e.domain;
+    s.type = moment_type(e.dtype);
+    return s;
+}
 
 std::string Manifest::to_json() const {
     json j;
@@ -66,13 +86,13 @@ std::string Manifest::to_json() const {
     json ps = json::array();
     for (const auto& p : params) {
         const auto& h = p.hyper;
-        ps.push_back({{"name", p.name}, {"numel", p.numel}, {"shape", p.shape}, {"dtype", p.dtype},
+        ps.push_back({{"name", p.name}, {"numel", p.numel}, {"shape", p.shape}, {"dtype", dtype_name(p.dtype)},
                       {"hyper", {{"lr", h.lr}, {"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps},
                                  {"weight_decay", h.weight_decay}, {"amsgrad", h.amsgrad},
                                  {"maximize", h.maximize}, {"step", h.step}}},
                       {"domain", {{"l2", p.domain.l2}, {"plain", p.domain.plain},
                                   {"theta_bound", p.domain.theta_bound}}},
-                      {"theta_storage", p.theta_storage}, {"theta_dtype", p.theta_dtype},
+                      {"theta_storage", p.theta_storage}, {"theta_dtype", p.theta_dtype ? dtype_name(*p.theta_dtype) : ""},
                       {"theta_candidates", p.theta_candidates},
                       {"code_offset", p.code_offset}, {"block_offset", p.block_offset},
                       {"escape_offset", p.escape_offset}, {"escapes", p.escapes},
@@ -133,8 +153,9 @@ Manifest Manifest::from_json(const std::string& text) {
         ParamEntry e;
         e.name = get_str(p, "name");
         e.numel = get_u64(p, "numel");
-        e.dtype = get_str(p, "dtype");
-        if (e.dtype != "F32" && e.dtype != "F16" && e.dtype != "BF16") throw std::runtime_error("param " + e.name + ": bad dtype");
+        const std::optional<DType> dtype = moment_dtype(get_str(p, "dtype"));
+        if (!dtype) throw std::runtime_error("param " + e.name + ": bad dtype");
+        e.dtype = *dtype;
         if (!p.contains("hyper") || !p["hyper"].is_object() || !p.contains("domain") || !p["domain"].is_object())
             throw std::runtime_error("param " + e.name + ": hyper/domain missing");
         const json& h = p["hyper"];
@@ -159,7 +180,7 @@ Manifest Manifest::from_json(const std::string& text) {
         e.domain.grad_bound = m.grad_bound;
         e.domain.weight_decay = e.hyper.weight_decay;
         e.theta_storage = get_i64(p, "theta_storage");
-        e.theta_dtype = get_str(p, "theta_dtype");
+        const std::string theta_dtype = get_str(p, "theta_dtype");
         if (p.contains("theta_candidates")) e.theta_candidates = int(get_i64(p, "theta_candidates"));
         if (p.contains("shape")) {
             if (!p["shape"].is_array()) throw std::runtime_error("param " + e.name + ": shape malformed");
@@ -172,8 +193,8 @@ Manifest Manifest::from_json(const std::string& text) {
             }
             if (uint64_t(n) != e.numel) throw std::runtime_error("param " + e.name + ": shape does not match numel");
         }
-        if (e.theta_storage >= 0 ? (e.theta_dtype != "F32" && e.theta_dtype != "F16" && e.theta_dtype != "BF16")
-                                 : !e.theta_dtype.empty())
+        if (!theta_dtype.empty()) e.theta_dtype = moment_dtype(theta_dtype);
+        if (e.theta_storage >= 0 ? !e.theta_dtype : !theta_dtype.empty())
             throw std::runtime_error("param " + e.name + ": bad theta_dtype");
         e.code_offset = get_u64(p, "code_offset");
         e.block_offset = get_u64(p, "block_offset");
@@ -227,7 +248,7 @@ Manifest Manifest::from_json(const std::string& text) {
             if (r >= p.moments()) { if (p.storage[r] != -1) throw std::runtime_error("param " + p.name + ": unexpected storage"); continue; }
             if (p.storage[r] < 0 || p.storage[r] >= int(m.storages.size())) throw std::runtime_error("param " + p.name + ": storage index out of range");
             const auto& s = m.storages[std::size_t(p.storage[r])];
-            const uint64_t es = p.dtype == "F32" ? 4 : 2;
+            const uint64_t es = float_dtype_size(p.dtype);
             if (s.param != int(i) || s.role != r || s.nbytes != p.numel * es)
                 throw std::runtime_error("param " + p.name + ": storage does not match its moments");
         }

@@ -10,6 +10,7 @@
 
 #include "codec/codec.h"
 #include "container/h5.h"
+#include "io/dtype.h"
 
 namespace ckpt::container {
 
@@ -37,11 +38,11 @@ struct ParamEntry {
     std::string name;
     uint64_t numel = 0;
     std::vector<int64_t> shape;        ///< of exp_avg (report only; absent in older containers)
-    std::string dtype;                 ///< F32, F16 or BF16
+    DType dtype = DType::F32;          ///< of the moments: F32, F16 or BF16
     codec::AdamHyper hyper;
     codec::DomainRule domain;
     int64_t theta_storage = -1;        ///< storage index of theta (raw), -1 when absent
-    std::string theta_dtype;
+    std::optional<DType> theta_dtype;  ///< F32, F16 or BF16 when theta_storage >= 0, else none
     int theta_candidates = 0;          ///< > 0: theta not mapped; |theta| <= domain.theta_bound is the
                                        ///< max over this many same-shape model tensors
     uint64_t code_offset = 0;          ///< values into /moments/codes/* (x code bytes)
@@ -51,6 +52,12 @@ struct ParamEntry {
     int storage[3] = {-1, -1, -1};     ///< StorageEntry index per role
     int moments() const { return hyper.amsgrad ? 3 : 2; }
 };
+
+/// The codec's name for a moment float type (F32, F16 or BF16; any other type maps to BF16).
+codec::MomentType moment_type(DType);
+/// What the codec needs to encode or decode parameter e: its hyper-parameters, domain and
+/// moment type, under the container's codec and tolerance (lr units).
+codec::TensorSetup tensor_setup(const ParamEntry& e, codec::Kind kind, double tolerance);
 
 /// An optimizer state kept exact (its moments stay in /raw), for the reports.
 struct KeptEntry {
