@@ -95,12 +95,10 @@ uint64_t ContainerReader::moment_bytes() const {
 
 std::vector<TensorRow> ContainerReader::rows() const {
     std::vector<TensorRow> rows;
-    const uint64_t cb = uint64_t(codec::code_bytes(man_.codec)), pb = uint64_t(codec::params_per_block(man_.codec));
     std::vector<double> weight;
     double total = 0;
     for (const auto& p : man_.params) {
-        const uint64_t nm = uint64_t(p.moments()), blocks = (p.numel + codec::kBlock - 1) / codec::kBlock;
-        weight.push_back(double(nm * (p.numel * cb + blocks * pb * 2) + p.escapes * (8 + 4 * nm)));
+        weight.push_back(double(ct::stream_bytes(p, man_.codec)));
         total += weight.back();
     }
     const uint64_t bytes = moment_bytes();
