@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
 
@@ -19,6 +20,7 @@
 #include "common/xxh3.h"
 #include "container/h5.h"
 #include "container/manifest.h"
+#include "container/writer.h"
 #include "gpu_codec.h"
 #include "io/file.h"
 
@@ -29,54 +31,24 @@ namespace {
 namespace ct = container;
 
 /// Phase 2: every byte outside moment storages into /raw, in file order; hashes of the
-/// non-moment storages into the manifest. Returns the stored bytes.
-uint64_t write_raw(hid_t file, const io::InputFile& f, ct::Manifest& man, Progress& prog) {
-    ct::Appender raw(file, ct::kRaw, H5T_NATIVE_UINT8, 1);
+/// non-moment storages into the manifest.
+void write_raw(ct::ContainerWriter& out, const io::InputFile& f, ct::Manifest& man, Progress& prog) {
     std::vector<uint8_t> buf(1 << 20);
-    auto copy = [&](uint64_t from, uint64_t to, XXH3_state_t* h) {
-        for (uint64_t off = from; off < to;) {
-            const uint64_t n = std::min<uint64_t>(buf.size(), to - off);
+    const Xxh3State h = make_xxh3();
+    for (const ct::SourceSpan& sp : ct::source_spans(man)) {
+        if (sp.moment) continue;
+        XXH3_64bits_reset(h.get());
+        for (uint64_t off = sp.begin; off < sp.end;) {
+            const uint64_t n = std::min<uint64_t>(buf.size(), sp.end - off);
             f.read_at(off, buf.data(), n, "raw bytes");
-            raw.append(buf.data(), n);
-            if (h) XXH3_64bits_update(h, buf.data(), n);
+            out.append_raw(buf.data(), n);
+            if (sp.storage >= 0) XXH3_64bits_update(h.get(), buf.data(), n);
             off += n;
             prog.advance(n);
         }
-    };
-    const Xxh3State h = make_xxh3();
-    uint64_t pos = 0;
-    for (auto& s : man.storages) {
-        copy(pos, s.offset, nullptr);
-        if (s.param < 0) {
-            XXH3_64bits_reset(h.get());
-            copy(s.offset, s.offset + s.nbytes, h.get());
-            s.xxh3 = XXH3_64bits_digest(h.get());
-        }
-        pos = s.offset + s.nbytes;
+        if (sp.storage >= 0) man.storages[std::size_t(sp.storage)].xxh3 = XXH3_64bits_digest(h.get());
     }
-    copy(pos, f.size(), nullptr);
-    return raw.finish();
 }
-
-/// The moment datasets of every role: codes, block parameters and escape rows. A
-/// parameter with fewer moments than the file's widest (no amsgrad next to amsgrad
-/// groups) gets zero codes, zero block parameters and zero escape rows in the roles it
-/// lacks, so every role's streams stay aligned with the manifest's offsets.
-struct Streams {
-    Streams(hid_t file, int roles) : escidx(file, ct::kEscapeIndex, H5T_NATIVE_UINT64, 8) {
-        for (int r = 0; r < roles; ++r) {
-            codes.push_back(std::make_unique<ct::Appender>(file, ct::codes_path(r), H5T_NATIVE_UINT8, 1));
-            params.push_back(std::make_unique<ct::Appender>(file, ct::params_path(r), H5T_NATIVE_INT16, 2));
-            escv.push_back(std::make_unique<ct::Appender>(file, ct::escapes_path(r), H5T_NATIVE_UINT32, 4));
-        }
-    }
-    std::vector<std::unique_ptr<ct::Appender>> codes, params, escv;
-    ct::Appender escidx;
-    void finish() {
-        for (std::size_t r = 0; r < codes.size(); ++r) { codes[r]->finish(); params[r]->finish(); escv[r]->finish(); }
-        escidx.finish();
-    }
-};
 
 /// Reused buffers of one chunk's moment and parameter bytes and values.
 struct ChunkBuffers {
@@ -106,25 +78,15 @@ codec::ChunkIn read_chunk(const io::InputFile& f, const ct::Manifest& man, const
     ci.vmax = nm == 3 ? b.vals[2].data() : nullptr;
     if (e.theta_storage >= 0) {
         const auto& st = man.storages[std::size_t(e.theta_storage)];
-        const std::size_t ts = float_dtype_size(e.theta_dtype);
+        const DType td = e.theta_dtype.value_or(DType::F32);
+        const std::size_t ts = float_dtype_size(td);
         b.tbytes.resize(n * ts);
         b.theta.resize(n);
         f.read_at(st.offset + i0 * ts, b.tbytes.data(), n * ts, "parameter storage");
-        bytes_to_float(e.theta_dtype, b.tbytes.data(), n, b.theta.data());
+        bytes_to_float(td, b.tbytes.data(), n, b.theta.data());
         ci.theta = b.theta.data();
     }
     return ci;
-}
-
-/// The codec setup of one parameter under a codec and tolerance.
-codec::TensorSetup setup_of(const ct::ParamEntry& e, codec::Kind kind, double tolerance) {
-    codec::TensorSetup setup;
-    setup.kind = kind;
-    setup.hyper = e.hyper;
-    setup.tolerance = tolerance;
-    setup.domain = e.domain;
-    setup.type = e.dtype == "F32" ? codec::MomentType::F32 : e.dtype == "F16" ? codec::MomentType::F16 : codec::MomentType::BF16;
-    return setup;
 }
 
 /// When more than 5% of the moment values escaped: estimate, on a sample (the first 16k
@@ -143,7 +105,7 @@ void warn_escapes(const io::InputFile& f, const ct::Manifest& man, const Report&
         const std::size_t n = std::size_t(std::min<uint64_t>(e.numel, 16384));
         const codec::ChunkIn ci = read_chunk(f, man, e, 0, n, b, nullptr, nullptr);
         for (auto& t : tries) {
-            t.esc += codec::encode_chunk(setup_of(e, t.kind, t.tol), ci).escapes.size() * uint64_t(e.moments());
+            t.esc += codec::encode_chunk(ct::tensor_setup(e, t.kind, t.tol), ci).escapes.size() * uint64_t(e.moments());
             t.n += n * uint64_t(e.moments());
         }
     }
@@ -157,47 +119,57 @@ void warn_escapes(const io::InputFile& f, const ct::Manifest& man, const Report&
                  s.empty() ? "" : "; on a sample: " + s);
 }
 
-/// Phase 3: encode parameter e chunk by chunk, appending to the streams.
+/// Phase 3: encode parameter e chunk by chunk into the moment streams; the hashes of its
+/// moment storages into the manifest.
 void encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntry& e, const codec::TensorSetup& setup,
-                  const gpu::Device device, std::size_t chunk, Streams& out, Progress& prog) {
-    const int nm = e.moments(), roles = int(out.codes.size());
-    const int cb = codec::code_bytes(man.codec), pb = codec::params_per_block(man.codec);
-    e.code_offset = out.codes[0]->count() / std::size_t(cb);
-    e.block_offset = pb == 0 ? 0 : out.params[0]->count() / std::size_t(pb);
-    e.escape_offset = out.escidx.count();
+                  const gpu::Device device, std::size_t chunk, ct::ContainerWriter& out, Progress& prog) {
+    const int nm = e.moments();
+    out.begin_param(e);
     const Xxh3State hs[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
     ChunkBuffers buf;
-    std::vector<uint8_t> zeros;
-    std::vector<int16_t> zero_params;
-    uint64_t last_escape = 0;
+    std::array<std::vector<uint32_t>, 3> bits;   // exact bits of the escaped values, per role
     for (uint64_t i0 = 0; i0 < e.numel; i0 += chunk) {
         const std::size_t n = std::size_t(std::min<uint64_t>(chunk, e.numel - i0));
         const codec::ChunkIn ci = read_chunk(f, man, e, i0, n, buf, hs, &prog);
         const codec::ChunkOut co = gpu::encode_chunk_on(device, setup, ci);
         for (int k = 0; k < nm; ++k) {
-            out.codes[std::size_t(k)]->append(co.codes[k].data(), co.codes[k].size());
-            out.params[std::size_t(k)]->append(co.params[k].data(), co.params[k].size());
+            bits[std::size_t(k)].clear();
+            for (uint32_t li : co.escapes) bits[std::size_t(k)].push_back(element_bits(e.dtype, buf.bytes[k].data(), li));
         }
-        for (int k = nm; k < roles; ++k) {  // aligned filler for roles this parameter lacks
-            zeros.assign(co.codes[0].size(), 0);
-            zero_params.assign(co.params[0].size(), 0);
-            out.codes[std::size_t(k)]->append(zeros.data(), zeros.size());
-            out.params[std::size_t(k)]->append(zero_params.data(), zero_params.size());
-        }
-        for (uint32_t li : co.escapes) {
-            const uint64_t gi = i0 + li;
-            const uint64_t delta = gi - last_escape;
-            last_escape = gi;
-            out.escidx.append(&delta, 1);
-            for (int k = 0; k < roles; ++k) {
-                const uint32_t b = k < nm ? element_bits(e.dtype, buf.bytes[k].data(), li) : 0;
-                out.escv[std::size_t(k)]->append(&b, 1);
-            }
-        }
-        e.escapes += co.escapes.size();
-        e.max_bound = std::max(e.max_bound, co.max_bound);
+        out.append_chunk(i0, co, bits);
     }
     for (int k = 0; k < nm; ++k) man.storages[std::size_t(e.storage[k])].xxh3 = XXH3_64bits_digest(hs[k].get());
+}
+
+/// Phases 2 and 3 into the container at `path`: /raw, the moment streams (filling the
+/// manifest's hashes, stream offsets, escapes and bounds), then the manifest itself.
+void write_container(const std::string& path, const io::InputFile& f, ct::Manifest& man, const CompressOptions& o,
+                     gpu::Device device) {
+    ct::ContainerWriter out(path);
+    Progress prog(o.progress, "ckpt-compress", f.size(), man.params.size());
+    write_raw(out, f, man, prog);
+    out.begin_moments(man);
+    const std::size_t chunk = std::max<std::size_t>(codec::kBlock, o.chunk / codec::kBlock * codec::kBlock);
+    for (auto& e : man.params) {
+        encode_param(f, man, e, ct::tensor_setup(e, o.codec, o.tolerance), device, chunk, out, prog);
+        prog.item_done();
+    }
+    out.finish(man);
+}
+
+/// Phase 4: what ckpt-verify and ckpt-restore will see, before the rename. Returns the
+/// verify report (its rows are the compress report's: one byte accounting for every tool).
+/// Throws CheckFailed when the written container fails.
+Report self_check(const std::string& path, const std::string& in, gpu::Device device) {
+    VerifyOptions vo;
+    vo.certificates = device != gpu::Device::Cpu;  // a device encoder is checked in full
+    Report chk = verify(path, vo);
+    if (!chk.ok) {
+        std::string why;
+        for (const auto& s : chk.failures) why += (why.empty() ? "" : "; ") + s;
+        throw CheckFailed(in + ": the written container failed its own verification (nothing written): " + why);
+    }
+    return chk;
 }
 
 }  // namespace
@@ -219,32 +191,8 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
     AtomicOutput atomic(out);
     Report rep("ckpt-compress", in, out, codec::kind_name(o.codec), o.tolerance, o.grad_bound);
     try {
-        {
-            ct::Handle file = ct::create_file(atomic.temp_path());
-            Progress prog(o.progress, "ckpt-compress", f.size(), man.params.size());
-            write_raw(file.get(), f, man, prog);  // phase 2
-            const int roles = std::any_of(man.params.begin(), man.params.end(), [](auto& p) { return p.hyper.amsgrad; }) ? 3 : 2;
-            Streams streams(file.get(), roles);
-            const std::size_t chunk = std::max<std::size_t>(codec::kBlock, o.chunk / codec::kBlock * codec::kBlock);
-            for (auto& e : man.params) {  // phase 3
-                encode_param(f, man, e, setup_of(e, o.codec, o.tolerance), device, chunk, streams, prog);
-                prog.item_done();
-            }
-            streams.finish();
-            ct::write_manifest(file.get(), man);
-            ct::set_attr(file.get(), "format", std::string("ckptkit-container"));
-            ct::set_attr(file.get(), "format_version", uint64_t(ct::kFormatVersion));
-            file.close_checked();
-        }
-        // phase 4: what ckpt-verify and ckpt-restore will see, before the rename
-        VerifyOptions vo;
-        vo.certificates = device != gpu::Device::Cpu;  // a device encoder is checked in full
-        const Report chk = verify(atomic.temp_path(), vo);
-        if (!chk.ok) {
-            std::string why;
-            for (const auto& s : chk.failures) why += (why.empty() ? "" : "; ") + s;
-            throw CheckFailed(in + ": the written container failed its own verification (nothing written): " + why);
-        }
+        write_container(atomic.temp_path(), f, man, o, device);   // phases 2 and 3
+        const Report chk = self_check(atomic.temp_path(), in, device);  // phase 4
         rep.rows = chk.rows;
         rep.groups = chk.groups;
     } catch (const BadInput&) {

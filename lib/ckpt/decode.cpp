@@ -102,12 +102,10 @@ uint64_t ContainerReader::moment_bytes() const {
 
 std::vector<TensorRow> ContainerReader::rows() const {
     std::vector<TensorRow> rows;
-    const uint64_t cb = uint64_t(codec::code_bytes(man_.codec)), pb = uint64_t(codec::params_per_block(man_.codec));
     std::vector<double> weight;
     double total = 0;
     for (const auto& p : man_.params) {
-        const uint64_t nm = uint64_t(p.moments()), blocks = (p.numel + codec::kBlock - 1) / codec::kBlock;
-        weight.push_back(double(nm * (p.numel * cb + blocks * pb * 2) + p.escapes * (8 + 4 * nm)));
+        weight.push_back(double(ct::stream_bytes(p, man_.codec)));
         total += weight.back();
     }
     const uint64_t bytes = moment_bytes();
@@ -160,14 +158,7 @@ std::vector<GroupRow> ContainerReader::groups() const {
 }
 
 codec::TensorSetup ContainerReader::setup(std::size_t j) const {
-    const auto& e = man_.params.at(j);
-    codec::TensorSetup s;
-    s.kind = man_.codec;
-    s.hyper = e.hyper;
-    s.tolerance = man_.tolerance;
-    s.domain = e.domain;
-    s.type = e.dtype == "F32" ? codec::MomentType::F32 : e.dtype == "F16" ? codec::MomentType::F16 : codec::MomentType::BF16;
-    return s;
+    return ct::tensor_setup(man_.params.at(j), man_.codec, man_.tolerance);
 }
 
 void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, bool with_bounds, Chunk& c,
@@ -198,12 +189,13 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, bool 
         const bool need_theta = e.domain.l2 && std::isfinite(e.domain.grad_bound) && e.theta_storage >= 0;
         if (with_bounds && need_theta) {
             const auto& ts = man_.storages[std::size_t(e.theta_storage)];
-            const std::size_t es = float_dtype_size(e.theta_dtype);
+            const DType td = e.theta_dtype.value_or(DType::U8);
+            const std::size_t es = float_dtype_size(td);
             if (es == 0 || ts.nbytes != e.numel * es) throw std::runtime_error("param " + e.name + ": theta storage size mismatch");
             std::vector<uint8_t> b(n * es);
             read_raw(ts.offset + begin * es, n * es, b.data());
             c.theta.resize(n);
-            bytes_to_float(e.theta_dtype, b.data(), n, c.theta.data());
+            bytes_to_float(td, b.data(), n, c.theta.data());
         }
         c.bounds.assign(with_bounds ? n : 0, 0.0);
         gpu::decode_chunk_on(gpu::decode_device(), setup(j), cp, pp, n, out, c.theta.empty() ? nullptr : c.theta.data(),

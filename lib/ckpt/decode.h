@@ -2,6 +2,7 @@
 // parameter's decoded moments chunk by chunk with its escapes applied. Used by
 // ckpt-verify and ckpt-restore. Errors: BadInput naming the container and the part.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <memory>
 #include <string>
@@ -21,6 +22,11 @@ public:
     const std::string& path() const { return path_; }
     /// Read source bytes [off, off+n) that lie outside moment storages (from /raw).
     void read_raw(uint64_t off, uint64_t n, void* out) const;
+    /// Stream source bytes [from, to) that lie outside moment storages (a span of
+    /// container::source_spans that is not a moment) from /raw, in pieces of at most 1 MiB:
+    /// fn(uint64_t source_offset, const uint8_t* bytes, std::size_t n). Throws BadInput.
+    template <class Fn>
+    void for_each_raw_piece(uint64_t from, uint64_t to, Fn fn) const;
     /// Every dataset's xxh3 checksum; returns the paths that fail.
     std::vector<std::string> damaged_datasets() const;
     /// Tensor setup (codec, hyper-parameters, domain) of parameter j.
@@ -66,8 +72,20 @@ private:
     mutable uint64_t buf_begin_ = 0;
     mutable std::vector<uint64_t> buf_idx_;
     mutable std::array<std::vector<uint32_t>, 3> buf_bits_;
+    mutable std::vector<uint8_t> raw_buf_;   ///< for_each_raw_piece's piece
     void load_escapes(uint64_t row, uint64_t end_row, int moments) const;
 };
+
+template <class Fn>
+void ContainerReader::for_each_raw_piece(uint64_t from, uint64_t to, Fn fn) const {
+    raw_buf_.resize(1 << 20);
+    for (uint64_t off = from; off < to;) {
+        const std::size_t n = std::size_t(std::min<uint64_t>(raw_buf_.size(), to - off));
+        read_raw(off, n, raw_buf_.data());
+        fn(off, static_cast<const uint8_t*>(raw_buf_.data()), n);
+        off += n;
+    }
+}
 
 template <class Fn>
 void ContainerReader::for_each_chunk(std::size_t j, std::size_t chunk, bool with_bounds, Fn fn) const {

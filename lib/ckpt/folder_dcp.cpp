@@ -215,7 +215,7 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
         return i != by_fqn.end() && i->second.size() == 1 ? i->second[0] : nullptr;
     };
     static const char* kMoments[3] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-    struct Moment { std::string name; std::string file; uint64_t abs = 0, nbytes = 0; std::string dtype; std::vector<int64_t> shape; std::vector<uint64_t> crcs; };
+    struct Moment { std::string name; std::string file; uint64_t abs = 0, nbytes = 0; DType dtype = DType::F32; std::vector<int64_t> shape; std::vector<uint64_t> crcs; };
     struct Param { std::string name; std::vector<Moment> m; double step = 0; json group; };
     std::vector<Param> params;
     std::vector<std::string> skipped;
@@ -251,10 +251,9 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
             if (!it) { skip(std::string(kMoments[k]) + " chunks differ from exp_avg's"); ok = false; break; }
             const Parsed pa = parse_item(dir, *it, scratch, limits);
             const TensorInfo* t = whole_tensor(pa.ck);
-            const std::string dt = t ? dtype_name(t->dtype) : "";
-            if (!t || !float_dtype_size(dt)) { skip(std::string(kMoments[k]) + " is not a whole F32/F16/BF16 tensor"); ok = false; break; }
+            if (!t || !float_dtype_size(t->dtype)) { skip(std::string(kMoments[k]) + " is not a whole F32/F16/BF16 tensor"); ok = false; break; }
             const StorageInfo& s = pa.ck.storages[t->storage];
-            Moment m{std::string("state.") + name + "." + kMoments[k], it->file, pa.base + s.file_offset, s.nbytes, dt, t->shape, {}};
+            Moment m{std::string("state.") + name + "." + kMoments[k], it->file, pa.base + s.file_offset, s.nbytes, t->dtype, t->shape, {}};
             for (uint64_t c : s.crc_offsets) m.crcs.push_back(pa.base + c);
             p.m.push_back(m);
         }
@@ -296,10 +295,10 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
     uint64_t off = 0;
     for (const auto& p : params) {
         for (const auto& m : p.m) {
-            header[m.name] = {{"dtype", m.dtype}, {"shape", m.shape}, {"data_offsets", {off, off + m.nbytes}}};
+            header[m.name] = {{"dtype", dtype_name(m.dtype)}, {"shape", m.shape}, {"data_offsets", {off, off + m.nbytes}}};
             off += m.nbytes;
         }
-        header["state." + p.name + ".step"] = {{"dtype", "F64"}, {"shape", json::array()}, {"data_offsets", {off, off + 8}}};
+        header["state." + p.name + ".step"] = {{"dtype", dtype_name(DType::F64)}, {"shape", json::array()}, {"data_offsets", {off, off + 8}}};
         off += 8;
         groups.push_back(p.group);
     }

@@ -142,7 +142,7 @@ double max_abs_storages(const Checkpoint& ck, const io::InputFile& f, const std:
     std::vector<uint8_t> buf;
     std::vector<float> vals;
     for (const auto& s : ck.storages) {
-        const std::string dt = dtype_name(s.dtype);
+        const DType dt = s.dtype;
         const std::size_t es = float_dtype_size(dt);
         if (!es) continue;
         const uint64_t per = kPiece / es;

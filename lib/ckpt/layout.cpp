@@ -23,7 +23,7 @@ std::string basename_of(const std::string& p) {
 double max_abs(const Checkpoint& ck, const io::InputFile& f, int tensor) {
     const TensorInfo& t = ck.tensors[std::size_t(tensor)];
     const StorageInfo& st = ck.storages[t.storage];
-    const std::string dt = dtype_name(t.dtype);
+    const DType dt = t.dtype;
     const std::size_t es = float_dtype_size(dt);
     if (es == 0) throw BadInput(f.path(), "parameter " + t.path + " is not FP32/F16/BF16; pass --param-bound B");
     double m = 0;
@@ -106,17 +106,17 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
         const TensorInfo& m = ck.tensors[std::size_t(p.tensor[0])];
         e.numel = ck.storages[m.storage].numel;
         e.shape = m.shape;
-        e.dtype = dtype_name(m.dtype);
+        e.dtype = m.dtype;
         e.hyper = p.hyper;
         e.domain = domain_for(p, o);
         if (e.domain.l2 && std::isfinite(o.grad_bound)) {
             if (p.theta >= 0) {
                 const TensorInfo& th = ck.tensors[std::size_t(p.theta)];
                 const auto& st = ck.storages[th.storage];
-                if (float_dtype_size(dtype_name(th.dtype)) == 0 || th.storage_offset != 0 || st.numel != e.numel)
+                if (float_dtype_size(th.dtype) == 0 || th.storage_offset != 0 || st.numel != e.numel)
                     throw BadInput(f.path(), "parameter of " + p.name + " is not a whole FP32/F16/BF16 storage; pass --param-bound B");
                 e.theta_storage = int64_t(th.storage);
-                e.theta_dtype = dtype_name(th.dtype);
+                e.theta_dtype = th.dtype;
             } else if (p.theta_candidates && !p.theta_candidates->empty()) {
                 auto known = bound_of.find(p.theta_candidates.get());  // once per shape group
                 if (known == bound_of.end()) {

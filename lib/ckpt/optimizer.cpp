@@ -154,7 +154,7 @@ void check_compressible(const Checkpoint& ck, const std::map<std::size_t, int>& 
         if (p.tensor[k] < 0) { p.why_not = std::string(kMomentNames[k]) + " is missing"; return; }
         const TensorInfo& t = ck.tensors[std::size_t(p.tensor[k])];
         const StorageInfo& s = ck.storages[t.storage];
-        if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16) { p.why_not = "dtype " + std::string(dtype_name(t.dtype)); return; }
+        if (!float_dtype_size(t.dtype)) { p.why_not = "dtype " + std::string(dtype_name(t.dtype)); return; }
         if (k == 0) { n = numel(t); dt = t.dtype; }
         if (numel(t) != n || t.dtype != dt) { p.why_not = "moments differ in size or dtype"; return; }
         if (!contiguous(t) || t.storage_offset != 0 || int64_t(s.numel) != n || s.dtype != t.dtype) { p.why_not = "moment is a view"; return; }
@@ -268,7 +268,7 @@ std::vector<int> model_params(const Checkpoint& ck, const Value& model) {
         const std::string name = k.key_text();
         auto ends = [&](const char* s) { return name.size() >= strlen(s) && name.compare(name.size() - strlen(s), std::string::npos, s) == 0; };
         if (ends("running_mean") || ends("running_var") || ends("num_batches_tracked")) continue;
-        if (ti.dtype != DType::F32 && ti.dtype != DType::F16 && ti.dtype != DType::BF16 && ti.dtype != DType::F64) continue;
+        if (!float_dtype_size(ti.dtype) && ti.dtype != DType::F64) continue;
         if (!seen.insert({ti.storage, ti.storage_offset, ti.shape}).second) continue;
         out.push_back(int(t->index));
     }

@@ -18,9 +18,66 @@
 namespace ckpt {
 
 namespace {
+
+namespace ct = container;
+
 bool ends_with(const std::string& s, const std::string& t) {
     return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
 }
+
+/// Every byte outside moment storages from /raw, in file order, each kept tensor checked
+/// against its hash (CheckFailed); moment storages are left as holes for restore_moments.
+void restore_raw(const ContainerReader& cr, FileWriter& w, Progress& prog) {
+    const auto& man = cr.manifest();
+    const Xxh3State hash = make_xxh3();
+    XXH3_state_t* h = hash.get();
+    for (const ct::SourceSpan& sp : ct::source_spans(man)) {
+        if (sp.moment) {
+            w.skip(sp.size());  // filled in place by restore_moments
+            continue;
+        }
+        XXH3_64bits_reset(h);
+        cr.for_each_raw_piece(sp.begin, sp.end, [&](uint64_t, const uint8_t* p, std::size_t n) {
+            if (sp.storage >= 0) XXH3_64bits_update(h, p, n);
+            w.write(p, n);
+            prog.advance(n);
+        });
+        if (sp.storage >= 0 && XXH3_64bits_digest(h) != man.storages[std::size_t(sp.storage)].xxh3)
+            throw CheckFailed(cr.path() + ": stored tensor bytes at source offset " + std::to_string(sp.begin) +
+                              " do not match their hash");
+    }
+}
+
+/// Every coded parameter decoded chunk by chunk (escapes exact) into its moment storages,
+/// and the zip CRC-32 fields of those storages recomputed.
+void restore_moments(const ContainerReader& cr, FileWriter& w, Progress& prog) {
+    const auto& man = cr.manifest();
+    std::vector<uint8_t> bytes;
+    for (std::size_t j = 0; j < man.params.size(); ++j) {
+        const auto& e = man.params[j];
+        const std::size_t es = float_dtype_size(e.dtype);
+        uLong crc[3] = {crc32(0, nullptr, 0), crc32(0, nullptr, 0), crc32(0, nullptr, 0)};
+        cr.for_each_chunk(j, 1 << 20, false, [&](const ContainerReader::Chunk& c) {
+            for (int k = 0; k < e.moments(); ++k) {
+                bytes.resize(c.n * es);
+                float_to_bytes(e.dtype, c.values[k].data(), c.n, bytes.data());
+                for (std::size_t q = 0; q < c.escaped.size(); ++q)
+                    store_bits(e.dtype, c.escaped_bits[k][q], bytes.data(), c.escaped[q]);
+                const auto& st = man.storages[std::size_t(e.storage[k])];
+                w.pwrite(st.offset + c.begin * es, bytes.data(), bytes.size());
+                crc[k] = crc32_z(crc[k], bytes.data(), bytes.size());
+                prog.advance(bytes.size());
+            }
+        });
+        for (int k = 0; k < e.moments(); ++k) {
+            const uint32_t v = uint32_t(crc[k]);
+            const uint8_t le[4] = {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)};
+            for (uint64_t off : man.storages[std::size_t(e.storage[k])].crc_offsets) w.pwrite(off, le, 4);
+        }
+        prog.item_done();
+    }
+}
+
 }  // namespace
 
 Report restore(const std::string& path, const std::string& out, const RestoreOptions& o) {
@@ -44,60 +101,8 @@ Report restore(const std::string& path, const std::string& out, const RestoreOpt
     try {
         FileWriter w(atomic.temp_path());
         Progress prog(o.progress, "ckpt-restore", man.source_size, man.params.size());
-        std::vector<uint8_t> buf(1 << 20);
-        auto copy = [&](uint64_t from, uint64_t to, XXH3_state_t* h) {
-            for (uint64_t off = from; off < to;) {
-                const uint64_t n = std::min<uint64_t>(buf.size(), to - off);
-                cr.read_raw(off, n, buf.data());
-                if (h) XXH3_64bits_update(h, buf.data(), n);
-                w.write(buf.data(), n);
-                off += n;
-                prog.advance(n);
-            }
-        };
-        uint64_t pos = 0;
-        const Xxh3State hash = make_xxh3();
-        XXH3_state_t* h = hash.get();
-        for (const auto& s : man.storages) {
-            copy(pos, s.offset, nullptr);
-            if (s.param < 0) {
-                XXH3_64bits_reset(h);
-                copy(s.offset, s.offset + s.nbytes, h);
-                if (XXH3_64bits_digest(h) != s.xxh3) {
-                    throw CheckFailed(path + ": stored tensor bytes at source offset " + std::to_string(s.offset) +
-                                      " do not match their hash");
-                }
-            } else {
-                w.skip(s.nbytes);  // filled in place below
-            }
-            pos = s.offset + s.nbytes;
-        }
-        copy(pos, man.source_size, nullptr);
-        // moments, in place
-        std::vector<uint8_t> bytes;
-        for (std::size_t j = 0; j < man.params.size(); ++j) {
-            const auto& e = man.params[j];
-            const std::size_t es = float_dtype_size(e.dtype);
-            uLong crc[3] = {crc32(0, nullptr, 0), crc32(0, nullptr, 0), crc32(0, nullptr, 0)};
-            cr.for_each_chunk(j, 1 << 20, false, [&](const ContainerReader::Chunk& c) {
-                for (int k = 0; k < e.moments(); ++k) {
-                    bytes.resize(c.n * es);
-                    float_to_bytes(e.dtype, c.values[k].data(), c.n, bytes.data());
-                    for (std::size_t q = 0; q < c.escaped.size(); ++q)
-                        store_bits(e.dtype, c.escaped_bits[k][q], bytes.data(), c.escaped[q]);
-                    const auto& st = man.storages[std::size_t(e.storage[k])];
-                    w.pwrite(st.offset + c.begin * es, bytes.data(), bytes.size());
-                    crc[k] = crc32_z(crc[k], bytes.data(), bytes.size());
-                    prog.advance(bytes.size());
-                }
-            });
-            for (int k = 0; k < e.moments(); ++k) {
-                const uint32_t v = uint32_t(crc[k]);
-                const uint8_t le[4] = {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)};
-                for (uint64_t off : man.storages[std::size_t(e.storage[k])].crc_offsets) w.pwrite(off, le, 4);
-            }
-            prog.item_done();
-        }
+        restore_raw(cr, w, prog);
+        restore_moments(cr, w, prog);
         w.close();
     } catch (const std::runtime_error& e) {
         if (dynamic_cast<const BadInput*>(&e) || dynamic_cast<const CheckFailed*>(&e)) throw;

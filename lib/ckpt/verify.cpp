@@ -177,24 +177,16 @@ public:
         try {
             FileWriter w(path_);
             const auto& man = cr.manifest();
-            std::vector<uint8_t> buf(1 << 20);
-            auto copy = [&](uint64_t from, uint64_t to) {
-                for (uint64_t off = from; off < to;) {
-                    const uint64_t n = std::min<uint64_t>(buf.size(), to - off);
-                    cr.read_raw(off, n, buf.data());
-                    w.write(buf.data(), n);
-                    off += n;
+            uint64_t moment_end = 0;   // end of the last moment storage
+            for (const container::SourceSpan& sp : container::source_spans(man)) {
+                if (sp.moment) {
+                    w.skip(sp.size());
+                    moment_end = sp.end;
+                    continue;
                 }
-            };
-            uint64_t pos = 0;
-            for (const auto& st : man.storages) {
-                if (st.param < 0) continue;
-                copy(pos, st.offset);
-                w.skip(st.nbytes);
-                pos = st.offset + st.nbytes;
+                cr.for_each_raw_piece(sp.begin, sp.end, [&](uint64_t, const uint8_t* p, std::size_t n) { w.write(p, n); });
             }
-            copy(pos, man.source_size);
-            if (pos == man.source_size && man.source_size > 0) {  // ends in a hole: give the file its size
+            if (moment_end == man.source_size && man.source_size > 0) {  // ends in a hole: give the file its size
                 const uint8_t zero = 0;
                 w.pwrite(man.source_size - 1, &zero, 1);
             }
@@ -231,88 +223,87 @@ Layout derive_layout(const ContainerReader& cr) {
     return plan_layout(ck, f, o);
 }
 
-}  // namespace
+/// A failed check: recorded in the report (the first 50 are kept) and the report not ok.
+void add_failure(Report& rep, const std::string& s) {
+    if (rep.failures.size() < 50) rep.failures.push_back(s);
+    rep.ok = false;
+}
 
-Report verify(const std::string& path, const VerifyOptions& o) {
-    const ContainerReader cr(path);
+/// Check 1, integrity: every dataset's checksum, and every tensor kept in /raw against its hash.
+void check_integrity(const ContainerReader& cr, Report& rep) {
+    auto fail = [&](const std::string& s) { add_failure(rep, s); };
     const auto& man = cr.manifest();
-    Report rep("ckpt-verify", path, o.original.value_or(""), codec::kind_name(man.codec), man.tolerance,
-               man.grad_bound);
-    rep.file_bytes_in = man.source_size;
-    rep.file_bytes_out = io::InputFile(path).size();
-    rep.rows = cr.rows();
-    auto fail = [&](const std::string& s) { if (rep.failures.size() < 50) rep.failures.push_back(s); rep.ok = false; };
-
-    // 1. integrity
     for (const auto& d : cr.damaged_datasets()) fail("dataset " + d + ": checksum mismatch (damaged)");
     uint64_t raw_checked = 0;
-    {
-        std::vector<uint8_t> buf(1 << 20);
-        const Xxh3State hash = make_xxh3();
-        XXH3_state_t* h = hash.get();
-        for (const auto& s : man.storages) {
-            if (s.param >= 0) continue;
-            XXH3_64bits_reset(h);
-            try {
-                for (uint64_t off = s.offset; off < s.offset + s.nbytes;) {
-                    const uint64_t n = std::min<uint64_t>(buf.size(), s.offset + s.nbytes - off);
-                    cr.read_raw(off, n, buf.data());
-                    XXH3_64bits_update(h, buf.data(), n);
-                    off += n;
-                }
-                if (XXH3_64bits_digest(h) != s.xxh3) fail(fmt::format("stored tensor at source offset {} ({} bytes): hash mismatch", s.offset, s.nbytes));
-            } catch (const BadInput& e) {
-                fail(fmt::format("stored tensor at source offset {}: {}", s.offset, e.what()));
-            }
-            ++raw_checked;
+    const Xxh3State hash = make_xxh3();
+    XXH3_state_t* h = hash.get();
+    for (const container::SourceSpan& sp : container::source_spans(man)) {
+        if (sp.moment || sp.storage < 0) continue;
+        const auto& s = man.storages[std::size_t(sp.storage)];
+        XXH3_64bits_reset(h);
+        try {
+            cr.for_each_raw_piece(sp.begin, sp.end, [&](uint64_t, const uint8_t* p, std::size_t n) { XXH3_64bits_update(h, p, n); });
+            if (XXH3_64bits_digest(h) != s.xxh3) fail(fmt::format("stored tensor at source offset {} ({} bytes): hash mismatch", s.offset, s.nbytes));
+        } catch (const BadInput& e) {
+            fail(fmt::format("stored tensor at source offset {}: {}", s.offset, e.what()));
         }
+        ++raw_checked;
     }
     rep.checks.push_back(fmt::format("integrity: all datasets and {} stored tensors hashed", raw_checked));
-    rep.groups = cr.groups();
+}
 
-    // 2. the manifest agrees with the checkpoint's own state
-    if (rep.ok) {
-        try {
-            const Layout derived = derive_layout(cr);
-            for (const auto& d : compare_layout(man, derived)) fail(d);
-            if (rep.ok) rep.checks.push_back(fmt::format("manifest: {} coded states match the source's param_groups, step and storages", man.params.size()));
-        } catch (const BadInput& ex) {
-            fail(std::string("the source kept in the container cannot be re-read: ") + ex.what());
-        }
+/// Check 2: the manifest agrees with the checkpoint's own state (the plan re-derived from
+/// the source bytes kept in /raw).
+void check_manifest(const ContainerReader& cr, Report& rep) {
+    auto fail = [&](const std::string& s) { add_failure(rep, s); };
+    const auto& man = cr.manifest();
+    try {
+        const Layout derived = derive_layout(cr);
+        for (const auto& d : compare_layout(man, derived)) fail(d);
+        if (rep.ok) rep.checks.push_back(fmt::format("manifest: {} coded states match the source's param_groups, step and storages", man.params.size()));
+    } catch (const BadInput& ex) {
+        fail(std::string("the source kept in the container cannot be re-read: ") + ex.what());
     }
+}
 
-    // 2 + 3. certificates, and the original when given
-    std::unique_ptr<io::InputFile> orig;
-    if (o.original) {
-        Limits lim;
-        lim.strict = o.strict;
-        read_checkpoint(*o.original, lim);  // validates the original as any input
-        orig = std::make_unique<io::InputFile>(*o.original);
-        if (orig->size() != man.source_size)
-            fail(fmt::format("original has {} bytes, the container's source had {}", orig->size(), man.source_size));
+/// The original checkpoint of --original, validated as any input (BadInput), opened for
+/// comparison; nullptr (and a failure) when its size is not the container's source size.
+std::unique_ptr<io::InputFile> open_original(const ContainerReader& cr, const VerifyOptions& o, Report& rep) {
+    const auto& man = cr.manifest();
+    Limits lim;
+    lim.strict = o.strict;
+    read_checkpoint(*o.original, lim);  // validates the original as any input
+    auto orig = std::make_unique<io::InputFile>(*o.original);
+    if (orig->size() != man.source_size) {
+        add_failure(rep, fmt::format("original has {} bytes, the container's source had {}", orig->size(), man.source_size));
+        return nullptr;
     }
-    const bool cmp = orig && orig->size() == man.source_size;
-    if (cmp) {  // non-moment bytes identical
-        std::vector<uint8_t> a(1 << 20), b(1 << 20);
-        uint64_t pos = 0, diffs = 0;
-        auto compare = [&](uint64_t from, uint64_t to) {
-            for (uint64_t off = from; off < to;) {
-                const uint64_t n = std::min<uint64_t>(a.size(), to - off);
-                cr.read_raw(off, n, a.data());
-                orig->read_at(off, b.data(), n, "original bytes");
-                if (std::memcmp(a.data(), b.data(), n) != 0) ++diffs;
-                off += n;
-            }
-        };
-        for (const auto& s : man.storages) {
-            if (s.param < 0) continue;
-            compare(pos, s.offset);
-            pos = s.offset + s.nbytes;
-        }
-        compare(pos, man.source_size);
-        if (diffs) fail("non-moment bytes differ from the original");
-        rep.checks.push_back("original: every non-moment byte identical");
+    return orig;
+}
+
+/// Check 4, first part: every byte outside moment storages identical to the original's.
+void compare_non_moment(const ContainerReader& cr, const io::InputFile& orig, Report& rep) {
+    std::vector<uint8_t> b(1 << 20);
+    uint64_t diffs = 0;
+    for (const container::SourceSpan& sp : container::source_spans(cr.manifest())) {
+        if (sp.moment) continue;
+        cr.for_each_raw_piece(sp.begin, sp.end, [&](uint64_t off, const uint8_t* a, std::size_t n) {
+            orig.read_at(off, b.data(), n, "original bytes");
+            if (std::memcmp(a, b.data(), n) != 0) ++diffs;
+        });
     }
+    if (diffs) add_failure(rep, "non-moment bytes differ from the original");
+    rep.checks.push_back("original: every non-moment byte identical");
+}
+
+/// Checks 3 and 4: every coded parameter decoded; each kept coordinate's certificate
+/// re-derived from its codes (o.certificates) must be within the tolerance; with the
+/// original (orig != nullptr), the same moments (hash), exact escapes and the dense-grid
+/// update difference at or below each certificate. Fills rows' max bounds.
+void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::InputFile* orig, Report& rep) {
+    auto fail = [&](const std::string& s) { add_failure(rep, s); };
+    const auto& man = cr.manifest();
+    const bool cmp = orig != nullptr;
     uint64_t certified = 0, grid_points = 0, escapes_checked = 0;
     double max_true = 0;
     GridPoints grid(o.grid);
@@ -401,6 +392,25 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     if (cmp)
         rep.checks.push_back(fmt::format("original: {} escaped values exact; {} gradient grid points, max |u-u~| = {:.3e} lr",
                                          escapes_checked, grid_points, max_true));
+}
+
+}  // namespace
+
+Report verify(const std::string& path, const VerifyOptions& o) {
+    const ContainerReader cr(path);
+    const auto& man = cr.manifest();
+    Report rep("ckpt-verify", path, o.original.value_or(""), codec::kind_name(man.codec), man.tolerance,
+               man.grad_bound);
+    rep.file_bytes_in = man.source_size;
+    rep.file_bytes_out = io::InputFile(path).size();
+    rep.rows = cr.rows();
+    check_integrity(cr, rep);                    // 1
+    rep.groups = cr.groups();
+    if (rep.ok) check_manifest(cr, rep);         // 2
+    std::unique_ptr<io::InputFile> orig;
+    if (o.original) orig = open_original(cr, o, rep);
+    if (orig) compare_non_moment(cr, *orig, rep);  // 4, non-moment bytes
+    check_moments(cr, o, orig.get(), rep);       // 3, and 4 for the moments
     return rep;
 }
 

@@ -39,12 +39,32 @@ std::string get_str(const json& j, const char* k) {
         throw std::runtime_error(std::string("manifest field '") + k + "' is missing or not a string");
     return j.at(k).get<std::string>();
 }
+/// The moment float type spelled `s` (F32, F16, BF16); nullopt for any other spelling.
+std::optional<DType> moment_dtype(const std::string& s) {
+    const std::optional<DType> d = dtype_from_name(s);
+    if (d && float_dtype_size(*d) != 0) return d;
+    return std::nullopt;
+}
 bool get_bool(const json& j, const char* k) {
     if (!j.contains(k) || !j.at(k).is_boolean())
         throw std::runtime_error(std::string("manifest field '") + k + "' is missing or not a boolean");
     return j.at(k).get<bool>();
 }
 }  // namespace
+
+codec::MomentType moment_type(DType d) {
+    return d == DType::F32 ? codec::MomentType::F32 : d == DType::F16 ? codec::MomentType::F16 : codec::MomentType::BF16;
+}
+
+codec::TensorSetup tensor_setup(const ParamEntry& e, codec::Kind kind, double tolerance) {
+    codec::TensorSetup s;
+    s.kind = kind;
+    s.hyper = e.hyper;
+    s.tolerance = tolerance;
+    s.domain = e.domain;
+    s.type = moment_type(e.dtype);
+    return s;
+}
 
 std::string Manifest::to_json() const {
     json j;
@@ -66,13 +86,13 @@ std::string Manifest::to_json() const {
     json ps = json::array();
     for (const auto& p : params) {
         const auto& h = p.hyper;
-        ps.push_back({{"name", p.name}, {"numel", p.numel}, {"shape", p.shape}, {"dtype", p.dtype},
+        ps.push_back({{"name", p.name}, {"numel", p.numel}, {"shape", p.shape}, {"dtype", dtype_name(p.dtype)},
                       {"hyper", {{"lr", h.lr}, {"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps},
                                  {"weight_decay", h.weight_decay}, {"amsgrad", h.amsgrad},
                                  {"maximize", h.maximize}, {"step", h.step}}},
                       {"domain", {{"l2", p.domain.l2}, {"plain", p.domain.plain},
                                   {"theta_bound", p.domain.theta_bound}}},
-                      {"theta_storage", p.theta_storage}, {"theta_dtype", p.theta_dtype},
+                      {"theta_storage", p.theta_storage}, {"theta_dtype", p.theta_dtype ? dtype_name(*p.theta_dtype) : ""},
                       {"theta_candidates", p.theta_candidates},
                       {"code_offset", p.code_offset}, {"block_offset", p.block_offset},
                       {"escape_offset", p.escape_offset}, {"escapes", p.escapes},
@@ -86,16 +106,13 @@ std::string Manifest::to_json() const {
     return j.dump();
 }
 
-Manifest Manifest::from_json(const std::string& text) {
-    json j;
-    try {
-        j = json::parse(text);
-    } catch (const std::exception& e) {
-        throw std::runtime_error(std::string("manifest is not valid JSON: ") + e.what());
-    }
+namespace {
+
+/// The header fields: format, version, tool, source, codec, block, tolerance, grad bound,
+/// optimizer and param bound.
+void parse_header(const json& j, Manifest& m) {
     if (!j.is_object() || j.value("format", "") != "ckptkit-container")
         throw std::runtime_error("manifest is not a ckptkit container manifest");
-    Manifest m;
     m.format_version = int(get_i64(j, "format_version"));
     if (m.format_version != kFormatVersion)
         throw std::runtime_error("container format version " + std::to_string(m.format_version) + " is not supported");
@@ -119,122 +136,172 @@ Manifest Manifest::from_json(const std::string& text) {
         m.param_bound = get_num(j, "param_bound");
         if (!(m.param_bound == -1 || m.param_bound >= 0)) throw std::runtime_error("manifest param_bound is invalid");
     }
+}
+
+/// The optional list of states kept exact.
+void parse_kept(const json& j, Manifest& m) {
+    if (!j.contains("kept")) return;
+    if (!j["kept"].is_array()) throw std::runtime_error("manifest field 'kept' is not a list");
+    for (const auto& k : j["kept"]) {
+        if (!k.is_object()) throw std::runtime_error("manifest kept entry is not an object");
+        m.kept.push_back({get_str(k, "name"), get_u64(k, "values"), get_u64(k, "nbytes"), get_str(k, "note")});
+    }
+}
+
+/// Adam's hyper-parameters: finite, and in torch.optim.Adam's own argument ranges.
+codec::AdamHyper parse_hyper(const json& h, const std::string& name) {
+    codec::AdamHyper hy;
+    hy.lr = get_num(h, "lr");
+    hy.beta1 = get_num(h, "beta1");
+    hy.beta2 = get_num(h, "beta2");
+    hy.eps = get_num(h, "eps");
+    hy.weight_decay = get_num(h, "weight_decay");
+    hy.amsgrad = get_bool(h, "amsgrad");
+    hy.maximize = get_bool(h, "maximize");
+    hy.step = get_num(h, "step");
+    for (double x : {hy.lr, hy.beta1, hy.beta2, hy.eps, hy.weight_decay, hy.step})
+        if (!std::isfinite(x)) throw std::runtime_error("param " + name + ": non-finite hyper-parameter");
+    // torch.optim.Adam's own argument checks, and a state exists only after a step
+    if (!(hy.lr >= 0) || !(hy.beta1 >= 0 && hy.beta1 < 1) ||
+        !(hy.beta2 >= 0 && hy.beta2 < 1) || !(hy.eps >= 0) ||
+        !(hy.step >= 0) || hy.step != std::floor(hy.step))
+        throw std::runtime_error("param " + name + ": hyper-parameters out of range (lr >= 0, 0 <= betas < 1, eps >= 0, integer step >= 0)");
+    return hy;
+}
+
+/// The optional shape of a parameter: integers in [0, 2^40] whose product is numel.
+std::vector<int64_t> parse_shape(const json& p, const std::string& name, uint64_t numel) {
+    std::vector<int64_t> shape;
+    if (!p.contains("shape")) return shape;
+    if (!p["shape"].is_array()) throw std::runtime_error("param " + name + ": shape malformed");
+    int64_t n = 1;
+    for (const auto& d : p["shape"]) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t(1) << 40))
+            throw std::runtime_error("param " + name + ": shape malformed");
+        shape.push_back(d.get<int64_t>());
+        n = std::min<int64_t>(n * shape.back(), int64_t(1) << 62);
+    }
+    if (uint64_t(n) != numel) throw std::runtime_error("param " + name + ": shape does not match numel");
+    return shape;
+}
+
+/// One params entry, each field checked on its own (cross-references: Manifest::validate).
+ParamEntry parse_param(const json& p, double grad_bound) {
+    if (!p.is_object()) throw std::runtime_error("manifest param entry is not an object");
+    ParamEntry e;
+    e.name = get_str(p, "name");
+    e.numel = get_u64(p, "numel");
+    const std::optional<DType> dtype = moment_dtype(get_str(p, "dtype"));
+    if (!dtype) throw std::runtime_error("param " + e.name + ": bad dtype");
+    e.dtype = *dtype;
+    if (!p.contains("hyper") || !p["hyper"].is_object() || !p.contains("domain") || !p["domain"].is_object())
+        throw std::runtime_error("param " + e.name + ": hyper/domain missing");
+    e.hyper = parse_hyper(p["hyper"], e.name);
+    e.domain.l2 = get_bool(p["domain"], "l2");
+    e.domain.plain = get_bool(p["domain"], "plain");
+    e.domain.theta_bound = get_num(p["domain"], "theta_bound");
+    e.domain.grad_bound = grad_bound;
+    e.domain.weight_decay = e.hyper.weight_decay;
+    e.theta_storage = get_i64(p, "theta_storage");
+    const std::string theta_dtype = get_str(p, "theta_dtype");
+    if (p.contains("theta_candidates")) e.theta_candidates = int(get_i64(p, "theta_candidates"));
+    e.shape = parse_shape(p, e.name, e.numel);
+    if (!theta_dtype.empty()) e.theta_dtype = moment_dtype(theta_dtype);
+    if (e.theta_storage >= 0 ? !e.theta_dtype : !theta_dtype.empty())
+        throw std::runtime_error("param " + e.name + ": bad theta_dtype");
+    e.code_offset = get_u64(p, "code_offset");
+    e.block_offset = get_u64(p, "block_offset");
+    e.escape_offset = get_u64(p, "escape_offset");
+    e.escapes = get_u64(p, "escapes");
+    e.max_bound = get_num(p, "max_bound");
+    if (!p.contains("storage") || !p["storage"].is_array() || p["storage"].size() != 3)
+        throw std::runtime_error("param " + e.name + ": storage list malformed");
+    for (int r = 0; r < 3; ++r) {
+        if (!p["storage"][r].is_number_integer()) throw std::runtime_error("param " + e.name + ": storage index malformed");
+        e.storage[r] = p["storage"][r].get<int>();
+    }
+    if (e.escapes > e.numel) throw std::runtime_error("param " + e.name + ": more escapes than values");
+    return e;
+}
+
+/// One storages entry, its fields' types (ranges and indices: Manifest::validate).
+StorageEntry parse_storage(const json& s) {
+    if (!s.is_object()) throw std::runtime_error("manifest storage entry is not an object");
+    StorageEntry e;
+    e.offset = get_u64(s, "offset");
+    e.nbytes = get_u64(s, "nbytes");
+    e.xxh3 = get_u64(s, "xxh3");
+    e.param = int(get_i64(s, "param"));
+    e.role = int(get_i64(s, "role"));
+    if (!s.contains("crc_offsets") || !s["crc_offsets"].is_array()) throw std::runtime_error("storage crc_offsets malformed");
+    for (const auto& c : s["crc_offsets"]) {
+        if (!c.is_number_unsigned()) throw std::runtime_error("storage crc offset out of range");
+        e.crc_offsets.push_back(c.get<uint64_t>());
+    }
+    return e;
+}
+
+}  // namespace
+
+Manifest Manifest::parse(const std::string& text) {
+    json j;
+    try {
+        j = json::parse(text);
+    } catch (const std::exception& e) {
+        throw std::runtime_error(std::string("manifest is not valid JSON: ") + e.what());
+    }
+    Manifest m;
+    parse_header(j, m);
     if (!j.contains("storages") || !j["storages"].is_array() || !j.contains("params") || !j["params"].is_array())
         throw std::runtime_error("manifest lacks 'storages' or 'params'");
-    if (j.contains("kept")) {
-        if (!j["kept"].is_array()) throw std::runtime_error("manifest field 'kept' is not a list");
-        for (const auto& k : j["kept"]) {
-            if (!k.is_object()) throw std::runtime_error("manifest kept entry is not an object");
-            m.kept.push_back({get_str(k, "name"), get_u64(k, "values"), get_u64(k, "nbytes"), get_str(k, "note")});
-        }
-    }
-    for (const auto& p : j["params"]) {
-        if (!p.is_object()) throw std::runtime_error("manifest param entry is not an object");
-        ParamEntry e;
-        e.name = get_str(p, "name");
-        e.numel = get_u64(p, "numel");
-        e.dtype = get_str(p, "dtype");
-        if (e.dtype != "F32" && e.dtype != "F16" && e.dtype != "BF16") throw std::runtime_error("param " + e.name + ": bad dtype");
-        if (!p.contains("hyper") || !p["hyper"].is_object() || !p.contains("domain") || !p["domain"].is_object())
-            throw std::runtime_error("param " + e.name + ": hyper/domain missing");
-        const json& h = p["hyper"];
-        e.hyper.lr = get_num(h, "lr");
-        e.hyper.beta1 = get_num(h, "beta1");
-        e.hyper.beta2 = get_num(h, "beta2");
-        e.hyper.eps = get_num(h, "eps");
-        e.hyper.weight_decay = get_num(h, "weight_decay");
-        e.hyper.amsgrad = get_bool(h, "amsgrad");
-        e.hyper.maximize = get_bool(h, "maximize");
-        e.hyper.step = get_num(h, "step");
-        for (double x : {e.hyper.lr, e.hyper.beta1, e.hyper.beta2, e.hyper.eps, e.hyper.weight_decay, e.hyper.step})
-            if (!std::isfinite(x)) throw std::runtime_error("param " + e.name + ": non-finite hyper-parameter");
-        // torch.optim.Adam's own argument checks, and a state exists only after a step
-        if (!(e.hyper.lr >= 0) || !(e.hyper.beta1 >= 0 && e.hyper.beta1 < 1) ||
-            !(e.hyper.beta2 >= 0 && e.hyper.beta2 < 1) || !(e.hyper.eps >= 0) ||
-            !(e.hyper.step >= 0) || e.hyper.step != std::floor(e.hyper.step))
-            throw std::runtime_error("param " + e.name + ": hyper-parameters out of range (lr >= 0, 0 <= betas < 1, eps >= 0, integer step >= 0)");
-        e.domain.l2 = get_bool(p["domain"], "l2");
-        e.domain.plain = get_bool(p["domain"], "plain");
-        e.domain.theta_bound = get_num(p["domain"], "theta_bound");
-        e.domain.grad_bound = m.grad_bound;
-        e.domain.weight_decay = e.hyper.weight_decay;
-        e.theta_storage = get_i64(p, "theta_storage");
-        e.theta_dtype = get_str(p, "theta_dtype");
-        if (p.contains("theta_candidates")) e.theta_candidates = int(get_i64(p, "theta_candidates"));
-        if (p.contains("shape")) {
-            if (!p["shape"].is_array()) throw std::runtime_error("param " + e.name + ": shape malformed");
-            int64_t n = 1;
-            for (const auto& d : p["shape"]) {
-                if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t(1) << 40))
-                    throw std::runtime_error("param " + e.name + ": shape malformed");
-                e.shape.push_back(d.get<int64_t>());
-                n = std::min<int64_t>(n * e.shape.back(), int64_t(1) << 62);
-            }
-            if (uint64_t(n) != e.numel) throw std::runtime_error("param " + e.name + ": shape does not match numel");
-        }
-        if (e.theta_storage >= 0 ? (e.theta_dtype != "F32" && e.theta_dtype != "F16" && e.theta_dtype != "BF16")
-                                 : !e.theta_dtype.empty())
-            throw std::runtime_error("param " + e.name + ": bad theta_dtype");
-        e.code_offset = get_u64(p, "code_offset");
-        e.block_offset = get_u64(p, "block_offset");
-        e.escape_offset = get_u64(p, "escape_offset");
-        e.escapes = get_u64(p, "escapes");
-        e.max_bound = get_num(p, "max_bound");
-        if (!p.contains("storage") || !p["storage"].is_array() || p["storage"].size() != 3)
-            throw std::runtime_error("param " + e.name + ": storage list malformed");
-        for (int r = 0; r < 3; ++r) {
-            if (!p["storage"][r].is_number_integer()) throw std::runtime_error("param " + e.name + ": storage index malformed");
-            e.storage[r] = p["storage"][r].get<int>();
-        }
-        if (e.escapes > e.numel) throw std::runtime_error("param " + e.name + ": more escapes than values");
-        m.params.push_back(std::move(e));
-    }
+    parse_kept(j, m);
+    for (const auto& p : j["params"]) m.params.push_back(parse_param(p, m.grad_bound));
+    for (const auto& s : j["storages"]) m.storages.push_back(parse_storage(s));
+    return m;
+}
+
+void Manifest::validate() const {
+    // storages: sorted, non-overlapping, inside the source, referring to known params/roles
     uint64_t end = 0;
-    for (const auto& s : j["storages"]) {
-        if (!s.is_object()) throw std::runtime_error("manifest storage entry is not an object");
-        StorageEntry e;
-        e.offset = get_u64(s, "offset");
-        e.nbytes = get_u64(s, "nbytes");
-        e.xxh3 = get_u64(s, "xxh3");
-        e.param = int(get_i64(s, "param"));
-        e.role = int(get_i64(s, "role"));
-        if (!s.contains("crc_offsets") || !s["crc_offsets"].is_array()) throw std::runtime_error("storage crc_offsets malformed");
-        for (const auto& c : s["crc_offsets"]) {
-            if (!c.is_number_unsigned() || c.get<uint64_t>() > m.source_size || m.source_size - c.get<uint64_t>() < 4)
-                throw std::runtime_error("storage crc offset out of range");
-            e.crc_offsets.push_back(c.get<uint64_t>());
-        }
-        if (e.offset < end || e.offset > m.source_size || e.nbytes > m.source_size - e.offset)
+    for (const auto& e : storages) {
+        for (uint64_t c : e.crc_offsets)
+            if (c > source_size || source_size - c < 4) throw std::runtime_error("storage crc offset out of range");
+        if (e.offset < end || e.offset > source_size || e.nbytes > source_size - e.offset)
             throw std::runtime_error("manifest storage ranges overlap or run past the source size");
         end = e.offset + e.nbytes;
-        if (e.param >= int(m.params.size()) || e.param < -1 || e.role < -1 || e.role > 2 || (e.param < 0) != (e.role < 0))
+        if (e.param >= int(params.size()) || e.param < -1 || e.role < -1 || e.role > 2 || (e.param < 0) != (e.role < 0))
             throw std::runtime_error("manifest storage refers to an unknown param/role");
-        m.storages.push_back(std::move(e));
     }
     // parameters tile the code, block-parameter and escape streams in order, exactly
     uint64_t codes = 0, blocks = 0, escapes = 0;
-    const bool has_blocks = codec::params_per_block(m.codec) > 0;  // bf16 has no block params
-    for (const auto& p : m.params) {
+    const bool has_blocks = codec::params_per_block(codec) > 0;  // bf16 has no block params
+    for (const auto& p : params) {
         if (p.code_offset != codes || p.block_offset != (has_blocks ? blocks : 0) || p.escape_offset != escapes)
             throw std::runtime_error("param " + p.name + ": stream offsets do not follow the previous parameter");
         codes += p.numel;
         blocks += (p.numel + codec::kBlock - 1) / codec::kBlock;
         escapes += p.escapes;
     }
-    for (std::size_t i = 0; i < m.params.size(); ++i) {
-        const auto& p = m.params[i];
+    // each moment storage belongs to its parameter and role and holds exactly its values
+    for (std::size_t i = 0; i < params.size(); ++i) {
+        const auto& p = params[i];
         for (int r = 0; r < 3; ++r) {
             if (r >= p.moments()) { if (p.storage[r] != -1) throw std::runtime_error("param " + p.name + ": unexpected storage"); continue; }
-            if (p.storage[r] < 0 || p.storage[r] >= int(m.storages.size())) throw std::runtime_error("param " + p.name + ": storage index out of range");
-            const auto& s = m.storages[std::size_t(p.storage[r])];
-            const uint64_t es = p.dtype == "F32" ? 4 : 2;
+            if (p.storage[r] < 0 || p.storage[r] >= int(storages.size())) throw std::runtime_error("param " + p.name + ": storage index out of range");
+            const auto& s = storages[std::size_t(p.storage[r])];
+            const uint64_t es = float_dtype_size(p.dtype);
             if (s.param != int(i) || s.role != r || s.nbytes != p.numel * es)
                 throw std::runtime_error("param " + p.name + ": storage does not match its moments");
         }
-        if (p.theta_storage < -1 || p.theta_storage >= int64_t(m.storages.size()) ||
-            (p.theta_storage >= 0 && m.storages[std::size_t(p.theta_storage)].param >= 0))
+        if (p.theta_storage < -1 || p.theta_storage >= int64_t(storages.size()) ||
+            (p.theta_storage >= 0 && storages[std::size_t(p.theta_storage)].param >= 0))
             throw std::runtime_error("param " + p.name + ": theta storage invalid");
     }
+}
+
+Manifest Manifest::from_json(const std::string& text) {
+    Manifest m = parse(text);
+    m.validate();
     return m;
 }
 
@@ -286,6 +353,25 @@ uint64_t param_metadata_bytes(const Manifest& m, uint64_t stored) {
     params_only.params = m.params;
     const double share = double(params_only.to_json().size()) / double(m.to_json().size());
     return uint64_t(std::llround(double(stored) * std::min(1.0, share)));
+}
+
+std::vector<SourceSpan> source_spans(const Manifest& m) {
+    std::vector<SourceSpan> out;
+    uint64_t pos = 0;
+    for (std::size_t i = 0; i < m.storages.size(); ++i) {
+        const StorageEntry& s = m.storages[i];
+        if (s.offset > pos) out.push_back({pos, s.offset, -1, false});
+        out.push_back({s.offset, s.offset + s.nbytes, int(i), s.param >= 0});
+        pos = s.offset + s.nbytes;
+    }
+    if (m.source_size > pos) out.push_back({pos, m.source_size, -1, false});
+    return out;
+}
+
+uint64_t stream_bytes(const ParamEntry& p, codec::Kind kind) {
+    const uint64_t cb = uint64_t(codec::code_bytes(kind)), pb = uint64_t(codec::params_per_block(kind));
+    const uint64_t nm = uint64_t(p.moments()), blocks = (p.numel + codec::kBlock - 1) / codec::kBlock;
+    return nm * (p.numel * cb + blocks * pb * 2) + p.escapes * (8 + 4 * nm);
 }
 
 }  // namespace ckpt::container

@@ -10,6 +10,7 @@
 
 #include "codec/codec.h"
 #include "container/h5.h"
+#include "io/dtype.h"
 
 namespace ckpt::container {
 
@@ -37,11 +38,11 @@ struct ParamEntry {
     std::string name;
     uint64_t numel = 0;
     std::vector<int64_t> shape;        ///< of exp_avg (report only; absent in older containers)
-    std::string dtype;                 ///< F32, F16 or BF16
+    DType dtype = DType::F32;          ///< of the moments: F32, F16 or BF16
     codec::AdamHyper hyper;
     codec::DomainRule domain;
     int64_t theta_storage = -1;        ///< storage index of theta (raw), -1 when absent
-    std::string theta_dtype;
+    std::optional<DType> theta_dtype;  ///< F32, F16 or BF16 when theta_storage >= 0, else none
     int theta_candidates = 0;          ///< > 0: theta not mapped; |theta| <= domain.theta_bound is the
                                        ///< max over this many same-shape model tensors
     uint64_t code_offset = 0;          ///< values into /moments/codes/* (x code bytes)
@@ -51,6 +52,12 @@ struct ParamEntry {
     int storage[3] = {-1, -1, -1};     ///< StorageEntry index per role
     int moments() const { return hyper.amsgrad ? 3 : 2; }
 };
+
+/// The codec's name for a moment float type (F32, F16 or BF16; any other type maps to BF16).
+codec::MomentType moment_type(DType);
+/// What the codec needs to encode or decode parameter e: its hyper-parameters, domain and
+/// moment type, under the container's codec and tolerance (lr units).
+codec::TensorSetup tensor_setup(const ParamEntry& e, codec::Kind kind, double tolerance);
 
 /// An optimizer state kept exact (its moments stay in /raw), for the reports.
 struct KeptEntry {
@@ -75,10 +82,38 @@ struct Manifest {
     std::vector<KeptEntry> kept;
 
     std::string to_json() const;
-    /// Parse and validate (ranges tile inside source_size, indices in range, known codec,
-    /// finite hyper-parameters). Throws std::runtime_error with the reason.
+    /// Parse the JSON text: every field's type and its own range (known codec, block size,
+    /// finite in-range hyper-parameters, moment dtypes, shape = numel, escapes <= numel).
+    /// Throws std::runtime_error with the reason. Cross-references are validate()'s.
+    static Manifest parse(const std::string&);
+    /// The cross-references: storages sorted, non-overlapping and inside source_size (and
+    /// their CRC fields), storage param/role indices known, parameters tiling the streams in
+    /// order, every moment storage its parameter's and of numel x dtype bytes, theta storages
+    /// raw. Throws std::runtime_error with the reason.
+    void validate() const;
+    /// parse, then validate: what read_manifest trusts.
     static Manifest from_json(const std::string&);
 };
+
+/// One piece of the source file: storage `storage` of the manifest, or (storage == -1) a gap
+/// between storages; `moment` when its bytes are coded (kept in the moment streams, not in
+/// /raw). Offsets are bytes of the source file, [begin, end).
+struct SourceSpan {
+    uint64_t begin = 0, end = 0;
+    int storage = -1;
+    bool moment = false;
+    uint64_t size() const { return end - begin; }
+};
+/// The source file [0, source_size) in file order: every storage (empty ones too) and the
+/// non-empty gaps around them. The one walk that writing /raw, restoring, hashing the kept
+/// tensors and rebuilding the source skeleton share. Storages must be sorted and inside
+/// source_size (from_json checks it).
+std::vector<SourceSpan> source_spans(const Manifest&);
+
+/// Uncompressed bytes of parameter p's streams under `kind`: codes and block parameters of
+/// its moments, and its escape rows (8-byte index + 4 bytes per moment). The weight by which
+/// ContainerReader::rows() shares the stored moment bytes among the parameters.
+uint64_t stream_bytes(const ParamEntry& p, codec::Kind kind);
 
 /// Write the manifest as the /manifest dataset; returns its stored (compressed) bytes.
 uint64_t write_manifest(hid_t file, const Manifest&);

@@ -12,23 +12,9 @@
 #include <variant>
 #include <vector>
 
-namespace ckpt {
+#include "io/dtype.h"   // DType, dtype_size, dtype_name, dtype_from_name
 
-/// Element types met in torch.save and safetensors files. The first 17 are safetensors'
-/// spellings; the rest are the other torch 2.x dtypes (c10/core/ScalarType.h; torch.storage's
-/// _new_dtypes): fnuz/e8m0 float8, packed float4, complex32, the quantized types (their storages
-/// are QInt8Storage etc.), the bit-packed shells and the sub-byte uint1..7/int1..7 shells,
-/// which all take one byte per element in a storage.
-enum class DType { F64, F32, F16, BF16, I64, I32, I16, I8, U8, Bool, C64, C128,
-                   F8_E5M2, F8_E4M3, U16, U32, U64,
-                   F8_E4M3FNUZ, F8_E5M2FNUZ, F8_E8M0, F4_E2M1X2, C32, QI8, QU8, QI32, QU4X2, QU2X4,
-                   Bits8, Bits16, Bits1x8, Bits2x4, Bits4x2, U1_7, I1_7 };
-/// Bytes per element.
-std::size_t dtype_size(DType);
-/// safetensors spelling ("F32", "BF16", ...); ckptkit's own for dtypes safetensors lacks ("C32", "QI8").
-const char* dtype_name(DType);
-/// Parse a safetensors spelling (the first 17 DTypes and F8_E8M0); nullopt for any other name.
-std::optional<DType> dtype_from_name(const std::string&);
+namespace ckpt {
 
 /// Configurable size limits for untrusted input, and the reader mode. Exceeding a limit is BadInput.
 struct Limits {

@@ -1,0 +1,60 @@
+// Writing a container (formats/container.md), the counterpart of ckpt::ContainerReader
+// (lib/ckpt/decode.h): /raw (the source bytes outside moment storages, in file order), then
+// the moment streams of every role (codes, block parameters, escape rows, escape index)
+// with each parameter's stream offsets, then the manifest and the root attributes. The
+// calls come in that order; the datasets are created in it, so the same input gives the
+// same container bytes. Errors: std::runtime_error from HDF5 (the caller names the output).
+#pragma once
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "codec/codec.h"
+#include "container/h5.h"
+#include "container/manifest.h"
+
+namespace ckpt::container {
+
+class ContainerWriter {
+public:
+    /// Create (truncate) the HDF5 file `path` and its /raw dataset.
+    explicit ContainerWriter(const std::string& path);
+    ~ContainerWriter();
+    ContainerWriter(const ContainerWriter&) = delete;
+    ContainerWriter& operator=(const ContainerWriter&) = delete;
+
+    /// Append n source bytes to /raw (only before begin_moments).
+    void append_raw(const void* data, std::size_t n);
+    /// Close /raw and create the moment streams: 3 roles when any parameter of `m` keeps
+    /// max_exp_avg_sq (amsgrad), else 2, for m.codec. Returns /raw's stored bytes.
+    uint64_t begin_moments(const Manifest& m);
+    /// Start parameter e: its code_offset (values), block_offset (blocks; 0 for codecs
+    /// without block parameters) and escape_offset (rows) become the streams' current ends;
+    /// escapes and max_bound restart at 0. e must stay alive until the next begin_param.
+    void begin_param(ParamEntry& e);
+    /// Append one encoded chunk of the current parameter, starting at its coordinate i0:
+    /// codes and block parameters of its e.moments() roles, zeros of the same size in the
+    /// roles it lacks (so every role stays aligned with the offsets), and one escape row per
+    /// co.escapes entry (chunk-local coordinates, ascending): the delta-coded coordinate in
+    /// the index, and escape_bits[k][q] (raw bits of role k, q-th escape) per role, 0 in the
+    /// roles it lacks. Adds to e.escapes and raises e.max_bound to co.max_bound.
+    void append_chunk(uint64_t i0, const codec::ChunkOut& co, const std::array<std::vector<uint32_t>, 3>& escape_bits);
+    /// Close the streams, write `m` as /manifest and the root attributes format and
+    /// format_version, flush and close the file (reporting disk-full and the like).
+    void finish(const Manifest& m);
+
+private:
+    // declared in this order so they close in the order the container always had
+    Handle file_;
+    std::unique_ptr<Appender> raw_;
+    std::vector<std::unique_ptr<Appender>> codes_, params_, escv_;   ///< per role
+    std::unique_ptr<Appender> escidx_;
+    int code_bytes_ = 1, params_per_block_ = 0;
+    ParamEntry* cur_ = nullptr;
+    uint64_t last_escape_ = 0;                                     ///< coordinate of cur_'s last escape
+    std::vector<uint8_t> zero_codes_;
+    std::vector<int16_t> zero_params_;
+};
+
+}  // namespace ckpt::container
