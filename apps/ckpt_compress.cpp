@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"log8", "bf16", "blockwise8"}));
     app.add_option("--optimizer", o.optimizer, "auto | adam | adamw (auto certifies both when unknown)")
         ->capture_default_str()->check(CLI::IsMember({"auto", "adam", "adamw"}));
-    auto* pb = app.add_option("--param-bound", param_bound, "|theta| bound for Adam L2 when parameters are absent");
+    auto* pb = app.add_option("--param-bound", param_bound, "|theta| bound for Adam L2 when parameters are absent")
+                   ->check(ckpt::app::finite_nonnegative());
     app.add_option("--lr", o.hyper.lr, "override the learning rate");
     app.add_option("--beta1", o.hyper.beta1, "override beta1");
     app.add_option("--beta2", o.hyper.beta2, "override beta2");
@@ -38,7 +39,8 @@ int main(int argc, char** argv) {
     app.add_option("--weight-decay", o.hyper.weight_decay, "override weight decay");
     app.add_option("--amsgrad", o.hyper.amsgrad, "override amsgrad (true/false)");
     app.add_option("--maximize", o.hyper.maximize, "override maximize (true/false)");
-    app.add_option("--chunk", o.chunk, "coordinates per chunk (memory bound)")->capture_default_str();
+    app.add_option("--chunk", o.chunk, "coordinates per chunk (memory bound; rounded down to a multiple of 64)")->capture_default_str()
+        ->check(CLI::Range(std::size_t(64), std::size_t(1) << 30));
     app.add_option("--max-header-bytes", o.limits.max_header_bytes, "safetensors header limit")->capture_default_str();
     app.add_option("--max-pickle-bytes", o.limits.max_pickle_bytes, "data.pkl / legacy pickle limit")->capture_default_str();
     app.add_option("--max-memo-entries", o.limits.max_memo_entries, "pickle memo entries limit")->capture_default_str();
@@ -74,6 +76,6 @@ int main(int argc, char** argv) {
         o.progress = !cli.json;
         const ckpt::Report r = ckpt::compress(in, out, o);
         std::cout << (cli.json ? r.json() + "\n" : r.table());
-        return r.ok ? 0 : 1;
+        return r.ok ? 0 : cli.check_failed(in, r.failures.empty() ? "a check failed" : r.failures.front(), cli.json);
     });
 }

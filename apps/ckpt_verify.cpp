@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
     ckpt::VerifyOptions o;
     app.add_option("input", in, "container (.ckz.h5), or a folder ckpt-compress wrote")->required();
     auto* og = app.add_option("--original", orig, "the checkpoint (or folder) that was compressed");
-    app.add_option("--grid", o.grid, "gradient points per coordinate")->capture_default_str();
+    app.add_option("--grid", o.grid, "gradient points per coordinate (dense check with --original)")->capture_default_str()
+        ->check(CLI::Range(5, 1 << 20));
     app.add_flag("--strict", o.strict, "read --original accepting only torch.load(weights_only=True) globals");
     ckpt::app::add_threads_option(app);
     return cli.main(argc, argv, in, [&] {
@@ -33,6 +34,6 @@ int main(int argc, char** argv) {
         o.progress = !cli.json;
         const ckpt::Report r = ckpt::verify(in, o);
         std::cout << (cli.json ? r.json() + "\n" : r.table());
-        return r.ok ? 0 : 1;
+        return r.ok ? 0 : cli.check_failed(in, r.failures.empty() ? "a check failed" : r.failures.front(), cli.json);
     });
 }

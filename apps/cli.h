@@ -75,14 +75,23 @@ public:
         } catch (const BadInput& e) {
             return error(e.file, e.what(), kExitBadInput);
         } catch (const CheckFailed& e) {
-            std::fprintf(stderr, "%s: check failed: %s\n", tool_, one_line(e.what()).c_str());
-            if (json) print_json(file, e.what(), kExitCheckFailed);
-            return kExitCheckFailed;
+            return check_failed(file, e.what());
         } catch (const std::bad_alloc&) {
             return error(file, "out of memory", kExitBadInput);
         } catch (const std::exception& e) {
             return error("", e.what(), kExitBadInput);
         }
+    }
+
+    /// A check failed (exit 1): "TOOL: check failed: [FILE: ]WHAT" on stderr (and the error
+    /// object under --json unless `json_printed`: a report already on stdout carries it).
+    int check_failed(const std::string& file, const std::string& what, bool json_printed = false) const {
+        std::string w = one_line(what);
+        if (!file.empty() && w.rfind(file + ": ", 0) == 0) w = w.substr(file.size() + 2);  // name the file once
+        if (file.empty()) std::fprintf(stderr, "%s: check failed: %s\n", tool_, w.c_str());
+        else std::fprintf(stderr, "%s: check failed: %s: %s\n", tool_, file.c_str(), w.c_str());
+        if (json && !json_printed) print_json(file, w, kExitCheckFailed);
+        return kExitCheckFailed;
     }
 
 private:
@@ -118,10 +127,23 @@ private:
 /// "inf" or a positive number.
 inline double parse_bound(const std::string& s) {
     if (s == "inf" || s == "Inf" || s == "INF") return INFINITY;
-    std::size_t pos = 0;
-    const double v = std::stod(s, &pos);
-    if (pos != s.size() || !(v > 0)) throw std::invalid_argument("not a positive number or inf: " + s);
+    char* end = nullptr;
+    const double v = std::strtod(s.c_str(), &end);
+    if (s.empty() || *end != '\0' || !(v > 0)) throw std::invalid_argument("not a positive number or inf: " + s);
     return v;
+}
+
+/// CLI11 check for a finite number >= 0 (nan, inf and negatives are usage errors).
+inline CLI::Validator finite_nonnegative() {
+    return CLI::Validator(
+        [](std::string& s) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(s.c_str(), &end);
+            if (s.empty() || *end != '\0') return "not a number: " + s;
+            if (!(v >= 0 && v < INFINITY)) return s + " is not a finite number >= 0";
+            return {};
+        },
+        "finite, >= 0");
 }
 
 /// CLI11 check for a tolerance: a number in (0, 1] (nan, 0, negatives and > 1 are usage errors).

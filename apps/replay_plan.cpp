@@ -156,26 +156,31 @@ int main(int argc, char** argv) {
                 fmt::print(out, "(! = unsafe: breaks a replay contract)\n");
             }
         }
+        // A check that fails (exit 1): "replay-plan: check failed: TRACE: WHAT" on stderr; the
+        // first one is the JSON summary's "error".
+        std::string first_failure;
+        auto failed = [&](const std::string& what) {
+            fmt::print(stderr, "replay-plan: check failed: {}: {}\n", trace_path, what);
+            if (first_failure.empty()) first_failure = what;
+            rc = ckpt::kExitCheckFailed;
+        };
         size_t sweep_oom = 0;
         for (size_t k = 0; k < results.size(); ++k) {
             const PlanResult& r = results[k];
             if (!r.feasible && k >= budget_args.size()) {
                 ++sweep_oom;   // sweep points may be infeasible: summarised below, exit stays 0
             } else if (!r.feasible) {
-                fmt::print(stderr, "replay-plan: budget {} is infeasible for planner {}: {} needs {} "
-                                   "({} B)\n", human_bytes(r.budget_bytes), planner,
-                           least_text(planner), human_bytes(r.min_peak_bytes), r.min_peak_bytes);
-                rc = ckpt::kExitCheckFailed;
+                failed(fmt::format("budget {} is infeasible for planner {}: {} needs {} ({} B)",
+                                   human_bytes(r.budget_bytes), planner, least_text(planner),
+                                   human_bytes(r.min_peak_bytes), r.min_peak_bytes));
             }
             if (r.feasible && !r.safe && !as_json)
                 for (const auto& u : r.unsafe) fmt::print(out, "  unsafe at {}: {}\n", human_bytes(r.budget_bytes), u);
         }
         if (sweep_oom) {   // as --budget: exit 1 (the table and the outputs are still written)
-            fmt::print(stderr, "replay-plan: {} of {} sweep budgets are infeasible for planner {}: "
-                               "{} needs {} ({} B)\n",
-                       sweep_oom, results.size() - budget_args.size(), planner, least_text(planner),
-                       human_bytes(least), least);
-            rc = ckpt::kExitCheckFailed;
+            failed(fmt::format("{} of {} sweep budgets are infeasible for planner {}: {} needs {} ({} B)",
+                               sweep_oom, results.size() - budget_args.size(), planner, least_text(planner),
+                               human_bytes(least), least));
         }
         if (check) {
             for (const auto& r : results) {
@@ -185,7 +190,9 @@ int main(int argc, char** argv) {
                            planner, human_bytes(r.budget_bytes), s.recomputes, s.reads_checked,
                            s.ok() ? "ok" : "FAILED");
                 for (const auto& v : s.violations) fmt::print(stderr, "  {}\n", v);
-                if (!s.ok()) rc = ckpt::kExitCheckFailed;
+                if (!s.ok())
+                    failed(fmt::format("--check: the plan at {} has {} violations", human_bytes(r.budget_bytes),
+                                       s.violations.size()));
             }
         }
         try {
@@ -198,8 +205,11 @@ int main(int argc, char** argv) {
         }
         if (as_json) {  // one object, as every tool prints: ok and exit_code too
             nlohmann::json j = summary_json(planner, results);
+            j["tool"] = "replay-plan";
+            j["file"] = trace_path;
             j["ok"] = rc == ckpt::kExitOk;
             j["exit_code"] = rc;
+            if (!first_failure.empty()) j["error"] = first_failure;
             std::cout << j.dump() << "\n";
         }
         if (timing)

@@ -450,8 +450,9 @@ bool is_folder(const std::string& path) {
 
 // ---------------------------------------------------------------- compress
 
-FolderReport compress_folder(const std::string& in, const std::string& out, const CompressOptions& o,
+FolderReport compress_folder(const std::string& in, const std::string& out_arg, const CompressOptions& o,
                              const FolderOptions& fo, Comm& c) {
+    const std::string out = without_trailing_slash(out_arg);  // "-o out/" names the folder out
     FolderReport rep = new_report("ckpt-compress", in, out, c);
     rep.codec = codec::kind_name(o.codec);
     rep.tolerance = o.tolerance;
@@ -766,8 +767,9 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
 
 // ---------------------------------------------------------------- restore
 
-FolderReport restore_folder(const std::string& dir, const std::string& out, const RestoreOptions& ro,
+FolderReport restore_folder(const std::string& dir, const std::string& out_arg, const RestoreOptions& ro,
                             const FolderOptions& fo, Comm& c) {
+    const std::string out = without_trailing_slash(out_arg);
     FolderReport rep = new_report("ckpt-restore", dir, out, c);
     Manifest m;
     agree(c, false, [&] {

@@ -167,6 +167,11 @@ std::string temp_sibling(const std::string& out, long pid) {
     return (p.parent_path() / ("." + p.filename().string() + ".tmp-" + std::to_string(pid))).string();
 }
 
+std::string without_trailing_slash(std::string p) {
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    return p;
+}
+
 void check_output_folder(const std::string& in, const std::string& out, bool force) {
     std::error_code ec;
     const fs::path ci = fs::weakly_canonical(in, ec);

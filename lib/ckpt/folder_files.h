@@ -40,6 +40,8 @@ uint64_t parse_hex64(const std::string&);
 
 /// "a/b" joined with '/', "" parts skipped.
 std::string join(const std::string& a, const std::string& b);
+/// A folder path without trailing '/' ("out/" -> "out"; "/" stays "/").
+std::string without_trailing_slash(std::string p);
 /// Folder part of a relative path ("" at the root) and its last component.
 std::string parent_of(const std::string& rel);
 std::string base_of(const std::string& rel);

@@ -78,6 +78,7 @@ std::string Report::json() const {
     j["exit_code"] = ok ? 0 : 1;   // the tool's exit status (errors: apps/cli.h error object)
     j["checks"] = checks;
     j["failures"] = failures;
+    if (!ok) j["error"] = failures.empty() ? std::string("a check failed") : failures.front();  // as apps/cli.h's error object
     nlohmann::json t = nlohmann::json::array();
     for (auto& r : rows)
         t.push_back({{"name", r.name}, {"shape", r.shape}, {"values", r.values}, {"escapes", r.escapes},

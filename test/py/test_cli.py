@@ -192,6 +192,12 @@ USAGE = [
     ("ckpt-compress", ["IN", "-o", "OUT", "--optimizer", "sgd"], "--optimizer: sgd not in {auto,adam,adamw}"),
     ("ckpt-compress", ["IN"], "--output is required"),
     ("ckpt-compress", ["IN", "-o", "OUT", "--grad-bound", "-3"], "--grad-bound: not a positive number or inf: -3"),
+    ("ckpt-compress", ["IN", "-o", "OUT", "--grad-bound", "foo"], "--grad-bound: not a positive number or inf: foo"),
+    ("ckpt-compress", ["IN", "-o", "OUT", "--param-bound", "-3"], "--param-bound: -3 is not a finite number >= 0"),
+    ("ckpt-compress", ["IN", "-o", "OUT", "--param-bound", "inf"], "--param-bound: inf is not a finite number >= 0"),
+    ("ckpt-compress", ["IN", "-o", "OUT", "--param-bound", "nan"], "--param-bound: nan is not a finite number >= 0"),
+    ("ckpt-compress", ["IN", "-o", "OUT", "--chunk", "0"], "--chunk: Value 0 not in range 64 to 1073741824"),
+    ("ckpt-verify", ["IN", "--grid", "1"], "--grid: Value 1 not in range 5 to 1048576"),
     ("ckpt-verify", ["IN", "--bogus"], "The following argument was not expected: --bogus"),
     ("ckpt-verify", [], "input is required"),
     ("ckpt-restore", ["IN", "-o", "OUT", "--device", "tpu"], "--device: tpu not in {cpu,cuda,auto}"),
@@ -225,7 +231,9 @@ def test_check_failed_exit_1(tmp_path, container):
     before = hashes(ckz, other)
     p = run("ckpt-verify", ckz, "--original", other)
     assert p.returncode == 1, p.stderr
-    assert p.stderr == "" and p.stdout.endswith("NOT OK\n")
+    assert p.stdout.endswith("NOT OK\n")
+    first = next(line[len("FAILED: "):] for line in p.stdout.splitlines() if line.startswith("FAILED: "))
+    assert p.stderr == f"ckpt-verify: check failed: {ckz}: {first}\n"  # one line, the first failure
     assert hashes(ckz, other) == before
 
 
@@ -277,8 +285,9 @@ def test_json_report_exit_codes(tmp_path, container):
     assert (ok.returncode, ok.stderr) == (0, "")
     assert json.loads(ok.stdout)["ok"] is True and json.loads(ok.stdout)["exit_code"] == 0
     bad = run("ckpt-verify", ckz, "--original", other, "--json")
-    assert (bad.returncode, bad.stderr) == (1, "")
-    assert json.loads(bad.stdout)["ok"] is False and json.loads(bad.stdout)["exit_code"] == 1
+    rep = json.loads(bad.stdout)  # one object: the report, with the first failure as "error"
+    assert bad.returncode == 1 and rep["ok"] is False and rep["exit_code"] == 1
+    assert rep["error"] == rep["failures"][0] and bad.stderr == f"ckpt-verify: check failed: {ckz}: {rep['error']}\n"
     assert hashes(src, ckz, other) == before
 
 

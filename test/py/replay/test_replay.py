@@ -164,10 +164,15 @@ def test_bad_input_one_line_exit_2_no_output(replay_plan, tmp_path):
 
 def test_infeasible_budget_exit_1_with_message(replay_plan, tmp_path):
     out = tmp_path / "p.json"
-    r = run([replay_plan, ROOT / "data" / "traces" / "bn.trace.json", "--budget", "100KiB", "-o", out])
+    trace = ROOT / "data" / "traces" / "bn.trace.json"
+    r = run([replay_plan, trace, "--budget", "100KiB", "-o", out])
     assert r.returncode == 1
-    assert "budget 100.00 KiB is infeasible for planner joint" in r.stderr
+    assert r.stderr.startswith(f"replay-plan: check failed: {trace}: budget 100.00 KiB is infeasible for planner joint")
     assert json.load(open(out))["budgets"][0]["feasible"] is False
+    j = run([replay_plan, trace, "--budget", "100KiB", "--json"])
+    obj = json.loads(j.stdout)  # one object, as every tool's: tool, file, ok, exit_code, error
+    assert (j.returncode, obj["tool"], obj["file"], obj["ok"], obj["exit_code"]) == (1, "replay-plan", str(trace), False, 1)
+    assert obj["error"].startswith("budget 100.00 KiB is infeasible for planner joint")
 
 
 def test_json_summary_and_sweep_svg(replay_plan, tmp_path):
@@ -175,7 +180,7 @@ def test_json_summary_and_sweep_svg(replay_plan, tmp_path):
     r = run([replay_plan, trace, "--budget", "1GiB", "--budget", "1KiB", "--json"])
     assert r.returncode == 1
     obj = json.loads(r.stdout)
-    assert set(obj) == {"planner", "budgets", "ok", "exit_code"} and obj["planner"] == "joint"
+    assert set(obj) == {"tool", "file", "planner", "budgets", "ok", "exit_code", "error"} and obj["planner"] == "joint"
     assert obj["ok"] is False and obj["exit_code"] == 1  # the 1KiB budget is infeasible
     ok, bad = obj["budgets"]
     assert set(ok) == {"budget_bytes", "feasible", "peak_bytes", "step_time_ms", "safe", "decisions"}
@@ -186,8 +191,8 @@ def test_json_summary_and_sweep_svg(replay_plan, tmp_path):
     # a sweep with infeasible budgets exits 1 as --budget does, table and SVG still written
     r = run([replay_plan, trace, "--sweep", "1MiB:2MiB:64KiB", "--svg", svg])
     assert r.returncode == 1, r.stderr
-    assert r.stderr.startswith("replay-plan: 7 of 17 sweep budgets are infeasible for planner "
-                               "joint: its smallest plan needs 1.40 MiB (")
+    assert r.stderr.startswith(f"replay-plan: check failed: {trace}: 7 of 17 sweep budgets are infeasible for "
+                               "planner joint: its smallest plan needs 1.40 MiB (")
     assert "budget vs predicted step time" in r.stdout
     text = svg.read_text()
     for p in ("joint", "eager", "stateless", "all", "none"):
