@@ -89,11 +89,30 @@ codec::ChunkIn read_chunk(const io::InputFile& f, const ct::Manifest& man, const
     return ci;
 }
 
+/// One warning line per reason a state is kept exact ("kept exact: NAdam state (not Adam):
+/// 2 tensors (a.weight, a.bias)"), naming at most 3 tensors.
+void warn_kept(const std::string& in, const std::vector<TensorRow>& kept) {
+    std::vector<std::pair<std::string, std::vector<std::string>>> by_note;  // in first-seen order
+    for (const auto& k : kept) {
+        auto it = std::find_if(by_note.begin(), by_note.end(), [&](const auto& b) { return b.first == k.note; });
+        if (it == by_note.end()) it = by_note.insert(by_note.end(), {k.note, {}});
+        it->second.push_back(k.name);
+    }
+    for (const auto& [note, names] : by_note) {
+        std::string list;
+        for (std::size_t i = 0; i < names.size() && i < 3; ++i) list += (i ? ", " : "") + names[i];
+        if (names.size() > 3) list += fmt::format(", ... {} more", names.size() - 3);
+        spdlog::warn("{}: {}: {} tensor{} ({})", in, note, names.size(), names.size() == 1 ? "" : "s", list);
+    }
+}
+
 /// When more than 5% of the moment values escaped: estimate, on a sample (the first 16k
 /// coordinates of every coded parameter), what a larger tolerance or the bf16 codec would
 /// escape, and say so in one warning line.
 void warn_escapes(const io::InputFile& f, const ct::Manifest& man, const Report& rep) {
-    const uint64_t values = rep.moment_values(), esc = rep.escapes();
+    uint64_t values = 0, esc = 0;  // coded tensors only: a state kept exact has its own note
+    for (const auto& r : rep.rows)
+        if (r.note.empty()) values += r.values, esc += r.escapes;
     if (!values || double(esc) <= 0.05 * double(values)) return;
     struct Try { codec::Kind kind; double tol; uint64_t esc = 0, n = 0; };
     std::vector<Try> tries;
@@ -183,10 +202,8 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
     const Checkpoint ck = read_checkpoint(in, o.limits);
     Layout L = plan_layout(ck, f, o);  // phase 1
     ct::Manifest& man = L.man;
-    for (const auto& k : L.kept) {
-        spdlog::warn("{}: {} {}", in, k.name, k.note);
-        man.kept.push_back({k.name, k.values, k.bytes_out, k.note});
-    }
+    warn_kept(in, L.kept);
+    for (const auto& k : L.kept) man.kept.push_back({k.name, k.values, k.bytes_out, k.note});
 
     AtomicOutput atomic(out);
     Report rep("ckpt-compress", in, out, codec::kind_name(o.codec), o.tolerance, o.grad_bound);

@@ -564,6 +564,11 @@ FolderReport compress_folder(const std::string& in, const std::string& out_arg, 
             if (std::string(e.what()).find(kNoAdam) != std::string::npos) return copy_row(file, "no Adam/AdamW state");
             throw;
         }
+        if (r.ok && r.bytes_out >= r.bytes_in) {  // a container's fixed overhead (~13 KB) beats a tiny file
+            std::error_code ec;
+            fs::remove(join(tmp, r.stored), ec);
+            return copy_row(file, fmt::format("copied as is: its container would be {} bytes, not smaller", r.bytes_out));
+        }
         return r;
     };
     // A DCP folder's moment files: gathered moments -> one container, each file -> a shell.

@@ -89,13 +89,17 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
         if (!p.compressible) {
             TensorRow row;
             row.name = p.name;
+            std::vector<int> tensors = p.other_tensors;
             for (int k = 0; k < 3; ++k)
-                if (p.tensor[k] >= 0 && (k < 2 || p.hyper.amsgrad)) {
-                    const auto& st = ck.storages[ck.tensors[std::size_t(p.tensor[k])].storage];
-                    row.values += st.numel;
-                    row.bytes_fp32 += 4 * st.numel;
-                    row.bytes_out += st.nbytes;
-                }
+                if (p.tensor[k] >= 0 && (k < 2 || p.hyper.amsgrad)) tensors.push_back(p.tensor[k]);
+            for (int t : tensors) {  // the tensor's own elements (a view counts its view, not its storage)
+                const TensorInfo& ti = ck.tensors[std::size_t(t)];
+                uint64_t n = 1;
+                for (int64_t d : ti.shape) n *= uint64_t(d);
+                row.values += n;
+                row.bytes_fp32 += 4 * n;
+                row.bytes_out += n * dtype_size(ti.dtype);
+            }
             row.escapes = row.values;
             row.note = "kept exact: " + p.why_not;
             L.kept.push_back(row);

@@ -107,6 +107,7 @@ std::string out_of_range(const codec::AdamHyper& h) {
 std::string not_adam(const std::vector<std::string>& group_keys, const std::vector<std::string>& state_keys) {
     auto has = [](const std::vector<std::string>& v, const char* k) { return std::find(v.begin(), v.end(), k) != v.end(); };
     if (has(group_keys, "momentum_decay") || has(state_keys, "mu_product")) return "NAdam state (not Adam)";
+    if (has(state_keys, "momentum_buffer")) return "SGD state (not Adam)";
     if (has(state_keys, "exp_inf")) return "Adamax state (not Adam)";
     for (const char* k : {"clip_threshold", "decay_rate", "relative_step", "scale_parameter", "warmup_init"})
         if (has(group_keys, k)) return "Adafactor state (not Adam)";
@@ -416,8 +417,23 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
         for (int m = 0; m < 3; ++m)
             if (const Value* t = st.get(kMomentNames[m]))
                 if (auto ti = std::get_if<Value::Tensor>(&t->v)) p.tensor[m] = int(ti->index);
-        if (p.tensor[0] < 0 && p.tensor[1] < 0) continue;  // no Adam-like moments
+        for (const auto& [sk, sv] : std::get<Value::Dict>(st.v)) {  // exp_inf, momentum_buffer, ...
+            const std::string key = sk.key_text();
+            const auto* t = std::get_if<Value::Tensor>(&sv.v);
+            if (t && !ck.tensors[t->index].shape.empty() && key != "step" &&
+                std::find(std::begin(kMomentNames), std::end(kMomentNames), key) == std::end(kMomentNames))
+                p.other_tensors.push_back(int(t->index));
+        }
         auto w = where.find(p.index);
+        if (p.tensor[0] < 0 && p.tensor[1] < 0) {  // no Adam-like moments (SGD, ...): kept exact, named
+            if (p.other_tensors.empty()) continue;  // nothing stored (SGD without momentum)
+            std::string why = not_adam(w == where.end() ? std::vector<std::string>{} : dict_keys(*w->second.first), dict_keys(st));
+            p.why_not = why.empty() ? "optimizer state without exp_avg / exp_avg_sq (not Adam)" : why;
+            if (w != where.end() && !w->second.second.empty()) p.name = w->second.second;
+            else if (likely_name.count(p.index)) p.name = likely_name[p.index];
+            out.push_back(std::move(p));
+            continue;
+        }
         if (w == where.end()) throw BadInput(f.path(), "optimizer state " + p.index + " belongs to no param group");
         const Value& g = *w->second.first;
         read_group(p.hyper, p.stated, p.decoupled, [&](const char* key) -> std::optional<double> {

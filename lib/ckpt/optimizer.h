@@ -31,6 +31,9 @@ struct ParamState {
     std::string index;                ///< the state key (param index or fqn)
     int tensor[3] = {-1, -1, -1};     ///< Checkpoint::tensors index of exp_avg, exp_avg_sq, max_exp_avg_sq
     int theta = -1;                   ///< parameter tensor when the mapping is proven, else -1
+    /// The state's other non-scalar tensors (Adamax's exp_inf, SGD's momentum_buffer, ...):
+    /// counted in a kept-exact state's report row.
+    std::vector<int> other_tensors;
     /// Model tensors of the right shape when the mapping is not proven (the Adam L2 domain
     /// is then certified over the union of their domains, as |theta| <= max over them).
     /// Shared by every state of the same shape (null when none).

@@ -10,6 +10,7 @@ verify, a SIGKILL-ed run leaves no output folder (and an existing one whole), re
 """
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import time
@@ -25,18 +26,24 @@ TOL = 0.01
 EPS32 = float(np.finfo(np.float32).eps)
 
 
+# HF Trainer and DeepSpeed folders are wide enough that every optimizer file is larger than
+# a container's fixed overhead (smaller files are copied as is); DCP keeps the small width
+# its byte counts below are written for.
+WIDTH, DCP_WIDTH = 160, 64
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("folders")
     return {
-        "hf": mf.make_hf(str(root), 64, mf.STEPS),
-        "hf_adam": mf.make_hf(str(root), 64, mf.STEPS, torch.optim.Adam, "hf_adam"),
-        "ds2": mf.make_ds(str(root), 2, 64, mf.STEPS),
-        "ds4": mf.make_ds(str(root), 4, 64, mf.STEPS),
-        "dcp": mf.make_dcp(str(root), 64, mf.STEPS),
-        "dcp_packed": mf.make_dcp(str(root), 64, mf.STEPS, packed=True),
-        "dcp_py311": mf.make_dcp(str(root), 64, mf.STEPS, py311=True),
-        "dcp_sharded": mf.make_dcp_sharded(str(root), 64, mf.STEPS),
+        "hf": mf.make_hf(str(root), WIDTH, mf.STEPS),
+        "hf_adam": mf.make_hf(str(root), WIDTH, mf.STEPS, torch.optim.Adam, "hf_adam"),
+        "ds2": mf.make_ds(str(root), 2, WIDTH, mf.STEPS),
+        "ds4": mf.make_ds(str(root), 4, WIDTH, mf.STEPS),
+        "dcp": mf.make_dcp(str(root), DCP_WIDTH, mf.STEPS),
+        "dcp_packed": mf.make_dcp(str(root), DCP_WIDTH, mf.STEPS, packed=True),
+        "dcp_py311": mf.make_dcp(str(root), DCP_WIDTH, mf.STEPS, py311=True),
+        "dcp_sharded": mf.make_dcp_sharded(str(root), DCP_WIDTH, mf.STEPS),
     }
 
 
@@ -126,7 +133,7 @@ def test_hf_trainer_folder(tmp_path, folders, name, opt_cls):
     rest = torch.load(back / "checkpoint-5" / "optimizer.pt")
     non_moment_equal(orig, rest)
     model = mf.read_safetensors(os.path.join(src, "model.safetensors"))
-    net = mf.Net(64)
+    net = mf.Net(WIDTH)
     net.load_state_dict(model)
     params = [p.detach() for p in net.parameters()]
     g = orig["param_groups"][0]
@@ -163,7 +170,7 @@ def test_deepspeed_folder(tmp_path, folders, world):
 def load_dcp(dcp, path, sharded=False):
     """The DCP folder at `path` loaded by torch's own DCP reader into a same-keyed template
     (ShardedTensors of 2 chunks when `sharded`); returns full tensors."""
-    net, opt = mf.train_adamw(64, 1)   # same keys, other values
+    net, opt = mf.train_adamw(DCP_WIDTH, 1)   # same keys, other values
     got = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in mf.dcp_state_dict(net, opt).items()}
     if sharded:
         got = {k: (mf.to_sharded(v) if torch.is_tensor(v) and v.dim() >= 1 else v) for k, v in got.items()}
@@ -175,7 +182,7 @@ def load_dcp(dcp, path, sharded=False):
 
 def dcp_params_and_state(sd):
     """Model parameters and an AdamW state_dict (one group per parameter) from DCP keys."""
-    names = [n for n, _ in mf.Net(64).named_parameters()]
+    names = [n for n, _ in mf.Net(DCP_WIDTH).named_parameters()]
     params = [sd["model." + n] for n in names]
     state = {i: {k: sd[f"optim.state.{n}.{k}"] for k in ("step", "exp_avg", "exp_avg_sq")} for i, n in enumerate(names)}
     groups = []
@@ -201,7 +208,7 @@ def test_dcp_folder(tmp_path, folders, name):
     moments = rows["ckptkit-dcp-moments-0.safetensors"]
     assert moments["action"] == "compressed"
     assert f"moments of {8 if sharded else 4} parameter chunks" in moments["note"]
-    assert moments["moment_values"] == sum(p.numel() for p in mf.Net(64).parameters()) * 2
+    assert moments["moment_values"] == sum(p.numel() for p in mf.Net(DCP_WIDTH).parameters()) * 2
     assert moments["virtual_input"] and rep["file_bytes_in"] == sum(os.path.getsize(os.path.join(src, f)) for f in files_of(src))
     shells = [f for f, r in rows.items() if r["action"] == "shell"]
     assert len(shells) == {"dcp_packed": 1, "dcp": 8, "dcp_py311": 8, "dcp_sharded": 16}[name]
@@ -355,3 +362,22 @@ def test_manifest_numbers_are_checked(tmp_path, folders, edit):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "ckptkit-folder.json: malformed manifest: " in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_tiny_optimizer_file_is_copied_not_grown(tmp_path):
+    """An optimizer file smaller than a container's fixed overhead is copied as is (with a
+    note), so no file of the output folder is larger than its source; restore gives it back."""
+    b = require_ckptkit_bin()
+    src = mf.make_hf(str(tmp_path), 32, 3)
+    out, back = tmp_path / "out", tmp_path / "back"
+    r = run_tool(b, "ckpt-compress", src, "-o", out, "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {f["file"]: f for f in parse_json_stdout(r)["files"]}
+    opt = next(k for k in rows if k.endswith("optimizer.pt"))
+    assert rows[opt]["action"] == "copied" and "its container would be" in rows[opt]["note"]
+    assert not list(out.rglob("*.ckz.h5"))
+    assert run_tool(b, "ckpt-verify", out, "--original", src).returncode == 0
+    assert run_tool(b, "ckpt-restore", out, "-o", back).returncode == 0
+    for f in pathlib.Path(src).rglob("*"):
+        if f.is_file():
+            assert (back / f.relative_to(src)).read_bytes() == f.read_bytes()
