@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
                        "checkpoint with a guarded 8-bit codec; every other byte is kept exactly. "
                        "Exit 0 ok, 1 a check failed, 2 bad input or usage.");
     CLI::App& app = cli.app;
-    ckpt::app::add_folder_help(cli);
+    ckpt::app::add_folder_help(cli, "pass a checkpoint folder (HF Trainer checkpoint-N/, DeepSpeed global_stepN/ or its parent, DCP, any tree) and -o an output folder");
     std::string in, out, grad = "1.0", codec = "log8";
     ckpt::CompressOptions o;
     double param_bound = 0;

@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
     ckpt::app::Cli cli("ckpt-restore", "Rebuild the checkpoint from a container (torch.load / safetensors "
                        "readers accept it). Exit 0 ok, 1 a check failed, 2 bad input or usage.");
     CLI::App& app = cli.app;
-    ckpt::app::add_folder_help(cli);
+    ckpt::app::add_folder_help(cli, "pass the folder ckpt-compress wrote and -o the folder to restore into");
     std::string in, out, device = "auto";
     app.add_option("input", in, "container (.ckz.h5), or a folder ckpt-compress wrote")->required();
     app.add_option("-o,--output", out, "checkpoint to write (.pt or .safetensors, as the source), or the folder to write")->required();

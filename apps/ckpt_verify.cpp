@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
                  "stored codes, and (with --original) the true update error on a dense gradient grid. "
                  "Exit 0 when everything holds, 1 when a check fails, 2 on bad input or usage.");
     CLI::App& app = cli.app;
-    ckpt::app::add_folder_help(cli);
+    ckpt::app::add_folder_help(cli, "pass the folder ckpt-compress wrote, and the checkpoint folder with --original");
     std::string in, orig;
     ckpt::VerifyOptions o;
     app.add_option("input", in, "container (.ckz.h5), or a folder ckpt-compress wrote")->required();

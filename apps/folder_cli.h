@@ -12,9 +12,9 @@
 namespace ckpt::app {
 
 /// --help footer on folder mode; names mpirun only when the tools were built with MPI.
-inline void add_folder_help(Cli& cli) {
-    cli.app.footer(std::string("Folder mode: pass a folder (HF Trainer checkpoint-N/, DeepSpeed global_stepN/ or its "
-                               "parent, DCP, any tree) and an output folder; formats/folder.md. ") +
+/// `what` says what the tool takes in folder mode.
+inline void add_folder_help(Cli& cli, const std::string& what) {
+    cli.app.footer("Folder mode: " + what + "; formats/folder.md. " +
                    (mpi_built() ? "Built with MPI: under mpirun / srun the ranks share the files."
                                 : "Built without MPI (CKPTKIT_MPI=OFF or not found): one process."));
 }

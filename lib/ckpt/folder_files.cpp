@@ -181,7 +181,7 @@ void check_output_folder(const std::string& in, const std::string& out, bool for
     const auto st = fs::status(out, ec);
     if (fs::exists(st)) {
         if (!fs::is_directory(st)) throw BadInput(out, "output exists and is not a folder");
-        if (!force) throw BadInput(out, "output already exists; pass --force to replace it");
+        if (!force) throw BadInput(out, "output already exists; pass --force to overwrite it");
     }
     if (co.has_parent_path() && !fs::is_directory(co.parent_path()))
         throw BadInput(out, "the output's parent folder does not exist");
