@@ -31,7 +31,7 @@ import subprocess
 
 import pytest
 
-from conftest import require_ckptkit_bin  # noqa: E402
+from testlib import require_ckptkit_bin  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DATA = os.path.join(ROOT, "data")
@@ -43,7 +43,7 @@ PWNED = "/tmp/ckpt_pwned_*"
 
 
 def bin_dir():
-    """$CKPTKIT_BIN with the three tools; pytest.fail (not skip) otherwise (conftest)."""
+    """$CKPTKIT_BIN with the three tools; pytest.fail (not skip) otherwise (testlib)."""
     return require_ckptkit_bin()
 
 

@@ -25,7 +25,7 @@ import subprocess
 
 import pytest
 
-from conftest import require_ckptkit_bin  # noqa: E402
+from testlib import require_ckptkit_bin  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DATA = os.path.join(ROOT, "data")

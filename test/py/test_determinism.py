@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, parse_json_stdout, require_ckptkit_bin, run_tool
+from testlib import ROOT, parse_json_stdout, require_ckptkit_bin, run_tool
 
 
 @pytest.fixture(scope="module")

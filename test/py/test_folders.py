@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import make_folders as mf
-from conftest import parse_json_stdout, require_ckptkit_bin, run_tool
+from testlib import parse_json_stdout, require_ckptkit_bin, run_tool
 
 TOL = 0.01
 EPS32 = float(np.finfo(np.float32).eps)

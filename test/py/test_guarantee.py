@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import parse_json_stdout, require_ckptkit_bin, run_tool
+from testlib import parse_json_stdout, require_ckptkit_bin, run_tool
 
 TOL = 0.01
 MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")

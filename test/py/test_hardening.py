@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import require_ckptkit_bin  # noqa: E402
+from testlib import require_ckptkit_bin  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DATA = os.path.join(ROOT, "data")
@@ -46,7 +46,7 @@ STATS = {}
 
 
 def bin_dir():
-    """$CKPTKIT_BIN with the three tools; pytest.fail (not skip) otherwise (conftest)."""
+    """$CKPTKIT_BIN with the three tools; pytest.fail (not skip) otherwise (testlib)."""
     return require_ckptkit_bin()
 
 
@@ -76,7 +76,8 @@ def check_refusal(p, name, path, out_dir=None):
     """A refusal: exit 1 or 2 (never a signal, never 0) and one clear line.
     exit 2 -> stderr is exactly "NAME: error: PATH: reason";
     exit 1 -> ckpt-restore: stderr is exactly "ckpt-restore: check failed: ..." naming the
-              damage; ckpt-verify (run with --json): ok false and failures listed, stderr empty.
+              damage; ckpt-verify (run with --json): ok false and failures listed, the first
+              as "error" and as the one stderr line "ckpt-verify: check failed: PATH: error".
     Returns a short kind string for statistics."""
     lines = p.stderr.splitlines()
     assert p.returncode in (1, 2), f"{name} {path}: exit {p.returncode}\n{p.stderr[-2000:]}"
@@ -89,7 +90,8 @@ def check_refusal(p, name, path, out_dir=None):
         rep = json.loads(p.stdout)
         assert rep["ok"] is False and rep["failures"], rep
         assert all(isinstance(f, str) and len(f) > 10 for f in rep["failures"]), rep["failures"]
-        assert p.stderr == "", p.stderr
+        assert rep["error"] == rep["failures"][0]
+        assert p.stderr == f"{name}: check failed: {path}: {rep['error']}\n", p.stderr
         kind = "exit1"
     else:
         assert len(lines) == 1, f"{name}: expected one stderr line: {p.stderr!r}"

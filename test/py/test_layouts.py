@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import ROOT, parse_json_stdout, require_ckptkit_bin, run_tool
+from testlib import ROOT, parse_json_stdout, require_ckptkit_bin, run_tool
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import make_layouts as ml  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import require_ckptkit_bin, run_tool  # noqa: E402
+from testlib import require_ckptkit_bin, run_tool  # noqa: E402
 
 TOL = 0.01
 

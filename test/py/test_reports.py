@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from conftest import fixture_path, parse_json_stdout, require_ckptkit_bin, run_tool
+from testlib import fixture_path, parse_json_stdout, require_ckptkit_bin, run_tool
 
 TENSOR_KEYS = {"name", "shape", "values", "escapes", "moment_bytes_fp32", "moment_bytes_out",
                "moment_reduction", "max_bound_lr", "note"}

@@ -24,7 +24,7 @@ import os
 import pytest
 import torch
 
-from conftest import (DATA, ckpt_models, fixture_path, moment_count, parse_json_stdout,
+from testlib import (DATA, ckpt_models, fixture_path, moment_count, parse_json_stdout,
                       require_ckptkit_bin, run_tool, torch_step_check as tsc)
 
 TOL = 0.01

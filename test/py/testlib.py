@@ -1,0 +1,67 @@
+"""Shared helpers for the ckptkit end-to-end round trips (stock torch), imported by the tests
+(`from testlib import ...`; a plain module, so test/py/replay/conftest.py cannot shadow it).
+
+The CLI tools are located through the environment variable CKPTKIT_BIN (a directory holding
+ckpt-compress, ckpt-verify and ckpt-restore). Missing tools are a test FAILURE, never a skip:
+the round trip is the product's proof and must not silently disappear.
+Run with /usr/bin/python3 -m pytest test/py (Debian's torch 1.13).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+DATA = os.path.join(ROOT, "data")
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import ckpt_models  # noqa: E402,F401  (re-exported for the tests)
+import torch_step_check  # noqa: E402,F401
+
+TOOLS = ("ckpt-compress", "ckpt-verify", "ckpt-restore")
+
+
+def require_ckptkit_bin():
+    """Directory of the ckptkit CLI tools from $CKPTKIT_BIN; FAIL the calling test when absent.
+
+    Called inside each test body (not as a pytest fixture) so a missing tool is reported as
+    a FAILED test, not as a setup ERROR and never as a skip.
+    """
+    d = os.environ.get("CKPTKIT_BIN")
+    if not d:
+        pytest.fail("CKPTKIT_BIN is not set: export CKPTKIT_BIN=<build dir with "
+                    "ckpt-compress, ckpt-verify, ckpt-restore> (e.g. build/apps)", pytrace=False)
+    missing = [t for t in TOOLS if not os.access(os.path.join(d, t), os.X_OK)]
+    if missing:
+        pytest.fail(f"CKPTKIT_BIN={d}: missing or not executable: {', '.join(missing)}",
+                    pytrace=False)
+    return d
+
+
+def run_tool(bin_dir, tool, *args, timeout=120):
+    """Run one CLI tool; return CompletedProcess (text mode, stdout/stderr captured)."""
+    return subprocess.run([os.path.join(bin_dir, tool), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def parse_json_stdout(proc):
+    """Parse the single JSON object printed on stdout by a `--json` run."""
+    try:
+        return json.loads(proc.stdout)
+    except ValueError as e:
+        raise AssertionError(f"stdout is not one JSON object ({e}): {proc.stdout[:500]!r}")
+
+
+def fixture_path(name):
+    """Absolute path of a checkpoint fixture in data/."""
+    return os.path.join(DATA, name)
+
+
+def moment_count(path):
+    """Number of moment values (exp_avg, exp_avg_sq, max_exp_avg_sq elements) in a fixture."""
+    obj = torch_step_check.load_any(path)
+    _, osd = torch_step_check.split_state(obj, path)
+    return sum(t.numel() for st in osd["state"].values()
+               for k, t in st.items() if k in torch_step_check.MOMENT_KEYS)
