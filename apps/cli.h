@@ -133,30 +133,27 @@ inline double parse_bound(const std::string& s) {
     return v;
 }
 
-/// CLI11 check for a finite number >= 0 (nan, inf and negatives are usage errors).
-inline CLI::Validator finite_nonnegative() {
+/// CLI11 check for a number x with ok(x); otherwise the message is "S" + `outside`
+/// (a non-number is "not a number: S"). `desc` is the --help text of the range.
+inline CLI::Validator number_where(bool (*ok)(double), const char* outside, const char* desc) {
     return CLI::Validator(
-        [](std::string& s) -> std::string {
+        [ok, outside](std::string& s) -> std::string {
             char* end = nullptr;
             const double v = std::strtod(s.c_str(), &end);
             if (s.empty() || *end != '\0') return "not a number: " + s;
-            if (!(v >= 0 && v < INFINITY)) return s + " is not a finite number >= 0";
-            return {};
+            return ok(v) ? std::string() : s + outside;
         },
-        "finite, >= 0");
+        desc);
+}
+
+/// CLI11 check for a finite number >= 0 (nan, inf and negatives are usage errors).
+inline CLI::Validator finite_nonnegative() {
+    return number_where([](double v) { return v >= 0 && v < INFINITY; }, " is not a finite number >= 0", "finite, >= 0");
 }
 
 /// CLI11 check for a tolerance: a number in (0, 1] (nan, 0, negatives and > 1 are usage errors).
 inline CLI::Validator unit_interval() {
-    return CLI::Validator(
-        [](std::string& s) -> std::string {
-            char* end = nullptr;
-            const double v = std::strtod(s.c_str(), &end);
-            if (s.empty() || *end != '\0') return "not a number: " + s;
-            if (!(v > 0 && v <= 1)) return s + " is outside (0, 1] (units of lr)";
-            return {};
-        },
-        "in (0, 1]");
+    return number_where([](double v) { return v > 0 && v <= 1; }, " is outside (0, 1] (units of lr)", "in (0, 1]");
 }
 
 /// --threads N: CPU threads for encoding, decoding and certificates (codec::set_cpu_threads;
