@@ -17,7 +17,11 @@ ContainerReader::ContainerReader(const std::string& path) : path_(path) {
     try {
         file_ = ct::open_file(path);
         man_ = ct::read_manifest(file_.get());
-        manifest_stored_ = ct::DatasetReader(file_.get(), ct::kManifestPath, H5T_NATIVE_UINT8, 1).stored_bytes();
+        {
+            const ct::DatasetReader mr(file_.get(), ct::kManifestPath, H5T_NATIVE_UINT8, 1);
+            manifest_stored_ = mr.stored_bytes();
+            manifest_text_ = mr.count();
+        }
         raw_ = std::make_unique<ct::DatasetReader>(file_.get(), ct::kRaw, H5T_NATIVE_UINT8, 1);
         uint64_t moment_bytes = 0;
         for (const auto& s : man_.storages)
@@ -97,7 +101,7 @@ uint64_t ContainerReader::moment_bytes() const {
     uint64_t b = escidx_ ? escidx_->stored_bytes() : 0;
     for (auto* v : {&codes_, &params_, &escv_})
         for (auto& d : *v) b += d->stored_bytes();
-    return b + ct::param_metadata_bytes(man_, manifest_stored_);
+    return b + ct::param_metadata_bytes(man_, manifest_stored_, manifest_text_);
 }
 
 std::vector<TensorRow> ContainerReader::rows() const {

@@ -62,7 +62,7 @@ private:
     std::string path_;
     container::Handle file_;
     container::Manifest man_;
-    uint64_t manifest_stored_ = 0;
+    uint64_t manifest_stored_ = 0, manifest_text_ = 0;  ///< /manifest: stored (compressed) and JSON bytes
     std::unique_ptr<container::DatasetReader> raw_, escidx_;
     std::vector<std::unique_ptr<container::DatasetReader>> codes_, params_, escv_;
     /// Source offsets of the moment storages (sorted) and the moment bytes up to and

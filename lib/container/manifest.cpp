@@ -66,7 +66,43 @@ codec::TensorSetup tensor_setup(const ParamEntry& e, codec::Kind kind, double to
     return s;
 }
 
+namespace {
+
+/// One "params" entry as JSON.
+json param_json(const ParamEntry& p) {
+    const auto& h = p.hyper;
+    return {{"name", p.name}, {"numel", p.numel}, {"shape", p.shape}, {"dtype", dtype_name(p.dtype)},
+            {"hyper", {{"lr", h.lr}, {"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps},
+                       {"weight_decay", h.weight_decay}, {"amsgrad", h.amsgrad},
+                       {"maximize", h.maximize}, {"step", h.step}}},
+            {"domain", {{"l2", p.domain.l2}, {"plain", p.domain.plain}, {"theta_bound", p.domain.theta_bound}}},
+            {"theta_storage", p.theta_storage}, {"theta_dtype", p.theta_dtype ? dtype_name(*p.theta_dtype) : ""},
+            {"theta_candidates", p.theta_candidates},
+            {"code_offset", p.code_offset}, {"block_offset", p.block_offset},
+            {"escape_offset", p.escape_offset}, {"escapes", p.escapes},
+            {"max_bound", p.max_bound},
+            {"storage", {p.storage[0], p.storage[1], p.storage[2]}}};
+}
+
+/// A JSON array dumped element by element (the same bytes as dumping a json array of
+/// them, without holding every element's tree at once).
+template <class T, class F>
+std::string dump_array(const std::vector<T>& items, F to_json) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        if (i) out += ',';
+        out += to_json(items[i]).dump();
+    }
+    return out + "]";
+}
+
+}  // namespace
+
 std::string Manifest::to_json() const {
+    // The header as one small object with empty arrays, then the three arrays spliced in
+    // where nlohmann's (sorted-key, compact) dump put "[]": byte for byte the dump of the
+    // whole tree, in memory proportional to the text only. A string value cannot hold
+    // `"params":[]` (its quotes would be escaped), so each pattern occurs exactly once.
     json j;
     j["format"] = "ckptkit-container";
     j["format_version"] = format_version;
@@ -78,32 +114,25 @@ std::string Manifest::to_json() const {
     j["grad_bound"] = num(grad_bound);
     j["optimizer"] = optimizer;
     j["param_bound"] = param_bound;
-    json st = json::array();
-    for (const auto& s : storages)
-        st.push_back({{"offset", s.offset}, {"nbytes", s.nbytes}, {"xxh3", s.xxh3},
-                      {"param", s.param}, {"role", s.role}, {"crc_offsets", s.crc_offsets}});
-    j["storages"] = st;
-    json ps = json::array();
-    for (const auto& p : params) {
-        const auto& h = p.hyper;
-        ps.push_back({{"name", p.name}, {"numel", p.numel}, {"shape", p.shape}, {"dtype", dtype_name(p.dtype)},
-                      {"hyper", {{"lr", h.lr}, {"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps},
-                                 {"weight_decay", h.weight_decay}, {"amsgrad", h.amsgrad},
-                                 {"maximize", h.maximize}, {"step", h.step}}},
-                      {"domain", {{"l2", p.domain.l2}, {"plain", p.domain.plain},
-                                  {"theta_bound", p.domain.theta_bound}}},
-                      {"theta_storage", p.theta_storage}, {"theta_dtype", p.theta_dtype ? dtype_name(*p.theta_dtype) : ""},
-                      {"theta_candidates", p.theta_candidates},
-                      {"code_offset", p.code_offset}, {"block_offset", p.block_offset},
-                      {"escape_offset", p.escape_offset}, {"escapes", p.escapes},
-                      {"max_bound", p.max_bound},
-                      {"storage", {p.storage[0], p.storage[1], p.storage[2]}}});
-    }
-    j["params"] = ps;
-    json kp = json::array();
-    for (const auto& k : kept) kp.push_back({{"name", k.name}, {"values", k.values}, {"nbytes", k.nbytes}, {"note", k.note}});
-    j["kept"] = kp;
-    return j.dump();
+    j["storages"] = json::array();
+    j["params"] = json::array();
+    j["kept"] = json::array();
+    std::string text = j.dump();
+    auto splice = [&](const char* key, const std::string& array) {
+        const std::string pattern = std::string("\"") + key + "\":[]";
+        const auto at = text.find(pattern);
+        text.replace(at + pattern.size() - 2, 2, array);
+    };
+    // later keys first, so earlier positions stay valid: kept < params < storages
+    splice("storages", dump_array(storages, [](const StorageEntry& s) {
+        return json{{"offset", s.offset}, {"nbytes", s.nbytes}, {"xxh3", s.xxh3},
+                    {"param", s.param}, {"role", s.role}, {"crc_offsets", s.crc_offsets}};
+    }));
+    splice("params", dump_array(params, param_json));
+    splice("kept", dump_array(kept, [](const KeptEntry& k) {
+        return json{{"name", k.name}, {"values", k.values}, {"nbytes", k.nbytes}, {"note", k.note}};
+    }));
+    return text;
 }
 
 namespace {
@@ -347,11 +376,13 @@ Manifest read_manifest(hid_t file) {
     return m;
 }
 
-uint64_t param_metadata_bytes(const Manifest& m, uint64_t stored) {
-    if (m.params.empty()) return 0;
-    Manifest params_only;
-    params_only.params = m.params;
-    const double share = double(params_only.to_json().size()) / double(m.to_json().size());
+uint64_t param_metadata_bytes(const Manifest& m, uint64_t stored, uint64_t text_bytes) {
+    if (m.params.empty() || text_bytes == 0) return 0;
+    // the text of a manifest holding only the params: an empty one's plus each param's
+    // dump and the commas between them (the dump is compact)
+    uint64_t params_text = Manifest().to_json().size() + (m.params.size() - 1);
+    for (const auto& p : m.params) params_text += param_json(p).dump().size();
+    const double share = double(params_text) / double(text_bytes);
     return uint64_t(std::llround(double(stored) * std::min(1.0, share)));
 }
 

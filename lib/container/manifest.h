@@ -121,7 +121,8 @@ uint64_t write_manifest(hid_t file, const Manifest&);
 /// Throws std::runtime_error with the reason.
 Manifest read_manifest(hid_t file);
 /// Bytes of the stored manifest attributable to per-parameter metadata (its params part's
-/// share of the JSON), counted as moment bytes (docs/design.md §3 byte accounting).
-uint64_t param_metadata_bytes(const Manifest&, uint64_t manifest_stored_bytes);
+/// share of the JSON text of `manifest_text_bytes`), counted as moment bytes (docs/design.md
+/// §3 byte accounting).
+uint64_t param_metadata_bytes(const Manifest&, uint64_t manifest_stored_bytes, uint64_t manifest_text_bytes);
 
 }  // namespace ckpt::container
