@@ -32,7 +32,16 @@ uint64_t get_u64(const json& j, const char* k) {
 int64_t get_i64(const json& j, const char* k) {
     if (!j.contains(k) || !j.at(k).is_number_integer())
         throw std::runtime_error(std::string("manifest field '") + k + "' is missing or not an integer");
+    if (j.at(k).is_number_unsigned() && j.at(k).get<uint64_t>() > uint64_t(INT64_MAX))
+        throw std::runtime_error(std::string("manifest field '") + k + "' is out of range");
     return j.at(k).get<int64_t>();
+}
+/// An integer field that must fit an int (indices, versions, sizes in blocks): a larger
+/// value is refused, never wrapped into range.
+int get_int(const json& j, const char* k) {
+    const int64_t v = get_i64(j, k);
+    if (v < INT32_MIN || v > INT32_MAX) throw std::runtime_error(std::string("manifest field '") + k + "' is out of range");
+    return int(v);
 }
 std::string get_str(const json& j, const char* k) {
     if (!j.contains(k) || !j.at(k).is_string())
@@ -142,7 +151,7 @@ namespace {
 void parse_header(const json& j, Manifest& m) {
     if (!j.is_object() || j.value("format", "") != "ckptkit-container")
         throw std::runtime_error("manifest is not a ckptkit container manifest");
-    m.format_version = int(get_i64(j, "format_version"));
+    m.format_version = get_int(j, "format_version");
     if (m.format_version != kFormatVersion)
         throw std::runtime_error("container format version " + std::to_string(m.format_version) + " is not supported");
     m.tool_version = get_str(j, "tool_version");
@@ -155,7 +164,7 @@ void parse_header(const json& j, Manifest& m) {
     } catch (const std::invalid_argument& e) {
         throw std::runtime_error(e.what());
     }
-    m.block = int(get_i64(j, "block"));
+    m.block = get_int(j, "block");
     if (m.block != codec::kBlock) throw std::runtime_error("unsupported block size " + std::to_string(m.block));
     m.tolerance = get_num(j, "tolerance");
     m.grad_bound = get_num(j, "grad_bound");
@@ -233,7 +242,7 @@ ParamEntry parse_param(const json& p, double grad_bound) {
     e.domain.weight_decay = e.hyper.weight_decay;
     e.theta_storage = get_i64(p, "theta_storage");
     const std::string theta_dtype = get_str(p, "theta_dtype");
-    if (p.contains("theta_candidates")) e.theta_candidates = int(get_i64(p, "theta_candidates"));
+    if (p.contains("theta_candidates")) e.theta_candidates = get_int(p, "theta_candidates");
     e.shape = parse_shape(p, e.name, e.numel);
     if (!theta_dtype.empty()) e.theta_dtype = moment_dtype(theta_dtype);
     if (e.theta_storage >= 0 ? !e.theta_dtype : !theta_dtype.empty())
@@ -246,8 +255,11 @@ ParamEntry parse_param(const json& p, double grad_bound) {
     if (!p.contains("storage") || !p["storage"].is_array() || p["storage"].size() != 3)
         throw std::runtime_error("param " + e.name + ": storage list malformed");
     for (int r = 0; r < 3; ++r) {
-        if (!p["storage"][r].is_number_integer()) throw std::runtime_error("param " + e.name + ": storage index malformed");
-        e.storage[r] = p["storage"][r].get<int>();
+        const json& x = p["storage"][r];
+        if (!x.is_number_integer() || (x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT32_MAX)) ||
+            (!x.is_number_unsigned() && (x.get<int64_t>() < INT32_MIN || x.get<int64_t>() > INT32_MAX)))
+            throw std::runtime_error("param " + e.name + ": storage index malformed");
+        e.storage[r] = int(x.get<int64_t>());
     }
     if (e.escapes > e.numel) throw std::runtime_error("param " + e.name + ": more escapes than values");
     return e;
@@ -260,8 +272,8 @@ StorageEntry parse_storage(const json& s) {
     e.offset = get_u64(s, "offset");
     e.nbytes = get_u64(s, "nbytes");
     e.xxh3 = get_u64(s, "xxh3");
-    e.param = int(get_i64(s, "param"));
-    e.role = int(get_i64(s, "role"));
+    e.param = get_int(s, "param");
+    e.role = get_int(s, "role");
     if (!s.contains("crc_offsets") || !s["crc_offsets"].is_array()) throw std::runtime_error("storage crc_offsets malformed");
     for (const auto& c : s["crc_offsets"]) {
         if (!c.is_number_unsigned()) throw std::runtime_error("storage crc offset out of range");

@@ -132,6 +132,11 @@ TEST_CASE("manifest: parse rejects malformed fields with the exact reason") {
     CHECK(rejection([](json& j) { j["params"][0]["storage"] = {1, 2}; }) == "param w: storage list malformed");
     CHECK(rejection([](json& j) { j["storages"][0]["crc_offsets"] = {-1}; }) == "storage crc offset out of range");
     CHECK(rejection([](json& j) { j["kept"] = 3; }) == "manifest field 'kept' is not a list");
+    // integers are range-checked, never wrapped: 2^32 + 1 would read as format version 1
+    CHECK(rejection([](json& j) { j["format_version"] = (int64_t(1) << 32) + 1; }) == "manifest field 'format_version' is out of range");
+    CHECK(rejection([](json& j) { j["storages"][0]["param"] = (int64_t(1) << 32); }) == "manifest field 'param' is out of range");
+    CHECK(rejection([](json& j) { j["block"] = uint64_t(1) << 63; }) == "manifest field 'block' is out of range");
+    CHECK(rejection([](json& j) { j["params"][0]["storage"] = {(int64_t(1) << 32) + 1, 1, -1}; }) == "param w: storage index malformed");
     const std::string not_json = [] {
         try { Manifest::from_json("{"); } catch (const std::runtime_error& e) { return std::string(e.what()); }
         return std::string("accepted");
