@@ -94,8 +94,7 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
                 if (p.tensor[k] >= 0 && (k < 2 || p.hyper.amsgrad)) tensors.push_back(p.tensor[k]);
             for (int t : tensors) {  // the tensor's own elements (a view counts its view, not its storage)
                 const TensorInfo& ti = ck.tensors[std::size_t(t)];
-                uint64_t n = 1;
-                for (int64_t d : ti.shape) n *= uint64_t(d);
+                const uint64_t n = uint64_t(ti.numel());
                 row.values += n;
                 row.bytes_fp32 += 4 * n;
                 row.bytes_out += n * dtype_size(ti.dtype);

@@ -22,12 +22,6 @@ namespace {
 
 const char* kMomentNames[3] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
 
-int64_t numel(const TensorInfo& t) {
-    int64_t n = 1;
-    for (auto d : t.shape) n *= d;
-    return n;
-}
-
 bool contiguous(const TensorInfo& t) {
     int64_t expect = 1;
     for (std::size_t i = t.shape.size(); i-- > 0;) {
@@ -156,8 +150,8 @@ void check_compressible(const Checkpoint& ck, const std::map<std::size_t, int>& 
         const TensorInfo& t = ck.tensors[std::size_t(p.tensor[k])];
         const StorageInfo& s = ck.storages[t.storage];
         if (!float_dtype_size(t.dtype)) { p.why_not = "dtype " + std::string(dtype_name(t.dtype)); return; }
-        if (k == 0) { n = numel(t); dt = t.dtype; }
-        if (numel(t) != n || t.dtype != dt) { p.why_not = "moments differ in size or dtype"; return; }
+        if (k == 0) { n = t.numel(); dt = t.dtype; }
+        if (t.numel() != n || t.dtype != dt) { p.why_not = "moments differ in size or dtype"; return; }
         if (!contiguous(t) || t.storage_offset != 0 || int64_t(s.numel) != n || s.dtype != t.dtype) { p.why_not = "moment is a view"; return; }
         const auto r = refs.find(t.storage);
         if (r == refs.end() || r->second != 1) { p.why_not = std::string(kMomentNames[k]) + " shares its storage with another leaf"; return; }
@@ -165,7 +159,7 @@ void check_compressible(const Checkpoint& ck, const std::map<std::size_t, int>& 
     if (n == 0) { p.why_not = "empty"; return; }
     auto shape_ok = [&](int th) {
         const TensorInfo& x = ck.tensors[std::size_t(th)];
-        return numel(x) == n && x.shape == ck.tensors[std::size_t(p.tensor[0])].shape;
+        return x.numel() == n && x.shape == ck.tensors[std::size_t(p.tensor[0])].shape;
     };
     if (p.theta >= 0 && !shape_ok(p.theta)) p.theta = -1;
     p.compressible = true;
@@ -640,7 +634,7 @@ void check_kind(const std::vector<ParamState>& states, const std::string& optimi
 std::vector<double> read_small_tensor(const Checkpoint& ck, const io::InputFile& f, int tensor) {
     const TensorInfo& t = ck.tensors.at(std::size_t(tensor));
     const StorageInfo& s = ck.storages[t.storage];
-    const int64_t n = numel(t);
+    const int64_t n = t.numel();
     if (n > 4096) throw BadInput(f.path(), "tensor " + t.path + " is too large to be a step");
     std::vector<double> out;
     const std::size_t es = dtype_size(t.dtype);

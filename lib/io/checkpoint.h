@@ -50,6 +50,12 @@ struct TensorInfo {
     std::vector<int64_t> shape;    ///< elements; empty for 0-d
     std::vector<int64_t> stride;   ///< elements
     int64_t storage_offset = 0;    ///< elements
+    /// Element count (product of shape; 1 for 0-d).
+    int64_t numel() const {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        return n;
+    }
 };
 
 /// A decoded Python value from the checkpoint's object tree (pickle or safetensors header).

@@ -206,4 +206,20 @@ std::optional<std::vector<Decision>> FrontierSweep::plan(uint64_t budget, Evalua
 
 uint64_t FrontierSweep::quantum() const { return impl_->f.quantum; }
 
+std::vector<PlanResult> FrontierSweep::plan_all(const Problem& p, const std::string& planner,
+                                                const std::vector<uint64_t>& budgets, uint64_t least) const {
+    std::vector<PlanResult> out;
+    out.reserve(budgets.size());
+    for (uint64_t b : budgets) {
+        Evaluation e;
+        auto d = plan(b, &e);
+        PlanResult r = finish_plan(p, planner, b, d ? std::move(*d) : std::vector<Decision>{}, least,
+                                   d ? &e : nullptr);
+        r.exact = quantum() == 0;
+        r.quantum_bytes = quantum();
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
 }  // namespace ckpt::replay

@@ -169,6 +169,10 @@ public:
     /// 0 when exact, else the widest need window thinned (bytes).
     uint64_t quantum() const;
 
+    /// Every budget's PlanResult from this sweep, as `planner` (least = its min_peak).
+    std::vector<PlanResult> plan_all(const Problem& p, const std::string& planner,
+                                     const std::vector<uint64_t>& budgets, uint64_t least) const;
+
 private:
     struct Impl;
     std::unique_ptr<Impl> impl_;

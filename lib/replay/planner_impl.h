@@ -18,28 +18,24 @@ CKPT_REPLAY_PLANNER(NonePlanner)       ///< keep everything
 CKPT_REPLAY_PLANNER(BrutePlanner)      ///< enumeration, for tests
 #undef CKPT_REPLAY_PLANNER
 
+/// A planner with its own plan_all (work shared by every budget of a sweep).
+#define CKPT_REPLAY_SWEEP_PLANNER(Class)                                                     \
+    class Class : public Planner {                                                           \
+    public:                                                                                  \
+        std::string name() const override;                                                   \
+        PlanResult plan(const Problem& p, uint64_t budget) const override;                   \
+        std::vector<PlanResult> plan_all(const Problem& p,                                   \
+                                         const std::vector<uint64_t>& budgets) const override; \
+        uint64_t min_peak(const Problem& p) const override;                                  \
+    };
 /// Knapsack ignoring state (unsafe plans flagged); plan_all builds the keep/recompute option
 /// lists once for every budget.
-class StatelessPlanner : public Planner {
-public:
-    std::string name() const override;
-    PlanResult plan(const Problem& p, uint64_t budget) const override;
-    std::vector<PlanResult> plan_all(const Problem& p,
-                                     const std::vector<uint64_t>& budgets) const override;
-    uint64_t min_peak(const Problem& p) const override;
-};
-
+CKPT_REPLAY_SWEEP_PLANNER(StatelessPlanner)
 /// Greedy, whole snapshots (seed baseline). The greedy sequence does not depend on the
 /// budget, so plan_all computes the peak after each greedy step once (a lazy segment tree
 /// over the prefix + work terms, O(n log n)) and answers every budget by binary search.
-class EagerPlanner : public Planner {
-public:
-    std::string name() const override;
-    PlanResult plan(const Problem& p, uint64_t budget) const override;
-    std::vector<PlanResult> plan_all(const Problem& p,
-                                     const std::vector<uint64_t>& budgets) const override;
-    uint64_t min_peak(const Problem& p) const override;
-};
+CKPT_REPLAY_SWEEP_PLANNER(EagerPlanner)
+#undef CKPT_REPLAY_SWEEP_PLANNER
 
 /// Exact optimum over all four decisions. When a frontier had to be thinned (more than
 /// max_stored_states / segments states) the plan is compared with eager's at the same

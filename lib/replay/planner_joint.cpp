@@ -24,18 +24,8 @@ PlanResult JointPlanner::plan(const Problem& p, uint64_t budget) const {
 std::vector<PlanResult> JointPlanner::plan_all(const Problem& p,
                                                const std::vector<uint64_t>& budgets) const {
     const uint64_t least = min_peak(p);
-    std::vector<PlanResult> out;
-    out.reserve(budgets.size());
     const FrontierSweep sweep(p, p.safe_options(), max_stored_);
-    for (uint64_t b : budgets) {
-        Evaluation e;
-        auto d = sweep.plan(b, &e);
-        PlanResult r = finish_plan(p, name(), b, d ? std::move(*d) : std::vector<Decision>{}, least,
-                                   d ? &e : nullptr);
-        r.exact = sweep.quantum() == 0;
-        r.quantum_bytes = sweep.quantum();
-        out.push_back(std::move(r));
-    }
+    std::vector<PlanResult> out = sweep.plan_all(p, name(), budgets, least);
     if (sweep.quantum() == 0) return out;
     std::vector<PlanResult> eager = EagerPlanner().plan_all(p, budgets);
     for (size_t k = 0; k < out.size(); ++k) {

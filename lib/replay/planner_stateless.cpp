@@ -22,19 +22,7 @@ std::vector<PlanResult> StatelessPlanner::plan_all(const Problem& p,
                                                    const std::vector<uint64_t>& budgets) const {
     const auto options = keep_or_recompute(p);
     const uint64_t least = min_peak_over(p, options);
-    std::vector<PlanResult> out;
-    out.reserve(budgets.size());
-    const FrontierSweep sweep(p, options);
-    for (uint64_t b : budgets) {
-        Evaluation e;
-        auto d = sweep.plan(b, &e);
-        PlanResult r = finish_plan(p, name(), b, d ? std::move(*d) : std::vector<Decision>{}, least,
-                                   d ? &e : nullptr);
-        r.exact = sweep.quantum() == 0;
-        r.quantum_bytes = sweep.quantum();
-        out.push_back(std::move(r));
-    }
-    return out;
+    return FrontierSweep(p, options).plan_all(p, name(), budgets, least);
 }
 
 uint64_t StatelessPlanner::min_peak(const Problem& p) const {

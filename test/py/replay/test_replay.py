@@ -60,18 +60,24 @@ def three_budgets(replay_plan, trace):
     return loose, (tight + loose) // 2, tight
 
 
-@pytest.mark.parametrize("model", sorted(PLAIN_BREAKS))
-def test_model_round_trip(replay_plan, tmp_path, model):
-    trace, plan = tmp_path / "trace.json", tmp_path / "plan.json"
-    r = run([PY, SCRIPTS / "record_trace.py", MODELS / f"{model}.py", "-o", trace])
-    assert r.returncode == 0, r.stderr
-    budgets = three_budgets(replay_plan, trace)
+def plan_and_check(replay_plan, trace, plan, budgets):
+    """replay-plan TRACE -o PLAN --check at the three budgets: exit 0, every --check ok."""
     args = [replay_plan, trace, "-o", plan, "--check"]
     for b in budgets:
         args += ["--budget", str(b)]
     r = run(args)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stderr.count(": ok") == 3
+    return r
+
+
+@pytest.mark.parametrize("model", sorted(PLAIN_BREAKS))
+def test_model_round_trip(replay_plan, tmp_path, model):
+    trace, plan = tmp_path / "trace.json", tmp_path / "plan.json"
+    r = run([PY, SCRIPTS / "record_trace.py", MODELS / f"{model}.py", "-o", trace])
+    assert r.returncode == 0, r.stderr
+    budgets = three_budgets(replay_plan, trace)
+    r = plan_and_check(replay_plan, trace, plan, budgets)
     entries = json.load(open(plan))["budgets"]
     tight = entries[2]
     stateful = tight["decisions"]["recompute+snapshot"] + tight["decisions"]["recompute+selective"]
@@ -342,12 +348,7 @@ def test_state_pattern_round_trip(replay_plan, tmp_path, model):
         assert f"non-replayable: {n} ->" in summary
     plan = tmp_path / "plan.json"
     budgets = exact_budgets(replay_plan, trace)
-    args = [replay_plan, trace, "-o", plan, "--check"]
-    for b in budgets:
-        args += ["--budget", str(b)]
-    r = run(args)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stderr.count(": ok") == 3
+    r = plan_and_check(replay_plan, trace, plan, budgets)
     for n in want.get("non_replayable", []):
         assert f"segment {n} is non-replayable (kept by every safe plan): replay probe" in r.stdout
     entries = json.load(open(plan))["budgets"]
