@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
                        "Exit 0 ok, 1 a check failed, 2 bad input or usage.");
     CLI::App& app = cli.app;
     ckpt::app::add_folder_help(cli, "pass a checkpoint folder (HF Trainer checkpoint-N/, DeepSpeed global_stepN/ or its parent, DCP, any tree) and -o an output folder");
-    std::string in, out, grad = "1.0", codec = "log8";
+    std::string in, out, grad = "1.0", codec = "vlog";
     ckpt::CompressOptions o;
     double param_bound = 0;
     app.add_option("input", in, "checkpoint (.pt torch.save zip or legacy, .safetensors), or a checkpoint folder")->required();
@@ -26,8 +26,8 @@ int main(int argc, char** argv) {
     app.add_option("--tolerance", o.tolerance, "max |first update - FP32 update|, in units of lr, in (0, 1]")
         ->capture_default_str()->check(ckpt::app::unit_interval());
     app.add_option("--grad-bound", grad, "per-coordinate gradient bound G, or inf")->capture_default_str();
-    app.add_option("--codec", codec, "log8 | bf16 | blockwise8")->capture_default_str()
-        ->check(CLI::IsMember({"log8", "bf16", "blockwise8"}));
+    app.add_option("--codec", codec, "vlog (variable rate, entropy-coded) | log8 | bf16 | blockwise8")->capture_default_str()
+        ->check(CLI::IsMember({"vlog", "log8", "bf16", "blockwise8"}));
     app.add_option("--optimizer", o.optimizer, "auto | adam | adamw (auto certifies both when unknown)")
         ->capture_default_str()->check(CLI::IsMember({"auto", "adam", "adamw"}));
     auto* pb = app.add_option("--param-bound", param_bound, "|theta| bound for Adam L2 when parameters are absent")

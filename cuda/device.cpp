@@ -31,7 +31,10 @@ Device decode_device() {
 }
 
 codec::ChunkOut encode_chunk_on(Device d, const codec::TensorSetup& s, const codec::ChunkIn& in) {
-    return d == Device::Cuda ? encode_chunk_gpu(s, in) : codec::encode_chunk(s, in);
+    if (d != Device::Cuda) return codec::encode_chunk(s, in);
+    codec::ChunkOut out = encode_chunk_gpu(s, in);
+    codec::classify_escapes(s, in, out);
+    return out;
 }
 
 void decode_chunk_on(Device d, const codec::TensorSetup& s, const std::array<const uint8_t*, 3>& codes,

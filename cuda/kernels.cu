@@ -76,6 +76,7 @@ void launch_encode(const codec::TensorSetup& s, const codec::GuardConst& gc, con
         case codec::Kind::Log8: encode_kernel<codec::Log8><<<g, kEncodeThreads, 0, st>>>(s, gc, a); break;
         case codec::Kind::BF16: encode_kernel<codec::BF16><<<g, kEncodeThreads, 0, st>>>(s, gc, a); break;
         case codec::Kind::Blockwise8: encode_kernel<codec::Blockwise8><<<g, kEncodeThreads, 0, st>>>(s, gc, a); break;
+        case codec::Kind::VLog: encode_kernel<codec::VLog><<<g, kEncodeThreads, 0, st>>>(s, gc, a); break;
     }
     CKPT_CUDA(cudaGetLastError());
 }
@@ -88,6 +89,7 @@ void launch_decode(const codec::TensorSetup& s, const codec::GuardConst& gc, con
         case codec::Kind::Log8: decode_kernel<codec::Log8><<<g, kThreads, 0, st>>>(s, gc, a); break;
         case codec::Kind::BF16: decode_kernel<codec::BF16><<<g, kThreads, 0, st>>>(s, gc, a); break;
         case codec::Kind::Blockwise8: decode_kernel<codec::Blockwise8><<<g, kThreads, 0, st>>>(s, gc, a); break;
+        case codec::Kind::VLog: decode_kernel<codec::VLog><<<g, kThreads, 0, st>>>(s, gc, a); break;
     }
     CKPT_CUDA(cudaGetLastError());
 }

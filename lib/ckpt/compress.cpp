@@ -168,7 +168,8 @@ void write_container(const std::string& path, const io::InputFile& f, ct::Manife
     Progress prog(o.progress, "ckpt-compress", f.size(), man.params.size());
     write_raw(out, f, man, prog);
     out.begin_moments(man);
-    const std::size_t chunk = std::max<std::size_t>(codec::kBlock, o.chunk / codec::kBlock * codec::kBlock);
+    const std::size_t unit = codec::entropy_coded(o.codec) ? codec::kSegment : codec::kBlock;  // chunks start on segments
+    const std::size_t chunk = std::max<std::size_t>(unit, o.chunk / unit * unit);
     for (auto& e : man.params) {
         encode_param(f, man, e, ct::tensor_setup(e, o.codec, o.tolerance), device, chunk, out, prog);
         prog.item_done();

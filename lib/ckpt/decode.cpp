@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "ckpt/values.h"
+#include "codec/rans.h"
 #include "common/error.h"
 #include "gpu_codec.h"
 
@@ -42,11 +43,29 @@ ContainerReader::ContainerReader(const std::string& path) : path_(path) {
             escv_.push_back(std::make_unique<ct::DatasetReader>(file_.get(), ct::escapes_path(r), H5T_NATIVE_UINT32, 4));
         }
         escidx_ = std::make_unique<ct::DatasetReader>(file_.get(), ct::kEscapeIndex, H5T_NATIVE_UINT64, 8);
+        const bool segmented = codec::entropy_coded(man_.codec);
+        for (int r = 0; segmented && r < roles; ++r) {
+            segs_.push_back(std::make_unique<ct::DatasetReader>(file_.get(), ct::segments_path(r), H5T_NATIVE_UINT64, 8));
+            const ct::DatasetReader& d = *segs_.back();
+            if (d.count() > (uint64_t(1) << 32)) throw std::runtime_error("too many segments");
+            std::vector<uint64_t> ends(std::size_t(d.count()));
+            d.read(0, d.count(), ends.data());
+            uint64_t prev = 0;
+            for (uint64_t e : ends) {
+                if (e <= prev) throw std::runtime_error("segment offsets are not ascending");
+                prev = e;
+            }
+            if (prev != codes_[std::size_t(r)]->count())
+                throw std::runtime_error("segments do not end at the size of " + ct::codes_path(r));
+            seg_end_.push_back(std::move(ends));
+        }
         const uint64_t cb = uint64_t(codec::code_bytes(man_.codec)), pb = uint64_t(codec::params_per_block(man_.codec));
         for (const auto& p : man_.params) {
             const uint64_t blocks = (p.numel + codec::kBlock - 1) / codec::kBlock;
             for (int r = 0; r < p.moments(); ++r) {
-                if ((p.code_offset + p.numel) * cb > codes_[std::size_t(r)]->count() ||
+                const bool codes_past = segmented ? p.code_offset + ct::segments_of(p.numel) > seg_end_[std::size_t(r)].size()
+                                                  : (p.code_offset + p.numel) * cb > codes_[std::size_t(r)]->count();
+                if (codes_past ||
                     (p.block_offset + blocks) * pb > params_[std::size_t(r)]->count())
                     throw std::runtime_error("param " + p.name + " runs past the code streams");
                 if (p.escape_offset + p.escapes > escv_[std::size_t(r)]->count())
@@ -76,7 +95,7 @@ std::vector<std::string> ContainerReader::damaged_datasets() const {
     std::vector<std::string> bad;
     std::vector<const ct::DatasetReader*> all = {raw_.get()};
     if (escidx_) all.push_back(escidx_.get());
-    for (auto* v : {&codes_, &params_, &escv_})
+    for (auto* v : {&codes_, &params_, &escv_, &segs_})
         for (auto& d : *v) all.push_back(d.get());
     for (auto* d : all) {
         bool ok = false;
@@ -99,7 +118,7 @@ void ContainerReader::load_escapes(uint64_t row, uint64_t end_row, int) const {
 
 uint64_t ContainerReader::moment_bytes() const {
     uint64_t b = escidx_ ? escidx_->stored_bytes() : 0;
-    for (auto* v : {&codes_, &params_, &escv_})
+    for (auto* v : {&codes_, &params_, &escv_, &segs_})
         for (auto& d : *v) b += d->stored_bytes();
     return b + ct::param_metadata_bytes(man_, manifest_stored_, manifest_text_);
 }
@@ -109,7 +128,7 @@ std::vector<TensorRow> ContainerReader::rows() const {
     std::vector<double> weight;
     double total = 0;
     for (const auto& p : man_.params) {
-        weight.push_back(double(ct::stream_bytes(p, man_.codec)));
+        weight.push_back(double(ct::stream_bytes(p, man_.codec, coded_bytes(weight.size()))));
         total += weight.back();
     }
     const uint64_t bytes = moment_bytes();
@@ -161,6 +180,39 @@ std::vector<GroupRow> ContainerReader::groups() const {
     return out;
 }
 
+uint64_t ContainerReader::coded_bytes(std::size_t j) const {
+    if (seg_end_.empty()) return 0;
+    const auto& e = man_.params[j];
+    uint64_t b = 0;
+    for (int k = 0; k < e.moments(); ++k) {
+        const auto& ends = seg_end_[std::size_t(k)];
+        const uint64_t s0 = e.code_offset, s1 = e.code_offset + ct::segments_of(e.numel);
+        if (s1 > s0) b += ends[s1 - 1] - (s0 == 0 ? 0 : ends[s0 - 1]);
+    }
+    return b;
+}
+
+void ContainerReader::read_segments(const ct::ParamEntry& e, int k, uint64_t begin, std::size_t n, uint8_t* codes) const {
+    if (begin % codec::kSegment != 0) throw std::logic_error("segment read not aligned");
+    const auto& ends = seg_end_[std::size_t(k)];
+    for (uint64_t i = begin; i < begin + n; i += codec::kSegment) {
+        const uint64_t g = e.code_offset + i / codec::kSegment;  // validated < ends.size() at open
+        const uint64_t from = g == 0 ? 0 : ends[g - 1], to = ends[g];
+        const std::size_t len = std::size_t(std::min<uint64_t>(codec::kSegment, e.numel - i));
+        if (to - from > 2 * uint64_t(codec::kSegment) + 1024) throw std::runtime_error("param " + e.name + ": segment larger than any valid one");
+        seg_buf_.resize(std::size_t(to - from));
+        codes_[std::size_t(k)]->read(from, to - from, seg_buf_.data());
+        seg_codes_.resize(len);
+        try {
+            codec::segment_decode(seg_buf_.data(), seg_buf_.size(), len, seg_codes_.data());
+        } catch (const std::runtime_error& x) {
+            throw std::runtime_error("param " + e.name + " " + ct::kRoleNames[k] + ": " + x.what());
+        }
+        uint8_t* out = codes + 2 * (i - begin);
+        for (std::size_t q = 0; q < len; ++q) { out[2 * q] = uint8_t(seg_codes_[q]); out[2 * q + 1] = uint8_t(seg_codes_[q] >> 8); }
+    }
+}
+
 codec::TensorSetup ContainerReader::setup(std::size_t j) const {
     return ct::tensor_setup(man_.params.at(j), man_.codec, man_.tolerance);
 }
@@ -181,7 +233,8 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, bool 
     try {
         for (int k = 0; k < nm; ++k) {
             codes[k].resize(n * cb);
-            codes_[std::size_t(k)]->read((e.code_offset + begin) * cb, n * cb, codes[k].data());
+            if (!seg_end_.empty()) read_segments(e, k, begin, n, codes[k].data());
+            else codes_[std::size_t(k)]->read((e.code_offset + begin) * cb, n * cb, codes[k].data());
             params[k].resize(blocks * pb + 1);
             if (pb) params_[std::size_t(k)]->read((e.block_offset + begin / codec::kBlock) * pb, blocks * pb, params[k].data());
             c.values[k].resize(n);

@@ -64,7 +64,17 @@ private:
     container::Manifest man_;
     uint64_t manifest_stored_ = 0, manifest_text_ = 0;  ///< /manifest: stored (compressed) and JSON bytes
     std::unique_ptr<container::DatasetReader> raw_, escidx_;
-    std::vector<std::unique_ptr<container::DatasetReader>> codes_, params_, escv_;
+    std::vector<std::unique_ptr<container::DatasetReader>> codes_, params_, escv_, segs_;
+    /// Entropy-coded codecs: per role, the end byte (in /moments/codes/<role>) of every
+    /// segment, validated ascending and ending at the dataset's size.
+    std::vector<std::vector<uint64_t>> seg_end_;
+    mutable std::vector<uint8_t> seg_buf_;
+    mutable std::vector<uint16_t> seg_codes_;
+    /// Stored bytes of parameter j's segments, all roles (its share of /moments/codes).
+    uint64_t coded_bytes(std::size_t j) const;
+    /// Decode role k's codes of parameter e's coordinates [begin, begin + n) (begin a
+    /// multiple of kSegment) into `codes` as little-endian uint16.
+    void read_segments(const container::ParamEntry& e, int k, uint64_t begin, std::size_t n, uint8_t* codes) const;
     /// Source offsets of the moment storages (sorted) and the moment bytes up to and
     /// including each one, for read_raw's source -> /raw offset in O(log storages).
     std::vector<uint64_t> moment_at_, moment_through_;
@@ -90,7 +100,8 @@ void ContainerReader::for_each_raw_piece(uint64_t from, uint64_t to, Fn fn) cons
 template <class Fn>
 void ContainerReader::for_each_chunk(std::size_t j, std::size_t chunk, bool with_bounds, Fn fn) const {
     const auto& e = man_.params.at(j);
-    chunk = std::max<std::size_t>(codec::kBlock, chunk / codec::kBlock * codec::kBlock);
+    const std::size_t unit = codec::entropy_coded(man_.codec) ? codec::kSegment : codec::kBlock;  // chunks start on segments
+    chunk = std::max<std::size_t>(unit, chunk / unit * unit);
     uint64_t esc_row = e.escape_offset, esc_pos = 0;
     Chunk c;
     for (uint64_t i0 = 0; i0 < e.numel; i0 += chunk) {

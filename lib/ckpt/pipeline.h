@@ -15,7 +15,7 @@ namespace ckpt {
 struct CompressOptions {
     double tolerance = 0.01;          ///< tau, in units of lr
     double grad_bound = 1.0;          ///< G per coordinate, may be +inf
-    codec::Kind codec = codec::Kind::Log8;
+    codec::Kind codec = codec::Kind::VLog;
     std::string optimizer = "auto";   ///< auto | adam | adamw
     std::optional<double> param_bound;  ///< |theta| bound for L2 when theta is absent
     HyperOverrides hyper;

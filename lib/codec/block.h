@@ -14,6 +14,7 @@
 #include "codec/guard.h"
 #include "codec/hd.h"
 #include "codec/log8.h"
+#include "codec/vlog.h"
 
 namespace ckpt::codec {
 
@@ -103,6 +104,7 @@ struct BlockTrial {
     int16_t p[3][Q::kParams > 0 ? Q::kParams : 1];
     uint16_t code[3][kBlock];
     bool keep[kBlock];
+    bool code_ok[kBlock];  ///< every moment had a code (a failed keep was the certificate)
     double bound[kBlock];
     int escapes;
     int range_escapes;  ///< escapes because a moment had no code (outside the block's range)
@@ -114,7 +116,48 @@ struct BlockWork {
     BlockTrial<Q> trial[2];
     double scale[kBlock];
     Cell cells[3][kBlock];
+    double sens[2][kBlock];   ///< vlog: the closed form's sensitivities to the two steps
+    bool live[kBlock];        ///< vlog: coordinates the steps must certify
 };
+
+/// Code moment k of the block's coordinates that are still kept in trial t under t->p[k]
+/// (exp_avg relative to w.scale), filling w.cells[k]; a value without a code drops its
+/// coordinate from t->keep.
+template <class Q>
+CKPT_HD void code_role(const TensorSetup& s, const float* const* src, std::size_t i0, int bn, int k, BlockTrial<Q>* t,
+                       BlockWork<Q>& w) {
+    for (int j = 0; j < bn; ++j) {
+        if (!t->keep[j]) continue;
+        const double sc = k == 0 ? w.scale[j] : 0.0;
+        t->keep[j] = Q::encode(src[k][i0 + j], role_of(k), t->p[k], sc, &t->code[k][j]);
+        if (t->keep[j]) w.cells[k][j] = cell_of<Q>(s, t->code[k][j], role_of(k), t->p[k], sc);
+    }
+}
+
+/// w.scale[j] for exp_avg from the decoded second moments of the kept coordinates.
+template <class Q>
+CKPT_HD void set_scales(const TensorSetup& s, int bn, const BlockTrial<Q>* t, BlockWork<Q>& w) {
+    for (int j = 0; j < bn; ++j)
+        w.scale[j] = t->keep[j] ? m_scale(w.cells[1][j].dec, s.moments() == 3 ? w.cells[2][j].dec : 0.0) : 0.0;
+}
+
+/// Certify every coordinate of trial t that has codes; counts range and total escapes.
+template <class Q>
+CKPT_HD void certify_trial(const TensorSetup& s, const GuardConst& gc, const float* theta, std::size_t i0, int bn,
+                           BlockTrial<Q>* t, BlockWork<Q>& w) {
+    t->escapes = 0;
+    t->range_escapes = 0;
+    for (int j = 0; j < bn; ++j) {
+        t->range_escapes += !t->keep[j];
+        t->code_ok[j] = t->keep[j];
+        if (t->keep[j]) {
+            const Cell c[3] = {w.cells[0][j], w.cells[1][j], w.cells[2][j]};
+            t->bound[j] = certify(gc, guard_input(s, c, theta, i0 + std::size_t(j)));
+            t->keep[j] = t->bound[j] <= s.tolerance;
+        }
+        t->escapes += !t->keep[j];
+    }
+}
 
 /// Encode and certify the block of bn (<= kBlock) coordinates starting at chunk index
 /// i0. src[k] (k = 0 exp_avg, 1 exp_avg_sq, 2 max_exp_avg_sq) and theta (may be null) are
@@ -143,34 +186,129 @@ CKPT_HD const BlockTrial<Q>& encode_block(const TensorSetup& s, const GuardConst
         for (int j = 0; j < bn; ++j) t->keep[j] = true;
         for (int k = nm - 1; k >= 0; --k) {
             if (k == 0) {
-                for (int j = 0; j < bn; ++j)
-                    w.scale[j] = t->keep[j] ? m_scale(w.cells[1][j].dec, nm == 3 ? w.cells[2][j].dec : 0.0) : 0.0;
+                set_scales(s, bn, t, w);
                 Q::choose(src[0] + i0, bn, role_of(0), w.scale, gc, t->p[0]);
                 if (mvariant) Q::vary(t->p[0], -1);
             }
-            for (int j = 0; j < bn; ++j) {
-                if (!t->keep[j]) continue;
-                const double sc = k == 0 ? w.scale[j] : 0.0;
-                t->keep[j] = Q::encode(src[k][i0 + j], role_of(k), t->p[k], sc, &t->code[k][j]);
-                if (t->keep[j]) w.cells[k][j] = cell_of<Q>(s, t->code[k][j], role_of(k), t->p[k], sc);
-            }
+            code_role(s, src, i0, bn, k, t, w);
         }
-        t->escapes = 0;
-        t->range_escapes = 0;
-        for (int j = 0; j < bn; ++j) {
-            t->range_escapes += !t->keep[j];
-            if (t->keep[j]) {
-                const Cell c[3] = {w.cells[0][j], w.cells[1][j], w.cells[2][j]};
-                t->bound[j] = certify(gc, guard_input(s, c, theta, i0 + std::size_t(j)));
-                t->keep[j] = t->bound[j] <= s.tolerance;
-            }
-            t->escapes += !t->keep[j];
-        }
+        certify_trial(s, gc, theta, i0, bn, t, w);
         if (t->escapes < best->escapes) {
             BlockTrial<Q>* x = best;
             best = t;
             t = x;
         }
+    }
+    return *best;
+}
+
+/// vlog's step plan for a block: from the closed form (guard.h closed_bound) each live
+/// coordinate's certificate is about A*dm + B*delta, with dm the exp_avg step (units of
+/// sqrt(v~)) and delta the relative half-width of the exp_avg_sq cell:
+///   A = b1 sqrt(max(v, vmax)) / (2 D(0) bc1),  B = sqrt(bc2) (b1 |m| / sqrt(C) + closed_g) * max(1, vmax/C) / (2 bc1)
+/// with C = b2 v. The plan maximises dm * delta (each halving of a step costs one bit per
+/// value) subject to A_j dm + B_j delta <= budget for every live j, over dm/delta ratios
+/// around max B / max A; a coordinate whose constraint alone costs the block more bits
+/// than its escape is dropped (it escapes unless it certifies anyway). Writes the steps
+/// into p; returns false when no coordinate constrains the block.
+template <class Q>
+CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* const* src, std::size_t i0, int bn,
+                       double budget, BlockWork<Q>& w, double& dm, double& delta) {
+    const int nm = s.moments();
+    double* A = w.sens[0];
+    double* B = w.sens[1];
+    double amax = 0, bmax = 0;
+    for (int j = 0; j < bn; ++j) {
+        const double m = src[0][i0 + j], v = src[1][i0 + j], vx = nm == 3 ? src[2][i0 + j] : 0.0;
+        w.live[j] = isfinite(m) && isfinite(v) && isfinite(vx) && v > 0 && vx >= 0;
+        if (!w.live[j]) continue;
+        const double C = gc.b2 * v, v0 = C > vx ? C : vx;
+        const double d0 = sqrt(v0) / gc.sqrt_bc2 + gc.eps;
+        A[j] = 0.5 * gc.b1 * sqrt(v > vx ? v : vx) / d0 * gc.inv_bc1;
+        B[j] = 0.5 * gc.sqrt_bc2 * gc.inv_bc1 * (gc.b1 * fabs(m) / sqrt(C) + gc.closed_g) * (vx > C ? vx / C : 1.0);
+        amax = A[j] > amax ? A[j] : amax;
+        bmax = B[j] > bmax ? B[j] : bmax;
+    }
+    if (!(amax > 0) || !(bmax > 0)) return false;
+    const double r0 = bmax / amax;
+    // worst (largest) constraint at ratio r over the live coordinates; also its index and the runner-up
+    auto worst = [&](double r, int& at, double& second) {
+        double w1 = 0;
+        second = 0;
+        at = -1;
+        for (int j = 0; j < bn; ++j) {
+            if (!w.live[j]) continue;
+            const double c = A[j] * r + B[j];
+            if (c > w1) { second = w1; w1 = c; at = j; } else if (c > second) second = c;
+        }
+        return w1;
+    };
+    auto best_ratio = [&]() {
+        double best = r0, score = -1;
+        for (int k = -4; k <= 4; ++k) {
+            const double r = r0 * (k < 0 ? 1.0 / (1 << (-k)) : double(1 << k));
+            int at;
+            double sec;
+            const double wc = worst(r, at, sec);
+            const double sc = r / (wc * wc);  // dm * delta = budget^2 * r / wc^2
+            if (sc > score) { score = sc; best = r; }
+        }
+        return best;
+    };
+    double r = best_ratio();
+    const double escape_bits = 32.0 * nm + 16;
+    for (int drop = 0; drop < 4; ++drop) {
+        int at;
+        double sec;
+        const double w1 = worst(r, at, sec);
+        if (at < 0 || !(sec > 0)) break;
+        if (!(nm * bn * log2_hd(w1 / sec) > escape_bits)) break;  // narrowing for it costs more than its escape
+        w.live[at] = false;
+        r = best_ratio();
+    }
+    int at;
+    double sec;
+    const double L = budget / worst(r, at, sec);
+    dm = L * r;
+    delta = L;
+    return true;
+}
+
+/// vlog's block encoder: steps from vlog_plan at 90% of the tolerance, then (only while a
+/// coordinate the plan kept fails its certificate) again at 70% and 49%; the trial with
+/// the fewest escapes wins, the coarsest on ties. Codes are the nearest per moment, as in
+/// every codec; the certificate is guard.h's.
+template <>
+CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const GuardConst& gc, const float* const* src,
+                                                  const float* theta, std::size_t i0, int bn, BlockWork<VLog>& w) {
+    const int nm = s.moments();
+    BlockTrial<VLog>* best = &w.trial[0];
+    BlockTrial<VLog>* t = &w.trial[1];
+    best->escapes = bn + 1;
+    double dm = 1, delta = 0.5;
+    const bool constrained = vlog_plan(s, gc, src, i0, bn, 0.9 * s.tolerance, w, dm, delta);
+    double scale = 1;
+    for (int trial = 0; trial < 3; ++trial, scale *= 0.7) {
+        t->p[0][0] = VLog::m_step(dm * scale);
+        t->p[0][1] = 0;
+        for (int k = 1; k < nm; ++k) {
+            t->p[k][0] = VLog::anchor(src[k] + i0, bn);
+            t->p[k][1] = VLog::v_step(delta * scale);
+        }
+        for (int j = 0; j < bn; ++j) t->keep[j] = true;
+        for (int k = nm - 1; k >= 0; --k) {
+            if (k == 0) set_scales(s, bn, t, w);
+            code_role(s, src, i0, bn, k, t, w);
+        }
+        certify_trial(s, gc, theta, i0, bn, t, w);
+        bool planned_failed = false;
+        for (int j = 0; j < bn; ++j) planned_failed = planned_failed || (w.live[j] && !t->keep[j]);
+        if (t->escapes < best->escapes) {
+            BlockTrial<VLog>* x = best;
+            best = t;
+            t = x;
+        }
+        if (!planned_failed || !constrained) break;
     }
     return *best;
 }

@@ -19,20 +19,29 @@ Kind kind_from_name(const std::string& s) {
     if (s == "log8") return Kind::Log8;
     if (s == "bf16") return Kind::BF16;
     if (s == "blockwise8") return Kind::Blockwise8;
-    throw std::invalid_argument("unknown codec '" + s + "' (log8, bf16, blockwise8)");
+    if (s == "vlog") return Kind::VLog;
+    throw std::invalid_argument("unknown codec '" + s + "' (vlog, log8, bf16, blockwise8)");
 }
 const char* kind_name(Kind k) {
     switch (k) {
         case Kind::Log8: return "log8";
         case Kind::BF16: return "bf16";
         case Kind::Blockwise8: return "blockwise8";
+        case Kind::VLog: return "vlog";
     }
     return "?";
 }
-int code_bytes(Kind k) { return k == Kind::BF16 ? BF16::kCodeBytes : 1; }
+int code_bytes(Kind k) { return k == Kind::BF16 ? BF16::kCodeBytes : k == Kind::VLog ? VLog::kCodeBytes : 1; }
 int params_per_block(Kind k) {
-    return k == Kind::Log8 ? Log8::kParams : k == Kind::BF16 ? BF16::kParams : Blockwise8::kParams;
+    switch (k) {
+        case Kind::Log8: return Log8::kParams;
+        case Kind::BF16: return BF16::kParams;
+        case Kind::Blockwise8: return Blockwise8::kParams;
+        case Kind::VLog: return VLog::kParams;
+    }
+    return 0;
 }
+bool entropy_coded(Kind k) { return k == Kind::VLog; }
 
 double round_to(MomentType t, double x) { return round_to_type(t, x); }
 
@@ -92,6 +101,13 @@ void parallel_ranges(std::size_t n, const std::function<void(unsigned, std::size
 
 namespace {
 
+/// The cause of coordinate i's escape (src: the chunk's moments).
+EscapeCause escape_cause(const float* const* src, int nm, std::size_t i, bool coded) {
+    for (int k = 0; k < nm; ++k)
+        if (!std::isfinite(src[k][i])) return EscapeCause::NonFinite;
+    return coded ? EscapeCause::Certificate : EscapeCause::NoCode;
+}
+
 // The loops over blocks and coordinates; the bodies are block.h's (shared with cuda/).
 template <class Q>
 ChunkOut encode_impl(const TensorSetup& s, const ChunkIn& in) {
@@ -107,6 +123,7 @@ ChunkOut encode_impl(const TensorSetup& s, const ChunkIn& in) {
     const unsigned parts = parts_for(n);
     std::vector<std::vector<uint32_t>> escapes(parts);
     std::vector<double> max_bound(parts, 0.0);
+    std::vector<std::array<uint64_t, 3>> causes(parts, std::array<uint64_t, 3>{});
     for_block_ranges(blocks, parts, [&](unsigned part, std::size_t b0, std::size_t b1) {
         auto w = std::make_unique<BlockWork<Q>>();
         for (std::size_t b = b0; b < b1; ++b) {
@@ -117,7 +134,11 @@ ChunkOut encode_impl(const TensorSetup& s, const ChunkIn& in) {
                 std::copy(best.p[k], best.p[k] + Q::kParams, out.params[k].data() + b * Q::kParams);
             for (int j = 0; j < bn; ++j) {
                 const std::size_t i = i0 + std::size_t(j);
-                if (!best.keep[j]) { escapes[part].push_back(uint32_t(i)); continue; }
+                if (!best.keep[j]) {
+                    escapes[part].push_back(uint32_t(i));
+                    ++causes[part][std::size_t(escape_cause(src, nm, i, best.code_ok[j]))];
+                    continue;
+                }
                 max_bound[part] = std::max(max_bound[part], best.bound[j]);
                 for (int k = 0; k < nm; ++k) store_code(out.codes[k].data(), Q::kCodeBytes, i, best.code[k][j]);
             }
@@ -126,6 +147,7 @@ ChunkOut encode_impl(const TensorSetup& s, const ChunkIn& in) {
     for (unsigned p = 0; p < parts; ++p) {
         out.escapes.insert(out.escapes.end(), escapes[p].begin(), escapes[p].end());
         out.max_bound = std::max(out.max_bound, max_bound[p]);
+        for (std::size_t c = 0; c < 3; ++c) out.causes[c] += causes[p][c];
     }
     return out;
 }
@@ -142,13 +164,41 @@ void decode_impl(const TensorSetup& s, const std::array<const uint8_t*, 3>& code
     });
 }
 
+template <class Q>
+void classify_impl(const TensorSetup& s, const ChunkIn& in, ChunkOut& out) {
+    const GuardConst gc = make_guard_const(s.hyper, s.tolerance);
+    const float* src[3] = {in.m, in.v, in.vmax};
+    auto w = std::make_unique<BlockWork<Q>>();
+    out.causes = {};
+    std::size_t last_block = SIZE_MAX;
+    const BlockTrial<Q>* best = nullptr;
+    for (uint32_t i : out.escapes) {
+        const std::size_t b = i / kBlock, i0 = b * kBlock;
+        if (b != last_block) {
+            best = &encode_block<Q>(s, gc, src, in.theta, i0, int(std::min<std::size_t>(kBlock, in.n - i0)), *w);
+            last_block = b;
+        }
+        ++out.causes[std::size_t(escape_cause(src, s.moments(), i, best->code_ok[i - i0]))];
+    }
+}
+
 }  // namespace
+
+void classify_escapes(const TensorSetup& s, const ChunkIn& in, ChunkOut& out) {
+    switch (s.kind) {
+        case Kind::Log8: return classify_impl<Log8>(s, in, out);
+        case Kind::BF16: return classify_impl<BF16>(s, in, out);
+        case Kind::Blockwise8: return classify_impl<Blockwise8>(s, in, out);
+        case Kind::VLog: return classify_impl<VLog>(s, in, out);
+    }
+}
 
 ChunkOut encode_chunk(const TensorSetup& s, const ChunkIn& in) {
     switch (s.kind) {
         case Kind::Log8: return encode_impl<Log8>(s, in);
         case Kind::BF16: return encode_impl<BF16>(s, in);
         case Kind::Blockwise8: return encode_impl<Blockwise8>(s, in);
+        case Kind::VLog: return encode_impl<VLog>(s, in);
     }
     throw std::logic_error("codec kind");
 }
@@ -160,6 +210,7 @@ void decode_chunk(const TensorSetup& s, const std::array<const uint8_t*, 3>& cod
         case Kind::Log8: return decode_impl<Log8>(s, codes, params, n, out, theta, bounds);
         case Kind::BF16: return decode_impl<BF16>(s, codes, params, n, out, theta, bounds);
         case Kind::Blockwise8: return decode_impl<Blockwise8>(s, codes, params, n, out, theta, bounds);
+        case Kind::VLog: return decode_impl<VLog>(s, codes, params, n, out, theta, bounds);
     }
 }
 

@@ -14,14 +14,25 @@
 
 namespace ckpt::codec {
 
-enum class Kind { Log8, BF16, Blockwise8 };
+/// The codecs: vlog (default, variable rate, entropy-coded; container format 2), log8 (fixed
+/// 8 bits), and the baselines bf16 and blockwise8.
+enum class Kind { Log8, BF16, Blockwise8, VLog };
 Kind kind_from_name(const std::string&);   ///< throws std::invalid_argument
 const char* kind_name(Kind);
-int code_bytes(Kind);                       ///< bytes per moment value
+int code_bytes(Kind);                       ///< bytes per moment value (before entropy coding)
+/// Whether the container entropy-codes the codes in segments (codec/rans.h): vlog.
+bool entropy_coded(Kind);
 int params_per_block(Kind);                 ///< int32 per block and moment
 
 /// Values per block (one set of block parameters per moment and block).
 constexpr int kBlock = 64;
+/// Values per entropy-coded segment (a whole number of blocks; segments of one parameter
+/// start at its coordinate 0 and decode independently of each other).
+constexpr int kSegment = 16384;
+
+/// Why a coordinate escaped: a moment had no code (outside what its block parameters
+/// reach), the certificate was above the tolerance, or a moment was not finite.
+enum class EscapeCause : int { NoCode = 0, Certificate = 1, NonFinite = 2 };
 
 /// Storage element type of a moment: FP32, or low precision when params are.
 enum class MomentType { F32, F16, BF16 };
@@ -56,6 +67,7 @@ struct ChunkOut {
     std::array<std::vector<uint8_t>, 3> codes;     ///< n * code_bytes each
     std::array<std::vector<int16_t>, 3> params;    ///< blocks * params_per_block each
     std::vector<uint32_t> escapes;                 ///< chunk-local coordinate indices
+    std::array<uint64_t, 3> causes{};              ///< escapes per EscapeCause
     double max_bound = 0;
 };
 
@@ -83,6 +95,10 @@ unsigned parallel_parts(std::size_t n);
 
 /// Encode and certify one chunk (n need not be a multiple of kBlock only for the last).
 ChunkOut encode_chunk(const TensorSetup&, const ChunkIn&);
+
+/// Fill out.causes for an encoding made elsewhere (the GPU path): re-runs the CPU block
+/// encoder on the blocks that hold escapes (the same math, so the same trial).
+void classify_escapes(const TensorSetup&, const ChunkIn&, ChunkOut& out);
 
 /// Decode codes (escapes not yet applied) into out[role][i]; returns, per coordinate,
 /// its re-derived certificate in `bounds` when non-null (verify's path).

@@ -12,6 +12,7 @@ const char* const kRoleNames[3] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
 std::string codes_path(int r) { return std::string("/moments/codes/") + kRoleNames[r]; }
 std::string params_path(int r) { return std::string("/moments/params/") + kRoleNames[r]; }
 std::string escapes_path(int r) { return std::string("/moments/escapes/") + kRoleNames[r]; }
+std::string segments_path(int r) { return std::string("/moments/segments/") + kRoleNames[r]; }
 
 using nlohmann::json;
 
@@ -90,6 +91,8 @@ json param_json(const ParamEntry& p) {
             {"code_offset", p.code_offset}, {"block_offset", p.block_offset},
             {"escape_offset", p.escape_offset}, {"escapes", p.escapes},
             {"max_bound", p.max_bound},
+            {"escape_causes", {{"no_code", p.escape_causes[0]}, {"certificate", p.escape_causes[1]},
+                               {"non_finite", p.escape_causes[2]}}},
             {"storage", {p.storage[0], p.storage[1], p.storage[2]}}};
 }
 
@@ -152,7 +155,7 @@ void parse_header(const json& j, Manifest& m) {
     if (!j.is_object() || j.value("format", "") != "ckptkit-container")
         throw std::runtime_error("manifest is not a ckptkit container manifest");
     m.format_version = get_int(j, "format_version");
-    if (m.format_version != kFormatVersion)
+    if (m.format_version < kOldestFormatVersion || m.format_version > kFormatVersion)
         throw std::runtime_error("container format version " + std::to_string(m.format_version) + " is not supported");
     m.tool_version = get_str(j, "tool_version");
     if (!j.contains("source") || !j["source"].is_object()) throw std::runtime_error("manifest field 'source' is missing");
@@ -164,6 +167,8 @@ void parse_header(const json& j, Manifest& m) {
     } catch (const std::invalid_argument& e) {
         throw std::runtime_error(e.what());
     }
+    if (codec::entropy_coded(m.codec) && m.format_version < 2)
+        throw std::runtime_error(std::string("codec ") + codec::kind_name(m.codec) + " needs container format version 2");
     m.block = get_int(j, "block");
     if (m.block != codec::kBlock) throw std::runtime_error("unsupported block size " + std::to_string(m.block));
     m.tolerance = get_num(j, "tolerance");
@@ -252,6 +257,18 @@ ParamEntry parse_param(const json& p, double grad_bound) {
     e.escape_offset = get_u64(p, "escape_offset");
     e.escapes = get_u64(p, "escapes");
     e.max_bound = get_num(p, "max_bound");
+    if (p.contains("escape_causes")) {
+        const json& c = p["escape_causes"];
+        if (!c.is_object()) throw std::runtime_error("param " + e.name + ": escape_causes malformed");
+        const char* names[3] = {"no_code", "certificate", "non_finite"};
+        uint64_t sum = 0;
+        for (int k = 0; k < 3; ++k) {
+            e.escape_causes[std::size_t(k)] = get_u64(c, names[k]);
+            if (e.escape_causes[std::size_t(k)] > e.escapes) throw std::runtime_error("param " + e.name + ": escape_causes exceed escapes");
+            sum += e.escape_causes[std::size_t(k)];
+        }
+        if (sum != e.escapes) throw std::runtime_error("param " + e.name + ": escape_causes do not add up to escapes");
+    }
     if (!p.contains("storage") || !p["storage"].is_array() || p["storage"].size() != 3)
         throw std::runtime_error("param " + e.name + ": storage list malformed");
     for (int r = 0; r < 3; ++r) {
@@ -316,10 +333,11 @@ void Manifest::validate() const {
     // parameters tile the code, block-parameter and escape streams in order, exactly
     uint64_t codes = 0, blocks = 0, escapes = 0;
     const bool has_blocks = codec::params_per_block(codec) > 0;  // bf16 has no block params
+    const bool segmented = codec::entropy_coded(codec);
     for (const auto& p : params) {
         if (p.code_offset != codes || p.block_offset != (has_blocks ? blocks : 0) || p.escape_offset != escapes)
             throw std::runtime_error("param " + p.name + ": stream offsets do not follow the previous parameter");
-        codes += p.numel;
+        codes += segmented ? segments_of(p.numel) : p.numel;
         blocks += (p.numel + codec::kBlock - 1) / codec::kBlock;
         escapes += p.escapes;
     }
@@ -356,20 +374,25 @@ uint64_t write_manifest(hid_t file, const Manifest& m) {
 Manifest read_manifest(hid_t file) {
     if (!exists(file, "/") || get_attr_string(file, "format") != "ckptkit-container")
         throw std::runtime_error("root attribute 'format' is not ckptkit-container");
-    if (get_attr_u64(file, "format_version") != uint64_t(kFormatVersion))
-        throw std::runtime_error("container format_version is not " + std::to_string(kFormatVersion));
+    const uint64_t version = get_attr_u64(file, "format_version");
+    if (version < uint64_t(kOldestFormatVersion) || version > uint64_t(kFormatVersion))
+        throw std::runtime_error("container format_version " + std::to_string(version) + " is not supported (1 to " +
+                                 std::to_string(kFormatVersion) + ")");
     DatasetReader r(file, kManifestPath, H5T_NATIVE_UINT8, 1);
     if (r.count() > (256u << 20)) throw std::runtime_error("manifest is larger than 256 MiB");
     if (!r.checksum_ok()) throw std::runtime_error("manifest checksum mismatch (damaged)");
     std::string j(r.count(), '\0');
     r.read(0, r.count(), j.data());
     Manifest m = Manifest::from_json(j);
+    if (uint64_t(m.format_version) != version)
+        throw std::runtime_error("manifest format_version differs from the root attribute");
     // the moment streams hold exactly what the parameters need
     if (m.params.empty()) return m;
-    uint64_t values = 0, blocks = 0, escapes = 0;
+    uint64_t values = 0, blocks = 0, escapes = 0, segments = 0;
     int roles = 2;
     for (const auto& p : m.params) {
         values += p.numel;
+        segments += segments_of(p.numel);
         blocks += (p.numel + codec::kBlock - 1) / codec::kBlock;
         escapes += p.escapes;
         if (p.hyper.amsgrad) roles = 3;
@@ -379,8 +402,10 @@ Manifest read_manifest(hid_t file) {
         if (DatasetReader(file, path, type, elem).count() != n)
             throw std::runtime_error("dataset " + path + " does not hold exactly what the manifest needs");
     };
+    const bool segmented = codec::entropy_coded(m.codec);
     for (int r = 0; r < roles; ++r) {
-        expect(codes_path(r), H5T_NATIVE_UINT8, 1, values * cb);
+        if (segmented) expect(segments_path(r), H5T_NATIVE_UINT64, 8, segments);  // codes: checked per segment
+        else expect(codes_path(r), H5T_NATIVE_UINT8, 1, values * cb);
         expect(params_path(r), H5T_NATIVE_INT16, 2, blocks * pb);
         expect(escapes_path(r), H5T_NATIVE_UINT32, 4, escapes);
     }
@@ -411,10 +436,11 @@ std::vector<SourceSpan> source_spans(const Manifest& m) {
     return out;
 }
 
-uint64_t stream_bytes(const ParamEntry& p, codec::Kind kind) {
+uint64_t stream_bytes(const ParamEntry& p, codec::Kind kind, uint64_t coded) {
     const uint64_t cb = uint64_t(codec::code_bytes(kind)), pb = uint64_t(codec::params_per_block(kind));
     const uint64_t nm = uint64_t(p.moments()), blocks = (p.numel + codec::kBlock - 1) / codec::kBlock;
-    return nm * (p.numel * cb + blocks * pb * 2) + p.escapes * (8 + 4 * nm);
+    const uint64_t codes = codec::entropy_coded(kind) ? coded : nm * p.numel * cb;
+    return codes + nm * blocks * pb * 2 + p.escapes * (8 + 4 * nm);
 }
 
 }  // namespace ckpt::container

@@ -3,6 +3,7 @@
 // formats/container.md. Parsing validates types and ranges so a hostile or damaged
 // container gives a clear error instead of a crash.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -14,13 +15,16 @@
 
 namespace ckpt::container {
 
-constexpr int kFormatVersion = 1;
+/// Format written: 2 (adds vlog and its segments). Readers accept 1 and 2.
+constexpr int kFormatVersion = 2;
+constexpr int kOldestFormatVersion = 1;
 /// Dataset paths (formats/container.md).
 constexpr const char* kRaw = "/raw";
 extern const char* const kRoleNames[3];   ///< exp_avg, exp_avg_sq, max_exp_avg_sq
 std::string codes_path(int role);          ///< /moments/codes/<role>
 std::string params_path(int role);         ///< /moments/params/<role>
 std::string escapes_path(int role);        ///< /moments/escapes/<role>
+std::string segments_path(int role);       ///< /moments/segments/<role> (entropy-coded codecs)
 constexpr const char* kEscapeIndex = "/moments/escapes/index";
 
 constexpr const char* kManifestPath = "/manifest";   ///< uint8 JSON, zstd, xxh3
@@ -45,10 +49,12 @@ struct ParamEntry {
     std::optional<DType> theta_dtype;  ///< F32, F16 or BF16 when theta_storage >= 0, else none
     int theta_candidates = 0;          ///< > 0: theta not mapped; |theta| <= domain.theta_bound is the
                                        ///< max over this many same-shape model tensors
-    uint64_t code_offset = 0;          ///< values into /moments/codes/* (x code bytes)
+    uint64_t code_offset = 0;          ///< values into /moments/codes/* (x code bytes); for an
+                                       ///< entropy-coded codec, segments into /moments/segments/*
     uint64_t block_offset = 0;         ///< blocks into /moments/params/* (x params/block)
     uint64_t escape_offset = 0, escapes = 0;  ///< rows of the escape table
     double max_bound = 0;              ///< largest certificate kept, lr units
+    std::array<uint64_t, 3> escape_causes{};  ///< escapes per codec::EscapeCause (sum = escapes)
     int storage[3] = {-1, -1, -1};     ///< StorageEntry index per role
     int moments() const { return hyper.amsgrad ? 3 : 2; }
 };
@@ -110,10 +116,13 @@ struct SourceSpan {
 /// source_size (from_json checks it).
 std::vector<SourceSpan> source_spans(const Manifest&);
 
-/// Uncompressed bytes of parameter p's streams under `kind`: codes and block parameters of
-/// its moments, and its escape rows (8-byte index + 4 bytes per moment). The weight by which
+/// Uncompressed bytes of parameter p's streams under `kind`: codes (for an entropy-coded
+/// codec: `coded`, its segments' bytes over all roles) and block parameters of its moments,
+/// and its escape rows (8-byte index + 4 bytes per moment). The weight by which
 /// ContainerReader::rows() shares the stored moment bytes among the parameters.
-uint64_t stream_bytes(const ParamEntry& p, codec::Kind kind);
+uint64_t stream_bytes(const ParamEntry& p, codec::Kind kind, uint64_t coded = 0);
+/// Segments of a parameter of n values (entropy-coded codecs).
+inline uint64_t segments_of(uint64_t n) { return (n + codec::kSegment - 1) / codec::kSegment; }
 
 /// Write the manifest as the /manifest dataset; returns its stored (compressed) bytes.
 uint64_t write_manifest(hid_t file, const Manifest&);

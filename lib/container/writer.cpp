@@ -1,6 +1,9 @@
 #include "container/writer.h"
 
 #include <algorithm>
+#include <stdexcept>
+
+#include "codec/rans.h"
 
 namespace ckpt::container {
 
@@ -18,20 +21,23 @@ uint64_t ContainerWriter::begin_moments(const Manifest& m) {
     const int roles = std::any_of(m.params.begin(), m.params.end(), [](const ParamEntry& p) { return p.hyper.amsgrad; }) ? 3 : 2;
     code_bytes_ = codec::code_bytes(m.codec);
     params_per_block_ = codec::params_per_block(m.codec);
+    segmented_ = codec::entropy_coded(m.codec);
     escidx_ = std::make_unique<Appender>(file_.get(), kEscapeIndex, H5T_NATIVE_UINT64, 8);
     for (int r = 0; r < roles; ++r) {
         codes_.push_back(std::make_unique<Appender>(file_.get(), codes_path(r), H5T_NATIVE_UINT8, 1));
         params_.push_back(std::make_unique<Appender>(file_.get(), params_path(r), H5T_NATIVE_INT16, 2));
         escv_.push_back(std::make_unique<Appender>(file_.get(), escapes_path(r), H5T_NATIVE_UINT32, 4));
+        if (segmented_) segs_.push_back(std::make_unique<Appender>(file_.get(), segments_path(r), H5T_NATIVE_UINT64, 8));
     }
     return stored;
 }
 
 void ContainerWriter::begin_param(ParamEntry& e) {
-    e.code_offset = codes_[0]->count() / uint64_t(code_bytes_);
+    e.code_offset = segmented_ ? segs_[0]->count() : codes_[0]->count() / uint64_t(code_bytes_);
     e.block_offset = params_per_block_ == 0 ? 0 : params_[0]->count() / uint64_t(params_per_block_);
     e.escape_offset = escidx_->count();
     e.escapes = 0;
+    e.escape_causes = {};
     e.max_bound = 0;
     cur_ = &e;
     last_escape_ = 0;
@@ -40,15 +46,19 @@ void ContainerWriter::begin_param(ParamEntry& e) {
 void ContainerWriter::append_chunk(uint64_t i0, const codec::ChunkOut& co, const std::array<std::vector<uint32_t>, 3>& escape_bits) {
     ParamEntry& e = *cur_;
     const int nm = e.moments(), roles = int(codes_.size());
-    for (int k = 0; k < nm; ++k) {
-        codes_[std::size_t(k)]->append(co.codes[k].data(), co.codes[k].size());
-        params_[std::size_t(k)]->append(co.params[k].data(), co.params[k].size());
-    }
-    for (int k = nm; k < roles; ++k) {  // aligned filler for roles this parameter lacks
-        zero_codes_.assign(co.codes[0].size(), 0);
-        zero_params_.assign(co.params[0].size(), 0);
-        codes_[std::size_t(k)]->append(zero_codes_.data(), zero_codes_.size());
-        params_[std::size_t(k)]->append(zero_params_.data(), zero_params_.size());
+    const std::size_t n = co.codes[0].size() / std::size_t(code_bytes_);
+    for (int k = 0; k < roles; ++k) {
+        const uint8_t* codes = co.codes[k].data();
+        const int16_t* params = co.params[k].data();
+        if (k >= nm) {  // aligned filler for roles this parameter lacks
+            zero_codes_.assign(co.codes[0].size(), 0);
+            zero_params_.assign(co.params[0].size(), 0);
+            codes = zero_codes_.data();
+            params = zero_params_.data();
+        }
+        if (segmented_) append_segments(k, i0, codes, n);
+        else codes_[std::size_t(k)]->append(codes, co.codes[0].size());
+        params_[std::size_t(k)]->append(params, co.params[0].size());
     }
     for (std::size_t q = 0; q < co.escapes.size(); ++q) {
         const uint64_t gi = i0 + co.escapes[q];
@@ -61,12 +71,35 @@ void ContainerWriter::append_chunk(uint64_t i0, const codec::ChunkOut& co, const
         }
     }
     e.escapes += co.escapes.size();
+    for (std::size_t c = 0; c < 3; ++c) e.escape_causes[c] += co.causes[c];
     e.max_bound = std::max(e.max_bound, co.max_bound);
+}
+
+void ContainerWriter::append_segments(int k, uint64_t i0, const uint8_t* codes, std::size_t n) {
+    const uint64_t seg = codec::kSegment;
+    if (i0 % seg != 0 || (n % seg != 0 && i0 + n != cur_->numel))
+        throw std::logic_error("entropy-coded chunk not aligned to segments");
+    for (std::size_t s0 = 0; s0 < n; s0 += seg) {
+        const std::size_t len = std::min<std::size_t>(seg, n - s0);
+        seg_codes_.resize(len);
+        for (std::size_t i = 0; i < len; ++i)
+            seg_codes_[i] = uint16_t(codes[2 * (s0 + i)] | (codes[2 * (s0 + i) + 1] << 8));
+        seg_bytes_.clear();
+        codec::segment_encode(seg_codes_.data(), len, seg_bytes_);
+        codes_[std::size_t(k)]->append(seg_bytes_.data(), seg_bytes_.size());
+        const uint64_t end = codes_[std::size_t(k)]->count();
+        segs_[std::size_t(k)]->append(&end, 1);
+    }
 }
 
 void ContainerWriter::finish(const Manifest& m) {
     if (raw_) begin_moments(m);  // no moments written: the streams still exist, empty
-    for (std::size_t r = 0; r < codes_.size(); ++r) { codes_[r]->finish(); params_[r]->finish(); escv_[r]->finish(); }
+    for (std::size_t r = 0; r < codes_.size(); ++r) {
+        codes_[r]->finish();
+        params_[r]->finish();
+        escv_[r]->finish();
+        if (segmented_) segs_[r]->finish();
+    }
     escidx_->finish();
     write_manifest(file_.get(), m);
     set_attr(file_.get(), "format", std::string("ckptkit-container"));

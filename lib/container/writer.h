@@ -29,7 +29,8 @@ public:
     /// Close /raw and create the moment streams: 3 roles when any parameter of `m` keeps
     /// max_exp_avg_sq (amsgrad), else 2, for m.codec. Returns /raw's stored bytes.
     uint64_t begin_moments(const Manifest& m);
-    /// Start parameter e: its code_offset (values), block_offset (blocks; 0 for codecs
+    /// Start parameter e: its code_offset (values; segments for an entropy-coded codec),
+    /// block_offset (blocks; 0 for codecs
     /// without block parameters) and escape_offset (rows) become the streams' current ends;
     /// escapes and max_bound restart at 0. e must stay alive until the next begin_param.
     void begin_param(ParamEntry& e);
@@ -38,7 +39,9 @@ public:
     /// roles it lacks (so every role stays aligned with the offsets), and one escape row per
     /// co.escapes entry (chunk-local coordinates, ascending): the delta-coded coordinate in
     /// the index, and escape_bits[k][q] (raw bits of role k, q-th escape) per role, 0 in the
-    /// roles it lacks. Adds to e.escapes and raises e.max_bound to co.max_bound.
+    /// roles it lacks. Adds to e.escapes and e.escape_causes and raises e.max_bound to
+    /// co.max_bound. Entropy-coded codecs: i0 must be a multiple of codec::kSegment and every
+    /// chunk but a parameter's last a whole number of segments (std::logic_error otherwise).
     void append_chunk(uint64_t i0, const codec::ChunkOut& co, const std::array<std::vector<uint32_t>, 3>& escape_bits);
     /// Close the streams, write `m` as /manifest and the root attributes format and
     /// format_version, flush and close the file (reporting disk-full and the like).
@@ -49,6 +52,13 @@ private:
     Handle file_;
     std::unique_ptr<Appender> raw_;
     std::vector<std::unique_ptr<Appender>> codes_, params_, escv_;   ///< per role
+    std::vector<std::unique_ptr<Appender>> segs_;                    ///< per role, entropy-coded codecs
+    bool segmented_ = false;
+    std::vector<uint16_t> seg_codes_;
+    std::vector<uint8_t> seg_bytes_;
+    /// Entropy-code role k's n codes (little-endian bytes, from coordinate i0, a multiple of
+    /// kSegment) segment by segment into /moments/codes and /moments/segments.
+    void append_segments(int k, uint64_t i0, const uint8_t* codes, std::size_t n);
     std::unique_ptr<Appender> escidx_;
     int code_bytes_ = 1, params_per_block_ = 0;
     ParamEntry* cur_ = nullptr;

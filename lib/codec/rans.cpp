@@ -1,0 +1,182 @@
+#include "codec/rans.h"
+
+#include <algorithm>
+#include <array>
+#include <stdexcept>
+#include <string>
+
+namespace ckpt::codec {
+
+namespace {
+
+constexpr int kSymbols = 76;
+constexpr uint32_t kProbBits = 14, kProb = 1u << kProbBits;
+constexpr uint32_t kLow = 1u << 23;  ///< rANS state lower bound
+enum : uint8_t { kModeRans = 0, kModeRaw = 1 };
+
+/// Symbol of code x and its raw bit count.
+inline int symbol_of(uint32_t x, int& extra) {
+    if (x < 32) { extra = 0; return int(x); }
+    const int nb = 32 - __builtin_clz(x);  // 6..16
+    extra = nb - 3;
+    return 32 + 4 * (nb - 6) + int((x >> (nb - 3)) & 3);
+}
+
+void put_varint(std::vector<uint8_t>& out, uint64_t v) {
+    while (v >= 0x80) { out.push_back(uint8_t(v | 0x80)); v >>= 7; }
+    out.push_back(uint8_t(v));
+}
+
+struct Cursor {
+    const uint8_t* p;
+    const uint8_t* end;
+    [[noreturn]] static void bad(const char* what) { throw std::runtime_error(std::string("vlog segment: ") + what); }
+    uint64_t varint() {
+        uint64_t v = 0;
+        for (int shift = 0; shift < 64; shift += 7) {
+            if (p == end) bad("truncated header");
+            const uint8_t b = *p++;
+            v |= uint64_t(b & 0x7f) << shift;
+            if (!(b & 0x80)) return v;
+        }
+        bad("bad varint");
+    }
+};
+
+/// Frequencies summing to kProb, >= 1 for every symbol that occurs (deterministic).
+std::array<uint32_t, kSymbols> normalise(const std::array<uint64_t, kSymbols>& count, uint64_t n) {
+    std::array<uint32_t, kSymbols> f{};
+    int64_t sum = 0;
+    int top = 0;
+    for (int s = 0; s < kSymbols; ++s) {
+        if (!count[s]) continue;
+        f[s] = std::max<uint32_t>(1, uint32_t(count[s] * kProb / n));
+        sum += f[s];
+        if (count[s] > count[top]) top = s;
+    }
+    while (sum != kProb) {  // give the difference to (or take it from) the largest frequencies
+        if (sum < kProb) { f[top] += uint32_t(kProb - sum); sum = kProb; break; }
+        int big = -1;
+        for (int s = 0; s < kSymbols; ++s)
+            if (f[s] > 1 && (big < 0 || f[s] > f[big])) big = s;
+        const uint32_t take = std::min<uint32_t>(f[big] - 1, uint32_t(sum - kProb));
+        f[big] -= take;
+        sum -= take;
+    }
+    return f;
+}
+
+}  // namespace
+
+void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out) {
+    std::array<uint64_t, kSymbols> count{};
+    std::vector<uint8_t> sym(n), nextra(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        int e;
+        sym[i] = uint8_t(symbol_of(codes[i], e));
+        nextra[i] = uint8_t(e);
+        ++count[sym[i]];
+    }
+    if (n == 0) { out.push_back(kModeRaw); return; }
+    const auto f = normalise(count, n);
+    std::array<uint32_t, kSymbols> cum{};
+    for (int s = 1; s < kSymbols; ++s) cum[s] = cum[s - 1] + f[s - 1];
+    // rANS, last code first, written backwards
+    std::vector<uint8_t> buf(2 * n + 8);
+    uint8_t* ptr = buf.data() + buf.size();
+    uint32_t x = kLow;
+    for (std::size_t i = n; i-- > 0;) {
+        const uint32_t fs = f[sym[i]];
+        const uint32_t xmax = ((kLow >> kProbBits) << 8) * fs;
+        while (x >= xmax) { *--ptr = uint8_t(x & 0xff); x >>= 8; }
+        x = ((x / fs) << kProbBits) + (x % fs) + cum[sym[i]];
+    }
+    ptr -= 4;
+    for (int b = 0; b < 4; ++b) ptr[b] = uint8_t(x >> (8 * b));
+    const std::size_t rans_len = std::size_t(buf.data() + buf.size() - ptr);
+    // raw bits, LSB first
+    std::vector<uint8_t> bits;
+    uint64_t acc = 0;
+    int have = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        if (!nextra[i]) continue;
+        acc |= uint64_t(codes[i] & ((1u << nextra[i]) - 1)) << have;
+        have += nextra[i];
+        while (have >= 8) { bits.push_back(uint8_t(acc)); acc >>= 8; have -= 8; }
+    }
+    if (have) bits.push_back(uint8_t(acc));
+    std::vector<uint8_t> head;
+    head.push_back(kModeRans);
+    put_varint(head, rans_len);
+    put_varint(head, bits.size());
+    int used = kSymbols;
+    while (used > 0 && f[used - 1] == 0) --used;
+    put_varint(head, uint64_t(used));
+    for (int s = 0; s < used; ++s) put_varint(head, f[s]);
+    if (head.size() + rans_len + bits.size() >= 1 + 2 * n) {  // raw is no larger
+        out.push_back(kModeRaw);
+        for (std::size_t i = 0; i < n; ++i) { out.push_back(uint8_t(codes[i])); out.push_back(uint8_t(codes[i] >> 8)); }
+        return;
+    }
+    out.insert(out.end(), head.begin(), head.end());
+    out.insert(out.end(), ptr, ptr + rans_len);
+    out.insert(out.end(), bits.begin(), bits.end());
+}
+
+void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* codes) {
+    Cursor c{p, p + size};
+    if (size == 0) Cursor::bad("empty");
+    const uint8_t mode = *c.p++;
+    if (mode == kModeRaw) {
+        if (std::size_t(c.end - c.p) != 2 * n) Cursor::bad("raw size mismatch");
+        for (std::size_t i = 0; i < n; ++i) codes[i] = uint16_t(c.p[2 * i] | (c.p[2 * i + 1] << 8));
+        return;
+    }
+    if (mode != kModeRans) Cursor::bad("unknown mode");
+    const uint64_t rans_len = c.varint(), bits_len = c.varint(), used = c.varint();
+    if (used == 0 || used > uint64_t(kSymbols)) Cursor::bad("bad symbol count");
+    std::array<uint32_t, kSymbols> f{}, cum{};
+    uint64_t sum = 0;
+    for (uint64_t s = 0; s < used; ++s) {
+        const uint64_t v = c.varint();
+        if (v > kProb) Cursor::bad("bad frequency");
+        f[std::size_t(s)] = uint32_t(v);
+        sum += v;
+    }
+    if (sum != kProb) Cursor::bad("frequencies do not sum to 2^14");
+    for (int s = 1; s < kSymbols; ++s) cum[s] = cum[s - 1] + f[s - 1];
+    const std::size_t rest = std::size_t(c.end - c.p);
+    if (rans_len < 4 || rans_len > rest || bits_len != rest - rans_len) Cursor::bad("stream sizes do not match the segment");
+    std::vector<uint8_t> lookup(kProb);
+    for (int s = 0; s < kSymbols; ++s) std::fill(lookup.begin() + cum[s], lookup.begin() + cum[s] + f[s], uint8_t(s));
+    const uint8_t* rp = c.p;
+    const uint8_t* rend = c.p + rans_len;
+    uint32_t x = uint32_t(rp[0]) | uint32_t(rp[1]) << 8 | uint32_t(rp[2]) << 16 | uint32_t(rp[3]) << 24;
+    rp += 4;
+    const uint8_t* bp = rend;
+    const uint8_t* bend = rend + bits_len;
+    uint64_t acc = 0;
+    int have = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        const uint32_t slot = x & (kProb - 1);
+        const int s = lookup[slot];
+        x = f[s] * (x >> kProbBits) + slot - cum[s];
+        while (x < kLow) {
+            if (rp == rend) Cursor::bad("rANS stream truncated");
+            x = (x << 8) | *rp++;
+        }
+        if (s < 32) { codes[i] = uint16_t(s); continue; }
+        const int nb = 6 + (s - 32) / 4, extra = nb - 3;
+        while (have < extra) {
+            if (bp == bend) Cursor::bad("raw bits truncated");
+            acc |= uint64_t(*bp++) << have;
+            have += 8;
+        }
+        codes[i] = uint16_t((uint32_t(4 | ((s - 32) & 3)) << extra) | uint32_t(acc & ((1u << extra) - 1)));
+        acc >>= extra;
+        have -= extra;
+    }
+    if (x != kLow || rp != rend || bp != bend || have >= 8 || acc != 0) Cursor::bad("trailing or inconsistent data");
+}
+
+}  // namespace ckpt::codec

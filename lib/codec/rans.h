@@ -1,0 +1,27 @@
+// The entropy coder of vlog's code streams (formats/container.md, "vlog segments"): one
+// segment = up to kSegment uint16 codes, coded on its own (its own frequency table), so
+// segments decode in parallel and a reader seeks by segment.
+//
+// Symbols: a code x < 32 is its own symbol; a larger x with bit length nb (6..16) is symbol
+// 32 + 4 (nb - 6) + (its two bits below the top bit), followed by its nb - 3 low bits raw
+// (the "log bucket" alphabet of deflate/zstd length codes): 76 symbols.
+// Coder: byte-wise rANS with a 32-bit state and 14-bit frequencies (Duda 2013; the
+// formulation of F. Giesen's public-domain ryg_rans), raw bits in a separate LSB-first
+// stream. A segment whose rANS form is not smaller than its raw 2 bytes per code is stored
+// raw.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ckpt::codec {
+
+/// Append the coded form of codes[0..n) (one segment) to out. Deterministic.
+void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out);
+
+/// Decode the segment held in bytes [p, p + size) into codes[0..n). Throws
+/// std::runtime_error when the bytes are not exactly one valid segment of n codes (bad
+/// table, truncated or trailing bytes, a final rANS state other than the initial one).
+void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* codes);
+
+}  // namespace ckpt::codec

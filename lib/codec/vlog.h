@@ -1,0 +1,162 @@
+// vlog: the default codec (container format 2, docs/design.md §4). Variable-rate
+// logarithmic codes whose steps follow the guard, entropy-coded afterwards (codec/rans.h).
+//
+// Grid: 2^(e/1024) for integer e ("1/1024 octave" units), a 1025-entry float table
+// (vlog_table.h, generated, part of the format) times an exact power of two, so decoding is
+// bit-identical on every host and device.
+//  - exp_avg_sq, max_exp_avg_sq: block params (a, s): anchor a in 1/64 octaves, step s >= 1
+//    in 1/1024 octaves. Code 0 = exact +0; code c >= 1 is index j = unzigzag(c - 1) in
+//    [-32767, 32767], value 2^((16a + j*s)/1024). No fixed range: a block with a wide
+//    exp_avg_sq range gets more distinct codes, not a coarser step.
+//  - exp_avg: block param (e, 0): linear in units of sqrt(v~) (v~ = the decoded second
+//    moment, as log8): m~ = q * 2^(e/1024) * sqrt(v~), code = 2|q| + sign (so -0.0 stays
+//    exact), |q| <= 32767.
+// Rounding is to the nearest code (cells end at the midpoints between neighbouring values).
+// The steps are not fixed: block.h vlog_plan picks, per block, the coarsest pair that the guard's
+// closed form (guard.h closed_bound) still certifies for every coordinate, with outliers
+// left to escape when that is cheaper in bits.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "codec/guard.h"
+#include "codec/hd.h"
+#include "codec/log8.h"
+#include "codec/vlog_table.h"
+
+namespace ckpt::codec {
+
+#if defined(__CUDACC__)
+static __constant__ float kVlogTableDev[1025] = CKPT_VLOG_TABLE;
+#endif
+
+/// log2(x) for finite x > 0 from IEEE + - * / only (host and device give the same bits):
+/// mantissa in [sqrt(1/2), sqrt(2)), then the atanh series to t^11 (|error| < 1e-12).
+/// Used where vlog derives a block parameter or a first guess; never for a cell.
+CKPT_HD double log2_hd(double x) {
+    int ex;
+    double m = mantissa(x, ex);
+    if (m > 1.4142135623730951) { m *= 0.5; ++ex; }
+    const double t = (m - 1) / (m + 1), t2 = t * t;
+    const double s = t * (1 + t2 * (1.0 / 3 + t2 * (1.0 / 5 + t2 * (1.0 / 7 + t2 * (1.0 / 9 + t2 * (1.0 / 11))))));
+    return ex + 2 * s * 1.4426950408889634;
+}
+
+struct VLog {
+    static constexpr int kCodeBytes = 2;    ///< uint16 per value before entropy coding
+    static constexpr int kParams = 2;       ///< int16 per block: (a, s) for v; (e, 0) for m
+    static constexpr int kMaxIndex = 32767; ///< |j| (v) and |q| (m)
+    // block.h's encode_block<VLog> picks the steps (vlog_plan); no choose()/vary().
+
+    /// 2^(j/1024) rounded to float, j = 0..1024.
+    CKPT_HD static double table(int j) {
+#if defined(__CUDA_ARCH__)
+        return kVlogTableDev[j];
+#else
+        static constexpr float t[1025] = CKPT_VLOG_TABLE;
+        return t[j];
+#endif
+    }
+    /// The float 2^(e/1024) (0 or inf outside float range), as double; exact product.
+    CKPT_HD static double value(int64_t e) {
+        int64_t q = e >= 0 ? e / 1024 : -((-e + 1023) / 1024);
+        const int r = int(e - q * 1024);
+        if (q > 200) q = 200;
+        if (q < -200) q = -200;
+        return double(float(table(r) * pow2i(int(q))));
+    }
+    CKPT_HD static uint32_t zigzag(int32_t j) { return j >= 0 ? uint32_t(j) << 1 : (uint32_t(-j) << 1) - 1; }
+    CKPT_HD static int32_t unzigzag(uint32_t z) { return (z & 1) ? -int32_t((z + 1) >> 1) : int32_t(z >> 1); }
+
+    /// exp_avg_sq value of index j under block params p.
+    CKPT_HD static double vval(const int16_t* p, int64_t j) { return value(int64_t(p[0]) * 16 + j * p[1]); }
+
+    /// Encode one value (see Log8::encode for the contract); `scale` = sqrt of the decoded
+    /// denominator state (exp_avg only).
+    CKPT_HD static bool encode(float x, Role r, const int16_t* p, double scale, uint16_t* code) {
+        const bool sign = signbit(x);
+        if (x == 0 && (!sign || r == Role::ExpAvg)) { *code = uint16_t(r == Role::ExpAvg && sign ? 1 : 0); return true; }
+        if (!isfinite(x) || (sign && r != Role::ExpAvg)) return false;
+        const double a = fabs(double(x));
+        if (r == Role::ExpAvg) {
+            if (!(scale > 0) || !isfinite(scale)) return false;
+            const double d = value(p[0]) * scale;
+            const double qf = a / d;
+            if (!(qf < kMaxIndex + 0.5)) return false;
+            int q = int(qf + 0.5);
+            for (int it = 0; it < 4; ++it) {  // nearest in the cells of cell(): (q -+ 1/2) d
+                if (a > (q + 0.5) * d && q < kMaxIndex) ++q;
+                else if (q > 0 && a < (q - 0.5) * d) --q;
+                else break;
+            }
+            if (!(a <= (q + 0.5) * d) || !(q == 0 || a >= (q - 0.5) * d)) return false;
+            *code = uint16_t((q << 1) | (sign ? 1 : 0));
+            return true;
+        }
+        const double est = (log2_hd(a) * 1024 - double(p[0]) * 16) / p[1];
+        if (!(est > -kMaxIndex - 2) || !(est < kMaxIndex + 2)) return false;
+        int64_t j = int64_t(est < 0 ? est - 0.5 : est + 0.5);
+        if (j > kMaxIndex) j = kMaxIndex;
+        if (j < -kMaxIndex) j = -kMaxIndex;
+        double xj = vval(p, j);
+        for (int it = 0; it < 8; ++it) {  // nearest: ties go to the lower index, as in cell()
+            const double up = vval(p, j + 1), dn = vval(p, j - 1);
+            if (a > (xj + up) / 2 && j < kMaxIndex) { ++j; xj = up; }
+            else if (a <= (xj + dn) / 2 && j > -kMaxIndex) { --j; xj = dn; }
+            else break;
+        }
+        const double lo = (xj + vval(p, j - 1)) / 2, hi = (xj + vval(p, j + 1)) / 2;
+        if (!(xj > 0) || !(hi < INFINITY) || !(a > lo && a <= hi)) return false;
+        *code = uint16_t(1 + zigzag(int32_t(j)));
+        return true;
+    }
+
+    /// Decoded value (rounded to float) and rounding cell of one code.
+    CKPT_HD static Cell cell(uint16_t code, Role r, const int16_t* p, double scale) {
+        Cell c;
+        if (r == Role::ExpAvg) {
+            const int q = code >> 1;
+            const bool neg = code & 1;
+            const double d = value(p[0]) * scale;
+            const double lo = q == 0 ? -0.5 * d : (q - 0.5) * d, hi = (q + 0.5) * d;
+            const double x = q == 0 ? 0.0 : double(float(q * d));
+            if (neg) { c.dec = -x; c.lo = -hi; c.hi = -lo; } else { c.dec = x; c.lo = lo; c.hi = hi; }
+            if (q == 0) { c.dec = neg ? -0.0 : 0.0; c.lo = -0.5 * d; c.hi = 0.5 * d; }
+            return c;
+        }
+        if (code == 0) return c;  // exact zero
+        const int64_t j = unzigzag(uint32_t(code) - 1);
+        c.dec = vval(p, j);
+        c.lo = (c.dec + vval(p, j - 1)) / 2;
+        c.hi = (c.dec + vval(p, j + 1)) / 2;
+        return c;
+    }
+
+    /// Block anchor of exp_avg_sq values x[0..n): the mean of log2 over the positive finite
+    /// values, in 1/64 octaves (0 when there are none).
+    CKPT_HD static int16_t anchor(const float* x, int n) {
+        double sum = 0;
+        int cnt = 0;
+        for (int i = 0; i < n; ++i)
+            if (x[i] > 0 && isfinite(x[i])) { sum += log2_hd(x[i]); ++cnt; }
+        if (cnt == 0) return 0;
+        double a = sum / cnt * 64;
+        a = a < -32767 ? -32767 : a > 32767 ? 32767 : a;
+        return int16_t(a < 0 ? a - 0.5 : a + 0.5);
+    }
+    /// The largest step s (1/1024 octaves) whose cells' upper half-width stays within
+    /// relative `delta`: (2^(s/1024) - 1) / 2 <= delta; at least 1.
+    CKPT_HD static int16_t v_step(double delta) {
+        if (!(delta > 0)) return 1;
+        const double s = 1024 * log2_hd(1 + 2 * delta) * (1 - 1e-9);
+        return int16_t(s < 1 ? 1 : s > 32767 ? 32767 : int(s));
+    }
+    /// The largest exp_avg step exponent e (1/1024 octaves) with 2^(e/1024) <= dm.
+    CKPT_HD static int16_t m_step(double dm) {
+        if (!(dm > 0)) return -32767;
+        const double e = 1024 * log2_hd(dm) - 1e-6;
+        return int16_t(e < -32767 ? -32767 : e > 32767 ? 32767 : int(floor(e)));
+    }
+};
+
+}  // namespace ckpt::codec
