@@ -286,7 +286,12 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
     BlockTrial<VLog>* t = &w.trial[1];
     best->escapes = bn + 1;
     double dm = 1, delta = 0.5;
-    const bool constrained = vlog_plan(s, gc, src, i0, bn, 0.9 * s.tolerance, w, dm, delta);
+#if defined(__CUDA_ARCH__)
+    const double kF = 0.9;
+#else
+    static const double kF = getenv("VLOG_F") ? atof(getenv("VLOG_F")) : 0.9;
+#endif
+    const bool constrained = vlog_plan(s, gc, src, i0, bn, kF * s.tolerance, w, dm, delta);
     double scale = 1;
     for (int trial = 0; trial < 3; ++trial, scale *= 0.7) {
         t->p[0][0] = VLog::m_step(dm * scale);

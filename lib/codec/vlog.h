@@ -31,14 +31,14 @@ static __constant__ float kVlogTableDev[1025] = CKPT_VLOG_TABLE;
 #endif
 
 /// log2(x) for finite x > 0 from IEEE + - * / only (host and device give the same bits):
-/// mantissa in [sqrt(1/2), sqrt(2)), then the atanh series to t^11 (|error| < 1e-12).
+/// mantissa in [sqrt(1/2), sqrt(2)), then the atanh series to t^13 (|error| < 1e-12).
 /// Used where vlog derives a block parameter or a first guess; never for a cell.
 CKPT_HD double log2_hd(double x) {
     int ex;
     double m = mantissa(x, ex);
     if (m > 1.4142135623730951) { m *= 0.5; ++ex; }
     const double t = (m - 1) / (m + 1), t2 = t * t;
-    const double s = t * (1 + t2 * (1.0 / 3 + t2 * (1.0 / 5 + t2 * (1.0 / 7 + t2 * (1.0 / 9 + t2 * (1.0 / 11))))));
+    const double s = t * (1 + t2 * (1.0 / 3 + t2 * (1.0 / 5 + t2 * (1.0 / 7 + t2 * (1.0 / 9 + t2 * (1.0 / 11 + t2 * (1.0 / 13)))))));
     return ex + 2 * s * 1.4426950408889634;
 }
 

@@ -54,7 +54,7 @@ struct ParamEntry {
     uint64_t block_offset = 0;         ///< blocks into /moments/params/* (x params/block)
     uint64_t escape_offset = 0, escapes = 0;  ///< rows of the escape table
     double max_bound = 0;              ///< largest certificate kept, lr units
-    std::array<uint64_t, 3> escape_causes{};  ///< escapes per codec::EscapeCause (sum = escapes)
+    std::array<uint64_t, 3> escape_causes{};  ///< escapes per codec::EscapeCause (sum <= escapes; = from ckpt-compress)
     int storage[3] = {-1, -1, -1};     ///< StorageEntry index per role
     int moments() const { return hyper.amsgrad ? 3 : 2; }
 };

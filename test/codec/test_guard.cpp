@@ -11,6 +11,7 @@
 
 #include "codec/codec.h"
 #include "codec/guard.h"
+#include "codec/vlog.h"
 
 using namespace ckpt::codec;
 
@@ -44,11 +45,11 @@ std::vector<float> probes(double lo, double hi, double scale, std::mt19937_64& r
 TEST_CASE("guard is sound for every kept coordinate, all codecs, random + adversarial") {
     std::mt19937_64 rng(12345);
     std::uniform_real_distribution<double> U(0, 1);
-    long checked = 0, kept = 0, violations = 0, triples = 0;
-    const Kind kinds[3] = {Kind::Log8, Kind::BF16, Kind::Blockwise8};
-    for (int trial = 0; triples < 2'000'000; ++trial) {
+    long checked = 0, kept = 0, violations = 0, triples = 0, vlog_triples = 0;
+    const Kind kinds[5] = {Kind::Log8, Kind::VLog, Kind::BF16, Kind::VLog, Kind::Blockwise8};
+    for (int trial = 0; triples < 2'500'000 || vlog_triples < 1'000'000; ++trial) {
         TensorSetup s;
-        s.kind = kinds[trial % 3];
+        s.kind = kinds[trial % 5];
         s.hyper.beta1 = trial % 5 == 0 ? 0.8 : 0.9;
         s.hyper.beta2 = trial % 7 == 0 ? 0.99 : 0.999;
         s.hyper.eps = trial % 4 == 0 ? 1e-6 : 1e-8;
@@ -87,6 +88,7 @@ TEST_CASE("guard is sound for every kept coordinate, all codecs, random + advers
                 const float ut = torch_update(s.hyper, dec[0][i], dec[1][i], dec[2][i], g);
                 const float u = torch_update(s.hyper, m[i], v[i], vm[i], g);
                 ++triples;
+                vlog_triples += s.kind == Kind::VLog;
                 if (std::fabs(double(u) - ut) > bounds[i]) ++violations;
             }
         }
@@ -94,6 +96,7 @@ TEST_CASE("guard is sound for every kept coordinate, all codecs, random + advers
     CHECK(violations == 0);
     CHECK(kept > checked / 4);  // the test must exercise the kept path, not only escapes
     CHECK(triples >= 1'000'000);
+    CHECK(vlog_triples >= 1'000'000);
     MESSAGE("checked " << checked << " coordinates, kept " << kept << ", " << triples << " (m, v, g) triples");
 }
 
@@ -214,10 +217,11 @@ TEST_CASE("FP32 edges: overflow, subnormal exp_avg_sq and small beta2 stay sound
     std::mt19937_64 rng(2024);
     std::uniform_real_distribution<double> U(0, 1);
     long kept = 0, violations = 0, triples = 0, escaped_edge = 0;
-    for (int trial = 0; trial < 36; ++trial) {
+    const Kind kinds[4] = {Kind::Log8, Kind::BF16, Kind::Blockwise8, Kind::VLog};
+    for (int trial = 0; trial < 48; ++trial) {
         TensorSetup s;
-        s.kind = trial % 3 == 0 ? Kind::Log8 : trial % 3 == 1 ? Kind::BF16 : Kind::Blockwise8;
-        s.hyper.beta2 = (trial / 3) % 3 == 0 ? 0.5 : (trial / 3) % 3 == 1 ? 0.9 : 0.999;
+        s.kind = kinds[trial % 4];
+        s.hyper.beta2 = (trial / 4) % 3 == 0 ? 0.5 : (trial / 4) % 3 == 1 ? 0.9 : 0.999;
         s.hyper.eps = trial % 2 ? 0.0 : 1e-8;
         s.hyper.step = 10;
         s.tolerance = 0.01;
@@ -267,4 +271,67 @@ TEST_CASE("FP32 edges: overflow, subnormal exp_avg_sq and small beta2 stay sound
     CHECK(violations == 0);
     CHECK(escaped_edge > 0);
     MESSAGE("FP32 edges: kept " << kept << ", escaped at the gate " << escaped_edge << ", " << triples << " triples");
+}
+
+TEST_CASE("vlog: originals anywhere in its own cells, code boundaries included, stay within the certificate") {
+    // vlog's steps are planned to use the tolerance almost fully, so the cell ends matter:
+    // for each kept coordinate, originals at the float nearest each end of its exp_avg and
+    // exp_avg_sq cells (recomputed from the codes by VLog::cell), against the decoded state.
+    std::mt19937_64 rng(99);
+    std::uniform_real_distribution<double> U(0, 1);
+    long kept = 0, violations = 0, triples = 0;
+    for (int trial = 0; trial < 24; ++trial) {
+        TensorSetup s;
+        s.kind = Kind::VLog;
+        s.hyper.step = double(5 + 400 * trial);
+        s.hyper.beta2 = trial % 3 == 0 ? 0.99 : 0.999;
+        s.tolerance = trial % 2 ? 0.01 : 0.001;
+        s.domain.grad_bound = trial % 4 == 1 ? INFINITY : 1.0;
+        const std::size_t n = 512;
+        std::vector<float> m(n), v(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            v[i] = float(1e-8 * std::pow(10, 6 * (U(rng) - 0.5)));  // 6 decades in a block
+            m[i] = float((U(rng) - 0.5) * 4 * std::sqrt(double(v[i])));
+        }
+        const ChunkIn in{m.data(), v.data(), nullptr, nullptr, n};
+        const ChunkOut out = encode_chunk(s, in);
+        std::vector<double> bounds(n);
+        std::vector<float> dm(n), dv(n);
+        decode_chunk(s, {out.codes[0].data(), out.codes[1].data(), nullptr}, {out.params[0].data(), out.params[1].data(), nullptr},
+                     n, {dm.data(), dv.data(), nullptr}, nullptr, bounds.data());
+        std::vector<bool> esc(n, false);
+        for (uint32_t e : out.escapes) esc[e] = true;
+        for (std::size_t i = 0; i < n; ++i) {
+            if (esc[i]) continue;
+            ++kept;
+            const int16_t* pv = out.params[1].data() + (i / kBlock) * 2;
+            const int16_t* pm = out.params[0].data() + (i / kBlock) * 2;
+            const uint16_t cv = uint16_t(out.codes[1][2 * i] | (out.codes[1][2 * i + 1] << 8));
+            const uint16_t cm = uint16_t(out.codes[0][2 * i] | (out.codes[0][2 * i + 1] << 8));
+            const Cell c1 = VLog::cell(cv, Role::ExpAvgSq, pv, 0);
+            const Cell c0 = VLog::cell(cm, Role::ExpAvg, pm, std::sqrt(c1.dec));
+            auto inside = [](double lo, double hi, double x, bool low) {  // float nearest the end, inside the cell
+                float f = float(low ? lo : hi);
+                if (low && double(f) < lo) f = std::nextafter(f, float(x));
+                if (!low && double(f) > hi) f = std::nextafter(f, float(x));
+                return f;
+            };
+            for (bool ml : {true, false})
+                for (bool vl : {true, false}) {
+                    const float mo = inside(c0.lo, c0.hi, c0.dec, ml), vo = inside(c1.lo, c1.hi, c1.dec, vl);
+                    if (!(vo >= 0)) continue;
+                    for (double gk = -6; gk <= 8; gk += 0.25)
+                        for (double sg : {-1.0, 1.0}) {
+                            const float g = float(sg * std::sqrt(double(vo)) * std::pow(10, gk / 2));
+                            if (std::fabs(g) > s.domain.grad_bound) continue;
+                            const float du = torch_update(s.hyper, mo, vo, 0, g) - torch_update(s.hyper, dm[i], dv[i], 0, g);
+                            ++triples;
+                            if (std::fabs(du) > bounds[i]) ++violations;
+                        }
+                }
+        }
+    }
+    CHECK(violations == 0);
+    CHECK(kept > 10000);
+    CHECK(triples > 1'000'000);
 }

@@ -1,5 +1,6 @@
-// Exact properties of the three quantizers: zero and sign exactness, cells contain the
-// encoded value, nearest-code rounding, escapes for non-finite values, the bnb map.
+// Exact properties of the quantizers (log8, vlog, bf16, blockwise8): zero and sign
+// exactness, cells contain the encoded value, nearest-code rounding, escapes for
+// non-finite values, the bnb map, thread-count independence.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "codec/blockwise8.h"
 #include "codec/codec.h"
 #include "codec/log8.h"
+#include "codec/vlog.h"
 
 using namespace ckpt::codec;
 
@@ -122,7 +124,9 @@ TEST_CASE("encode_chunk and decode_chunk give identical results for any CPU thre
         v[i] = float(L(rng));
         m[i] = float(0.3 * N(rng) * std::sqrt(double(v[i])));
     }
+    for (Kind kind : {Kind::Log8, Kind::VLog}) {
     TensorSetup s;
+    s.kind = kind;
     s.hyper.step = 50;
     const ChunkIn in{m.data(), v.data(), nullptr, nullptr, n};
     std::vector<ChunkOut> outs;
@@ -142,7 +146,111 @@ TEST_CASE("encode_chunk and decode_chunk give identical results for any CPU thre
         CHECK(outs[0].params[k] == outs[1].params[k]);
     }
     CHECK(outs[0].escapes == outs[1].escapes);
-    CHECK(!outs[0].escapes.empty());  // the log-normal tails make escapes in several ranges
+    CHECK(outs[0].causes == outs[1].causes);
+    // log8: the log-normal tails make escapes in several ranges; vlog has no fixed range
+    if (kind == Kind::Log8) CHECK(!outs[0].escapes.empty());
+    else CHECK(outs[0].causes[std::size_t(EscapeCause::NoCode)] == 0);
     CHECK(outs[0].max_bound == outs[1].max_bound);
     CHECK(bounds[0] == bounds[1]);
+    }
+}
+
+TEST_CASE("vlog grid: exact 2^(e/1024), log2_hd, zigzag") {
+    CHECK(VLog::value(0) == 1.0);
+    CHECK(VLog::value(1024) == 2.0);
+    CHECK(VLog::value(-2048) == 0.25);
+    CHECK(VLog::value(512) == double(float(std::sqrt(2.0))));
+    for (int j = 0; j <= 1024; ++j) CHECK(std::fabs(VLog::table(j) / std::exp2(j / 1024.0) - 1) <= 6e-8);
+    std::mt19937_64 rng(3);
+    std::uniform_real_distribution<double> E(-140, 120);
+    double worst = 0;
+    for (int i = 0; i < 100000; ++i) {
+        const double x = std::exp2(E(rng));
+        worst = std::max(worst, std::fabs(log2_hd(x) - std::log2(x)));
+    }
+    CHECK(worst < 1e-12);
+    CHECK(log2_hd(1e-45) < -149);  // subnormal floats
+    for (int32_t j : {0, 1, -1, 2, -2, 32767, -32767}) CHECK(VLog::unzigzag(VLog::zigzag(j)) == j);
+    CHECK(VLog::zigzag(-1) == 1);
+    CHECK(VLog::zigzag(1) == 2);
+}
+
+TEST_CASE("vlog exp_avg_sq: nearest code whatever the range, cell contains x, zero exact, escapes") {
+    std::mt19937_64 rng(11);
+    std::uniform_real_distribution<double> U(0, 1);
+    for (int16_t step : {int16_t(1), int16_t(7), int16_t(300)}) {
+        const int16_t p[2] = {int16_t(-26 * 64), step};  // anchor 2^-26
+        for (int i = 0; i < 20000; ++i) {
+            const float x = float(std::exp2(-26 + 24 * (U(rng) - 0.5)));  // 24 octaves around the anchor
+            uint16_t c;
+            REQUIRE(VLog::encode(x, Role::ExpAvgSq, p, 0, &c));
+            const Cell cell = VLog::cell(c, Role::ExpAvgSq, p, 0);
+            CHECK(cell.lo < x);
+            CHECK(x <= cell.hi);
+            const int64_t j = VLog::unzigzag(uint32_t(c) - 1);
+            const double d = std::fabs(x - VLog::vval(p, j));
+            CHECK(d <= std::fabs(x - VLog::vval(p, j - 1)));
+            CHECK(d <= std::fabs(x - VLog::vval(p, j + 1)));
+        }
+        uint16_t c;
+        REQUIRE(VLog::encode(0.0f, Role::ExpAvgSq, p, 0, &c));
+        CHECK(c == 0);
+        CHECK(VLog::cell(0, Role::ExpAvgSq, p, 0).dec == 0.0);
+        CHECK_FALSE(VLog::encode(-0.0f, Role::ExpAvgSq, p, 0, &c));
+        CHECK_FALSE(VLog::encode(-1e-7f, Role::ExpAvgSq, p, 0, &c));
+        CHECK_FALSE(VLog::encode(INFINITY, Role::ExpAvgSq, p, 0, &c));
+        CHECK_FALSE(VLog::encode(std::numeric_limits<float>::quiet_NaN(), Role::ExpAvgSq, p, 0, &c));
+    }
+    const int16_t fine[2] = {0, 1};  // 1/1024 octave: +-32 octaves reach
+    uint16_t c;
+    CHECK(VLog::encode(float(std::exp2(31.9)), Role::ExpAvgSq, fine, 0, &c));
+    CHECK_FALSE(VLog::encode(float(std::exp2(33)), Role::ExpAvgSq, fine, 0, &c));  // past the index range
+}
+
+TEST_CASE("vlog exp_avg: linear in m / sqrt(v~), -0 exact, sign bit") {
+    const int16_t p[2] = {-7 * 1024, 0};  // step 2^-7 sqrt(v~)
+    const double scale = 1e-3, d = std::exp2(-7) * scale;
+    for (double q : {0.0, 0.49, 0.51, 3.2, 1000.4, -2.6}) {
+        const float x = float(q * d);
+        uint16_t c;
+        REQUIRE(VLog::encode(x, Role::ExpAvg, p, scale, &c));
+        const Cell cell = VLog::cell(c, Role::ExpAvg, p, scale);
+        CHECK(cell.lo <= x);
+        CHECK(x <= cell.hi);
+        CHECK(std::fabs(cell.dec - std::nearbyint(q) * d) <= 1e-7 * std::fabs(q * d) + 1e-30);
+    }
+    uint16_t c;
+    REQUIRE(VLog::encode(-0.0f, Role::ExpAvg, p, scale, &c));
+    CHECK(c == 1);
+    CHECK(std::signbit(VLog::cell(c, Role::ExpAvg, p, scale).dec));
+    CHECK_FALSE(VLog::encode(float(40000 * d), Role::ExpAvg, p, scale, &c));  // |q| past 32767
+    CHECK_FALSE(VLog::encode(1e-9f, Role::ExpAvg, p, 0.0, &c));               // nonzero m with v~ = 0
+}
+
+TEST_CASE("vlog escapes much less than log8 on a 12-decade exp_avg_sq block, and says why") {
+    // The wide-range pattern (Adam + L2 on rarely seen embedding rows): |m|/sqrt(v) ~ 2.9 and
+    // exp_avg_sq over 12 decades inside each block. log8's fixed 255 codes cannot cover it.
+    std::mt19937_64 rng(17);
+    std::uniform_real_distribution<double> U(0, 1);
+    const std::size_t n = 4096;
+    std::vector<float> m(n), v(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        v[i] = float(std::pow(10, -20 + 12 * U(rng)));
+        m[i] = float((i % 3 ? 0.3 : 2.9) * (U(rng) < 0.5 ? -1 : 1) * std::sqrt(double(v[i])));
+    }
+    v[5] = std::numeric_limits<float>::quiet_NaN();
+    const ChunkIn in{m.data(), v.data(), nullptr, nullptr, n};
+    std::array<std::size_t, 2> esc{};
+    for (int k = 0; k < 2; ++k) {
+        TensorSetup s;
+        s.kind = k == 0 ? Kind::Log8 : Kind::VLog;
+        s.hyper.step = 1000;
+        const ChunkOut o = encode_chunk(s, in);
+        esc[std::size_t(k)] = o.escapes.size();
+        CHECK(o.causes[0] + o.causes[1] + o.causes[2] == o.escapes.size());
+        CHECK(o.causes[std::size_t(EscapeCause::NonFinite)] == 1);
+        if (k == 1) CHECK(o.causes[std::size_t(EscapeCause::NoCode)] == 0);
+    }
+    CHECK(esc[0] > n / 10);
+    CHECK(esc[1] <= n / 200);  // <= 0.5 %
 }

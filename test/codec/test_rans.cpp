@@ -1,0 +1,90 @@
+// vlog's entropy coder (codec/rans.h): exact round trips over the distributions the codes
+// have, the raw fallback, and refusal of every malformed segment.
+#include <doctest/doctest.h>
+
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "codec/rans.h"
+
+using namespace ckpt::codec;
+
+namespace {
+std::vector<uint16_t> roundtrip(const std::vector<uint16_t>& c, std::vector<uint8_t>& bytes) {
+    bytes.clear();
+    segment_encode(c.data(), c.size(), bytes);
+    std::vector<uint16_t> back(c.size(), 0xffff);
+    segment_decode(bytes.data(), bytes.size(), c.size(), back.data());
+    return back;
+}
+}  // namespace
+
+TEST_CASE("rans segments round-trip exactly, near the entropy") {
+    std::mt19937_64 rng(1);
+    std::vector<uint8_t> bytes;
+    // geometric small codes (exp_avg), zigzag Gaussian (exp_avg_sq), all symbols, extremes
+    std::geometric_distribution<int> geo(0.3);
+    std::normal_distribution<double> N(0, 40);
+    std::uniform_int_distribution<int> any(0, 65535);
+    for (int kind = 0; kind < 4; ++kind) {
+        for (std::size_t n : {std::size_t(1), std::size_t(63), std::size_t(16384)}) {
+            std::vector<uint16_t> c(n);
+            for (auto& x : c) {
+                if (kind == 0) x = uint16_t(std::min(geo(rng), 65535));
+                else if (kind == 1) { const int j = int(std::lround(N(rng))); x = uint16_t(1 + (j >= 0 ? 2 * j : -2 * j - 1)); }
+                else if (kind == 2) x = uint16_t(any(rng));
+                else x = rng() % 2 ? 65535 : 0;
+            }
+            CHECK(roundtrip(c, bytes) == c);
+            if (n == 16384 && kind == 0) CHECK(bytes.size() < n * 3 / 8);     // ~2.9 bits of entropy
+            if (n == 16384 && kind == 1) CHECK(bytes.size() < n * 9 / 8);     // ~8.4 bits
+            if (kind == 2) CHECK(bytes.size() <= 2 * n + 1);                   // raw fallback
+        }
+    }
+    std::vector<uint16_t> zeros(16384, 0);
+    CHECK(roundtrip(zeros, bytes) == zeros);
+    CHECK(bytes.size() < 100);
+    std::vector<uint16_t> none;
+    CHECK(roundtrip(none, bytes) == none);
+}
+
+TEST_CASE("rans segments: deterministic, and malformed bytes are refused") {
+    std::mt19937_64 rng(2);
+    std::geometric_distribution<int> geo(0.05);
+    std::vector<uint16_t> c(5000);
+    for (auto& x : c) x = uint16_t(geo(rng));
+    std::vector<uint8_t> a, b;
+    segment_encode(c.data(), c.size(), a);
+    segment_encode(c.data(), c.size(), b);
+    CHECK(a == b);
+    std::vector<uint16_t> out(c.size());
+    auto refuses = [&](std::vector<uint8_t> bad, std::size_t n) {
+        try {
+            segment_decode(bad.data(), bad.size(), n, out.data());
+        } catch (const std::runtime_error&) {
+            return true;
+        }
+        return false;
+    };
+    CHECK(refuses({}, c.size()));
+    CHECK(refuses(std::vector<uint8_t>(a.begin(), a.end() - 1), c.size()));  // truncated
+    std::vector<uint8_t> longer = a;
+    longer.push_back(0);
+    CHECK(refuses(longer, c.size()));                                          // trailing byte
+    CHECK(refuses(a, c.size() + 1));                                           // wrong count
+    std::vector<uint8_t> mode = a;
+    mode[0] = 7;
+    CHECK(refuses(mode, c.size()));
+    std::vector<uint8_t> table = a;
+    table[4] ^= 0x10;  // inside the frequency table: the sum is no longer 2^14
+    CHECK(refuses(table, c.size()));
+    // every single-byte flip is refused or decodes to n codes without reading past the end
+    int refused = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        std::vector<uint8_t> f = a;
+        f[i] ^= 0x01;
+        refused += refuses(f, c.size());
+    }
+    CHECK(refused > int(a.size()) / 2);
+}
