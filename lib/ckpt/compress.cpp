@@ -213,6 +213,8 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
         const Report chk = self_check(atomic.temp_path(), in, device);  // phase 4
         rep.rows = chk.rows;
         rep.groups = chk.groups;
+        rep.bits = chk.bits;
+        rep.escape_causes = chk.escape_causes;
     } catch (const BadInput&) {
         throw;
     } catch (const CheckFailed&) {

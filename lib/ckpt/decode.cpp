@@ -157,6 +157,31 @@ std::vector<TensorRow> ContainerReader::rows() const {
     return rows;
 }
 
+MomentBits ContainerReader::moment_bits() const {
+    MomentBits b;
+    uint64_t all = 0;
+    for (const auto& p : man_.params)
+        for (int k = 0; k < p.moments(); ++k) b.values[std::size_t(k)] += p.numel, all += p.numel;
+    for (std::size_t k = 0; k < codes_.size(); ++k) {
+        if (!b.values[k]) continue;
+        uint64_t bytes = codes_[k]->stored_bytes() + params_[k]->stored_bytes() + escv_[k]->stored_bytes();
+        if (k < segs_.size()) bytes += segs_[k]->stored_bytes();
+        b.role[k] = 8.0 * double(bytes) / double(b.values[k]);
+    }
+    if (all) {
+        const uint64_t shared = (escidx_ ? escidx_->stored_bytes() : 0) + ct::param_metadata_bytes(man_, manifest_stored_, manifest_text_);
+        b.shared = 8.0 * double(shared) / double(all);
+    }
+    return b;
+}
+
+std::array<uint64_t, 3> ContainerReader::escape_causes() const {
+    std::array<uint64_t, 3> c{};
+    for (const auto& p : man_.params)
+        for (std::size_t k = 0; k < 3; ++k) c[k] += p.escape_causes[k] * uint64_t(p.moments());
+    return c;
+}
+
 std::vector<GroupRow> ContainerReader::groups() const {
     std::vector<GroupRow> out;
     for (const auto& p : man_.params) {

@@ -37,6 +37,10 @@ public:
     /// bytes apportioned by the uncompressed size of their streams (codes, block
     /// parameters, escape rows), kept-exact states their source bytes; stored max bound.
     std::vector<struct TensorRow> rows() const;
+    /// Stored bits per coded moment value, per role and shared (report.h MomentBits).
+    MomentBits moment_bits() const;
+    /// Escaped moment values per codec::EscapeCause (the manifest's escape_causes x moments).
+    std::array<uint64_t, 3> escape_causes() const;
     /// What was certified, per distinct (hyper-parameters, gradient domain).
     std::vector<struct GroupRow> groups() const;
 

@@ -44,6 +44,16 @@ std::string Report::table() const {
     };
     for (auto& r : rows) line(r.name, r.values, r.escapes, r.bytes_fp32, r.bytes_out, r.max_bound, r.note);
     line("total", moment_values(), escapes(), moment_bytes_fp32(), moment_bytes_out(), max_bound(), "");
+    static const char* const roles[3] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    if (bits.values[0]) {
+        s += "bits per value:";
+        for (int k = 0; k < 3; ++k)
+            if (bits.values[k]) s += fmt::format(" {} {:.3f},", roles[k], bits.role[k]);
+        s += fmt::format(" shared {:.3f}\n", bits.shared);
+    }
+    if (escapes() > 0 && escape_causes[0] + escape_causes[1] + escape_causes[2] > 0)
+        s += fmt::format("escapes by cause (moment values): no code {}, certificate {}, non-finite {}\n", escape_causes[0],
+                         escape_causes[1], escape_causes[2]);
     if (file_bytes_in)
         s += fmt::format("file: {} bytes in, {} bytes out ({:.2f}% of input)\n", file_bytes_in, file_bytes_out,
                          100.0 * double(file_bytes_out) / double(file_bytes_in));
@@ -72,6 +82,14 @@ std::string Report::json() const {
     j["moment_bytes_out"] = moment_bytes_out();
     j["moment_reduction"] = moment_reduction();
     j["max_bound_lr"] = max_bound();
+    if (bits.values[0]) {
+        nlohmann::json b = {{"shared", bits.shared}};
+        static const char* const roles[3] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+        for (int k = 0; k < 3; ++k)
+            if (bits.values[k]) b[roles[k]] = bits.role[k];
+        j["bits_per_value"] = b;
+    }
+    j["escape_causes"] = {{"no_code", escape_causes[0]}, {"certificate", escape_causes[1]}, {"non_finite", escape_causes[2]}};
     j["file_bytes_in"] = file_bytes_in;
     j["file_bytes_out"] = file_bytes_out;
     j["ok"] = ok;

@@ -1,6 +1,7 @@
 // Results of compress / verify / restore, printed as a table (stdout) or one JSON object
 // (--json, for CI). Keys: docs/design.md §3 byte accounting, issue "main job" JSON contract.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -17,6 +18,16 @@ struct TensorRow {
     uint64_t bytes_out = 0;     ///< bytes encoding these moments in the container
     double max_bound = 0;       ///< largest certificate kept, lr units
     std::string note;           ///< e.g. why a tensor was kept exact
+};
+
+/// Where the stored moment bits go: per role (exp_avg, exp_avg_sq, max_exp_avg_sq) the
+/// stored bytes of its codes, block parameters, segment index and escape rows over the
+/// values it codes; `shared` = the escape index and per-parameter metadata over all coded
+/// values (so the total bits per value is the values-weighted sum plus shared).
+struct MomentBits {
+    std::array<double, 3> role{};
+    std::array<uint64_t, 3> values{};   ///< coded values per role
+    double shared = 0;
 };
 
 /// What was certified for one param group (tensors with the same hyper-parameters and
@@ -38,6 +49,8 @@ struct Report {
     double tolerance = 0, grad_bound = 0;
     std::vector<TensorRow> rows;
     std::vector<GroupRow> groups;
+    MomentBits bits;                      ///< of the coded moments (container readers fill it)
+    std::array<uint64_t, 3> escape_causes{};  ///< escaped moment values per codec::EscapeCause
     uint64_t file_bytes_in = 0, file_bytes_out = 0;
     bool ok = true;
     std::vector<std::string> failures;   ///< verify: what failed

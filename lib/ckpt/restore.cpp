@@ -96,6 +96,8 @@ Report restore(const std::string& path, const std::string& out, const RestoreOpt
     Report rep("ckpt-restore", path, out, codec::kind_name(man.codec), man.tolerance, man.grad_bound);
     rep.file_bytes_in = io::InputFile(path).size();
     rep.rows = cr.rows();
+    rep.bits = cr.moment_bits();
+    rep.escape_causes = cr.escape_causes();
 
     AtomicOutput atomic(out);
     try {

@@ -404,6 +404,8 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     rep.file_bytes_in = man.source_size;
     rep.file_bytes_out = io::InputFile(path).size();
     rep.rows = cr.rows();
+    rep.bits = cr.moment_bits();
+    rep.escape_causes = cr.escape_causes();
     check_integrity(cr, rep);                    // 1
     rep.groups = cr.groups();
     if (rep.ok) check_manifest(cr, rep);         // 2
