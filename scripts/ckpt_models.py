@@ -98,7 +98,10 @@ class ByteLM(nn.Module):
         return self.head(self.ln_f(x))
 
 
-MODELS = {"cnn": DigitsCNN, "lm": ByteLM}
+MODELS = {"cnn": DigitsCNN, "lm": ByteLM,
+          # a byte vocabulary of 256 over ASCII text: more than half of the embedding rows
+          # never see a token (the wide-range exp_avg_sq pattern of codec issue 14)
+          "lm256": lambda: ByteLM(vocab=256)}
 
 # ---------------------------------------------------------------------------- data
 
@@ -152,7 +155,7 @@ def batch(model_name, step, batch_size=None):
 def loss_fn(model_name, model, xb, yb):
     """Cross-entropy loss of `model` on one batch (per byte for the LM)."""
     out = model(xb)
-    if model_name == "lm":
+    if model_name.startswith("lm"):
         return F.cross_entropy(out.reshape(-1, out.shape[-1]), yb.reshape(-1))
     return F.cross_entropy(out, yb)
 
@@ -171,6 +174,14 @@ RUNS = {
                      hp=dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)),
     "lm_amsgrad": dict(model="lm", optimizer="adam", steps=200,
                        hp=dict(lr=2e-3, amsgrad=True)),
+    # Adam with L2 decay on a mostly unused vocabulary: the unseen rows are driven by the
+    # decay term alone (|m|/sqrt(v) ~ 2-3), so exp_avg_sq spans many decades in one block.
+    "lm_sparse_l2": dict(model="lm256", optimizer="adam", steps=200,
+                         hp=dict(lr=2e-3, weight_decay=1e-2)),
+    # dead units: at step 100 half of fc1's units get bias -1000 (ReLU never fires again), so
+    # their exp_avg / exp_avg_sq decay geometrically for 100 steps next to live ones.
+    "cnn_dead": dict(model="cnn", optimizer="adam", steps=200, kill=dict(at=100, module="fc1", frac=0.5),
+                     hp=dict(lr=1e-3)),
 }
 
 # fixture file -> (run, layout). layout: "full" = {"model","optimizer","epoch"} torch.save;
@@ -184,6 +195,8 @@ FIXTURES = {
     "lm_amsgrad.pt": ("lm_amsgrad", "full"),
     "lm_optimizer_only.pt": ("lm_adamw", "optimizer_only"),
     "cnn_adamw.safetensors": ("cnn_adamw", "safetensors"),
+    "lm_sparse_l2.pt": ("lm_sparse_l2", "full"),
+    "cnn_dead.pt": ("cnn_dead", "full"),
 }
 
 # Where the model weights of an optimizer-only fixture live (same run, same step).

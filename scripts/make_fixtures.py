@@ -59,7 +59,12 @@ def train(run):
     model.train()
     opt = cm.make_optimizer(run, model)
     losses = []
+    kill = spec.get("kill")
     for step in range(spec["steps"]):
+        if kill and step == kill["at"]:  # dead units: their ReLU never fires again
+            with torch.no_grad():
+                bias = getattr(model, kill["module"]).bias
+                bias[: int(bias.numel() * kill["frac"])] = -1000.0
         xb, yb = cm.batch(mname, step)
         opt.zero_grad(set_to_none=True)
         loss = cm.loss_fn(mname, model, xb, yb)
@@ -145,9 +150,11 @@ def write_readme(out, results, total):
     data_desc = {"cnn": "sklearn `load_digits` (1797 8x8 digits, batch 64, scaled to [0,1])",
                  "lm": f"bytes of `{cm.TEXT_PATH}` (Debian base-files, 35,149 B ASCII; "
                        "batch 8 x 64 bytes)"}
+    data_desc["lm256"] = data_desc["lm"]
     model_desc = {"cnn": "DigitsCNN: 2x(conv3x3+BatchNorm+ReLU) 8/16 ch, maxpool, FC 256-32-10",
                   "lm": "ByteLM: byte-level transformer, vocab 128, d=64, 2 layers, 4 heads, "
                         "d_ff=128, ctx 64, tied tok.weight/head.weight"}
+    model_desc["lm256"] = model_desc["lm"].replace("vocab 128", "vocab 256 (bytes >= 128 never occur)")
     layout_desc = {"full": '`torch.save({"model": state_dict, "optimizer": opt.state_dict(), '
                            '"epoch": n})`',
                    "optimizer_only": "`torch.save(opt.state_dict())` only (like HF Trainer "
@@ -171,6 +178,9 @@ def write_readme(out, results, total):
         losses, _ = results[run]
         size = os.path.getsize(os.path.join(out, fname))
         extra = " (maximize=True, objective -CE)" if spec.get("maximize") else ""
+        if spec.get("kill"):
+            k = spec["kill"]
+            extra += f" (at step {k['at']} {int(k['frac'] * 100)}% of {k['module']}'s units get bias -1000: dead ReLUs)"
         lines.append(f"| `{fname}` | {size} | {model_desc[spec['model']]} | "
                      f"{data_desc[spec['model']]} | {describe(run, spec)}{extra} | "
                      f"{spec['steps']} | {losses[0]:.4f} -> {losses[-1]:.4f} | "

@@ -30,7 +30,7 @@ def sha(p):
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-@pytest.mark.parametrize("codec", ["log8", "blockwise8", "bf16"])
+@pytest.mark.parametrize("codec", ["vlog", "log8", "blockwise8", "bf16"])
 def test_container_bytes_do_not_depend_on_threads(tmp_path, big_tensors, codec):
     b = require_ckptkit_bin()
     digests, reports = [], []

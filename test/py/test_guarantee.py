@@ -358,7 +358,7 @@ def test_leaf_sharing_a_moment_is_kept_exact(tmp_path):
 
 # ---------------------------------------------------------------------------- 10. -0.0
 
-@pytest.mark.parametrize("codec", ["log8", "blockwise8", "bf16"])
+@pytest.mark.parametrize("codec", ["vlog", "log8", "blockwise8", "bf16"])
 def test_signed_zeros_stay_exact(tmp_path, codec):
     net, opt = train(torch.optim.Adam, lr=1e-3)
     st = opt.state_dict()["state"]
@@ -473,13 +473,13 @@ def _inward(x, lo, hi, up):
 
 @pytest.mark.parametrize("kind,kw", [("adam", dict(lr=1e-3)), ("adam", dict(lr=1e-3, weight_decay=0.1))])
 def test_originals_at_both_cell_edges_verify(tmp_path, kind, kw):
-    """Originals pushed to the far edges of their log8 cells (each of the four corner
+    """(log8; vlog's cell edges: test/codec/test_guard.cpp) Originals pushed to the far edges of their log8 cells (each of the four corner
     combinations) still verify with --original: every per-coordinate certificate bounds
     the true error on the dense grid, and one real step agrees within tolerance."""
     b = require_ckptkit_bin()
     net, opt = train(torch.optim.Adam, steps=100, **kw)
     src = save(tmp_path / "o.pt", net, opt)
-    assert run_tool(b, "ckpt-compress", src, "-o", tmp_path / "o.h5", "--optimizer", kind).returncode == 0
+    assert run_tool(b, "ckpt-compress", src, "-o", tmp_path / "o.h5", "--optimizer", kind, "--codec", "log8").returncode == 0
     cells = _log8_cells(tmp_path / "o.h5")
     for mup, vup in ((1, 1), (0, 0), (1, 0), (0, 1)):
         sd = torch.load(src)
@@ -491,7 +491,7 @@ def test_originals_at_both_cell_edges_verify(tmp_path, kind, kw):
                 mn[i] = _inward(mn[i], mlo[i], mhi[i], mup)
         edge = tmp_path / f"edge{mup}{vup}.pt"
         torch.save(sd, edge)
-        rep, back = roundtrip(tmp_path, edge, "--optimizer", kind, "--force")
+        rep, back = roundtrip(tmp_path, edge, "--optimizer", kind, "--force", "--codec", "log8")
         assert_step_close(torch.optim.Adam, torch.load(edge), back, grads_like(net), **kw)
 
 

@@ -31,18 +31,20 @@ TOL = 0.01
 FIXTURES = list(ckpt_models.FIXTURES)
 KIND = {f: ckpt_models.RUNS[run]["optimizer"] for f, (run, _) in ckpt_models.FIXTURES.items()}
 
-# log8 (the product) at both bounds; the guarded baselines at one bound each (time budget);
-# the explicit --optimizer kind once for the two weight-decay fixtures (auto is the default).
+# vlog (the default) at both bounds; log8 and the guarded baselines at one bound each (time
+# budget); the explicit --optimizer kind once for the two weight-decay fixtures (auto is the
+# default).
 def _kind(f, g):
     """An optimizer-only file has no parameters, so Adam L2 cannot be certified at finite G:
     name the optimizer (the fixture is AdamW); test_l2_needs_parameters covers 'auto'."""
     return "adamw" if f == "lm_optimizer_only.pt" and g != "inf" else "auto"
 
 
-COMBOS = ([(f, "log8", g, _kind(f, g)) for f in FIXTURES for g in ("1.0", "inf")]
+COMBOS = ([(f, "vlog", g, _kind(f, g)) for f in FIXTURES for g in ("1.0", "inf")]
+          + [(f, "log8", "1.0", _kind(f, "1.0")) for f in FIXTURES]
           + [(f, "bf16", "1.0", _kind(f, "1.0")) for f in FIXTURES]
           + [(f, "blockwise8", "inf", "auto") for f in FIXTURES]
-          + [("cnn_adam_l2.pt", "log8", "1.0", "adam"), ("cnn_adamw.pt", "log8", "1.0", "adamw")])
+          + [("cnn_adam_l2.pt", "vlog", "1.0", "adam"), ("cnn_adamw.pt", "vlog", "1.0", "adamw")])
 
 JSON_KEYS = {"moment_values", "escapes", "moment_bytes_fp32", "moment_bytes_out",
              "moment_reduction", "max_bound_lr", "tolerance", "grad_bound", "codec", "ok"}
