@@ -117,6 +117,7 @@ struct BlockWork {
     double scale[kBlock];
     Cell cells[3][kBlock];
     double sens[2][kBlock];   ///< vlog: the closed form's sensitivities to the two steps
+    double lg[3][kBlock];     ///< vlog: log2_hd of the positive finite second moments
     bool live[kBlock];        ///< vlog: coordinates the steps must certify
 };
 
@@ -208,7 +209,7 @@ CKPT_HD const BlockTrial<Q>& encode_block(const TensorSetup& s, const GuardConst
 ///   A = b1 sqrt(max(v, vmax)) / (2 D(0) bc1),  B = sqrt(bc2) (b1 |m| / sqrt(C) + closed_g) * max(1, vmax/C) / (2 bc1)
 /// with C = b2 v. The plan maximises dm * delta (each halving of a step costs one bit per
 /// value) subject to A_j dm + B_j delta <= budget for every live j, over dm/delta ratios
-/// around max B / max A; a coordinate whose constraint alone costs the block more bits
+/// r0 = max B / max A times 2^(k/2), |k| <= 2; a coordinate whose constraint alone costs the block more bits
 /// than its escape is dropped (it escapes unless it certifies anyway). Writes the steps
 /// into p; returns false when no coordinate constrains the block.
 template <class Q>
@@ -243,10 +244,11 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
         }
         return w1;
     };
-    auto best_ratio = [&]() {
+    auto best_ratio = [&]() {  // r / worst(r)^2 is unimodal in r (worst is convex): 5 points
+        const double mult[5] = {0.5, 0.7071067811865476, 1.0, 1.4142135623730951, 2.0};
         double best = r0, score = -1;
-        for (int k = -4; k <= 4; ++k) {
-            const double r = r0 * (k < 0 ? 1.0 / (1 << (-k)) : double(1 << k));
+        for (int k = 0; k < 5; ++k) {
+            const double r = r0 * mult[k];
             int at;
             double sec;
             const double wc = worst(r, at, sec);
@@ -257,6 +259,7 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     };
     double r = best_ratio();
     const double escape_bits = 32.0 * nm + 16;
+    bool dropped = false;
     for (int drop = 0; drop < 4; ++drop) {
         int at;
         double sec;
@@ -264,8 +267,9 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
         if (at < 0 || !(sec > 0)) break;
         if (!(nm * bn * log2_hd(w1 / sec) > escape_bits)) break;  // narrowing for it costs more than its escape
         w.live[at] = false;
-        r = best_ratio();
+        dropped = true;
     }
+    if (dropped) r = best_ratio();
     int at;
     double sec;
     const double L = budget / worst(r, at, sec);
@@ -285,6 +289,11 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
     BlockTrial<VLog>* best = &w.trial[0];
     BlockTrial<VLog>* t = &w.trial[1];
     best->escapes = bn + 1;
+    for (int k = 1; k < nm; ++k)
+        for (int j = 0; j < bn; ++j) {
+            const float x = src[k][i0 + j];
+            w.lg[k][j] = x > 0 && isfinite(x) ? log2_hd(x) : 0.0;
+        }
     double dm = 1, delta = 0.5;
 #if defined(__CUDA_ARCH__)
     const double kF = 0.9;
@@ -297,14 +306,20 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
         t->p[0][0] = VLog::m_step(dm * scale);
         t->p[0][1] = 0;
         for (int k = 1; k < nm; ++k) {
-            t->p[k][0] = VLog::anchor(src[k] + i0, bn);
+            t->p[k][0] = VLog::anchor(src[k] + i0, w.lg[k], bn);
             t->p[k][1] = VLog::v_step(delta * scale);
         }
         for (int j = 0; j < bn; ++j) t->keep[j] = true;
-        for (int k = nm - 1; k >= 0; --k) {
-            if (k == 0) set_scales(s, bn, t, w);
-            code_role(s, src, i0, bn, k, t, w);
-        }
+        for (int k = nm - 1; k >= 1; --k)  // second moments: the log2 is computed once per block
+            for (int j = 0; j < bn; ++j) {
+                if (!t->keep[j]) continue;
+                const float x = src[k][i0 + j];
+                t->keep[j] = x > 0 && isfinite(x) ? VLog::encode_v(x, w.lg[k][j], t->p[k], &t->code[k][j])
+                                                  : VLog::encode(x, role_of(k), t->p[k], 0, &t->code[k][j]);
+                if (t->keep[j]) w.cells[k][j] = cell_of<VLog>(s, t->code[k][j], role_of(k), t->p[k], 0);
+            }
+        set_scales(s, bn, t, w);
+        code_role(s, src, i0, bn, 0, t, w);
         certify_trial(s, gc, theta, i0, bn, t, w);
         bool planned_failed = false;
         for (int j = 0; j < bn; ++j) planned_failed = planned_failed || (w.live[j] && !t->keep[j]);

@@ -70,7 +70,9 @@ std::array<uint32_t, kSymbols> normalise(const std::array<uint64_t, kSymbols>& c
 
 void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out) {
     std::array<uint64_t, kSymbols> count{};
-    std::vector<uint8_t> sym(n), nextra(n);
+    thread_local std::vector<uint8_t> sym, nextra, buf, bits;  // reused: one segment at a time per thread
+    sym.resize(n);
+    nextra.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
         int e;
         sym[i] = uint8_t(symbol_of(codes[i], e));
@@ -81,21 +83,42 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
     const auto f = normalise(count, n);
     std::array<uint32_t, kSymbols> cum{};
     for (int s = 1; s < kSymbols; ++s) cum[s] = cum[s - 1] + f[s - 1];
-    // rANS, last code first, written backwards
-    std::vector<uint8_t> buf(2 * n + 8);
+    // rANS, last code first, written backwards. x' = (x / f) 2^14 + x mod f + cum, with the
+    // division by f done as a multiplication by its reciprocal (ryg_rans RansEncSymbolInit /
+    // RansEncPutSymbol: exact for every 32-bit state).
+    struct Enc { uint32_t xmax, rcp, bias, cmpl; int shift; };
+    std::array<Enc, kSymbols> enc{};
+    for (int s = 0; s < kSymbols; ++s) {
+        if (!f[s]) continue;
+        Enc& e = enc[s];
+        e.xmax = ((kLow >> kProbBits) << 8) * f[s];
+        e.cmpl = kProb - f[s];
+        if (f[s] < 2) {
+            e.rcp = ~0u;
+            e.shift = 0;
+            e.bias = cum[s] + kProb - 1;
+        } else {
+            int sh = 0;
+            while (f[s] > (1u << sh)) ++sh;
+            e.rcp = uint32_t(((uint64_t(1) << (sh + 31)) + f[s] - 1) / f[s]);
+            e.shift = sh - 1;
+            e.bias = cum[s];
+        }
+    }
+    buf.resize(2 * n + 8);
     uint8_t* ptr = buf.data() + buf.size();
     uint32_t x = kLow;
     for (std::size_t i = n; i-- > 0;) {
-        const uint32_t fs = f[sym[i]];
-        const uint32_t xmax = ((kLow >> kProbBits) << 8) * fs;
-        while (x >= xmax) { *--ptr = uint8_t(x & 0xff); x >>= 8; }
-        x = ((x / fs) << kProbBits) + (x % fs) + cum[sym[i]];
+        const Enc& e = enc[sym[i]];
+        while (x >= e.xmax) { *--ptr = uint8_t(x & 0xff); x >>= 8; }
+        const uint32_t q = uint32_t((uint64_t(x) * e.rcp) >> 32) >> e.shift;
+        x = x + e.bias + q * e.cmpl;
     }
     ptr -= 4;
     for (int b = 0; b < 4; ++b) ptr[b] = uint8_t(x >> (8 * b));
     const std::size_t rans_len = std::size_t(buf.data() + buf.size() - ptr);
     // raw bits, LSB first
-    std::vector<uint8_t> bits;
+    bits.clear();
     uint64_t acc = 0;
     int have = 0;
     for (std::size_t i = 0; i < n; ++i) {

@@ -59,8 +59,8 @@ struct VLog {
     }
     /// The float 2^(e/1024) (0 or inf outside float range), as double; exact product.
     CKPT_HD static double value(int64_t e) {
-        int64_t q = e >= 0 ? e / 1024 : -((-e + 1023) / 1024);
-        const int r = int(e - q * 1024);
+        int64_t q = e >> 10;  // floor(e / 1024): arithmetic shift
+        const int r = int(e & 1023);
         if (q > 200) q = 200;
         if (q < -200) q = -200;
         return double(float(table(r) * pow2i(int(q))));
@@ -93,19 +93,24 @@ struct VLog {
             *code = uint16_t((q << 1) | (sign ? 1 : 0));
             return true;
         }
-        const double est = (log2_hd(a) * 1024 - double(p[0]) * 16) / p[1];
+        return encode_v(a, log2_hd(a), p, code);
+    }
+
+    /// exp_avg_sq / max_exp_avg_sq code of a > 0 (finite) whose log2 is lg (any estimate:
+    /// the result is the nearest code whatever it is, as long as it is within 8 steps).
+    CKPT_HD static bool encode_v(double a, double lg, const int16_t* p, uint16_t* code) {
+        const double est = (lg * 1024 - double(p[0]) * 16) / p[1];
         if (!(est > -kMaxIndex - 2) || !(est < kMaxIndex + 2)) return false;
         int64_t j = int64_t(est < 0 ? est - 0.5 : est + 0.5);
         if (j > kMaxIndex) j = kMaxIndex;
         if (j < -kMaxIndex) j = -kMaxIndex;
-        double xj = vval(p, j);
+        double xj = vval(p, j), up = vval(p, j + 1), dn = vval(p, j - 1);
         for (int it = 0; it < 8; ++it) {  // nearest: ties go to the lower index, as in cell()
-            const double up = vval(p, j + 1), dn = vval(p, j - 1);
-            if (a > (xj + up) / 2 && j < kMaxIndex) { ++j; xj = up; }
-            else if (a <= (xj + dn) / 2 && j > -kMaxIndex) { --j; xj = dn; }
+            if (a > (xj + up) / 2 && j < kMaxIndex) { ++j; dn = xj; xj = up; up = vval(p, j + 1); }
+            else if (a <= (xj + dn) / 2 && j > -kMaxIndex) { --j; up = xj; xj = dn; dn = vval(p, j - 1); }
             else break;
         }
-        const double lo = (xj + vval(p, j - 1)) / 2, hi = (xj + vval(p, j + 1)) / 2;
+        const double lo = (xj + dn) / 2, hi = (xj + up) / 2;
         if (!(xj > 0) || !(hi < INFINITY) || !(a > lo && a <= hi)) return false;
         *code = uint16_t(1 + zigzag(int32_t(j)));
         return true;
@@ -132,13 +137,13 @@ struct VLog {
         return c;
     }
 
-    /// Block anchor of exp_avg_sq values x[0..n): the mean of log2 over the positive finite
-    /// values, in 1/64 octaves (0 when there are none).
-    CKPT_HD static int16_t anchor(const float* x, int n) {
+    /// Block anchor of exp_avg_sq values x[0..n) with lg[i] = log2_hd(x[i]): the mean of
+    /// log2 over the positive finite values, in 1/64 octaves (0 when there are none).
+    CKPT_HD static int16_t anchor(const float* x, const double* lg, int n) {
         double sum = 0;
         int cnt = 0;
         for (int i = 0; i < n; ++i)
-            if (x[i] > 0 && isfinite(x[i])) { sum += log2_hd(x[i]); ++cnt; }
+            if (x[i] > 0 && isfinite(x[i])) { sum += lg[i]; ++cnt; }
         if (cnt == 0) return 0;
         double a = sum / cnt * 64;
         a = a < -32767 ? -32767 : a > 32767 ? 32767 : a;
