@@ -74,6 +74,16 @@ CKPT_HD Cell cell_of(const TensorSetup& s, uint16_t code, Role r, const int16_t*
     return c;
 }
 
+/// The decoded value of one code (cell_of's .dec, without the cell where the codec can).
+template <class Q>
+CKPT_HD double decoded_of(const TensorSetup& s, uint16_t code, Role r, const int16_t* p, double scale) {
+    return cell_of<Q>(s, code, r, p, scale).dec;
+}
+template <>
+CKPT_HD double decoded_of<VLog>(const TensorSetup& s, uint16_t code, Role r, const int16_t* p, double scale) {
+    return round_to_type(s.type, VLog::decoded(code, r, p, scale));
+}
+
 CKPT_HD uint16_t load_code(const uint8_t* codes, int cb, std::size_t i) {
     return cb == 1 ? codes[i] : uint16_t(codes[2 * i] | (codes[2 * i + 1] << 8));
 }
@@ -219,14 +229,21 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     double* A = w.sens[0];
     double* B = w.sens[1];
     double amax = 0, bmax = 0;
+    const double sb2 = sqrt(gc.b2), ka = 0.5 * gc.b1 * gc.inv_bc1, kb = 0.5 * gc.sqrt_bc2 * gc.inv_bc1;
     for (int j = 0; j < bn; ++j) {
         const double m = src[0][i0 + j], v = src[1][i0 + j], vx = nm == 3 ? src[2][i0 + j] : 0.0;
         w.live[j] = isfinite(m) && isfinite(v) && isfinite(vx) && v > 0 && vx >= 0;
         if (!w.live[j]) continue;
-        const double C = gc.b2 * v, v0 = C > vx ? C : vx;
-        const double d0 = sqrt(v0) / gc.sqrt_bc2 + gc.eps;
-        A[j] = 0.5 * gc.b1 * sqrt(v > vx ? v : vx) / d0 * gc.inv_bc1;
-        B[j] = 0.5 * gc.sqrt_bc2 * gc.inv_bc1 * (gc.b1 * fabs(m) / sqrt(C) + gc.closed_g) * (vx > C ? vx / C : 1.0);
+        if (nm == 3) {
+            const double C = gc.b2 * v, v0 = C > vx ? C : vx;
+            const double d0 = sqrt(v0) / gc.sqrt_bc2 + gc.eps;
+            A[j] = ka * sqrt(v > vx ? v : vx) / d0;
+            B[j] = kb * (gc.b1 * fabs(m) / sqrt(C) + gc.closed_g) * (vx > C ? vx / C : 1.0);
+        } else {  // the same with vmax = 0: sqrt(C) = sqrt(b2) sqrt(v), one root and two divisions
+            const double r = 1 / sqrt(v);
+            A[j] = ka / (sb2 / gc.sqrt_bc2 + gc.eps * r);
+            B[j] = kb * (gc.b1 / sb2 * fabs(m) * r + gc.closed_g);
+        }
         amax = A[j] > amax ? A[j] : amax;
         bmax = B[j] > bmax ? B[j] : bmax;
     }
@@ -244,16 +261,20 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
         }
         return w1;
     };
-    auto best_ratio = [&]() {  // r / worst(r)^2 is unimodal in r (worst is convex): 5 points
+    auto best_ratio = [&]() {  // r / worst(r)^2 is unimodal in r (worst is convex): 5 points, one pass
         const double mult[5] = {0.5, 0.7071067811865476, 1.0, 1.4142135623730951, 2.0};
+        double wc[5] = {0, 0, 0, 0, 0};
+        for (int j = 0; j < bn; ++j) {
+            if (!w.live[j]) continue;
+            for (int k = 0; k < 5; ++k) {
+                const double c = A[j] * (r0 * mult[k]) + B[j];
+                wc[k] = c > wc[k] ? c : wc[k];
+            }
+        }
         double best = r0, score = -1;
         for (int k = 0; k < 5; ++k) {
-            const double r = r0 * mult[k];
-            int at;
-            double sec;
-            const double wc = worst(r, at, sec);
-            const double sc = r / (wc * wc);  // dm * delta = budget^2 * r / wc^2
-            if (sc > score) { score = sc; best = r; }
+            const double sc = r0 * mult[k] / (wc[k] * wc[k]);  // dm * delta = budget^2 * r / worst^2
+            if (sc > score) { score = sc; best = r0 * mult[k]; }
         }
         return best;
     };
@@ -319,7 +340,19 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
                 if (t->keep[j]) w.cells[k][j] = cell_of<VLog>(s, t->code[k][j], role_of(k), t->p[k], 0);
             }
         set_scales(s, bn, t, w);
-        code_role(s, src, i0, bn, 0, t, w);
+        const double unit = VLog::value(t->p[0][0]);  // exp_avg: one step for the block
+        for (int j = 0; j < bn; ++j) {
+            if (!t->keep[j]) continue;
+            const float x = src[0][i0 + j];
+            const double d = unit * w.scale[j];
+            uint16_t& c = t->code[0][j];
+            if (x == 0) { c = signbit(x) ? 1 : 0; t->keep[j] = true; }
+            else t->keep[j] = isfinite(x) && VLog::encode_m(fabs(double(x)), signbit(x), d, &c);
+            if (t->keep[j]) {
+                w.cells[0][j] = VLog::m_cell(c, d);
+                w.cells[0][j].dec = round_to_type(s.type, w.cells[0][j].dec);
+            }
+        }
         certify_trial(s, gc, theta, i0, bn, t, w);
         bool planned_failed = false;
         for (int j = 0; j < bn; ++j) planned_failed = planned_failed || (w.live[j] && !t->keep[j]);
@@ -344,7 +377,10 @@ CKPT_HD void decode_coord(const TensorSetup& s, const GuardConst& gc, const uint
     Cell c[3];
     for (int k = nm - 1; k >= 0; --k) {
         const double scale = k == 0 ? m_scale(c[1].dec, nm == 3 ? c[2].dec : 0.0) : 0.0;
-        c[k] = cell_of<Q>(s, load_code(codes[k], Q::kCodeBytes, i), role_of(k), params[k] + b * Q::kParams, scale);
+        const uint16_t code = load_code(codes[k], Q::kCodeBytes, i);
+        const int16_t* p = params[k] + b * Q::kParams;
+        if (bounds) c[k] = cell_of<Q>(s, code, role_of(k), p, scale);
+        else c[k].dec = decoded_of<Q>(s, code, role_of(k), p, scale);  // restore: no cells needed
         if (out[k]) out[k][i] = float(c[k].dec);
     }
     if (bounds) bounds[i] = certify(gc, guard_input(s, c, theta, i));

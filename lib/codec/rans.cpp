@@ -70,15 +70,29 @@ std::array<uint32_t, kSymbols> normalise(const std::array<uint64_t, kSymbols>& c
 
 void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out) {
     std::array<uint64_t, kSymbols> count{};
-    thread_local std::vector<uint8_t> sym, nextra, buf, bits;  // reused: one segment at a time per thread
-    sym.resize(n);
-    nextra.resize(n);
+    thread_local std::vector<uint8_t> sym_buf, buf, bits_buf;  // reused: one segment at a time per thread
+    sym_buf.resize(n);
+    bits_buf.resize(2 * n + 8);
+    uint8_t* sym = sym_buf.data();
+    uint8_t* bits = bits_buf.data();
+    // one forward pass: symbols, their counts, and the raw low bits (LSB first, whole
+    // bytes flushed from a 64-bit accumulator)
+    std::size_t nbits = 0;
+    uint64_t acc = 0;
+    int have = 0;
     for (std::size_t i = 0; i < n; ++i) {
         int e;
         sym[i] = uint8_t(symbol_of(codes[i], e));
-        nextra[i] = uint8_t(e);
         ++count[sym[i]];
+        acc |= uint64_t(codes[i] & ((1u << e) - 1)) << have;
+        have += e;
+        if (have >= 32) {
+            for (int b = 0; b < 4; ++b) bits[nbits++] = uint8_t(acc >> (8 * b));
+            acc >>= 32;
+            have -= 32;
+        }
     }
+    while (have > 0) { bits[nbits++] = uint8_t(acc); acc >>= 8; have -= 8; }
     if (n == 0) { out.push_back(kModeRaw); return; }
     const auto f = normalise(count, n);
     std::array<uint32_t, kSymbols> cum{};
@@ -117,33 +131,22 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
     ptr -= 4;
     for (int b = 0; b < 4; ++b) ptr[b] = uint8_t(x >> (8 * b));
     const std::size_t rans_len = std::size_t(buf.data() + buf.size() - ptr);
-    // raw bits, LSB first
-    bits.clear();
-    uint64_t acc = 0;
-    int have = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-        if (!nextra[i]) continue;
-        acc |= uint64_t(codes[i] & ((1u << nextra[i]) - 1)) << have;
-        have += nextra[i];
-        while (have >= 8) { bits.push_back(uint8_t(acc)); acc >>= 8; have -= 8; }
-    }
-    if (have) bits.push_back(uint8_t(acc));
     std::vector<uint8_t> head;
     head.push_back(kModeRans);
     put_varint(head, rans_len);
-    put_varint(head, bits.size());
+    put_varint(head, nbits);
     int used = kSymbols;
     while (used > 0 && f[used - 1] == 0) --used;
     put_varint(head, uint64_t(used));
     for (int s = 0; s < used; ++s) put_varint(head, f[s]);
-    if (head.size() + rans_len + bits.size() >= 1 + 2 * n) {  // raw is no larger
+    if (head.size() + rans_len + nbits >= 1 + 2 * n) {  // raw is no larger
         out.push_back(kModeRaw);
         for (std::size_t i = 0; i < n; ++i) { out.push_back(uint8_t(codes[i])); out.push_back(uint8_t(codes[i] >> 8)); }
         return;
     }
     out.insert(out.end(), head.begin(), head.end());
     out.insert(out.end(), ptr, ptr + rans_len);
-    out.insert(out.end(), bits.begin(), bits.end());
+    out.insert(out.end(), bits, bits + nbits);
 }
 
 void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* codes) {
@@ -170,7 +173,15 @@ void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t*
     for (int s = 1; s < kSymbols; ++s) cum[s] = cum[s - 1] + f[s - 1];
     const std::size_t rest = std::size_t(c.end - c.p);
     if (rans_len < 4 || rans_len > rest || bits_len != rest - rans_len) Cursor::bad("stream sizes do not match the segment");
-    std::vector<uint8_t> lookup(kProb);
+    // per symbol: frequency, start, base value and raw-bit count; per slot: its symbol
+    struct Dec { uint32_t freq, cum, base, extra; };
+    std::array<Dec, kSymbols> dec{};
+    for (int s = 0; s < kSymbols; ++s) {
+        const int e = s < 32 ? 0 : 6 + (s - 32) / 4 - 3;
+        dec[s] = {f[s], cum[s], s < 32 ? uint32_t(s) : uint32_t(4 | ((s - 32) & 3)) << e, uint32_t(e)};
+    }
+    thread_local std::vector<uint8_t> lookup;
+    lookup.resize(kProb);
     for (int s = 0; s < kSymbols; ++s) std::fill(lookup.begin() + cum[s], lookup.begin() + cum[s] + f[s], uint8_t(s));
     const uint8_t* rp = c.p;
     const uint8_t* rend = c.p + rans_len;
@@ -179,25 +190,22 @@ void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t*
     const uint8_t* bp = rend;
     const uint8_t* bend = rend + bits_len;
     uint64_t acc = 0;
-    int have = 0;
+    uint32_t have = 0;
     for (std::size_t i = 0; i < n; ++i) {
         const uint32_t slot = x & (kProb - 1);
-        const int s = lookup[slot];
-        x = f[s] * (x >> kProbBits) + slot - cum[s];
-        while (x < kLow) {
+        const Dec& d = dec[lookup[slot]];
+        x = d.freq * (x >> kProbBits) + slot - d.cum;
+        while (x < kLow) {  // at most 2 bytes per symbol
             if (rp == rend) Cursor::bad("rANS stream truncated");
             x = (x << 8) | *rp++;
         }
-        if (s < 32) { codes[i] = uint16_t(s); continue; }
-        const int nb = 6 + (s - 32) / 4, extra = nb - 3;
-        while (have < extra) {
-            if (bp == bend) Cursor::bad("raw bits truncated");
-            acc |= uint64_t(*bp++) << have;
-            have += 8;
+        if (have < d.extra) {  // refill whole bytes; at most 13 bits are taken per code
+            while (have <= 56 && bp != bend) { acc |= uint64_t(*bp++) << have; have += 8; }
+            if (have < d.extra) Cursor::bad("raw bits truncated");
         }
-        codes[i] = uint16_t((uint32_t(4 | ((s - 32) & 3)) << extra) | uint32_t(acc & ((1u << extra) - 1)));
-        acc >>= extra;
-        have -= extra;
+        codes[i] = uint16_t(d.base | uint32_t(acc & ((uint64_t(1) << d.extra) - 1)));
+        acc >>= d.extra;
+        have -= d.extra;
     }
     if (x != kLow || rp != rend || bp != bend || have >= 8 || acc != 0) Cursor::bad("trailing or inconsistent data");
 }

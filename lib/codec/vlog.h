@@ -30,16 +30,17 @@ namespace ckpt::codec {
 static __constant__ float kVlogTableDev[1025] = CKPT_VLOG_TABLE;
 #endif
 
-/// log2(x) for finite x > 0 from IEEE + - * / only (host and device give the same bits):
-/// mantissa in [sqrt(1/2), sqrt(2)), then the atanh series to t^13 (|error| < 1e-12).
-/// Used where vlog derives a block parameter or a first guess; never for a cell.
+/// log2(x) for finite x > 0 from IEEE + and * only (host and device give the same bits):
+/// the binary exponent, plus a degree-6 least-squares polynomial in f = mantissa - 1 on
+/// [0, 1) (|error| < 1e-5 octave). Used where vlog derives a block parameter or a first
+/// guess (the encoder corrects the guess exactly); never for a cell.
 CKPT_HD double log2_hd(double x) {
     int ex;
-    double m = mantissa(x, ex);
-    if (m > 1.4142135623730951) { m *= 0.5; ++ex; }
-    const double t = (m - 1) / (m + 1), t2 = t * t;
-    const double s = t * (1 + t2 * (1.0 / 3 + t2 * (1.0 / 5 + t2 * (1.0 / 7 + t2 * (1.0 / 9 + t2 * (1.0 / 11 + t2 * (1.0 / 13)))))));
-    return ex + 2 * s * 1.4426950408889634;
+    const double f = mantissa(x, ex) - 1;
+    return ex + f * (1.44246470364867 +
+                     f * (-0.7173406013100603 +
+                          f * (0.45488395028849676 +
+                               f * (-0.27418608342608064 + f * (0.11966064109034355 + f * -0.025489833115085236)))));
 }
 
 struct VLog {
@@ -78,22 +79,24 @@ struct VLog {
         if (x == 0 && (!sign || r == Role::ExpAvg)) { *code = uint16_t(r == Role::ExpAvg && sign ? 1 : 0); return true; }
         if (!isfinite(x) || (sign && r != Role::ExpAvg)) return false;
         const double a = fabs(double(x));
-        if (r == Role::ExpAvg) {
-            if (!(scale > 0) || !isfinite(scale)) return false;
-            const double d = value(p[0]) * scale;
-            const double qf = a / d;
-            if (!(qf < kMaxIndex + 0.5)) return false;
-            int q = int(qf + 0.5);
-            for (int it = 0; it < 4; ++it) {  // nearest in the cells of cell(): (q -+ 1/2) d
-                if (a > (q + 0.5) * d && q < kMaxIndex) ++q;
-                else if (q > 0 && a < (q - 0.5) * d) --q;
-                else break;
-            }
-            if (!(a <= (q + 0.5) * d) || !(q == 0 || a >= (q - 0.5) * d)) return false;
-            *code = uint16_t((q << 1) | (sign ? 1 : 0));
-            return true;
-        }
+        if (r == Role::ExpAvg) return encode_m(a, sign, value(p[0]) * scale, code);
         return encode_v(a, log2_hd(a), p, code);
+    }
+
+    /// exp_avg code of |m| = a > 0 (finite) with sign `sign`, in units d = 2^(e/1024) sqrt(v~).
+    CKPT_HD static bool encode_m(double a, bool sign, double d, uint16_t* code) {
+        if (!(d > 0) || !(d < INFINITY)) return false;
+        const double qf = a / d;
+        if (!(qf < kMaxIndex + 0.5)) return false;
+        int q = int(qf + 0.5);
+        for (int it = 0; it < 4; ++it) {  // nearest in the cells of cell(): (q -+ 1/2) d
+            if (a > (q + 0.5) * d && q < kMaxIndex) ++q;
+            else if (q > 0 && a < (q - 0.5) * d) --q;
+            else break;
+        }
+        if (!(a <= (q + 0.5) * d) || !(q == 0 || a >= (q - 0.5) * d)) return false;
+        *code = uint16_t((q << 1) | (sign ? 1 : 0));
+        return true;
     }
 
     /// exp_avg_sq / max_exp_avg_sq code of a > 0 (finite) whose log2 is lg (any estimate:
@@ -118,23 +121,36 @@ struct VLog {
 
     /// Decoded value (rounded to float) and rounding cell of one code.
     CKPT_HD static Cell cell(uint16_t code, Role r, const int16_t* p, double scale) {
+        if (r == Role::ExpAvg) return m_cell(code, value(p[0]) * scale);
         Cell c;
-        if (r == Role::ExpAvg) {
-            const int q = code >> 1;
-            const bool neg = code & 1;
-            const double d = value(p[0]) * scale;
-            const double lo = q == 0 ? -0.5 * d : (q - 0.5) * d, hi = (q + 0.5) * d;
-            const double x = q == 0 ? 0.0 : double(float(q * d));
-            if (neg) { c.dec = -x; c.lo = -hi; c.hi = -lo; } else { c.dec = x; c.lo = lo; c.hi = hi; }
-            if (q == 0) { c.dec = neg ? -0.0 : 0.0; c.lo = -0.5 * d; c.hi = 0.5 * d; }
-            return c;
-        }
         if (code == 0) return c;  // exact zero
         const int64_t j = unzigzag(uint32_t(code) - 1);
         c.dec = vval(p, j);
         c.lo = (c.dec + vval(p, j - 1)) / 2;
         c.hi = (c.dec + vval(p, j + 1)) / 2;
         return c;
+    }
+
+    /// Cell of exp_avg code `code` in units d = 2^(e/1024) sqrt(v~) (cell()'s exp_avg case).
+    CKPT_HD static Cell m_cell(uint16_t code, double d) {
+        Cell c;
+        const int q = code >> 1;
+        const bool neg = code & 1;
+        const double lo = q == 0 ? -0.5 * d : (q - 0.5) * d, hi = (q + 0.5) * d;
+        const double x = q == 0 ? 0.0 : double(float(q * d));
+        if (neg) { c.dec = -x; c.lo = -hi; c.hi = -lo; } else { c.dec = x; c.lo = lo; c.hi = hi; }
+        if (q == 0) { c.dec = neg ? -0.0 : 0.0; c.lo = -0.5 * d; c.hi = 0.5 * d; }
+        return c;
+    }
+
+    /// cell(code, r, p, scale).dec without the cell's neighbour values (restore's path).
+    CKPT_HD static double decoded(uint16_t code, Role r, const int16_t* p, double scale) {
+        if (r == Role::ExpAvg) {
+            const int q = code >> 1;
+            const double x = q == 0 ? 0.0 : double(float(q * (value(p[0]) * scale)));
+            return (code & 1) ? -x : x;
+        }
+        return code == 0 ? 0.0 : vval(p, unzigzag(uint32_t(code) - 1));
     }
 
     /// Block anchor of exp_avg_sq values x[0..n) with lg[i] = log2_hd(x[i]): the mean of
