@@ -121,15 +121,26 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
     }
     buf.resize(2 * n + 8);
     uint8_t* ptr = buf.data() + buf.size();
-    uint32_t x = kLow;
-    for (std::size_t i = n; i-- > 0;) {
-        const Enc& e = enc[sym[i]];
-        while (x >= e.xmax) { *--ptr = uint8_t(x & 0xff); x >>= 8; }
-        const uint32_t q = uint32_t((uint64_t(x) * e.rcp) >> 32) >> e.shift;
-        x = x + e.bias + q * e.cmpl;
+    // two interleaved states: code i goes through state i & 1 (ryg_rans's interleaving), so
+    // the decoder's two dependency chains overlap
+    uint32_t x[2] = {kLow, kLow};
+    auto put = [&](uint32_t& st, uint8_t sy) {
+        const Enc& e = enc[sy];
+        while (st >= e.xmax) { *--ptr = uint8_t(st & 0xff); st >>= 8; }
+        const uint32_t q = uint32_t((uint64_t(st) * e.rcp) >> 32) >> e.shift;
+        st = st + e.bias + q * e.cmpl;
+    };
+    std::size_t i = n;
+    if (i & 1) { --i; put(x[0], sym[i]); }
+    while (i > 0) {
+        i -= 2;
+        put(x[1], sym[i + 1]);
+        put(x[0], sym[i]);
     }
-    ptr -= 4;
-    for (int b = 0; b < 4; ++b) ptr[b] = uint8_t(x >> (8 * b));
+    for (int k = 1; k >= 0; --k) {  // state 0 first in the stream
+        ptr -= 4;
+        for (int b = 0; b < 4; ++b) ptr[b] = uint8_t(x[k] >> (8 * b));
+    }
     const std::size_t rans_len = std::size_t(buf.data() + buf.size() - ptr);
     std::vector<uint8_t> head;
     head.push_back(kModeRans);
@@ -172,7 +183,7 @@ void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t*
     if (sum != kProb) Cursor::bad("frequencies do not sum to 2^14");
     for (int s = 1; s < kSymbols; ++s) cum[s] = cum[s - 1] + f[s - 1];
     const std::size_t rest = std::size_t(c.end - c.p);
-    if (rans_len < 4 || rans_len > rest || bits_len != rest - rans_len) Cursor::bad("stream sizes do not match the segment");
+    if (rans_len < 8 || rans_len > rest || bits_len != rest - rans_len) Cursor::bad("stream sizes do not match the segment");
     // per symbol: frequency, start, base value and raw-bit count; per slot: its symbol
     struct Dec { uint32_t freq, cum, base, extra; };
     std::array<Dec, kSymbols> dec{};
@@ -185,13 +196,14 @@ void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t*
     for (int s = 0; s < kSymbols; ++s) std::fill(lookup.begin() + cum[s], lookup.begin() + cum[s] + f[s], uint8_t(s));
     const uint8_t* rp = c.p;
     const uint8_t* rend = c.p + rans_len;
-    uint32_t x = uint32_t(rp[0]) | uint32_t(rp[1]) << 8 | uint32_t(rp[2]) << 16 | uint32_t(rp[3]) << 24;
-    rp += 4;
+    auto load32 = [](const uint8_t* q) { return uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24; };
+    uint32_t x0 = load32(rp), x1 = load32(rp + 4);
+    rp += 8;
     const uint8_t* bp = rend;
     const uint8_t* bend = rend + bits_len;
     uint64_t acc = 0;
     uint32_t have = 0;
-    for (std::size_t i = 0; i < n; ++i) {
+    auto get = [&](uint32_t& x, std::size_t i) {
         const uint32_t slot = x & (kProb - 1);
         const Dec& d = dec[lookup[slot]];
         x = d.freq * (x >> kProbBits) + slot - d.cum;
@@ -206,8 +218,14 @@ void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t*
         codes[i] = uint16_t(d.base | uint32_t(acc & ((uint64_t(1) << d.extra) - 1)));
         acc >>= d.extra;
         have -= d.extra;
+    };
+    std::size_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        get(x0, i);
+        get(x1, i + 1);
     }
-    if (x != kLow || rp != rend || bp != bend || have >= 8 || acc != 0) Cursor::bad("trailing or inconsistent data");
+    if (i < n) get(x0, i);
+    if (x0 != kLow || x1 != kLow || rp != rend || bp != bend || have >= 8 || acc != 0) Cursor::bad("trailing or inconsistent data");
 }
 
 }  // namespace ckpt::codec

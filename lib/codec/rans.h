@@ -5,9 +5,9 @@
 // Symbols: a code x < 32 is its own symbol; a larger x with bit length nb (6..16) is symbol
 // 32 + 4 (nb - 6) + (its two bits below the top bit), followed by its nb - 3 low bits raw
 // (the "log bucket" alphabet of deflate/zstd length codes): 76 symbols.
-// Coder: byte-wise rANS with a 32-bit state and 14-bit frequencies (Duda 2013; the
-// formulation of F. Giesen's public-domain ryg_rans), raw bits in a separate LSB-first
-// stream. A segment whose rANS form is not smaller than its raw 2 bytes per code is stored
+// Coder: byte-wise rANS with two interleaved 32-bit states (code i uses state i & 1) and
+// 14-bit frequencies (Duda 2013; the formulation and interleaving of F. Giesen's
+// public-domain ryg_rans), raw bits in a separate LSB-first stream. A segment whose rANS form is not smaller than its raw 2 bytes per code is stored
 // raw.
 #pragma once
 #include <cstddef>
