@@ -335,9 +335,13 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
             for (int j = 0; j < bn; ++j) {
                 if (!t->keep[j]) continue;
                 const float x = src[k][i0 + j];
-                t->keep[j] = x > 0 && isfinite(x) ? VLog::encode_v(x, w.lg[k][j], t->p[k], &t->code[k][j])
-                                                  : VLog::encode(x, role_of(k), t->p[k], 0, &t->code[k][j]);
-                if (t->keep[j]) w.cells[k][j] = cell_of<VLog>(s, t->code[k][j], role_of(k), t->p[k], 0);
+                if (x > 0 && isfinite(x)) {
+                    t->keep[j] = VLog::encode_v(x, w.lg[k][j], t->p[k], &t->code[k][j], &w.cells[k][j]);
+                    w.cells[k][j].dec = round_to_type(s.type, w.cells[k][j].dec);
+                } else {
+                    t->keep[j] = VLog::encode(x, role_of(k), t->p[k], 0, &t->code[k][j]);
+                    if (t->keep[j]) w.cells[k][j] = cell_of<VLog>(s, t->code[k][j], role_of(k), t->p[k], 0);
+                }
             }
         set_scales(s, bn, t, w);
         const double unit = VLog::value(t->p[0][0]);  // exp_avg: one step for the block

@@ -100,8 +100,9 @@ struct VLog {
     }
 
     /// exp_avg_sq / max_exp_avg_sq code of a > 0 (finite) whose log2 is lg (any estimate:
-    /// the result is the nearest code whatever it is, as long as it is within 8 steps).
-    CKPT_HD static bool encode_v(double a, double lg, const int16_t* p, uint16_t* code) {
+    /// the result is the nearest code whatever it is, as long as it is within 8 steps);
+    /// also its cell when `cell` is given.
+    CKPT_HD static bool encode_v(double a, double lg, const int16_t* p, uint16_t* code, Cell* cell = nullptr) {
         const double est = (lg * 1024 - double(p[0]) * 16) / p[1];
         if (!(est > -kMaxIndex - 2) || !(est < kMaxIndex + 2)) return false;
         int64_t j = int64_t(est < 0 ? est - 0.5 : est + 0.5);
@@ -116,6 +117,7 @@ struct VLog {
         const double lo = (xj + dn) / 2, hi = (xj + up) / 2;
         if (!(xj > 0) || !(hi < INFINITY) || !(a > lo && a <= hi)) return false;
         *code = uint16_t(1 + zigzag(int32_t(j)));
+        if (cell) *cell = {xj, lo, hi};  // = cell(*code, ...): the same three grid values
         return true;
     }
 
