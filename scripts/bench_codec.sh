@@ -14,17 +14,18 @@
 #
 # For every fixture data/*.pt data/*.safetensors plus the two larger cached REAL checkpoints
 # (scripts/train_bench_models.py, ~/.cache/ckptkit-bench/ by default):
-#   - codecs log8 / bf16 / blockwise8 at tolerance 0.01 with G=1 and G=inf, and a log8
-#     tolerance sweep 0.001 / 0.003 / 0.01 / 0.03 (G=1): moment reduction, escapes, bytes per
-#     moment value, whole-file size (container vs `zstd -19` of the input);
+#   - codecs vlog (default) / log8 / bf16 / blockwise8 at tolerance 0.01 with G=1 and G=inf,
+#     and a vlog and log8 tolerance sweep 0.001 / 0.003 / 0.01 / 0.03 / 0.1 (G=1): moment
+#     reduction, escapes (by cause), bits per value per moment, whole-file size (container vs
+#     `zstd -19` of the input), and `zstd -19` of the raw moment bytes (the lossless bound);
 #   - encode (ckpt-compress) and decode (ckpt-restore) time as RATIOS, all measured in this run,
-#     to the bf16 codec, to `zstd -3 -T1` / `zstd -d` over the same raw FP32 moment bytes
+#     to log8 and the bf16 codec, to `zstd -3 -T1` / `zstd -d` over the same raw FP32 moment bytes
 #     (extracted by scripts/bench_moments.py) and to a plain `cat` of them (memory copy
 #     from the page cache); median of --reps runs; CPU time (user+sys) and wall time;
 #   - thread scaling: the same compress pinned to 1 core and to 2 cores (taskset);
 #   - peak RSS (/usr/bin/time) compressing generated checkpoints of 1, 4, 8 GiB
 #     (scripts/gen_checkpoint.py, or GEN=...);
-#   - a perf profile of ckpt-compress (log8) on the larger LM: top functions.
+#   - a perf profile of ckpt-compress (vlog) on the larger LM: top functions.
 # Raw results: one JSON object per line in RESULTS/results.jsonl; then
 # scripts/bench_report.py writes docs/benchmarks.md and docs/bench_codec_tolerance.svg.
 # --quick: 1 timed rep (instead of --reps) for the two large models and peak RSS only at
@@ -150,7 +151,7 @@ for f in "${INPUTS[@]}"; do
     emit kind=input input=$name big=$big file_bytes=$(stat -c %s "$f") "moments=$info"
     cat "$mom" > /dev/null; cat "$f" > /dev/null   # warm the page cache for every reference
     # compress: every codec at tol 0.01, G=1 (timed reps) and G=inf (one run)
-    for codec in bf16 log8 blockwise8; do
+    for codec in bf16 vlog log8 blockwise8; do
         for G in 1.0 inf; do
             n=$reps; [ $G = inf ] && n=1
             bench $n kind=compress input=$name codec=$codec tol=0.01 G=$G -- \
@@ -167,39 +168,46 @@ for f in "${INPUTS[@]}"; do
             rm -f "$TMP/restored.pt"
         fi
     done
-    # verify (log8, G=1) against the original: the guarantee must hold
-    if [ -f "$TMP/log8.1.0.ckz.h5" ]; then
-        bench 1 kind=verify input=$name codec=log8 -- "$VERIFY" "$TMP/log8.1.0.ckz.h5" --original "$f" --json
-    fi
-    # log8 tolerance sweep (0.01 is above)
-    for tol in 0.001 0.003 0.03; do
-        bench 1 kind=compress input=$name codec=log8 tol=$tol G=1.0 -- \
-            "$COMPRESS" "$f" -o "$TMP/sweep.ckz.h5" --codec log8 --tolerance $tol --json --force
-        if [ $T_RC = 0 ]; then
-            $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("tensors",None); print(json.dumps(d))' "$TMP/stdout" > "$TMP/summary"
-            emit kind=summary input=$name codec=log8 tol=$tol G=1.0 "json=$(cat "$TMP/summary")"
+    # verify (vlog and log8, G=1) against the original: the guarantee must hold
+    for codec in vlog log8; do
+        if [ -f "$TMP/$codec.1.0.ckz.h5" ]; then
+            bench 1 kind=verify input=$name codec=$codec -- "$VERIFY" "$TMP/$codec.1.0.ckz.h5" --original "$f" --json
         fi
+    done
+    # tolerance sweeps (0.01 is above)
+    for codec in vlog log8; do
+        for tol in 0.001 0.003 0.03 0.1; do
+            bench 1 kind=compress input=$name codec=$codec tol=$tol G=1.0 -- \
+                "$COMPRESS" "$f" -o "$TMP/sweep.ckz.h5" --codec $codec --tolerance $tol --json --force
+            if [ $T_RC = 0 ]; then
+                $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("tensors",None); print(json.dumps(d))' "$TMP/stdout" > "$TMP/summary"
+                emit kind=summary input=$name codec=$codec tol=$tol G=1.0 "json=$(cat "$TMP/summary")"
+            fi
+        done
     done
     # references over the same raw moment bytes
     bench $reps kind=ref input=$name what=zstd3 -- zstd -3 -T1 -q -f "$mom" -o "$TMP/mom.zst"
     emit kind=size input=$name what=zstd3_moments bytes=$(stat -c %s "$TMP/mom.zst")
     bench $reps kind=ref input=$name what=unzstd -- zstd -d -T1 -q -f "$TMP/mom.zst" -o "$TMP/mom.out"
     bench $reps kind=ref input=$name what=cat -- cat "$mom"
+    # the lossless bound: zstd -19 of the raw moment bytes (one run)
+    bench 1 kind=ref input=$name what=zstd19_moments -- zstd -19 -T1 -q -f "$mom" -o "$TMP/mom19.zst"
+    emit kind=size input=$name what=zstd19_moments bytes=$(stat -c %s "$TMP/mom19.zst")
     # whole file vs zstd -19 of the input (one run)
     bench 1 kind=ref input=$name what=zstd19_file -- zstd -19 -T1 -q -f "$f" -o "$TMP/file.zst"
     emit kind=size input=$name what=zstd19_file bytes=$(stat -c %s "$TMP/file.zst")
     # thread scaling on the large models: pinned to 1 core vs 2 cores
     if [ $big = 1 ]; then
         # the optimizer kind stated (torch 1.13 files do not say Adam vs AdamW; auto certifies both)
-        bench 1 kind=compress input=$name codec=log8_adamw tol=0.01 G=1.0 -- \
-            "$COMPRESS" "$f" -o "$TMP/k.ckz.h5" --codec log8 --optimizer adamw --json --force
+        bench 1 kind=compress input=$name codec=vlog_adamw tol=0.01 G=1.0 -- \
+            "$COMPRESS" "$f" -o "$TMP/k.ckz.h5" --codec vlog --optimizer adamw --json --force
         if [ $T_RC = 0 ]; then
             $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("tensors",None); print(json.dumps(d))' "$TMP/stdout" > "$TMP/summary"
-            emit kind=summary input=$name codec=log8_adamw tol=0.01 G=1.0 "json=$(cat "$TMP/summary")"
+            emit kind=summary input=$name codec=vlog_adamw tol=0.01 G=1.0 "json=$(cat "$TMP/summary")"
         fi
         for cores in 0 0,1; do
-            bench $reps kind=threads input=$name cores=$cores what=log8 -- \
-                taskset -c $cores "$COMPRESS" "$f" -o "$TMP/t.ckz.h5" --codec log8 --json --force
+            bench $reps kind=threads input=$name cores=$cores what=vlog -- \
+                taskset -c $cores "$COMPRESS" "$f" -o "$TMP/t.ckz.h5" --codec vlog --json --force
             bench $reps kind=threads input=$name cores=$cores what=zstd3_T0 -- \
                 taskset -c $cores zstd -3 -T0 -q -f "$mom" -o "$TMP/t.zst"
         done
@@ -229,7 +237,7 @@ for gib in $RSS_GIB; do
         emit kind=rss gib=$gib rc=-1 "error=generator failed: $(head -c 200 "$TMP/gen.err" | tr '\n"' ' ')"
         continue
     fi
-    bench 1 kind=rss gib=$gib file_bytes=$(stat -c %s "$big") codec=log8 -- \
+    bench 1 kind=rss gib=$gib file_bytes=$(stat -c %s "$big") codec=vlog -- \
         "$COMPRESS" "$big" -o "$TMP/big.ckz.h5" --json
     [ $T_RC = 0 ] && emit kind=rss_summary gib=$gib "json=$($PY -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("tensors",None); print(json.dumps(d))' "$TMP/stdout")"
     rm -f "$big" "$TMP/big.ckz.h5"
