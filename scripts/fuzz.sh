@@ -3,7 +3,7 @@
 # run each for SECONDS (default 60), seeded from data/, data/io/, data/traces/,
 # test/corpus/bad/, the pickles inside the zip fixtures and a few small containers.
 #
-#   scripts/fuzz.sh [SECONDS] [TARGET...]     (targets: zip pickle safetensors container trace)
+#   scripts/fuzz.sh [SECONDS] [TARGET...]     (targets: zip pickle safetensors container trace rans)
 #   env: JOBS (build parallelism, default 2), BUILD (default build-fuzz), RSS_MB (default 2048),
 #        FUZZ_CC (clang, the default: native libFuzzer instrumentation; gcc: ASan/UBSan +
 #        trace-pc/trace-cmp coverage + cov_shim.cpp + clang's libFuzzer engine),
@@ -17,7 +17,7 @@
 set -uo pipefail
 SECS=${1:-60}
 shift || true
-TARGETS=${*:-zip pickle safetensors container trace}
+TARGETS=${*:-zip pickle safetensors container trace rans}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=${BUILD:-$ROOT/build-fuzz}
 JOBS=${JOBS:-2}
@@ -43,7 +43,7 @@ ninja -C "$B" -j"$JOBS" $(for t in $TARGETS; do printf 'fuzz_%s ' "$t"; done) ||
 # ---- seed corpora (fresh each run; libFuzzer adds what it finds to the working corpus)
 S=$B/seeds
 rm -rf "$S"
-mkdir -p "$S"/{zip,pickle,safetensors,container,trace}
+mkdir -p "$S"/{zip,pickle,safetensors,container,trace,rans}
 for f in "$ROOT"/data/*.pt "$ROOT"/data/io/*.pt "$ROOT"/test/corpus/bad/*.pt "$ROOT"/test/corpus/bad/*.bin; do
   [ -f "$f" ] && [ "$(stat -c %s "$f")" -le 2000000 ] && cp "$f" "$S/zip/"
 done
@@ -72,6 +72,8 @@ if [[ " $TARGETS " == *" container "* ]]; then
     "$CBIN/ckpt-compress" "$ROOT/data/cnn_adamw.safetensors" -o "$S/container/cnn_st.ckz.h5" --force >/dev/null 2>&1
     "$CBIN/ckpt-compress" "$ROOT/data/io/optim_only.pt" -o "$S/container/optim_only.ckz.h5" --optimizer adamw --force >/dev/null 2>&1
     "$CBIN/ckpt-compress" "$ROOT/data/cnn_adamw.pt" -o "$S/container/cnn_bf16.ckz.h5" --codec bf16 --force >/dev/null 2>&1
+    "$CBIN/ckpt-compress" "$ROOT/data/cnn_dead.pt" -o "$S/container/cnn_log8.ckz.h5" --codec log8 --force >/dev/null 2>&1
+    cp "$ROOT/data/cnn_adamw.v1.ckz.h5" "$S/container/"   # container format 1
     "$CBIN/ckpt-compress" "$ROOT/data/cnn_adamw.pt" -o "$S/container/cnn_bw8.ckz.h5" --codec blockwise8 --grad-bound inf --force >/dev/null 2>&1
   else
     echo "fuzz.sh: no ckpt-compress found (CKPTKIT_BIN); container target seeded from bad files only" >&2

@@ -32,5 +32,5 @@ print("// Part of the vlog format (formats/container.md). Do not edit.")
 print("#pragma once")
 print("#define CKPT_VLOG_TABLE { \\")
 for i in range(0, 1025, 8):
-    print("    " + ", ".join(f"{v.hex()}f" if False else f"{v.hex()}" for v in vals[i:i + 8]) + ("," if i + 8 < 1025 else "") + " \\")
+    print("    " + ", ".join(v.hex() for v in vals[i:i + 8]) + ("," if i + 8 < 1025 else "") + " \\")
 print("}")
