@@ -53,14 +53,19 @@ def codes_of(src, man, f):
         for k in range(nm):
             s = st[p["storage"][k]]
             vals.append(np.frombuffer(src, np.float32, n, s["offset"]).astype(np.float64))
-        vdec = None
-        for k in range(nm - 1, -1, -1):
-            x, pr = vals[k], pars[ROLES[k]][blk]
+        vdec, jv = None, None
+        for k in ([1, 2, 0] if nm == 3 else [1, 0]):
+            x = vals[k]
+            pr = pars[ROLES[1 if k == 2 else k]][blk]  # max_exp_avg_sq: on exp_avg_sq's grid
             if k >= 1:
                 with np.errstate(divide="ignore", invalid="ignore"):
                     j = np.rint((1024 * np.log2(x) - 16 * pr[:, 0]) / pr[:, 1])
                 j = np.nan_to_num(j, nan=0, posinf=0, neginf=0).astype(np.int64)
-                c = np.where(x > 0, 1 + zigzag(j), 0)
+                if k == 1:
+                    jv = np.where(x > 0, j, 0)
+                    c = np.where(x > 0, 1 + zigzag(j), 0)
+                else:  # relative to exp_avg_sq's index
+                    c = np.where(x > 0, 1 + zigzag(j - jv), 0)
                 dec = np.where(x > 0, np.exp2((16 * pr[:, 0] + j * pr[:, 1]) / 1024), 0.0)
                 vdec = dec if vdec is None else np.maximum(vdec, dec)
             else:

@@ -56,6 +56,7 @@ set +e
 set -e
 if [ $r -eq 77 ]; then echo "test_cuda_gpu was SKIPPED on the device machine: failure"; rc=1; elif [ $r -ne 0 ]; then rc=1; fi
 echo "== tests: $(( $(date +%s) - t0 )) s"
+"$B/bench_gpu" $((1 << 28)) vlog || rc=1
 "$B/bench_gpu" $((1 << 28)) log8 || rc=1
 "$B/bench_gpu" $((1 << 27)) blockwise8 || rc=1
 "$B/bench_gpu" $((1 << 27)) bf16 || rc=1

@@ -35,10 +35,15 @@ double max_abs(const Checkpoint& ck, const io::InputFile& f, int tensor) {
         v.resize(n);
         f.read_at(st.file_offset + i * es, b.data(), n * es, "parameter storage");
         bytes_to_float(dt, b.data(), n, v.data());
-        for (float x : v) {
-            const double a = std::fabs(double(x));
-            if (!(a <= m)) m = a;  // NaN propagates: no finite bound
+        float mx = 0;
+        bool nan = false;
+        for (float x : v) {  // branch-free, so it vectorises; NaN is tracked apart
+            const float a = std::fabs(x);
+            nan = nan || !(a == a);
+            mx = a > mx ? a : mx;
         }
+        if (nan) return NAN;  // no finite bound
+        m = std::max(m, double(mx));
         i += n;
     }
     return m;

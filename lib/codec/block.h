@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "codec/bf16.h"
 #include "codec/blockwise8.h"
@@ -326,21 +327,26 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
     for (int trial = 0; trial < 3; ++trial, scale *= 0.7) {
         t->p[0][0] = VLog::m_step(dm * scale);
         t->p[0][1] = 0;
-        for (int k = 1; k < nm; ++k) {
-            t->p[k][0] = VLog::anchor(src[k] + i0, w.lg[k], bn);
-            t->p[k][1] = VLog::v_step(delta * scale);
-        }
+        t->p[1][0] = VLog::anchor(src[1] + i0, w.lg[1], bn);
+        t->p[1][1] = VLog::v_step(delta * scale);
+        if (nm == 3) t->p[2][0] = t->p[2][1] = 0;  // max_exp_avg_sq uses exp_avg_sq's grid
         for (int j = 0; j < bn; ++j) t->keep[j] = true;
-        for (int k = nm - 1; k >= 1; --k)  // second moments: the log2 is computed once per block
+        for (int k = 1; k < nm; ++k)  // second moments: the log2 is computed once per block
             for (int j = 0; j < bn; ++j) {
                 if (!t->keep[j]) continue;
                 const float x = src[k][i0 + j];
+                uint16_t& c = t->code[k][j];
                 if (x > 0 && isfinite(x)) {
-                    t->keep[j] = VLog::encode_v(x, w.lg[k][j], t->p[k], &t->code[k][j], &w.cells[k][j]);
+                    t->keep[j] = VLog::encode_v(x, w.lg[k][j], t->p[1], &c, &w.cells[k][j]);
                     w.cells[k][j].dec = round_to_type(s.type, w.cells[k][j].dec);
+                    if (k == 2 && t->keep[j]) {  // relative to exp_avg_sq's index
+                        const int64_t d = VLog::unzigzag(uint32_t(c) - 1) - VLog::index_of(t->code[1][j]);
+                        t->keep[j] = d >= -VLog::kMaxIndex && d <= VLog::kMaxIndex;
+                        c = uint16_t(1 + VLog::zigzag(int32_t(t->keep[j] ? d : 0)));
+                    }
                 } else {
-                    t->keep[j] = VLog::encode(x, role_of(k), t->p[k], 0, &t->code[k][j]);
-                    if (t->keep[j]) w.cells[k][j] = cell_of<VLog>(s, t->code[k][j], role_of(k), t->p[k], 0);
+                    t->keep[j] = VLog::encode(x, role_of(k), t->p[1], 0, &c);  // +0 -> code 0, exact; else no code
+                    if (t->keep[j]) w.cells[k][j] = Cell{};
                 }
             }
         set_scales(s, bn, t, w);
@@ -379,10 +385,21 @@ CKPT_HD void decode_coord(const TensorSetup& s, const GuardConst& gc, const uint
     const int nm = s.moments();
     const std::size_t b = i / kBlock;
     Cell c[3];
-    for (int k = nm - 1; k >= 0; --k) {
+    const int order[3] = {1, 2, 0};  // exp_avg_sq, max_exp_avg_sq, then exp_avg (relative to both)
+    for (int oi = 0; oi < 3; ++oi) {
+        const int k = order[oi];
+        if (k >= nm) continue;
         const double scale = k == 0 ? m_scale(c[1].dec, nm == 3 ? c[2].dec : 0.0) : 0.0;
         const uint16_t code = load_code(codes[k], Q::kCodeBytes, i);
         const int16_t* p = params[k] + b * Q::kParams;
+        if constexpr (std::is_same<Q, VLog>::value) {
+            if (k == 2) {  // on exp_avg_sq's grid, relative to its index
+                c[2] = VLog::vmax_cell(code, load_code(codes[1], Q::kCodeBytes, i), params[1] + b * Q::kParams);
+                c[2].dec = round_to_type(s.type, c[2].dec);
+                if (out[2]) out[2][i] = float(c[2].dec);
+                continue;
+            }
+        }
         if (bounds) c[k] = cell_of<Q>(s, code, role_of(k), p, scale);
         else c[k].dec = decoded_of<Q>(s, code, role_of(k), p, scale);  // restore: no cells needed
         if (out[k]) out[k][i] = float(c[k].dec);

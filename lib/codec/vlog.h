@@ -8,6 +8,8 @@
 //    in 1/1024 octaves. Code 0 = exact +0; code c >= 1 is index j = unzigzag(c - 1) in
 //    [-32767, 32767], value 2^((16a + j*s)/1024). No fixed range: a block with a wide
 //    exp_avg_sq range gets more distinct codes, not a coarser step.
+//  - max_exp_avg_sq (amsgrad): on exp_avg_sq's grid, relative to its index (vmax_cell);
+//    its own block params are (0, 0).
 //  - exp_avg: block param (e, 0): linear in units of sqrt(v~) (v~ = the decoded second
 //    moment, as log8): m~ = q * 2^(e/1024) * sqrt(v~), code = 2|q| + sign (so -0.0 stays
 //    exact), |q| <= 32767.
@@ -124,13 +126,27 @@ struct VLog {
     /// Decoded value (rounded to float) and rounding cell of one code.
     CKPT_HD static Cell cell(uint16_t code, Role r, const int16_t* p, double scale) {
         if (r == Role::ExpAvg) return m_cell(code, value(p[0]) * scale);
+        if (code == 0) return Cell{};  // exact zero
+        return index_cell(p, unzigzag(uint32_t(code) - 1));
+    }
+
+    /// Index j of an exp_avg_sq code (0 for the exact zero: then max_exp_avg_sq is coded
+    /// relative to the anchor).
+    CKPT_HD static int64_t index_of(uint16_t vcode) { return vcode == 0 ? 0 : unzigzag(uint32_t(vcode) - 1); }
+    /// Value and cell of index j on the grid of params p.
+    CKPT_HD static Cell index_cell(const int16_t* p, int64_t j) {
         Cell c;
-        if (code == 0) return c;  // exact zero
-        const int64_t j = unzigzag(uint32_t(code) - 1);
         c.dec = vval(p, j);
         c.lo = (c.dec + vval(p, j - 1)) / 2;
         c.hi = (c.dec + vval(p, j + 1)) / 2;
         return c;
+    }
+    /// max_exp_avg_sq (amsgrad) is coded on exp_avg_sq's grid (params pv) relative to its
+    /// index: code 0 = exact +0, else 1 + zigzag(j2 - index_of(vcode)). amsgrad keeps
+    /// max_exp_avg_sq >= exp_avg_sq and often equal, so the difference is small.
+    CKPT_HD static Cell vmax_cell(uint16_t code, uint16_t vcode, const int16_t* pv) {
+        if (code == 0) return Cell{};
+        return index_cell(pv, index_of(vcode) + unzigzag(uint32_t(code) - 1));
     }
 
     /// Cell of exp_avg code `code` in units d = 2^(e/1024) sqrt(v~) (cell()'s exp_avg case).

@@ -131,6 +131,7 @@ void to_cell_edges(Moments& x, const TensorSetup& s, const ChunkOut& co, std::si
         const int16_t* p = co.params[k].data() + (i / kBlock) * pb;
         const Role r = role_of(k);
         const Cell c = s.kind == Kind::Log8 ? Log8::cell(code, r, p, 0.0)
+                       : s.kind == Kind::VLog ? VLog::cell(code, r, p, 0.0)
                        : s.kind == Kind::BF16 ? BF16::cell(code, r, p, 0.0) : Blockwise8::cell(code, r, p, 0.0);
         dst[i] = float(pick == 3 ? c.lo : c.hi);
     }
@@ -175,7 +176,7 @@ void compare(const TensorSetup& s, const Moments& x, std::size_t n, bool theta) 
 }  // namespace
 
 TEST_CASE("GPU encode/decode equal the CPU byte for byte: seeded moments, all codecs and settings") {
-    const Kind kinds[3] = {Kind::Log8, Kind::BF16, Kind::Blockwise8};
+    const Kind kinds[4] = {Kind::VLog, Kind::Log8, Kind::BF16, Kind::Blockwise8};
     const Moments x = make(700001, 42, false);  // > 2 device slices, ragged last block
     for (Kind k : kinds)
         for (int variant = 0; variant < 7; ++variant) {
@@ -187,7 +188,7 @@ TEST_CASE("GPU encode/decode equal the CPU byte for byte: seeded moments, all co
 }
 
 TEST_CASE("GPU equals CPU on adversarial values and cell edges") {
-    const Kind kinds[3] = {Kind::Log8, Kind::BF16, Kind::Blockwise8};
+    const Kind kinds[4] = {Kind::VLog, Kind::Log8, Kind::BF16, Kind::Blockwise8};
     for (Kind k : kinds)
         for (int variant = 0; variant < 14; ++variant) {
             CAPTURE(kind_name(k));
