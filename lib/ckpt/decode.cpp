@@ -7,6 +7,7 @@
 
 #include "ckpt/values.h"
 #include "codec/rans.h"
+#include "codec/vlog.h"
 #include "common/error.h"
 #include "gpu_codec.h"
 
@@ -217,7 +218,8 @@ uint64_t ContainerReader::coded_bytes(std::size_t j) const {
     return b;
 }
 
-void ContainerReader::read_segments(const ct::ParamEntry& e, int k, uint64_t begin, std::size_t n, uint8_t* codes) const {
+void ContainerReader::read_segments(const ct::ParamEntry& e, int k, uint64_t begin, std::size_t n, uint8_t* codes,
+                                    const int16_t* params) const {
     if (begin % codec::kSegment != 0) throw std::logic_error("segment read not aligned");
     const auto& ends = seg_end_[std::size_t(k)];
     for (uint64_t i = begin; i < begin + n; i += codec::kSegment) {
@@ -233,6 +235,7 @@ void ContainerReader::read_segments(const ct::ParamEntry& e, int k, uint64_t beg
         } catch (const std::runtime_error& x) {
             throw std::runtime_error("param " + e.name + " " + ct::kRoleNames[k] + ": " + x.what());
         }
+        if (k == 1) codec::vlog_rows(seg_codes_.data(), len, params + 2 * ((i - begin) / codec::kBlock), std::size_t(ct::vlog_row(e)), false);
         uint8_t* out = codes + 2 * (i - begin);
         for (std::size_t q = 0; q < len; ++q) { out[2 * q] = uint8_t(seg_codes_[q]); out[2 * q + 1] = uint8_t(seg_codes_[q] >> 8); }
     }
@@ -257,11 +260,11 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, bool 
     std::array<float*, 3> out{};
     try {
         for (int k = 0; k < nm; ++k) {
-            codes[k].resize(n * cb);
-            if (!seg_end_.empty()) read_segments(e, k, begin, n, codes[k].data());
-            else codes_[std::size_t(k)]->read((e.code_offset + begin) * cb, n * cb, codes[k].data());
             params[k].resize(blocks * pb + 1);
             if (pb) params_[std::size_t(k)]->read((e.block_offset + begin / codec::kBlock) * pb, blocks * pb, params[k].data());
+            codes[k].resize(n * cb);
+            if (!seg_end_.empty()) read_segments(e, k, begin, n, codes[k].data(), params[k].data());
+            else codes_[std::size_t(k)]->read((e.code_offset + begin) * cb, n * cb, codes[k].data());
             c.values[k].resize(n);
             cp[k] = codes[k].data();
             pp[k] = params[k].data();

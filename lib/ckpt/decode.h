@@ -77,8 +77,10 @@ private:
     /// Stored bytes of parameter j's segments, all roles (its share of /moments/codes).
     uint64_t coded_bytes(std::size_t j) const;
     /// Decode role k's codes of parameter e's coordinates [begin, begin + n) (begin a
-    /// multiple of kSegment) into `codes` as little-endian uint16.
-    void read_segments(const container::ParamEntry& e, int k, uint64_t begin, std::size_t n, uint8_t* codes) const;
+    /// multiple of kSegment) into `codes` as little-endian uint16; `params`: role k's block
+    /// parameters of those coordinates (exp_avg_sq's row prediction needs them).
+    void read_segments(const container::ParamEntry& e, int k, uint64_t begin, std::size_t n, uint8_t* codes,
+                       const int16_t* params) const;
     /// Source offsets of the moment storages (sorted) and the moment bytes up to and
     /// including each one, for read_raw's source -> /raw offset in O(log storages).
     std::vector<uint64_t> moment_at_, moment_through_;

@@ -198,4 +198,44 @@ struct VLog {
     }
 };
 
+
+/// Row prediction of exp_avg_sq codes, applied by the container around the entropy coder
+/// (formats/container.md, "vlog row prediction"). In a parameter whose rows hold `row`
+/// values (numel / shape[0]; Adam's second moment has a strong per-column profile), the
+/// index j of coordinate q is sent as its offset from the index that the coordinate one row
+/// above (q - row, same segment, nonzero code) has on q's block grid, modulo 65535, so it
+/// always fits. Codes of zero (and rows of one segment's first row) pass unchanged.
+/// `codes`: one segment, n codes; `params`: its blocks' (a, s) pairs; segment-local
+/// coordinate q lies in block q / 64. to_residual: absolute -> sent; else the inverse
+/// (in coordinate order, so the row above is absolute again when q needs it).
+inline void vlog_rows(uint16_t* codes, std::size_t n, const int16_t* params, std::size_t row, bool to_residual) {
+    if (row == 0 || row >= n) return;
+    auto pred_u = [&](std::size_t q, uint16_t above) {  // predicted index + 32767, in [0, 65534]
+        const int16_t* pa = params + 2 * ((q - row) / 64);
+        const int16_t* pb = params + 2 * (q / 64);
+        const int64_t e = VLog::index_of(above) * pa[1];  // the offset from its own anchor (rows differ in level)
+        const int64_t s = pb[1] > 0 ? pb[1] : 1;
+        int64_t j = (e >= 0 ? e + s / 2 : e - s / 2) / s;  // nearest, halves away from 0
+        j = j < -VLog::kMaxIndex ? -VLog::kMaxIndex : j > VLog::kMaxIndex ? VLog::kMaxIndex : j;
+        return j + VLog::kMaxIndex;
+    };
+    constexpr int64_t kMod = 2 * VLog::kMaxIndex + 1;  // 65535 indices
+    if (to_residual) {
+        for (std::size_t q = n; q-- > row;) {  // backwards: the row above is still absolute
+            if (codes[q] == 0 || codes[q - row] == 0) continue;
+            const int64_t u = VLog::index_of(codes[q]) + VLog::kMaxIndex;
+            int64_t r = ((u - pred_u(q, codes[q - row])) % kMod + kMod) % kMod;
+            if (r > VLog::kMaxIndex) r -= kMod;
+            codes[q] = uint16_t(1 + VLog::zigzag(int32_t(r)));
+        }
+        return;
+    }
+    for (std::size_t q = row; q < n; ++q) {
+        if (codes[q] == 0 || codes[q - row] == 0) continue;
+        const int64_t r = VLog::index_of(codes[q]);
+        const int64_t u = ((pred_u(q, codes[q - row]) + r) % kMod + kMod) % kMod;
+        codes[q] = uint16_t(1 + VLog::zigzag(int32_t(u - VLog::kMaxIndex)));
+    }
+}
+
 }  // namespace ckpt::codec

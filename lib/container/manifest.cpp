@@ -93,6 +93,7 @@ json param_json(const ParamEntry& p) {
             {"max_bound", p.max_bound},
             {"escape_causes", {{"no_code", p.escape_causes[0]}, {"certificate", p.escape_causes[1]},
                                {"non_finite", p.escape_causes[2]}}},
+            {"row_predict", p.row_predict},
             {"storage", {p.storage[0], p.storage[1], p.storage[2]}}};
 }
 
@@ -257,6 +258,10 @@ ParamEntry parse_param(const json& p, double grad_bound) {
     e.escape_offset = get_u64(p, "escape_offset");
     e.escapes = get_u64(p, "escapes");
     e.max_bound = get_num(p, "max_bound");
+    if (p.contains("row_predict")) {
+        if (!p["row_predict"].is_boolean()) throw std::runtime_error("param " + e.name + ": row_predict is not a boolean");
+        e.row_predict = p["row_predict"].get<bool>();
+    }
     if (p.contains("escape_causes")) {
         const json& c = p["escape_causes"];
         if (!c.is_object()) throw std::runtime_error("param " + e.name + ": escape_causes malformed");

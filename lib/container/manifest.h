@@ -55,6 +55,7 @@ struct ParamEntry {
     uint64_t escape_offset = 0, escapes = 0;  ///< rows of the escape table
     double max_bound = 0;              ///< largest certificate kept, lr units
     std::array<uint64_t, 3> escape_causes{};  ///< escapes per codec::EscapeCause (sum <= escapes; = from ckpt-compress)
+    bool row_predict = false;          ///< vlog: exp_avg_sq codes sent row-predicted (codec::vlog_rows)
     int storage[3] = {-1, -1, -1};     ///< StorageEntry index per role
     int moments() const { return hyper.amsgrad ? 3 : 2; }
 };
@@ -121,6 +122,13 @@ std::vector<SourceSpan> source_spans(const Manifest&);
 /// and its escape rows (8-byte index + 4 bytes per moment). The weight by which
 /// ContainerReader::rows() shares the stored moment bytes among the parameters.
 uint64_t stream_bytes(const ParamEntry& p, codec::Kind kind, uint64_t coded = 0);
+/// Row length of parameter p for vlog's row prediction: numel / shape[0] when the shape
+/// has at least two dimensions, else 0 (no prediction possible).
+inline uint64_t row_length(const ParamEntry& p) {
+    return p.shape.size() >= 2 && p.shape[0] > 0 ? p.numel / uint64_t(p.shape[0]) : 0;
+}
+/// The row length vlog_rows uses for p: row_length(p) when p.row_predict, else 0.
+inline uint64_t vlog_row(const ParamEntry& p) { return p.row_predict ? row_length(p) : 0; }
 /// Segments of a parameter of n values (entropy-coded codecs).
 inline uint64_t segments_of(uint64_t n) { return (n + codec::kSegment - 1) / codec::kSegment; }
 

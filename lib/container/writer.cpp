@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "codec/rans.h"
+#include "codec/vlog.h"
 
 namespace ckpt::container {
 
@@ -40,6 +41,7 @@ void ContainerWriter::begin_param(ParamEntry& e) {
     e.escape_offset = escidx_->count();
     e.escapes = 0;
     e.escape_causes = {};
+    e.row_predict = false;
     e.max_bound = 0;
     cur_ = &e;
     last_escape_ = 0;
@@ -58,7 +60,7 @@ void ContainerWriter::append_chunk(uint64_t i0, const codec::ChunkOut& co, const
             codes = zero_codes_.data();
             params = zero_params_.data();
         }
-        if (segmented_) append_segments(k, i0, codes, n);
+        if (segmented_) append_segments(k, i0, codes, n, params);
         else codes_[std::size_t(k)]->append(codes, co.codes[0].size());
         params_[std::size_t(k)]->append(params, co.params[0].size());
     }
@@ -77,7 +79,7 @@ void ContainerWriter::append_chunk(uint64_t i0, const codec::ChunkOut& co, const
     e.max_bound = std::max(e.max_bound, co.max_bound);
 }
 
-void ContainerWriter::append_segments(int k, uint64_t i0, const uint8_t* codes, std::size_t n) {
+void ContainerWriter::append_segments(int k, uint64_t i0, const uint8_t* codes, std::size_t n, const int16_t* params) {
     const uint64_t seg = codec::kSegment;
     if (i0 % seg != 0 || (n % seg != 0 && i0 + n != cur_->numel))
         throw std::logic_error("entropy-coded chunk not aligned to segments");
@@ -87,7 +89,20 @@ void ContainerWriter::append_segments(int k, uint64_t i0, const uint8_t* codes, 
         for (std::size_t i = 0; i < len; ++i)
             seg_codes_[i] = uint16_t(codes[2 * (s0 + i)] | (codes[2 * (s0 + i) + 1] << 8));
         seg_bytes_.clear();
-        codec::segment_encode(seg_codes_.data(), len, seg_bytes_);
+        const int16_t* sp = params + 2 * (s0 / codec::kBlock);
+        if (k == 1 && i0 + s0 == 0 && row_length(*cur_) > 0) {
+            // the parameter's first exp_avg_sq segment decides, coded both ways, the smaller wins
+            codec::segment_encode(seg_codes_.data(), len, seg_bytes_);
+            std::vector<uint16_t> pred = seg_codes_;
+            codec::vlog_rows(pred.data(), len, sp, std::size_t(row_length(*cur_)), true);
+            std::vector<uint8_t> alt;
+            codec::segment_encode(pred.data(), len, alt);
+            cur_->row_predict = alt.size() < seg_bytes_.size();
+            if (cur_->row_predict) seg_bytes_.swap(alt);
+        } else {
+            if (k == 1) codec::vlog_rows(seg_codes_.data(), len, sp, std::size_t(vlog_row(*cur_)), true);
+            codec::segment_encode(seg_codes_.data(), len, seg_bytes_);
+        }
         codes_[std::size_t(k)]->append(seg_bytes_.data(), seg_bytes_.size());
         const uint64_t end = codes_[std::size_t(k)]->count();
         segs_[std::size_t(k)]->append(&end, 1);

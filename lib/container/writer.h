@@ -57,8 +57,9 @@ private:
     std::vector<uint16_t> seg_codes_;
     std::vector<uint8_t> seg_bytes_;
     /// Entropy-code role k's n codes (little-endian bytes, from coordinate i0, a multiple of
-    /// kSegment) segment by segment into /moments/codes and /moments/segments.
-    void append_segments(int k, uint64_t i0, const uint8_t* codes, std::size_t n);
+    /// kSegment; `params` the chunk's block parameters of role k) segment by segment into
+    /// /moments/codes and /moments/segments; exp_avg_sq row-predicted (codec::vlog_rows).
+    void append_segments(int k, uint64_t i0, const uint8_t* codes, std::size_t n, const int16_t* params);
     std::unique_ptr<Appender> escidx_;
     int code_bytes_ = 1, params_per_block_ = 0;
     ParamEntry* cur_ = nullptr;

@@ -122,6 +122,7 @@ TEST_CASE("manifest: parse rejects malformed fields with the exact reason") {
     CHECK(rejection([](json& j) { j["format_version"] = 0; }) == "container format version 0 is not supported");
     CHECK(rejection([](json& j) { j["codec"] = "vlog"; j["format_version"] = 1; }) == "codec vlog needs container format version 2");
     CHECK(rejection([](json& j) { j["params"][0]["escape_causes"]["certificate"] = 99; }).find("escape_causes") != std::string::npos);
+    CHECK(rejection([](json& j) { j["params"][0]["row_predict"] = 1; }) == "param w: row_predict is not a boolean");
     CHECK(rejection([](json& j) { j["format"] = "other"; }) == "manifest is not a ckptkit container manifest");
     CHECK(rejection([](json& j) { j["block"] = 32; }) == "unsupported block size 32");
     CHECK(rejection([](json& j) { j["tolerance"] = 0; }) == "manifest tolerance/grad_bound must be positive");
