@@ -317,12 +317,9 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
             w.lg[k][j] = x > 0 && isfinite(x) ? log2_hd(x) : 0.0;
         }
     double dm = 1, delta = 0.5;
-#if defined(__CUDA_ARCH__)
-    const double kF = 0.9;
-#else
-    static const double kF = getenv("VLOG_F") ? atof(getenv("VLOG_F")) : 0.9;
-#endif
-    const bool constrained = vlog_plan(s, gc, src, i0, bn, kF * s.tolerance, w, dm, delta);
+    // 90%: the rest covers the FP32 margin and the cells' asymmetry (a larger share makes
+    // more blocks fail and re-code finer: measured worse at 1.2x and 1.6x)
+    const bool constrained = vlog_plan(s, gc, src, i0, bn, 0.9 * s.tolerance, w, dm, delta);
     double scale = 1;
     for (int trial = 0; trial < 3; ++trial, scale *= 0.7) {
         t->p[0][0] = VLog::m_step(dm * scale);
