@@ -12,7 +12,8 @@
 
 int main(int argc, char** argv) {
     ckpt::app::Cli cli("ckpt-compress", "Compress the Adam/AdamW moments of a PyTorch or safetensors "
-                       "checkpoint with a guarded 8-bit codec; every other byte is kept exactly. "
+                       "checkpoint with a guarded variable-rate codec (vlog; log8, bf16, blockwise8 on request); every "
+                       "other byte is kept exactly. Reduction is counted against 4 bytes per moment value. "
                        "Exit 0 ok, 1 a check failed, 2 bad input or usage.");
     CLI::App& app = cli.app;
     ckpt::app::add_folder_help(cli, "pass a checkpoint folder (HF Trainer checkpoint-N/, DeepSpeed global_stepN/ or its parent, DCP, any tree) and -o an output folder");
