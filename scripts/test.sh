@@ -20,7 +20,7 @@ stage() {  # stage NAME CMD...: run, record exit status and seconds
 }
 stage "build + ctest" sh -c 'scripts/build.sh && cd build && ctest --output-on-failure -j 2'
 stage "sanitizers (build-asan)" scripts/test_sanitize.sh
-stage "fuzz ${FUZZ_SECONDS:-60}s x 5 targets (build-fuzz)" scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
+stage "fuzz ${FUZZ_SECONDS:-60}s x 6 targets (build-fuzz)" scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
 fail=0
 for i in "${!names[@]}"; do
   printf 'test.sh: %-40s exit %-3s %5s s\n' "${names[$i]}" "${results[$i]}" "${times[$i]}" >&2
