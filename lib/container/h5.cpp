@@ -249,6 +249,26 @@ DatasetReader::DatasetReader(hid_t file, const std::string& path, hid_t type, st
     H5Sget_simple_extent_dims(sp.get(), &n, nullptr);
     count_ = n;
     if (get_attr_u64(ds_.get(), "count") != count_) fail("dataset " + path + " count attribute disagrees with its size");
+    // Every stored chunk must be of a size a 1-D chunk of this dataset can have (zstd's
+    // worst case included): HDF5 allocates a chunk's stored size before reading it, so a
+    // damaged chunk index would otherwise ask for gigabytes (found by fuzz_container).
+    Handle dcpl(H5Dget_create_plist(ds_.get()), H5Pclose);
+    if (dcpl && H5Pget_layout(dcpl.get()) == H5D_CHUNKED) {
+        hsize_t chunk = 0;
+        if (H5Pget_chunk(dcpl.get(), 1, &chunk) != 1 || chunk == 0 || chunk > (hsize_t(64) << 20) / elem)
+            fail("dataset " + path + " has a malformed chunk size");
+        const hsize_t chunk_bytes = chunk * elem, most = chunk_bytes + chunk_bytes / 128 + 65536;
+        hsize_t nchunks = 0;
+        if (H5Dget_num_chunks(ds_.get(), sp.get(), &nchunks) < 0 || nchunks > count_ / chunk + 1)
+            fail("dataset " + path + " has a malformed chunk index");
+        for (hsize_t c = 0; c < nchunks; ++c) {
+            hsize_t off = 0, size = 0;
+            unsigned mask = 0;
+            haddr_t addr = 0;
+            if (H5Dget_chunk_info(ds_.get(), sp.get(), c, &off, &mask, &addr, &size) < 0 || size > most)
+                fail("dataset " + path + " has a damaged chunk (stored size " + std::to_string(size) + ")");
+        }
+    }
 }
 
 void DatasetReader::read(uint64_t offset, uint64_t n, void* out) const {
