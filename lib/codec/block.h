@@ -353,8 +353,7 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
             const float x = src[0][i0 + j];
             const double d = unit * w.scale[j];
             uint16_t& c = t->code[0][j];
-            if (x == 0) { c = signbit(x) ? 1 : 0; t->keep[j] = true; }
-            else t->keep[j] = isfinite(x) && VLog::encode_m(fabs(double(x)), signbit(x), d, &c);
+            t->keep[j] = VLog::encode_m_value(x, d, &c);
             if (t->keep[j]) {
                 w.cells[0][j] = VLog::m_cell(c, d);
                 w.cells[0][j].dec = round_to_type(s.type, w.cells[0][j].dec);

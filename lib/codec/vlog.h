@@ -77,12 +77,18 @@ struct VLog {
     /// Encode one value (see Log8::encode for the contract); `scale` = sqrt of the decoded
     /// denominator state (exp_avg only).
     CKPT_HD static bool encode(float x, Role r, const int16_t* p, double scale, uint16_t* code) {
-        const bool sign = signbit(x);
-        if (x == 0 && (!sign || r == Role::ExpAvg)) { *code = uint16_t(r == Role::ExpAvg && sign ? 1 : 0); return true; }
-        if (!isfinite(x) || (sign && r != Role::ExpAvg)) return false;
-        const double a = fabs(double(x));
-        if (r == Role::ExpAvg) return encode_m(a, sign, value(p[0]) * scale, code);
+        if (r == Role::ExpAvg) return encode_m_value(x, value(p[0]) * scale, code);
+        if (x == 0 && !signbit(x)) { *code = 0; return true; }
+        if (!isfinite(x) || signbit(x)) return false;
+        const double a = double(x);
         return encode_v(a, log2_hd(a), p, code);
+    }
+
+    /// exp_avg code of x in units d = 2^(e/1024) sqrt(v~): exact +-0 whatever d; otherwise
+    /// encode_m (false for non-finite x or d). encode() and block.h's block loop share it.
+    CKPT_HD static bool encode_m_value(float x, double d, uint16_t* code) {
+        if (x == 0) { *code = signbit(x) ? 1 : 0; return true; }
+        return isfinite(x) && encode_m(fabs(double(x)), signbit(x), d, code);
     }
 
     /// exp_avg code of |m| = a > 0 (finite) with sign `sign`, in units d = 2^(e/1024) sqrt(v~).
