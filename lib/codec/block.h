@@ -230,21 +230,34 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     double* A = w.sens[0];
     double* B = w.sens[1];
     double amax = 0, bmax = 0;
-    const double sb2 = sqrt(gc.b2), ka = 0.5 * gc.b1 * gc.inv_bc1, kb = 0.5 * gc.sqrt_bc2 * gc.inv_bc1;
+    // locals: the stores into A and B could alias gc for the compiler (no hoisting otherwise)
+    const double b1 = gc.b1, b2 = gc.b2, eps = gc.eps, sqrt_bc2 = gc.sqrt_bc2, closed_g = gc.closed_g;
+    const double sb2 = sqrt(b2), ka = 0.5 * b1 * gc.inv_bc1, kb = 0.5 * sqrt_bc2 * gc.inv_bc1;
+    const double a0 = sb2 / sqrt_bc2, b1s = b1 / sb2;
     for (int j = 0; j < bn; ++j) {
         const double m = src[0][i0 + j], v = src[1][i0 + j], vx = nm == 3 ? src[2][i0 + j] : 0.0;
         w.live[j] = isfinite(m) && isfinite(v) && isfinite(vx) && v > 0 && vx >= 0;
-        if (!w.live[j]) continue;
-        if (nm == 3) {
-            const double C = gc.b2 * v, v0 = C > vx ? C : vx;
-            const double d0 = sqrt(v0) / gc.sqrt_bc2 + gc.eps;
+    }
+    if (nm == 3) {
+        for (int j = 0; j < bn; ++j) {
+            if (!w.live[j]) continue;
+            const double m = src[0][i0 + j], v = src[1][i0 + j], vx = src[2][i0 + j];
+            const double C = b2 * v, v0 = C > vx ? C : vx;
+            const double d0 = sqrt(v0) / sqrt_bc2 + eps;
             A[j] = ka * sqrt(v > vx ? v : vx) / d0;
-            B[j] = kb * (gc.b1 * fabs(m) / sqrt(C) + gc.closed_g) * (vx > C ? vx / C : 1.0);
-        } else {  // the same with vmax = 0: sqrt(C) = sqrt(b2) sqrt(v), one root and two divisions
-            const double r = 1 / sqrt(v);
-            A[j] = ka / (sb2 / gc.sqrt_bc2 + gc.eps * r);
-            B[j] = kb * (gc.b1 / sb2 * fabs(m) * r + gc.closed_g);
+            B[j] = kb * (b1 * fabs(m) / sqrt(C) + closed_g) * (vx > C ? vx / C : 1.0);
         }
+    } else {  // the same with vmax = 0: sqrt(C) = sqrt(b2) sqrt(v), one root and two divisions;
+        // branch-free over the block (a dead coordinate computes garbage that is never read)
+        for (int j = 0; j < bn; ++j) {
+            const double v = src[1][i0 + j];
+            const double r = 1 / sqrt(w.live[j] ? v : 1.0);
+            A[j] = ka / (a0 + eps * r);
+            B[j] = kb * (b1s * fabs(double(src[0][i0 + j])) * r + closed_g);
+        }
+    }
+    for (int j = 0; j < bn; ++j) {
+        if (!w.live[j]) continue;
         amax = A[j] > amax ? A[j] : amax;
         bmax = B[j] > bmax ? B[j] : bmax;
     }

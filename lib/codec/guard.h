@@ -51,6 +51,7 @@ struct GuardConst {
     int log8_v_step_cap;
     /// (1-b1) / (sqrt(2 (1-b2)) * 1.5^1.5): the g-term of closed_bound().
     double closed_g;
+    double inv_lr;      ///< 1 / lr (fp32_gate's absolute margin)
 };
 
 /// log8's largest exp_avg_sq step, 1/64 octaves (~30% apart); Log8::kMaxStep.
@@ -77,6 +78,7 @@ inline GuardConst make_guard_const(const AdamHyper& h, double tolerance) {
     while (cap < kLog8MaxStep && c.v_sens * (std::exp2((cap + 1) / 128.0) - 1) <= 0.55 * c.tolerance) ++cap;
     c.log8_v_step_cap = cap;
     c.closed_g = (1 - h.beta1) / (std::sqrt(2 * (1 - h.beta2)) * 1.8371173070873836);
+    c.inv_lr = 1 / h.lr;
     return c;
 }
 
@@ -92,6 +94,19 @@ struct GuardInput {
     bool amsgrad = false;
     double glo = -1, ghi = 1;
 };
+
+/// The smallest denominator state at g = 0 over the cells, shared by fp32_gate,
+/// update_bound and closed_bound (certify computes it once): v0 = max(b2 v.lo, vmax.lo)
+/// (vmax with amsgrad), sv0 = sqrt(v0), d0 = sv0 / sqrt(bc2) + eps.
+struct Denom0 {
+    double v0, sv0, d0;
+};
+CKPT_HD Denom0 denom0(const GuardConst& c, const GuardInput& in) {
+    double v0 = c.b2 * in.v.lo;
+    if (in.amsgrad && in.vmax.lo > v0) v0 = in.vmax.lo;
+    const double sv0 = sqrt(v0);
+    return {v0, sv0, sv0 / c.sqrt_bc2 + c.eps};
+}
 
 /// Bound of sup |f - f~| over the gradient cell [a, b] (a <= b, may be +-inf), lr units.
 CKPT_HD double cell_bound(const GuardConst& c, const GuardInput& in, double dm, double dv,
@@ -124,13 +139,12 @@ CKPT_HD double cell_bound(const GuardConst& c, const GuardInput& in, double dm, 
 
 /// Upper bound of max |f| over the domain for original and decoded state (lr units):
 /// b1 |m| / D(0) + (1-b1) |g| / D(g) <= b1 |m| / D(0) + (1-b1) sqrt(bc2) / sqrt(1-b2).
-CKPT_HD double update_bound(const GuardConst& c, const GuardInput& in) {
-    double v0 = c.b2 * in.v.lo;
-    if (in.amsgrad && in.vmax.lo > v0) v0 = in.vmax.lo;
-    const double d0 = sqrt(v0) / c.sqrt_bc2 + c.eps;
+CKPT_HD double update_bound(const GuardConst& c, const GuardInput& in, const Denom0& z) {
+    const double d0 = z.d0;
     const double mabs = fabs(in.m.lo) > fabs(in.m.hi) ? fabs(in.m.lo) : fabs(in.m.hi);
     return (c.b1 * mabs / d0 + 2 * c.tail * c.sqrt_bc2) * c.inv_bc1;
 }
+CKPT_HD double update_bound(const GuardConst& c, const GuardInput& in) { return update_bound(c, in, denom0(c, in)); }
 
 /// Closed-form bound of sup |f - f~| over the whole real line (so over any domain), lr
 /// units, before margin; +inf when exp_avg_sq's cell reaches 0. With s(g)^2 = C + E g^2,
@@ -142,15 +156,16 @@ CKPT_HD double update_bound(const GuardConst& c, const GuardInput& in) {
 /// The sum of separate suprema is looser than the partition (up to ~2x when sqrt(v) >> eps,
 /// more when eps dominates) but costs two square roots; it lets most coordinates skip the
 /// partition.
-CKPT_HD double closed_bound(const GuardConst& c, const GuardInput& in, double dm, double dv) {
+CKPT_HD double closed_bound(const GuardConst& c, const GuardInput& in, double dm, double dv, const Denom0& z) {
     const double C = c.b2 * in.v.lo;
     if (!(C > 0)) return INFINITY;
-    double v0 = C;
-    if (in.amsgrad && in.vmax.lo > v0) v0 = in.vmax.lo;
-    const double d0 = sqrt(v0) / c.sqrt_bc2 + c.eps;
-    const double t1 = c.b1 * dm / d0;
-    const double t2 = 0.5 * c.sqrt_bc2 * dv * (c.b1 * fabs(in.m.dec) / (C * sqrt(C)) + c.closed_g / C);
+    const double sC = z.v0 == C ? z.sv0 : sqrt(C);  // v0 = C unless amsgrad's vmax is larger
+    const double t1 = c.b1 * dm / z.d0;
+    const double t2 = 0.5 * c.sqrt_bc2 * dv * (c.b1 * fabs(in.m.dec) / (C * sC) + c.closed_g / C);
     return (t1 + t2) * c.inv_bc1;
+}
+CKPT_HD double closed_bound(const GuardConst& c, const GuardInput& in, double dm, double dv) {
+    return closed_bound(c, in, dm, dv, denom0(c, in));
 }
 
 /// Adaptive refinement of the gradient cell [a, b]: its cell_bound when that is <= stop,
@@ -226,7 +241,7 @@ CKPT_HD double side_bound(const GuardConst& c, const GuardInput& in, double dm, 
 ///    exact value; then v', sqrt and the divisions round relatively. m' and the final
 ///    update may still round in the subnormal range, by at most 2^-150 each: in lr units
 ///    that is <= inv_bc1 2^-149 / D_min + 2^-149 / lr, taken 8x here.
-CKPT_HD double fp32_gate(const GuardConst& c, const GuardInput& in) {
+CKPT_HD double fp32_gate(const GuardConst& c, const GuardInput& in, const Denom0& z) {
     const double big = 0x1p100, tiny = 0x1p-126;
     const double ma = fmax(fabs(in.m.lo), fabs(in.m.hi));
     if (!(ma < big) || !(fabs(in.m.dec) < big) || !(in.v.hi < big)) return INFINITY;
@@ -234,12 +249,11 @@ CKPT_HD double fp32_gate(const GuardConst& c, const GuardInput& in) {
     if (!(c.lr * c.inv_bc1 <= 2)) return INFINITY;
     if (in.v.hi > in.v.lo && !(c.b2 * in.v.lo >= tiny)) return INFINITY;
     if (in.amsgrad && in.vmax.hi > in.vmax.lo && !(in.vmax.lo >= tiny)) return INFINITY;
-    double v0 = c.b2 * in.v.lo;
-    if (in.amsgrad && in.vmax.lo > v0) v0 = in.vmax.lo;
-    const double dmin = sqrt(v0) / c.sqrt_bc2 + c.eps;
+    const double dmin = z.d0;
     if (!(dmin > 0) || !(c.lr > 0)) return INFINITY;
-    return 8 * 0x1p-149 * (c.inv_bc1 / dmin + 1 / c.lr);
+    return 8 * 0x1p-149 * (c.inv_bc1 / dmin + c.inv_lr);
 }
+CKPT_HD double fp32_gate(const GuardConst& c, const GuardInput& in) { return fp32_gate(c, in, denom0(c, in)); }
 
 /// Certificate: an upper bound of sup_{g in domain} |u(g) - u~(g)| / lr including the
 /// FP32 margin, or a value above the tolerance (+inf/NaN when no bound exists). Order:
@@ -252,14 +266,15 @@ CKPT_HD double certify(const GuardConst& c, const GuardInput& in) {
     if (in.amsgrad) dv = fmax(dv, fmax(in.vmax.dec - in.vmax.lo, in.vmax.hi - in.vmax.dec));
     // identical decoded state computes identically: no FP32 margin is needed then
     double margin = 0;
+    const Denom0 z = denom0(c, in);  // one square root for the three bounds below
     if (!(dm == 0 && dv == 0)) {
-        const double abs_margin = fp32_gate(c, in);
-        const double ub = update_bound(c, in);
+        const double abs_margin = fp32_gate(c, in, z);
+        const double ub = update_bound(c, in, z);
         if (!(abs_margin < INFINITY) || !(c.lr * ub < 0x1p100)) return INFINITY;
         margin = c.fp32_rel * ub + abs_margin;
     }
     const double slack = 1 + 1e-9;  // covers double rounding inside the bound itself
-    const double closed = (closed_bound(c, in, dm, dv) + margin) * slack;
+    const double closed = (closed_bound(c, in, dm, dv, z) + margin) * slack;
     if (closed <= c.tolerance) return closed;
     const double whole = (cell_bound(c, in, dm, dv, in.glo, in.ghi) + margin) * slack;
     if (whole <= c.tolerance) return whole;

@@ -68,8 +68,9 @@ struct VLog {
         if (q < -200) q = -200;
         return double(float(table(r) * pow2i(int(q))));
     }
-    CKPT_HD static uint32_t zigzag(int32_t j) { return j >= 0 ? uint32_t(j) << 1 : (uint32_t(-j) << 1) - 1; }
-    CKPT_HD static int32_t unzigzag(uint32_t z) { return (z & 1) ? -int32_t((z + 1) >> 1) : int32_t(z >> 1); }
+    /// Signed index <-> code order 0, -1, 1, -2, 2, ... (branch-free: signs are random).
+    CKPT_HD static uint32_t zigzag(int32_t j) { return (uint32_t(j) << 1) ^ uint32_t(j >> 31); }
+    CKPT_HD static int32_t unzigzag(uint32_t z) { return int32_t(z >> 1) ^ -int32_t(z & 1); }
 
     /// exp_avg_sq value of index j under block params p.
     CKPT_HD static double vval(const int16_t* p, int64_t j) { return value(int64_t(p[0]) * 16 + j * p[1]); }
@@ -216,31 +217,44 @@ struct VLog {
 /// (in coordinate order, so the row above is absolute again when q needs it).
 inline void vlog_rows(uint16_t* codes, std::size_t n, const int16_t* params, std::size_t row, bool to_residual) {
     if (row == 0 || row >= n) return;
+    // All in int32 (|index * step| < 2^30); the modulo 65535 of the format is one
+    // conditional add, as every sum below lies within one period of [0, 65535).
+    // Branch-free but for the block change (the steps of neighbouring blocks differ at
+    // random, a branch on them mispredicts). The division by q's step s uses a reciprocal per block: for integers 0 <= a < 2^30
+    // and 1 <= s < 2^15, floor(a * fl(1/s) + 2^-20) = floor(a / s), because the product's
+    // relative error (< 2^-51) moves it by < 2^-21, and a / s is an integer or at least
+    // 1/s >= 2^-15 away from one.
+    std::size_t inv_block = SIZE_MAX;
+    double inv = 1;
     auto pred_u = [&](std::size_t q, uint16_t above) {  // predicted index + 32767, in [0, 65534]
-        const int16_t* pa = params + 2 * ((q - row) / 64);
-        const int16_t* pb = params + 2 * (q / 64);
-        const int64_t e = VLog::index_of(above) * pa[1];  // the offset from its own anchor (rows differ in level)
-        const int64_t s = pb[1] > 0 ? pb[1] : 1;
-        int64_t j = (e >= 0 ? e + s / 2 : e - s / 2) / s;  // nearest, halves away from 0
+        const int32_t sa = params[2 * ((q - row) / 64) + 1], sb = params[2 * (q / 64) + 1];
+        const int32_t i = int32_t(VLog::index_of(above));
+        const int32_t e = i * sa;  // the offset from its own anchor (rows differ in level)
+        const int32_t s = sb > 0 ? sb : 1;
+        if (q / 64 != inv_block) { inv_block = q / 64; inv = 1.0 / s; }
+        const int32_t a = (e >= 0 ? e : -e) + s / 2;  // nearest, halves away from 0
+        const int32_t qa = int32_t(double(a) * inv + 0x1p-20);
+        int32_t j = e >= 0 ? qa : -qa;
         j = j < -VLog::kMaxIndex ? -VLog::kMaxIndex : j > VLog::kMaxIndex ? VLog::kMaxIndex : j;
         return j + VLog::kMaxIndex;
     };
-    constexpr int64_t kMod = 2 * VLog::kMaxIndex + 1;  // 65535 indices
+    constexpr int32_t kMod = 2 * VLog::kMaxIndex + 1;  // 65535 indices
     if (to_residual) {
         for (std::size_t q = n; q-- > row;) {  // backwards: the row above is still absolute
             if (codes[q] == 0 || codes[q - row] == 0) continue;
-            const int64_t u = VLog::index_of(codes[q]) + VLog::kMaxIndex;
-            int64_t r = ((u - pred_u(q, codes[q - row])) % kMod + kMod) % kMod;
+            int32_t r = int32_t(VLog::index_of(codes[q])) + VLog::kMaxIndex - pred_u(q, codes[q - row]);  // (-65535, 65535)
             if (r > VLog::kMaxIndex) r -= kMod;
-            codes[q] = uint16_t(1 + VLog::zigzag(int32_t(r)));
+            else if (r < -VLog::kMaxIndex) r += kMod;
+            codes[q] = uint16_t(1 + VLog::zigzag(r));
         }
         return;
     }
     for (std::size_t q = row; q < n; ++q) {
         if (codes[q] == 0 || codes[q - row] == 0) continue;
-        const int64_t r = VLog::index_of(codes[q]);
-        const int64_t u = ((pred_u(q, codes[q - row]) + r) % kMod + kMod) % kMod;
-        codes[q] = uint16_t(1 + VLog::zigzag(int32_t(u - VLog::kMaxIndex)));
+        int32_t u = pred_u(q, codes[q - row]) + int32_t(VLog::index_of(codes[q]));  // [-32767, 98301]
+        if (u < 0) u += kMod;
+        else if (u >= kMod) u -= kMod;
+        codes[q] = uint16_t(1 + VLog::zigzag(u - VLog::kMaxIndex));
     }
 }
 

@@ -3,6 +3,7 @@
 // non-finite values, the bnb map, thread-count independence.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -291,4 +292,55 @@ TEST_CASE("vlog row prediction is exactly inverted, whatever the codes and block
     for (std::size_t q = 0; q < n; ++q) codes[q] = uint16_t(1 + VLog::zigzag(int32_t((q % row) % 40) - 20));
     vlog_rows(codes.data(), n, params.data(), row, true);
     for (std::size_t q = row; q < n; ++q) CHECK(codes[q] == 1);  // index 0 offset from the row above
+}
+
+namespace {
+/// formats/container.md's row prediction, written as the format states it (int64, modulo
+/// 65535, plain division): the oracle for vlog_rows' int32 / reciprocal arithmetic.
+void rows_reference(uint16_t* codes, std::size_t n, const int16_t* params, std::size_t row) {
+    if (row == 0 || row >= n) return;
+    auto index = [](uint16_t c) -> int64_t {
+        if (c == 0) return 0;
+        const uint32_t z = uint32_t(c) - 1;
+        return (z & 1) ? -int64_t((z + 1) >> 1) : int64_t(z >> 1);
+    };
+    for (std::size_t q = n; q-- > row;) {
+        if (codes[q] == 0 || codes[q - row] == 0) continue;
+        const int64_t sa = params[2 * ((q - row) / 64) + 1], sb = params[2 * (q / 64) + 1];
+        const int64_t e = index(codes[q - row]) * sa, s = sb > 0 ? sb : 1;
+        int64_t j = (e >= 0 ? e + s / 2 : e - s / 2) / s;
+        j = std::clamp<int64_t>(j, -32767, 32767);
+        int64_t r = ((index(codes[q]) - j) % 65535 + 65535) % 65535;
+        if (r > 32767) r -= 65535;
+        codes[q] = uint16_t(1 + (r >= 0 ? 2 * r : -2 * r - 1));
+    }
+}
+}  // namespace
+
+TEST_CASE("vlog row prediction equals the format's definition (steps of any sign and size)") {
+    for (int32_t j = -32767; j <= 32767; ++j) {  // the branch-free zigzag is the format's
+        const uint32_t z = VLog::zigzag(j);
+        REQUIRE(z == uint32_t(j >= 0 ? 2 * j : -2 * j - 1));
+        REQUIRE(VLog::unzigzag(z) == j);
+    }
+    std::mt19937_64 rng(29);
+    for (int trial = 0; trial < 400; ++trial) {
+        const std::size_t n = 1 + rng() % 4000, row = 1 + rng() % 300, blocks = (n + 63) / 64;
+        std::vector<int16_t> params(2 * blocks);
+        for (std::size_t b = 0; b < blocks; ++b) {
+            params[2 * b] = int16_t(int(rng() % 65535) - 32767);
+            const int kind = int(rng() % 6);  // equal neighbours, huge, hostile (<= 0), divisor edge cases
+            params[2 * b + 1] = kind == 0 ? (b ? params[2 * b - 1] : int16_t(7)) : kind == 1 ? int16_t(32767 - rng() % 3)
+                                : kind == 2 ? int16_t(-int(rng() % 32769)) : kind == 3 ? int16_t(1 + rng() % 3)
+                                                                              : int16_t(1 + rng() % 32767);
+        }
+        std::vector<uint16_t> codes(n);
+        for (auto& c : codes) c = trial % 4 == 0 ? uint16_t(rng() % 65536) : rng() % 9 == 0 ? 0 : uint16_t(65535 - rng() % 300);
+        std::vector<uint16_t> a = codes, b = codes;
+        vlog_rows(a.data(), n, params.data(), row, true);
+        rows_reference(b.data(), n, params.data(), row);
+        REQUIRE(a == b);
+        vlog_rows(a.data(), n, params.data(), row, false);
+        REQUIRE(a == codes);
+    }
 }
