@@ -138,13 +138,17 @@ void warn_escapes(const io::InputFile& f, const ct::Manifest& man, const Report&
                  s.empty() ? "" : "; on a sample: " + s);
 }
 
+/// xxh3 of one parameter's codes per role, as encoded (VerifyOptions::code_hashes).
+using CodeHashes = std::array<uint64_t, 3>;
+
 /// Phase 3: encode parameter e chunk by chunk into the moment streams; the hashes of its
-/// moment storages into the manifest.
-void encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntry& e, const codec::TensorSetup& setup,
-                  const gpu::Device device, std::size_t chunk, ct::ContainerWriter& out, Progress& prog) {
+/// moment storages into the manifest. Returns the hashes of its codes.
+CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntry& e, const codec::TensorSetup& setup,
+                        const gpu::Device device, std::size_t chunk, ct::ContainerWriter& out, Progress& prog) {
     const int nm = e.moments();
     out.begin_param(e);
     const Xxh3State hs[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
+    const Xxh3State hc[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
     ChunkBuffers buf;
     std::array<std::vector<uint32_t>, 3> bits;   // exact bits of the escaped values, per role
     for (uint64_t i0 = 0; i0 < e.numel; i0 += chunk) {
@@ -152,37 +156,48 @@ void encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntry& e, 
         const codec::ChunkIn ci = read_chunk(f, man, e, i0, n, buf, hs, &prog);
         const codec::ChunkOut co = gpu::encode_chunk_on(device, setup, ci);
         for (int k = 0; k < nm; ++k) {
+            XXH3_64bits_update(hc[k].get(), co.codes[k].data(), co.codes[k].size());
             bits[std::size_t(k)].clear();
             for (uint32_t li : co.escapes) bits[std::size_t(k)].push_back(element_bits(e.dtype, buf.bytes[k].data(), li));
         }
         out.append_chunk(i0, co, bits);
     }
-    for (int k = 0; k < nm; ++k) man.storages[std::size_t(e.storage[k])].xxh3 = XXH3_64bits_digest(hs[k].get());
+    CodeHashes h{};
+    for (int k = 0; k < nm; ++k) {
+        man.storages[std::size_t(e.storage[k])].xxh3 = XXH3_64bits_digest(hs[k].get());
+        h[std::size_t(k)] = XXH3_64bits_digest(hc[k].get());
+    }
+    return h;
 }
 
 /// Phases 2 and 3 into the container at `path`: /raw, the moment streams (filling the
 /// manifest's hashes, stream offsets, escapes and bounds), then the manifest itself.
-void write_container(const std::string& path, const io::InputFile& f, ct::Manifest& man, const CompressOptions& o,
-                     gpu::Device device) {
+/// Returns the hashes of every parameter's codes (for the self-check).
+std::vector<CodeHashes> write_container(const std::string& path, const io::InputFile& f, ct::Manifest& man,
+                                        const CompressOptions& o, gpu::Device device) {
     ct::ContainerWriter out(path);
     Progress prog(o.progress, "ckpt-compress", f.size(), man.params.size());
     write_raw(out, f, man, prog);
     out.begin_moments(man);
     const std::size_t unit = codec::entropy_coded(o.codec) ? codec::kSegment : codec::kBlock;  // chunks start on segments
     const std::size_t chunk = std::max<std::size_t>(unit, o.chunk / unit * unit);
+    std::vector<CodeHashes> hashes;
     for (auto& e : man.params) {
-        encode_param(f, man, e, ct::tensor_setup(e, o.codec, o.tolerance), device, chunk, out, prog);
+        hashes.push_back(encode_param(f, man, e, ct::tensor_setup(e, o.codec, o.tolerance), device, chunk, out, prog));
         prog.item_done();
     }
     out.finish(man);
+    return hashes;
 }
 
 /// Phase 4: what ckpt-verify and ckpt-restore will see, before the rename. Returns the
 /// verify report (its rows are the compress report's: one byte accounting for every tool).
-/// Throws CheckFailed when the written container fails.
-Report self_check(const std::string& path, const std::string& in, gpu::Device device) {
+/// Throws CheckFailed when the written container fails. On the CPU it decodes codes only
+/// and compares them with `codes` (what was encoded).
+Report self_check(const std::string& path, const std::string& in, gpu::Device device, const std::vector<CodeHashes>& codes) {
     VerifyOptions vo;
     vo.certificates = device != gpu::Device::Cpu;  // a device encoder is checked in full
+    vo.code_hashes = &codes;
     Report chk = verify(path, vo);
     if (!chk.ok) {
         std::string why;
@@ -209,8 +224,8 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
     AtomicOutput atomic(out);
     Report rep("ckpt-compress", in, out, codec::kind_name(o.codec), o.tolerance, o.grad_bound);
     try {
-        write_container(atomic.temp_path(), f, man, o, device);   // phases 2 and 3
-        const Report chk = self_check(atomic.temp_path(), in, device);  // phase 4
+        const std::vector<CodeHashes> codes = write_container(atomic.temp_path(), f, man, o, device);  // phases 2 and 3
+        const Report chk = self_check(atomic.temp_path(), in, device, codes);                           // phase 4
         rep.rows = chk.rows;
         rep.groups = chk.groups;
         rep.bits = chk.bits;

@@ -245,15 +245,16 @@ codec::TensorSetup ContainerReader::setup(std::size_t j) const {
     return ct::tensor_setup(man_.params.at(j), man_.codec, man_.tolerance);
 }
 
-void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, bool with_bounds, Chunk& c,
+void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want want, Chunk& c,
                              uint64_t& esc_row, uint64_t& esc_pos) const {
+    const bool with_bounds = want == Want::Bounds, values = want != Want::Codes;
     const auto& e = man_.params[j];
     const int nm = e.moments();
     const std::size_t cb = std::size_t(codec::code_bytes(man_.codec)), pb = std::size_t(codec::params_per_block(man_.codec));
     const std::size_t blocks = (n + codec::kBlock - 1) / codec::kBlock;
     c.begin = begin;
     c.n = n;
-    std::array<std::vector<uint8_t>, 3> codes;
+    auto& codes = c.codes;
     std::array<std::vector<int16_t>, 3> params;
     std::array<const uint8_t*, 3> cp{};
     std::array<const int16_t*, 3> pp{};
@@ -265,7 +266,7 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, bool 
             codes[k].resize(n * cb);
             if (!seg_end_.empty()) read_segments(e, k, begin, n, codes[k].data(), params[k].data());
             else codes_[std::size_t(k)]->read((e.code_offset + begin) * cb, n * cb, codes[k].data());
-            c.values[k].resize(n);
+            c.values[k].resize(values ? n : 0);
             cp[k] = codes[k].data();
             pp[k] = params[k].data();
             out[k] = c.values[k].data();
@@ -283,8 +284,9 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, bool 
             bytes_to_float(td, b.data(), n, c.theta.data());
         }
         c.bounds.assign(with_bounds ? n : 0, 0.0);
-        gpu::decode_chunk_on(gpu::decode_device(), setup(j), cp, pp, n, out, c.theta.empty() ? nullptr : c.theta.data(),
-                            with_bounds ? c.bounds.data() : nullptr);
+        if (values)
+            gpu::decode_chunk_on(gpu::decode_device(), setup(j), cp, pp, n, out, c.theta.empty() ? nullptr : c.theta.data(),
+                                 with_bounds ? c.bounds.data() : nullptr);
         // escapes of this chunk
         c.escaped.clear();
         for (auto& b : c.escaped_bits) b.clear();
@@ -301,6 +303,7 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, bool 
             for (int k = 0; k < nm; ++k) {
                 const uint32_t bits = buf_bits_[k][esc_row - buf_begin_];
                 c.escaped_bits[k].push_back(bits);
+                if (!values) continue;
                 uint8_t tmp[4];
                 store_bits(e.dtype, bits, tmp, 0);
                 float v;

@@ -44,12 +44,18 @@ public:
     /// What was certified, per distinct (hyper-parameters, gradient domain).
     std::vector<struct GroupRow> groups() const;
 
-    /// One decoded chunk of parameter j: values per role (escapes applied), the chunk's
-    /// escaped coordinates (chunk-local) with their exact bits, and optionally the
+    /// What a chunk read decodes: the codes only (entropy decoding and row prediction
+    /// undone: compress's self-check compares them with what it encoded), the values too
+    /// (restore), or also every coordinate's re-derived certificate (verify).
+    enum class Want { Codes, Values, Bounds };
+    /// One decoded chunk of parameter j: codes per role (code_bytes per value, escaped
+    /// coordinates 0), values per role (escapes applied; not with Want::Codes), the chunk's
+    /// escaped coordinates (chunk-local) with their exact bits, and with Want::Bounds the
     /// re-derived certificate of every coordinate.
     struct Chunk {
         uint64_t begin = 0;
         std::size_t n = 0;
+        std::array<std::vector<uint8_t>, 3> codes;
         std::array<std::vector<float>, 3> values;
         std::vector<uint32_t> escaped;
         std::array<std::vector<uint32_t>, 3> escaped_bits;
@@ -58,10 +64,10 @@ public:
     };
     /// Iterate parameter j in chunks of `chunk` coordinates; calls fn(const Chunk&).
     template <class Fn>
-    void for_each_chunk(std::size_t j, std::size_t chunk, bool with_bounds, Fn fn) const;
+    void for_each_chunk(std::size_t j, std::size_t chunk, Want want, Fn fn) const;
 
 private:
-    void decode(std::size_t j, uint64_t begin, std::size_t n, bool with_bounds, Chunk& c,
+    void decode(std::size_t j, uint64_t begin, std::size_t n, Want want, Chunk& c,
                 uint64_t& esc_row, uint64_t& esc_pos) const;
     std::string path_;
     container::Handle file_;
@@ -104,14 +110,14 @@ void ContainerReader::for_each_raw_piece(uint64_t from, uint64_t to, Fn fn) cons
 }
 
 template <class Fn>
-void ContainerReader::for_each_chunk(std::size_t j, std::size_t chunk, bool with_bounds, Fn fn) const {
+void ContainerReader::for_each_chunk(std::size_t j, std::size_t chunk, Want want, Fn fn) const {
     const auto& e = man_.params.at(j);
     const std::size_t unit = codec::entropy_coded(man_.codec) ? codec::kSegment : codec::kBlock;  // chunks start on segments
     chunk = std::max<std::size_t>(unit, chunk / unit * unit);
     uint64_t esc_row = e.escape_offset, esc_pos = 0;
     Chunk c;
     for (uint64_t i0 = 0; i0 < e.numel; i0 += chunk) {
-        decode(j, i0, std::size_t(std::min<uint64_t>(chunk, e.numel - i0)), with_bounds, c, esc_row, esc_pos);
+        decode(j, i0, std::size_t(std::min<uint64_t>(chunk, e.numel - i0)), want, c, esc_row, esc_pos);
         fn(static_cast<const Chunk&>(c));
     }
 }

@@ -3,8 +3,11 @@
 // CheckFailed (exit 1) when stored data fails an integrity check during restore.
 // Outputs are written under a temporary name, fsynced and renamed (never partial).
 #pragma once
+#include <array>
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ckpt/optimizer.h"
 #include "ckpt/report.h"
@@ -37,6 +40,12 @@ struct VerifyOptions {
     /// the same function on the same decoded cells (block.h), so only decoding, integrity
     /// and the manifest-against-source checks remain to be shown there.
     bool certificates = true;
+    /// compress's self-check (with certificates off): xxh3 of the codes it encoded, per
+    /// parameter and role (code bytes as stored before entropy coding, escaped coordinates
+    /// 0). The pass then decodes codes only and each parameter's must hash to these, which
+    /// shows the entropy coding and row prediction undo exactly; values are a function of
+    /// the codes and the checksummed block parameters (no decode of values needed).
+    const std::vector<std::array<uint64_t, 3>>* code_hashes = nullptr;
     bool progress = false;
 };
 

@@ -57,7 +57,7 @@ void restore_moments(const ContainerReader& cr, FileWriter& w, Progress& prog) {
         const auto& e = man.params[j];
         const std::size_t es = float_dtype_size(e.dtype);
         uLong crc[3] = {crc32(0, nullptr, 0), crc32(0, nullptr, 0), crc32(0, nullptr, 0)};
-        cr.for_each_chunk(j, 1 << 20, false, [&](const ContainerReader::Chunk& c) {
+        cr.for_each_chunk(j, 1 << 20, ContainerReader::Want::Values, [&](const ContainerReader::Chunk& c) {
             for (int k = 0; k < e.moments(); ++k) {
                 bytes.resize(c.n * es);
                 float_to_bytes(e.dtype, c.values[k].data(), c.n, bytes.data());

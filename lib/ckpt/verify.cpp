@@ -299,11 +299,16 @@ void compare_non_moment(const ContainerReader& cr, const io::InputFile& orig, Re
 /// Checks 3 and 4: every coded parameter decoded; each kept coordinate's certificate
 /// re-derived from its codes (o.certificates) must be within the tolerance; with the
 /// original (orig != nullptr), the same moments (hash), exact escapes and the dense-grid
-/// update difference at or below each certificate. Fills rows' max bounds.
+/// update difference at or below each certificate. Fills rows' max bounds. Under
+/// compress's self-check (o.code_hashes, no certificates) it decodes codes only and checks
+/// their hashes.
 void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::InputFile* orig, Report& rep) {
     auto fail = [&](const std::string& s) { add_failure(rep, s); };
     const auto& man = cr.manifest();
     const bool cmp = orig != nullptr;
+    using Want = ContainerReader::Want;
+    const bool codes_only = !o.certificates && !cmp && o.code_hashes && o.code_hashes->size() == man.params.size();
+    const Want want = o.certificates || cmp ? Want::Bounds : codes_only ? Want::Codes : Want::Values;
     uint64_t certified = 0, grid_points = 0, escapes_checked = 0;
     double max_true = 0;
     GridPoints grid(o.grid);
@@ -324,8 +329,13 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
         const Xxh3State hash[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
         XXH3_state_t* hs[3] = {hash[0].get(), hash[1].get(), hash[2].get()};
         try {
-            cr.for_each_chunk(j, 1 << 18, o.certificates || cmp, [&](const ContainerReader::Chunk& c) {
+            cr.for_each_chunk(j, 1 << 18, want, [&](const ContainerReader::Chunk& c) {
                 prog.advance(c.n * uint64_t(nm) * es);
+                if (codes_only) {  // self-check: the decoded codes hashed (hs[] serves the original otherwise)
+                    for (int k = 0; k < nm; ++k) XXH3_64bits_update(hs[k], c.codes[k].data(), c.codes[k].size());
+                    escapes += c.escaped.size();
+                    return;
+                }
                 std::vector<char> esc(c.n, 0);
                 for (uint32_t q : c.escaped) esc[q] = 1;
                 escapes += c.escaped.size();
@@ -375,6 +385,10 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
         } catch (const BadInput& ex) {
             fail(e.name + ": " + ex.what());
         }
+        if (codes_only)
+            for (int k = 0; k < nm; ++k)
+                if (XXH3_64bits_digest(hs[k]) != (*o.code_hashes)[j][std::size_t(k)])
+                    fail(e.name + ": decoded " + container::kRoleNames[k] + " codes differ from the encoded ones");
         if (cmp)
             for (int k = 0; k < nm; ++k)
                 if (XXH3_64bits_digest(hs[k]) != man.storages[std::size_t(e.storage[k])].xxh3)

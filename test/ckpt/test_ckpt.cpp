@@ -5,9 +5,11 @@
 #include <doctest/doctest.h>
 
 #include <unistd.h>
+#include <xxhash.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -221,4 +223,36 @@ TEST_CASE("the storage walk: /raw holds exactly the non-moment spans; restore pu
     const Report rv = verify(ckz, vo);
     CHECK(rv.ok);
     CHECK(std::find(rv.checks.begin(), rv.checks.end(), "original: every non-moment byte identical") != rv.checks.end());
+}
+
+TEST_CASE("compress's self-check compares the decoded codes with the encoded ones") {
+    TempDir dir;
+    const std::string src = data("lm_amsgrad.pt"), ckz = (dir.path / "a.ckz.h5").string();
+    CompressOptions o;
+    o.device = "cpu";
+    REQUIRE(compress(src, ckz, o).ok);
+    // the codes the encoder wrote, per parameter and role, re-read independently of verify
+    const ContainerReader cr(ckz);
+    const auto& man = cr.manifest();
+    std::vector<std::array<uint64_t, 3>> hashes(man.params.size());
+    for (std::size_t j = 0; j < man.params.size(); ++j) {
+        std::array<std::vector<uint8_t>, 3> all;
+        cr.for_each_chunk(j, 1 << 20, ContainerReader::Want::Codes, [&](const ContainerReader::Chunk& c) {
+            for (int k = 0; k < man.params[j].moments(); ++k) all[k].insert(all[k].end(), c.codes[k].begin(), c.codes[k].end());
+        });
+        for (int k = 0; k < man.params[j].moments(); ++k) {
+            CHECK(all[k].size() == man.params[j].numel * 2);  // vlog: two bytes per code
+            hashes[j][std::size_t(k)] = XXH3_64bits(all[k].data(), all[k].size());
+        }
+    }
+    VerifyOptions vo;
+    vo.certificates = false;
+    vo.code_hashes = &hashes;
+    const Report good = verify(ckz, vo);
+    CHECK(good.ok);
+    hashes[1][1] ^= 1;  // one role of one parameter "encoded" differently
+    const Report bad = verify(ckz, vo);
+    CHECK(!bad.ok);
+    REQUIRE(bad.failures.size() == 1);
+    CHECK(bad.failures[0] == man.params[1].name + ": decoded exp_avg_sq codes differ from the encoded ones");
 }

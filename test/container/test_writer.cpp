@@ -174,7 +174,7 @@ TEST_CASE("ContainerWriter -> ContainerReader: raw bytes, streams, offsets and e
     for (std::size_t j = 0; j < 2; ++j) {
         const ParamEntry& e = m.params[j];
         std::vector<uint32_t> escaped;
-        cr.for_each_chunk(j, 1 << 20, false, [&](const ContainerReader::Chunk& c) {
+        cr.for_each_chunk(j, 1 << 20, ContainerReader::Want::Values, [&](const ContainerReader::Chunk& c) {
             CHECK(c.begin == 0);
             REQUIRE(c.n == e.numel);
             escaped = c.escaped;

@@ -31,7 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             const uint64_t n = man.params[j].numel;
             if (n > budget) break;
             budget -= n;
-            cr.for_each_chunk(j, 4096, true, [](const ckpt::ContainerReader::Chunk&) {});
+            for (auto w : {ckpt::ContainerReader::Want::Codes, ckpt::ContainerReader::Want::Bounds})
+                cr.for_each_chunk(j, 4096, w, [](const ckpt::ContainerReader::Chunk&) {});
         }
     } catch (const ckpt::BadInput&) {
     } catch (const ckpt::CheckFailed&) {
