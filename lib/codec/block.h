@@ -61,8 +61,8 @@ CKPT_HD void gradient_domain_hd(const DomainRule& d, const float* theta, std::si
     if (d.l2) {
         const double s = theta ? d.weight_decay * double(theta[i]) : 0.0;
         const double w = theta ? 0.0 : fabs(d.weight_decay) * d.theta_bound;
-        lo = fmin(lo, s - w - G);
-        hi = fmax(hi, s + w + G);
+        lo = fmin_hd(lo, s - w - G);
+        hi = fmax_hd(hi, s + w + G);
     }
     lo -= fabs(lo) * 1e-6;
     hi += fabs(hi) * 1e-6;
@@ -149,8 +149,11 @@ CKPT_HD void code_role(const TensorSetup& s, const float* const* src, std::size_
 /// w.scale[j] for exp_avg from the decoded second moments of the kept coordinates.
 template <class Q>
 CKPT_HD void set_scales(const TensorSetup& s, int bn, const BlockTrial<Q>* t, BlockWork<Q>& w) {
-    for (int j = 0; j < bn; ++j)
-        w.scale[j] = t->keep[j] ? m_scale(w.cells[1][j].dec, s.moments() == 3 ? w.cells[2][j].dec : 0.0) : 0.0;
+    const bool ams = s.moments() == 3;
+    for (int j = 0; j < bn; ++j) {  // branch-free (a dropped coordinate's stale cell is computed, then discarded)
+        const double r = m_scale(w.cells[1][j].dec, ams ? w.cells[2][j].dec : 0.0);
+        w.scale[j] = t->keep[j] ? r : 0.0;
+    }
 }
 
 /// Certify every coordinate of trial t that has codes; counts range and total escapes.
@@ -248,10 +251,10 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
             B[j] = kb * (b1 * fabs(m) / sqrt(C) + closed_g) * (vx > C ? vx / C : 1.0);
         }
     } else {  // the same with vmax = 0: sqrt(C) = sqrt(b2) sqrt(v), one root and two divisions;
-        // branch-free over the block (a dead coordinate computes garbage that is never read)
+        // branch-free over the block, so it vectorises (a dead coordinate computes garbage,
+        // NaN or inf, that is never read)
         for (int j = 0; j < bn; ++j) {
-            const double v = src[1][i0 + j];
-            const double r = 1 / sqrt(w.live[j] ? v : 1.0);
+            const double r = 1 / sqrt(double(src[1][i0 + j]));
             A[j] = ka / (a0 + eps * r);
             B[j] = kb * (b1s * fabs(double(src[0][i0 + j])) * r + closed_g);
         }

@@ -243,7 +243,7 @@ CKPT_HD double side_bound(const GuardConst& c, const GuardInput& in, double dm, 
 ///    that is <= inv_bc1 2^-149 / D_min + 2^-149 / lr, taken 8x here.
 CKPT_HD double fp32_gate(const GuardConst& c, const GuardInput& in, const Denom0& z) {
     const double big = 0x1p100, tiny = 0x1p-126;
-    const double ma = fmax(fabs(in.m.lo), fabs(in.m.hi));
+    const double ma = fmax_hd(fabs(in.m.lo), fabs(in.m.hi));
     if (!(ma < big) || !(fabs(in.m.dec) < big) || !(in.v.hi < big)) return INFINITY;
     if (in.amsgrad && !(in.vmax.hi < big)) return INFINITY;
     if (!(c.lr * c.inv_bc1 <= 2)) return INFINITY;
@@ -261,9 +261,9 @@ CKPT_HD double fp32_gate(const GuardConst& c, const GuardInput& in) { return fp3
 /// point lower bound that fails hopeless coordinates fast, then the adaptively refined
 /// linear-logarithmic partition (side_bound / refine_bound).
 CKPT_HD double certify(const GuardConst& c, const GuardInput& in) {
-    const double dm = fmax(in.m.dec - in.m.lo, in.m.hi - in.m.dec);
-    double dv = fmax(in.v.dec - in.v.lo, in.v.hi - in.v.dec) * c.b2;
-    if (in.amsgrad) dv = fmax(dv, fmax(in.vmax.dec - in.vmax.lo, in.vmax.hi - in.vmax.dec));
+    const double dm = fmax_hd(in.m.dec - in.m.lo, in.m.hi - in.m.dec);
+    double dv = fmax_hd(in.v.dec - in.v.lo, in.v.hi - in.v.dec) * c.b2;
+    if (in.amsgrad) dv = fmax_hd(dv, fmax_hd(in.vmax.dec - in.vmax.lo, in.vmax.hi - in.vmax.dec));
     // identical decoded state computes identically: no FP32 margin is needed then
     double margin = 0;
     const Denom0 z = denom0(c, in);  // one square root for the three bounds below

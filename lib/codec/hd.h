@@ -21,6 +21,11 @@ using std::signbit;
 
 namespace ckpt::codec {
 
+/// fmax / fmin with their NaN rule (a NaN operand gives the other one), inline: without
+/// -ffinite-math-only the compiler calls libm's for std::fmax (measured 1.6% of compress).
+CKPT_HD double fmax_hd(double a, double b) { return a > b ? a : (b == b ? b : a); }
+CKPT_HD double fmin_hd(double a, double b) { return a < b ? a : (b == b ? b : a); }
+
 /// 2^q as a double, exact, for |q| <= 1022 (built from the exponent bits: ldexp's exact
 /// result without the libm call).
 CKPT_HD double pow2i(int q) {
