@@ -419,4 +419,36 @@ CKPT_HD void decode_coord(const TensorSetup& s, const GuardConst& gc, const uint
     if (bounds) bounds[i] = certify(gc, guard_input(s, c, theta, i));
 }
 
+/// Restore's vlog decode of one block: exactly decode_coord<VLog>'s values (no cells, no
+/// bounds) for coordinates [i0, i0 + bn) of block i0 / kBlock, role by role, without the
+/// per-coordinate role loop (test_codec compares the two bit for bit). out[k] non-null
+/// for every k < s.moments(); `vdec` is scratch of kBlock doubles per second moment.
+CKPT_HD void vlog_decode_block(const TensorSetup& s, const uint8_t* const* codes, const int16_t* const* params,
+                               std::size_t i0, int bn, float* const* out, double (*vdec)[kBlock]) {
+    const int nm = s.moments();
+    const std::size_t b = i0 / kBlock;
+    const int16_t* pv = params[1] + b * VLog::kParams;
+    const MomentType t = s.type;
+    for (int j = 0; j < bn; ++j) {
+        const uint16_t c = load_code(codes[1], 2, i0 + j);
+        vdec[0][j] = round_to_type(t, c == 0 ? 0.0 : VLog::vval(pv, VLog::unzigzag(uint32_t(c) - 1)));
+        out[1][i0 + j] = float(vdec[0][j]);
+    }
+    if (nm == 3)
+        for (int j = 0; j < bn; ++j) {
+            const uint16_t c = load_code(codes[2], 2, i0 + j);
+            const int64_t at = VLog::index_of(load_code(codes[1], 2, i0 + j));
+            vdec[1][j] = round_to_type(t, c == 0 ? 0.0 : VLog::vval(pv, at + VLog::unzigzag(uint32_t(c) - 1)));
+            out[2][i0 + j] = float(vdec[1][j]);
+        }
+    const double unit = VLog::value(params[0][b * VLog::kParams]);
+    for (int j = 0; j < bn; ++j) {
+        const uint16_t c = load_code(codes[0], 2, i0 + j);
+        const double scale = m_scale(vdec[0][j], nm == 3 ? vdec[1][j] : 0.0);
+        const int q = c >> 1;
+        const double x = q == 0 ? 0.0 : double(float(q * (unit * scale)));
+        out[0][i0 + j] = float(round_to_type(t, (c & 1) ? -x : x));
+    }
+}
+
 }  // namespace ckpt::codec

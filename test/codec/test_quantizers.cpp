@@ -4,7 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -342,5 +344,37 @@ TEST_CASE("vlog row prediction equals the format's definition (steps of any sign
         REQUIRE(a == b);
         vlog_rows(a.data(), n, params.data(), row, false);
         REQUIRE(a == codes);
+    }
+}
+
+TEST_CASE("vlog: restore's block decode gives decode_coord's values bit for bit (any codes, params, type)") {
+    std::mt19937_64 rng(31);
+    for (int trial = 0; trial < 60; ++trial) {
+        TensorSetup s;
+        s.kind = Kind::VLog;
+        s.hyper.amsgrad = trial % 2 == 1;
+        s.type = trial % 3 == 0 ? MomentType::F32 : trial % 3 == 1 ? MomentType::F16 : MomentType::BF16;
+        const std::size_t n = 1 + rng() % 3000, blocks = (n + 63) / 64;
+        std::array<std::vector<uint8_t>, 3> codes;
+        std::array<std::vector<int16_t>, 3> params;
+        for (int k = 0; k < 3; ++k) {
+            codes[k].resize(2 * n);
+            for (auto& b : codes[k]) b = uint8_t(rng());
+            if (trial % 4 == 0)  // small indices too, and exact zeros
+                for (std::size_t i = 0; i < n; ++i) { codes[k][2 * i] = uint8_t(rng() % 9); codes[k][2 * i + 1] = 0; }
+            params[k].resize(2 * blocks);
+            for (auto& p : params[k]) p = int16_t(rng());
+            if (trial % 5 == 0)
+                for (std::size_t b = 0; b < blocks; ++b) params[k][2 * b + 1] = int16_t(1 + rng() % 40);
+        }
+        std::array<std::vector<float>, 2> out;  // fast path, decode_coord
+        for (int path = 0; path < 2; ++path) {
+            out[path].assign(3 * n, 0.0f);
+            std::vector<double> bounds(path == 1 ? n : 0);
+            std::array<float*, 3> o{out[path].data(), out[path].data() + n, s.moments() == 3 ? out[path].data() + 2 * n : nullptr};
+            decode_chunk(s, {codes[0].data(), codes[1].data(), codes[2].data()}, {params[0].data(), params[1].data(), params[2].data()},
+                         n, o, nullptr, path == 1 ? bounds.data() : nullptr);
+        }
+        REQUIRE(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)) == 0);
     }
 }
