@@ -121,13 +121,20 @@ struct BlockTrial {
     int range_escapes;  ///< escapes because a moment had no code (outside the block's range)
 };
 
+/// One moment's cells of a block, structure of arrays (so loops over them vectorise).
+struct BlockCells {
+    double dec[kBlock], lo[kBlock], hi[kBlock];
+    CKPT_HD_FORCE Cell get(int j) const { return {dec[j], lo[j], hi[j]}; }
+    CKPT_HD_FORCE void set(int j, const Cell& c) { dec[j] = c.dec; lo[j] = c.lo; hi[j] = c.hi; }
+};
+
 /// Scratch of encode_block (about 7 KB; one per CPU thread or GPU thread).
 template <class Q>
 struct BlockWork {
     BlockTrial<Q> trial[2];
     double scale[kBlock];
-    Cell cells[3][kBlock];
-    double sens[2][kBlock];   ///< vlog: the closed form's sensitivities to the two steps
+    BlockCells cells[3];
+    double sens[2][kBlock];   ///< vlog: the closed form's sensitivities to the two steps; certify_trial's scratch
     double lg[3][kBlock];     ///< vlog: log2_hd of the positive finite second moments
     bool live[kBlock];        ///< vlog: coordinates the steps must certify
 };
@@ -142,7 +149,7 @@ CKPT_HD void code_role(const TensorSetup& s, const float* const* src, std::size_
         if (!t->keep[j]) continue;
         const double sc = k == 0 ? w.scale[j] : 0.0;
         t->keep[j] = Q::encode(src[k][i0 + j], role_of(k), t->p[k], sc, &t->code[k][j]);
-        if (t->keep[j]) w.cells[k][j] = cell_of<Q>(s, t->code[k][j], role_of(k), t->p[k], sc);
+        if (t->keep[j]) w.cells[k].set(j, cell_of<Q>(s, t->code[k][j], role_of(k), t->p[k], sc));
     }
 }
 
@@ -151,24 +158,57 @@ template <class Q>
 CKPT_HD void set_scales(const TensorSetup& s, int bn, const BlockTrial<Q>* t, BlockWork<Q>& w) {
     const bool ams = s.moments() == 3;
     for (int j = 0; j < bn; ++j) {  // branch-free (a dropped coordinate's stale cell is computed, then discarded)
-        const double r = m_scale(w.cells[1][j].dec, ams ? w.cells[2][j].dec : 0.0);
+        const double r = m_scale(w.cells[1].dec[j], ams ? w.cells[2].dec[j] : 0.0);
         w.scale[j] = t->keep[j] ? r : 0.0;
     }
 }
 
+/// certify_closed over the first bn coordinates of a block's cells: closed[j] = its
+/// certificate where the closed stage alone certifies (<= tol), else -1. A loop without
+/// branches (amsgrad is a template flag; stale cells of dropped coordinates compute
+/// garbage that the caller ignores), so it vectorises.
+template <bool kVmax>
+CKPT_HD_FORCE void closed_stage_block(const GuardConst& gc, const BlockCells* cells, int bn, double tol, double* closed) {
+    if (!fp32_gate_tensor(gc)) {  // the gate fails every inexact coordinate: certify() decides each
+        for (int j = 0; j < bn; ++j) closed[j] = -1.0;
+        return;
+    }
+    for (int j = 0; j < bn; ++j) {
+        GuardInput g;
+        g.amsgrad = kVmax;
+        g.m = cells[0].get(j);
+        g.v = cells[1].get(j);
+        if (kVmax) g.vmax = cells[2].get(j);
+        const ClosedStage k = certify_closed(gc, g);
+        closed[j] = k.gate_failed == 0 ? (k.closed <= tol ? k.closed : -1.0) : -1.0;
+    }
+}
+
 /// Certify every coordinate of trial t that has codes; counts range and total escapes.
+/// certify()'s closed stage runs first over the whole block (branch-free, vectorised; the
+/// closed form needs no gradient domain), and certify() only where it does not certify:
+/// the same bound for every coordinate as certify() alone.
 template <class Q>
 CKPT_HD void certify_trial(const TensorSetup& s, const GuardConst& gc, const float* theta, std::size_t i0, int bn,
                            BlockTrial<Q>* t, BlockWork<Q>& w) {
     t->escapes = 0;
     t->range_escapes = 0;
+    const bool ams = s.hyper.amsgrad;
+    const double tol = s.tolerance;
+    double* closed = w.sens[0];  // scratch (vlog_plan's sensitivities are used up by now)
+    if (ams) closed_stage_block<true>(gc, w.cells, bn, tol, closed);
+    else closed_stage_block<false>(gc, w.cells, bn, tol, closed);
     for (int j = 0; j < bn; ++j) {
         t->range_escapes += !t->keep[j];
         t->code_ok[j] = t->keep[j];
         if (t->keep[j]) {
-            const Cell c[3] = {w.cells[0][j], w.cells[1][j], w.cells[2][j]};
-            t->bound[j] = certify(gc, guard_input(s, c, theta, i0 + std::size_t(j)));
-            t->keep[j] = t->bound[j] <= s.tolerance;
+            if (closed[j] >= 0) {
+                t->bound[j] = closed[j];
+            } else {
+                const Cell c[3] = {w.cells[0].get(j), w.cells[1].get(j), w.cells[2].get(j)};
+                t->bound[j] = certify(gc, guard_input(s, c, theta, i0 + std::size_t(j)));
+                t->keep[j] = t->bound[j] <= tol;
+            }
         }
         t->escapes += !t->keep[j];
     }
@@ -350,8 +390,10 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
                 const float x = src[k][i0 + j];
                 uint16_t& c = t->code[k][j];
                 if (x > 0 && isfinite(x)) {
-                    t->keep[j] = VLog::encode_v(x, w.lg[k][j], t->p[1], &c, &w.cells[k][j]);
-                    w.cells[k][j].dec = round_to_type(s.type, w.cells[k][j].dec);
+                    Cell cell;
+                    t->keep[j] = VLog::encode_v(x, w.lg[k][j], t->p[1], &c, &cell);
+                    cell.dec = round_to_type(s.type, cell.dec);
+                    w.cells[k].set(j, cell);
                     if (k == 2 && t->keep[j]) {  // relative to exp_avg_sq's index
                         const int64_t d = VLog::unzigzag(uint32_t(c) - 1) - VLog::index_of(t->code[1][j]);
                         t->keep[j] = d >= -VLog::kMaxIndex && d <= VLog::kMaxIndex;
@@ -359,7 +401,7 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
                     }
                 } else {
                     t->keep[j] = VLog::encode(x, role_of(k), t->p[1], 0, &c);  // +0 -> code 0, exact; else no code
-                    if (t->keep[j]) w.cells[k][j] = Cell{};
+                    if (t->keep[j]) w.cells[k].set(j, Cell{});
                 }
             }
         set_scales(s, bn, t, w);
@@ -371,8 +413,9 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
             uint16_t& c = t->code[0][j];
             t->keep[j] = VLog::encode_m_value(x, d, &c);
             if (t->keep[j]) {
-                w.cells[0][j] = VLog::m_cell(c, d);
-                w.cells[0][j].dec = round_to_type(s.type, w.cells[0][j].dec);
+                Cell cell = VLog::m_cell(c, d);
+                cell.dec = round_to_type(s.type, cell.dec);
+                w.cells[0].set(j, cell);
             }
         }
         certify_trial(s, gc, theta, i0, bn, t, w);

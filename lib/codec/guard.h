@@ -101,9 +101,9 @@ struct GuardInput {
 struct Denom0 {
     double v0, sv0, d0;
 };
-CKPT_HD Denom0 denom0(const GuardConst& c, const GuardInput& in) {
-    double v0 = c.b2 * in.v.lo;
-    if (in.amsgrad && in.vmax.lo > v0) v0 = in.vmax.lo;
+CKPT_HD_FORCE Denom0 denom0(const GuardConst& c, const GuardInput& in) {
+    const double vb = c.b2 * in.v.lo;
+    const double v0 = in.amsgrad && in.vmax.lo > vb ? in.vmax.lo : vb;
     const double sv0 = sqrt(v0);
     return {v0, sv0, sv0 / c.sqrt_bc2 + c.eps};
 }
@@ -139,7 +139,7 @@ CKPT_HD double cell_bound(const GuardConst& c, const GuardInput& in, double dm, 
 
 /// Upper bound of max |f| over the domain for original and decoded state (lr units):
 /// b1 |m| / D(0) + (1-b1) |g| / D(g) <= b1 |m| / D(0) + (1-b1) sqrt(bc2) / sqrt(1-b2).
-CKPT_HD double update_bound(const GuardConst& c, const GuardInput& in, const Denom0& z) {
+CKPT_HD_FORCE double update_bound(const GuardConst& c, const GuardInput& in, const Denom0& z) {
     const double d0 = z.d0;
     const double mabs = fabs(in.m.lo) > fabs(in.m.hi) ? fabs(in.m.lo) : fabs(in.m.hi);
     return (c.b1 * mabs / d0 + 2 * c.tail * c.sqrt_bc2) * c.inv_bc1;
@@ -156,13 +156,12 @@ CKPT_HD double update_bound(const GuardConst& c, const GuardInput& in) { return 
 /// The sum of separate suprema is looser than the partition (up to ~2x when sqrt(v) >> eps,
 /// more when eps dominates) but costs two square roots; it lets most coordinates skip the
 /// partition.
-CKPT_HD double closed_bound(const GuardConst& c, const GuardInput& in, double dm, double dv, const Denom0& z) {
+CKPT_HD_FORCE double closed_bound(const GuardConst& c, const GuardInput& in, double dm, double dv, const Denom0& z) {
     const double C = c.b2 * in.v.lo;
-    if (!(C > 0)) return INFINITY;
     const double sC = z.v0 == C ? z.sv0 : sqrt(C);  // v0 = C unless amsgrad's vmax is larger
     const double t1 = c.b1 * dm / z.d0;
     const double t2 = 0.5 * c.sqrt_bc2 * dv * (c.b1 * fabs(in.m.dec) / (C * sC) + c.closed_g / C);
-    return (t1 + t2) * c.inv_bc1;
+    return C > 0 ? (t1 + t2) * c.inv_bc1 : INFINITY;  // a select, not a branch (certify_closed vectorises)
 }
 CKPT_HD double closed_bound(const GuardConst& c, const GuardInput& in, double dm, double dv) {
     return closed_bound(c, in, dm, dv, denom0(c, in));
@@ -241,19 +240,57 @@ CKPT_HD double side_bound(const GuardConst& c, const GuardInput& in, double dm, 
 ///    exact value; then v', sqrt and the divisions round relatively. m' and the final
 ///    update may still round in the subnormal range, by at most 2^-150 each: in lr units
 ///    that is <= inv_bc1 2^-149 / D_min + 2^-149 / lr, taken 8x here.
-CKPT_HD double fp32_gate(const GuardConst& c, const GuardInput& in, const Denom0& z) {
+/// fp32_gate's conditions on the tensor alone (lr and bias correction).
+CKPT_HD_FORCE bool fp32_gate_tensor(const GuardConst& c) { return c.lr * c.inv_bc1 <= 2 && c.lr > 0; }
+/// fp32_gate's per-coordinate part: every condition a select of doubles (no branches and
+/// no booleans, so a loop of certify_closed over a block vectorises).
+CKPT_HD_FORCE double fp32_gate_coord(const GuardConst& c, const GuardInput& in, const Denom0& z) {
     const double big = 0x1p100, tiny = 0x1p-126;
-    const double ma = fmax_hd(fabs(in.m.lo), fabs(in.m.hi));
-    if (!(ma < big) || !(fabs(in.m.dec) < big) || !(in.v.hi < big)) return INFINITY;
-    if (in.amsgrad && !(in.vmax.hi < big)) return INFINITY;
-    if (!(c.lr * c.inv_bc1 <= 2)) return INFINITY;
-    if (in.v.hi > in.v.lo && !(c.b2 * in.v.lo >= tiny)) return INFINITY;
-    if (in.amsgrad && in.vmax.hi > in.vmax.lo && !(in.vmax.lo >= tiny)) return INFINITY;
+    const double ma = max_hd(fabs(in.m.lo), fabs(in.m.hi));
     const double dmin = z.d0;
-    if (!(dmin > 0) || !(c.lr > 0)) return INFINITY;
-    return 8 * 0x1p-149 * (c.inv_bc1 / dmin + c.inv_lr);
+    double m = 8 * 0x1p-149 * (c.inv_bc1 / dmin + c.inv_lr);
+    m = ma < big ? m : INFINITY;
+    m = fabs(in.m.dec) < big ? m : INFINITY;
+    m = in.v.hi < big ? m : INFINITY;
+    m = in.v.hi > in.v.lo ? (c.b2 * in.v.lo >= tiny ? m : INFINITY) : m;
+    m = dmin > 0 ? m : INFINITY;
+    if (in.amsgrad) {  // uniform over a tensor
+        m = in.vmax.hi < big ? m : INFINITY;
+        m = in.vmax.hi > in.vmax.lo ? (in.vmax.lo >= tiny ? m : INFINITY) : m;
+    }
+    return m;
 }
-CKPT_HD double fp32_gate(const GuardConst& c, const GuardInput& in) { return fp32_gate(c, in, denom0(c, in)); }
+CKPT_HD double fp32_gate(const GuardConst& c, const GuardInput& in) {
+    return fp32_gate_tensor(c) ? fp32_gate_coord(c, in, denom0(c, in)) : INFINITY;
+}
+
+/// certify's first stage: the cells' half-widths dm, dv (dv in units of b2 v), the FP32
+/// margin and the closed-form certificate with margin and slack. gate_failed: fp32_gate's
+/// per-coordinate part or the overflow check failed (certify returns +inf then; the caller
+/// checks fp32_gate_tensor). Branch-free (selects only) so a loop over a block's
+/// coordinates vectorises (block.h certify_trial).
+struct ClosedStage {
+    double dm, dv, margin, closed;
+    double gate_failed;  ///< 1 or 0 (a double, for the vectoriser)
+};
+CKPT_HD_FORCE ClosedStage certify_closed(const GuardConst& c, const GuardInput& in) {
+    ClosedStage r;
+    r.dm = max_hd(in.m.dec - in.m.lo, in.m.hi - in.m.dec);
+    const double dv = max_hd(in.v.dec - in.v.lo, in.v.hi - in.v.dec) * c.b2;
+    r.dv = in.amsgrad ? max_hd(dv, max_hd(in.vmax.dec - in.vmax.lo, in.vmax.hi - in.vmax.dec)) : dv;
+    const Denom0 z = denom0(c, in);  // one square root for the three bounds below
+    // identical decoded state computes identically: no FP32 margin is needed then
+    const double abs_margin = fp32_gate_coord(c, in, z);
+    const double ub = update_bound(c, in, z);
+    double failed = abs_margin < INFINITY ? 0.0 : 1.0;
+    failed = c.lr * ub < 0x1p100 ? failed : 1.0;
+    const double margin = c.fp32_rel * ub + abs_margin;
+    r.gate_failed = r.dm == 0 ? (r.dv == 0 ? 0.0 : failed) : failed;  // exact: no gate
+    r.margin = r.dm == 0 ? (r.dv == 0 ? 0.0 : margin) : margin;
+    const double slack = 1 + 1e-9;  // covers double rounding inside the bound itself
+    r.closed = (closed_bound(c, in, r.dm, r.dv, z) + r.margin) * slack;
+    return r;
+}
 
 /// Certificate: an upper bound of sup_{g in domain} |u(g) - u~(g)| / lr including the
 /// FP32 margin, or a value above the tolerance (+inf/NaN when no bound exists). Order:
@@ -261,20 +298,11 @@ CKPT_HD double fp32_gate(const GuardConst& c, const GuardInput& in) { return fp3
 /// point lower bound that fails hopeless coordinates fast, then the adaptively refined
 /// linear-logarithmic partition (side_bound / refine_bound).
 CKPT_HD double certify(const GuardConst& c, const GuardInput& in) {
-    const double dm = fmax_hd(in.m.dec - in.m.lo, in.m.hi - in.m.dec);
-    double dv = fmax_hd(in.v.dec - in.v.lo, in.v.hi - in.v.dec) * c.b2;
-    if (in.amsgrad) dv = fmax_hd(dv, fmax_hd(in.vmax.dec - in.vmax.lo, in.vmax.hi - in.vmax.dec));
-    // identical decoded state computes identically: no FP32 margin is needed then
-    double margin = 0;
-    const Denom0 z = denom0(c, in);  // one square root for the three bounds below
-    if (!(dm == 0 && dv == 0)) {
-        const double abs_margin = fp32_gate(c, in, z);
-        const double ub = update_bound(c, in, z);
-        if (!(abs_margin < INFINITY) || !(c.lr * ub < 0x1p100)) return INFINITY;
-        margin = c.fp32_rel * ub + abs_margin;
-    }
-    const double slack = 1 + 1e-9;  // covers double rounding inside the bound itself
-    const double closed = (closed_bound(c, in, dm, dv, z) + margin) * slack;
+    const ClosedStage k = certify_closed(c, in);
+    const bool exact = k.dm == 0 && k.dv == 0;
+    if (k.gate_failed != 0 || (!exact && !fp32_gate_tensor(c))) return INFINITY;
+    const double dm = k.dm, dv = k.dv, margin = k.margin, closed = k.closed;
+    const double slack = 1 + 1e-9;
     if (closed <= c.tolerance) return closed;
     const double whole = (cell_bound(c, in, dm, dv, in.glo, in.ghi) + margin) * slack;
     if (whole <= c.tolerance) return whole;
