@@ -431,15 +431,14 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
     return *best;
 }
 
-/// Decode coordinate i of a chunk: out[k][i] (when out[k] is non-null) and, when bounds
-/// is non-null, its re-derived certificate bounds[i]. codes[k] / params[k] are chunk-based.
+/// Decoded values and cells of coordinate i of a chunk (c[k] for k < s.moments()), or
+/// values only when `cells` is false (restore: c[k].dec alone is set). codes[k] /
+/// params[k] are chunk-based.
 template <class Q>
-CKPT_HD void decode_coord(const TensorSetup& s, const GuardConst& gc, const uint8_t* const* codes,
-                          const int16_t* const* params, std::size_t i, float* const* out, const float* theta,
-                          double* bounds) {
+CKPT_HD void decode_cells(const TensorSetup& s, const uint8_t* const* codes, const int16_t* const* params,
+                          std::size_t i, bool cells, Cell* c) {
     const int nm = s.moments();
     const std::size_t b = i / kBlock;
-    Cell c[3];
     const int order[3] = {1, 2, 0};  // exp_avg_sq, max_exp_avg_sq, then exp_avg (relative to both)
     for (int oi = 0; oi < 3; ++oi) {
         const int k = order[oi];
@@ -451,46 +450,98 @@ CKPT_HD void decode_coord(const TensorSetup& s, const GuardConst& gc, const uint
             if (k == 2) {  // on exp_avg_sq's grid, relative to its index
                 c[2] = VLog::vmax_cell(code, load_code(codes[1], Q::kCodeBytes, i), params[1] + b * Q::kParams);
                 c[2].dec = round_to_type(s.type, c[2].dec);
-                if (out[2]) out[2][i] = float(c[2].dec);
                 continue;
             }
         }
-        if (bounds) c[k] = cell_of<Q>(s, code, role_of(k), p, scale);
+        if (cells) c[k] = cell_of<Q>(s, code, role_of(k), p, scale);
         else c[k].dec = decoded_of<Q>(s, code, role_of(k), p, scale);  // restore: no cells needed
-        if (out[k]) out[k][i] = float(c[k].dec);
     }
+}
+
+/// Decode coordinate i of a chunk: out[k][i] (when out[k] is non-null) and, when bounds
+/// is non-null, its re-derived certificate bounds[i]. codes[k] / params[k] are chunk-based.
+template <class Q>
+CKPT_HD void decode_coord(const TensorSetup& s, const GuardConst& gc, const uint8_t* const* codes,
+                          const int16_t* const* params, std::size_t i, float* const* out, const float* theta,
+                          double* bounds) {
+    Cell c[3];
+    decode_cells<Q>(s, codes, params, i, bounds != nullptr, c);
+    for (int k = 0; k < s.moments(); ++k)
+        if (out[k]) out[k][i] = float(c[k].dec);
     if (bounds) bounds[i] = certify(gc, guard_input(s, c, theta, i));
 }
 
-/// Restore's vlog decode of one block: exactly decode_coord<VLog>'s values (no cells, no
-/// bounds) for coordinates [i0, i0 + bn) of block i0 / kBlock, role by role, without the
-/// per-coordinate role loop (test_codec compares the two bit for bit). out[k] non-null
-/// for every k < s.moments(); `vdec` is scratch of kBlock doubles per second moment.
+/// vlog's decode of one block, role by role without decode_cells' per-coordinate role
+/// loop: exactly decode_cells<VLog>'s values, and with `with_cells` its cells, for
+/// coordinates [i0, i0 + bn) of block i0 / kBlock, into cells[k] (SoA; .dec only without
+/// with_cells) and out[k] where non-null (test_codec compares the two bit for bit).
 CKPT_HD void vlog_decode_block(const TensorSetup& s, const uint8_t* const* codes, const int16_t* const* params,
-                               std::size_t i0, int bn, float* const* out, double (*vdec)[kBlock]) {
+                               std::size_t i0, int bn, bool with_cells, float* const* out, BlockCells* cells) {
     const int nm = s.moments();
     const std::size_t b = i0 / kBlock;
     const int16_t* pv = params[1] + b * VLog::kParams;
     const MomentType t = s.type;
-    for (int j = 0; j < bn; ++j) {
-        const uint16_t c = load_code(codes[1], 2, i0 + j);
-        vdec[0][j] = round_to_type(t, c == 0 ? 0.0 : VLog::vval(pv, VLog::unzigzag(uint32_t(c) - 1)));
-        out[1][i0 + j] = float(vdec[0][j]);
-    }
+    auto second = [&](int k, int j, int64_t at, uint16_t c) {  // exp_avg_sq (at = 0) or max_exp_avg_sq
+        BlockCells& r = cells[k];
+        if (c == 0) { r.dec[j] = r.lo[j] = r.hi[j] = 0.0; return; }
+        const int64_t idx = at + VLog::unzigzag(uint32_t(c) - 1);
+        const double x = VLog::vval(pv, idx);
+        if (with_cells) { r.lo[j] = (x + VLog::vval(pv, idx - 1)) / 2; r.hi[j] = (x + VLog::vval(pv, idx + 1)) / 2; }
+        r.dec[j] = round_to_type(t, x);
+    };
+    for (int j = 0; j < bn; ++j) second(1, j, 0, load_code(codes[1], 2, i0 + j));
     if (nm == 3)
-        for (int j = 0; j < bn; ++j) {
-            const uint16_t c = load_code(codes[2], 2, i0 + j);
-            const int64_t at = VLog::index_of(load_code(codes[1], 2, i0 + j));
-            vdec[1][j] = round_to_type(t, c == 0 ? 0.0 : VLog::vval(pv, at + VLog::unzigzag(uint32_t(c) - 1)));
-            out[2][i0 + j] = float(vdec[1][j]);
-        }
+        for (int j = 0; j < bn; ++j)
+            second(2, j, VLog::index_of(load_code(codes[1], 2, i0 + j)), load_code(codes[2], 2, i0 + j));
     const double unit = VLog::value(params[0][b * VLog::kParams]);
+    BlockCells& m = cells[0];
     for (int j = 0; j < bn; ++j) {
         const uint16_t c = load_code(codes[0], 2, i0 + j);
-        const double scale = m_scale(vdec[0][j], nm == 3 ? vdec[1][j] : 0.0);
-        const int q = c >> 1;
-        const double x = q == 0 ? 0.0 : double(float(q * (unit * scale)));
-        out[0][i0 + j] = float(round_to_type(t, (c & 1) ? -x : x));
+        const double scale = m_scale(cells[1].dec[j], nm == 3 ? cells[2].dec[j] : 0.0);
+        if (with_cells) {
+            const Cell x = VLog::m_cell(c, unit * scale);
+            m.lo[j] = x.lo;
+            m.hi[j] = x.hi;
+            m.dec[j] = round_to_type(t, x.dec);
+        } else {
+            const int q = c >> 1;
+            const double x = q == 0 ? 0.0 : double(float(q * (unit * scale)));
+            m.dec[j] = round_to_type(t, (c & 1) ? -x : x);
+        }
+    }
+    for (int k = 0; k < nm; ++k)
+        if (out[k])
+            for (int j = 0; j < bn; ++j) out[k][i0 + j] = float(cells[k].dec[j]);
+}
+
+/// decode_coord with bounds for the bn coordinates of the block starting at chunk index
+/// i0 (the same values and bounds): the cells of the whole block first, then certify's
+/// closed stage over the block (vectorised, closed_stage_block) and certify() only where
+/// that does not certify. `cells` / `closed`: scratch of 3 and 1 block rows.
+template <class Q>
+CKPT_HD void decode_block_bounds(const TensorSetup& s, const GuardConst& gc, const uint8_t* const* codes,
+                                 const int16_t* const* params, std::size_t i0, int bn, float* const* out,
+                                 const float* theta, double* bounds, BlockCells* cells, double* closed) {
+    const int nm = s.moments();
+    if constexpr (std::is_same<Q, VLog>::value) {
+        vlog_decode_block(s, codes, params, i0, bn, true, out, cells);
+    } else {
+        for (int j = 0; j < bn; ++j) {
+            Cell c[3];
+            decode_cells<Q>(s, codes, params, i0 + std::size_t(j), true, c);
+            for (int k = 0; k < nm; ++k) {
+                cells[k].set(j, c[k]);
+                if (out[k]) out[k][i0 + std::size_t(j)] = float(c[k].dec);
+            }
+        }
+    }
+    if (nm == 3) closed_stage_block<true>(gc, cells, bn, s.tolerance, closed);
+    else closed_stage_block<false>(gc, cells, bn, s.tolerance, closed);
+    for (int j = 0; j < bn; ++j) {
+        const std::size_t i = i0 + std::size_t(j);
+        if (closed[j] >= 0) { bounds[i] = closed[j]; continue; }
+        const Cell c[3] = {cells[0].get(j), cells[1].get(j), nm == 3 ? cells[2].get(j) : Cell{}};
+        bounds[i] = certify(gc, guard_input(s, c, theta, i));
     }
 }
 

@@ -159,17 +159,24 @@ void decode_impl(const TensorSetup& s, const std::array<const uint8_t*, 3>& code
                  std::array<float*, 3> out, const float* theta, double* bounds) {
     const GuardConst gc = make_guard_const(s.hyper, s.tolerance);
     const std::size_t blocks = (n + kBlock - 1) / kBlock;
-    bool all_out = true;
-    for (int k = 0; k < s.moments(); ++k) all_out = all_out && out[std::size_t(k)];
     for_block_ranges(blocks, parts_for(n), [&](unsigned, std::size_t b0, std::size_t b1) {
         if constexpr (std::is_same_v<Q, VLog>) {
-            if (!bounds && all_out) {  // restore: values only, a block at a time
-                double vdec[2][kBlock];
+            if (!bounds) {  // restore: values only, a block at a time
+                auto cells = std::make_unique<BlockCells[]>(3);
                 for (std::size_t b = b0; b < b1; ++b)
                     vlog_decode_block(s, codes.data(), params.data(), b * kBlock,
-                                      int(std::min(n, (b + 1) * kBlock) - b * kBlock), out.data(), vdec);
+                                      int(std::min(n, (b + 1) * kBlock) - b * kBlock), false, out.data(), cells.get());
                 return;
             }
+        }
+        if (bounds) {  // verify: a block at a time (the same bounds as decode_coord's)
+            auto cells = std::make_unique<BlockCells[]>(3);
+            double closed[kBlock];
+            for (std::size_t b = b0; b < b1; ++b)
+                decode_block_bounds<Q>(s, gc, codes.data(), params.data(), b * kBlock,
+                                       int(std::min(n, (b + 1) * kBlock) - b * kBlock), out.data(), theta, bounds,
+                                       cells.get(), closed);
+            return;
         }
         for (std::size_t i = b0 * kBlock; i < std::min(n, b1 * kBlock); ++i)
             decode_coord<Q>(s, gc, codes.data(), params.data(), i, out.data(), theta, bounds);

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "codec/bf16.h"
+#include "codec/block.h"
 #include "codec/blockwise8.h"
 #include "codec/codec.h"
 #include "codec/log8.h"
@@ -347,34 +348,58 @@ TEST_CASE("vlog row prediction equals the format's definition (steps of any sign
     }
 }
 
-TEST_CASE("vlog: restore's block decode gives decode_coord's values bit for bit (any codes, params, type)") {
+TEST_CASE("block decodes (restore's values, verify's bounds) give decode_coord's bit for bit (any codes, params, type)") {
     std::mt19937_64 rng(31);
-    for (int trial = 0; trial < 60; ++trial) {
+    for (int trial = 0; trial < 80; ++trial) {
         TensorSetup s;
-        s.kind = Kind::VLog;
+        s.kind = trial % 4 == 3 ? Kind::Log8 : Kind::VLog;
         s.hyper.amsgrad = trial % 2 == 1;
+        s.hyper.step = double(rng() % 1000);
         s.type = trial % 3 == 0 ? MomentType::F32 : trial % 3 == 1 ? MomentType::F16 : MomentType::BF16;
-        const std::size_t n = 1 + rng() % 3000, blocks = (n + 63) / 64;
+        const int cb = code_bytes(s.kind), pb = params_per_block(s.kind);
+        const std::size_t n = 1 + rng() % 2000, blocks = (n + 63) / 64;
         std::array<std::vector<uint8_t>, 3> codes;
         std::array<std::vector<int16_t>, 3> params;
         for (int k = 0; k < 3; ++k) {
-            codes[k].resize(2 * n);
+            codes[k].resize(std::size_t(cb) * n);
             for (auto& b : codes[k]) b = uint8_t(rng());
-            if (trial % 4 == 0)  // small indices too, and exact zeros
+            if (cb == 2 && trial % 8 < 4)  // small indices (cells that certify), and exact zeros
                 for (std::size_t i = 0; i < n; ++i) { codes[k][2 * i] = uint8_t(rng() % 9); codes[k][2 * i + 1] = 0; }
-            params[k].resize(2 * blocks);
+            params[k].resize(std::size_t(pb) * blocks + 1);
             for (auto& p : params[k]) p = int16_t(rng());
-            if (trial % 5 == 0)
-                for (std::size_t b = 0; b < blocks; ++b) params[k][2 * b + 1] = int16_t(1 + rng() % 40);
+            if (s.kind == Kind::VLog && trial % 8 < 4)  // plausible grids: anchors near 2^-20, steps 1..40
+                for (std::size_t b = 0; b < blocks; ++b) {
+                    params[k][2 * b] = int16_t(-1280 + int(rng() % 64));
+                    params[k][2 * b + 1] = int16_t(1 + rng() % 40);
+                    if (k == 0) params[k][2 * b] = int16_t(-8000 - int(rng() % 2000));
+                }
         }
-        std::array<std::vector<float>, 2> out;  // fast path, decode_coord
-        for (int path = 0; path < 2; ++path) {
+        const std::array<const uint8_t*, 3> cp{codes[0].data(), codes[1].data(), codes[2].data()};
+        const std::array<const int16_t*, 3> pp{params[0].data(), params[1].data(), params[2].data()};
+        // 0: decode_chunk without bounds, 1: with bounds, 2: decode_coord one coordinate at a time
+        std::array<std::vector<float>, 3> out;
+        std::array<std::vector<double>, 3> bounds;
+        for (int path = 0; path < 3; ++path) {
             out[path].assign(3 * n, 0.0f);
-            std::vector<double> bounds(path == 1 ? n : 0);
+            bounds[path].assign(n, 0.0);
             std::array<float*, 3> o{out[path].data(), out[path].data() + n, s.moments() == 3 ? out[path].data() + 2 * n : nullptr};
-            decode_chunk(s, {codes[0].data(), codes[1].data(), codes[2].data()}, {params[0].data(), params[1].data(), params[2].data()},
-                         n, o, nullptr, path == 1 ? bounds.data() : nullptr);
+            if (path < 2) {
+                decode_chunk(s, cp, pp, n, o, nullptr, path == 1 ? bounds[path].data() : nullptr);
+            } else {
+                const GuardConst gc = make_guard_const(s.hyper, s.tolerance);
+                if (s.kind == Kind::VLog)
+                    for (std::size_t i = 0; i < n; ++i) decode_coord<VLog>(s, gc, cp.data(), pp.data(), i, o.data(), nullptr, bounds[path].data());
+                else
+                    for (std::size_t i = 0; i < n; ++i) decode_coord<Log8>(s, gc, cp.data(), pp.data(), i, o.data(), nullptr, bounds[path].data());
+            }
         }
-        REQUIRE(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)) == 0);
+        REQUIRE(std::memcmp(out[0].data(), out[2].data(), out[0].size() * sizeof(float)) == 0);
+        REQUIRE(std::memcmp(out[1].data(), out[2].data(), out[1].size() * sizeof(float)) == 0);
+        REQUIRE(std::memcmp(bounds[1].data(), bounds[2].data(), n * sizeof(double)) == 0);
+        if (trial % 8 < 4 && s.kind == Kind::VLog) {  // the closed stage was exercised
+            std::size_t certified = 0;
+            for (double b : bounds[1]) certified += b <= s.tolerance;
+            CHECK(certified > 0);
+        }
     }
 }
