@@ -9,7 +9,9 @@
 namespace ckpt::container {
 
 ContainerWriter::ContainerWriter(const std::string& path) : file_(create_file(path)) {
-    raw_ = std::make_unique<Appender>(file_.get(), kRaw, H5T_NATIVE_UINT8, 1);
+    // zstd level 1 for the raw bytes (weights, buffers, the pickle): the same size as level
+    // 3 on FP32 weights (both ~7% smaller, measured on lm10m_adamw.pt), 15% less time
+    raw_ = std::make_unique<Appender>(file_.get(), kRaw, H5T_NATIVE_UINT8, 1, 1 << 20, 1);
 }
 
 ContainerWriter::~ContainerWriter() = default;
