@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -72,11 +73,12 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
     std::array<uint64_t, kSymbols> count{};
     thread_local std::vector<uint8_t> sym_buf, buf, bits_buf;  // reused: one segment at a time per thread
     sym_buf.resize(n);
-    bits_buf.resize(2 * n + 8);
+    bits_buf.resize(2 * n + 16);
     uint8_t* sym = sym_buf.data();
     uint8_t* bits = bits_buf.data();
-    // one forward pass: symbols, their counts, and the raw low bits (LSB first, whole
-    // bytes flushed from a 64-bit accumulator)
+    // one forward pass: symbols, their counts, and the raw low bits (LSB first). The bit
+    // writer is branch-free: all 8 bytes of the accumulator are stored at the first byte
+    // not yet complete, then the whole bytes are dropped (fewer than 8 + 13 bits pending).
     std::size_t nbits = 0;
     uint64_t acc = 0;
     int have = 0;
@@ -86,13 +88,12 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
         ++count[sym[i]];
         acc |= uint64_t(codes[i] & ((1u << e) - 1)) << have;
         have += e;
-        if (have >= 32) {
-            for (int b = 0; b < 4; ++b) bits[nbits++] = uint8_t(acc >> (8 * b));
-            acc >>= 32;
-            have -= 32;
-        }
+        std::memcpy(bits + nbits, &acc, 8);  // little-endian: byte b holds bits 8b..8b+7
+        nbits += std::size_t(have >> 3);
+        acc >>= (have & ~7);
+        have &= 7;
     }
-    while (have > 0) { bits[nbits++] = uint8_t(acc); acc >>= 8; have -= 8; }
+    if (have > 0) bits[nbits++] = uint8_t(acc);
     if (n == 0) { out.push_back(kModeRaw); return; }
     const auto f = normalise(count, n);
     std::array<uint32_t, kSymbols> cum{};
@@ -119,14 +120,19 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
             e.bias = cum[s];
         }
     }
-    buf.resize(2 * n + 8);
+    buf.resize(2 * n + 16);  // < 14 bits per symbol and 8 state bytes, and put()'s 2 bytes of slack
     uint8_t* ptr = buf.data() + buf.size();
     // two interleaved states: code i goes through state i & 1 (ryg_rans's interleaving), so
     // the decoder's two dependency chains overlap
     uint32_t x[2] = {kLow, kLow};
     auto put = [&](uint32_t& st, uint8_t sy) {
         const Enc& e = enc[sy];
-        while (st >= e.xmax) { *--ptr = uint8_t(st & 0xff); st >>= 8; }
+        // renormalise: 0, 1 or 2 bytes out (st < 2^31 and xmax >= 2^17), branch-free
+        const int k = int(st >= e.xmax) + int((st >> 8) >= e.xmax);
+        ptr[-1] = uint8_t(st);
+        ptr[-2] = uint8_t(st >> 8);
+        ptr -= k;
+        st >>= 8 * k;
         const uint32_t q = uint32_t((uint64_t(st) * e.rcp) >> 32) >> e.shift;
         st = st + e.bias + q * e.cmpl;
     };
