@@ -17,10 +17,12 @@ enum : uint8_t { kModeRans = 0, kModeRaw = 1 };
 
 /// Symbol of code x and its raw bit count.
 inline int symbol_of(uint32_t x, int& extra) {
-    if (x < 32) { extra = 0; return int(x); }
-    const int nb = 32 - __builtin_clz(x);  // 6..16
-    extra = nb - 3;
-    return 32 + 4 * (nb - 6) + int((x >> (nb - 3)) & 3);
+    // branch-free (small and large codes interleave at random): both forms, one select
+    const bool small = x < 32;
+    const int nb = 32 - __builtin_clz(x | 32);  // 6..16 (6 for the small codes, unused then)
+    const int e = nb - 3;
+    extra = small ? 0 : e;
+    return small ? int(x) : 32 + 4 * (nb - 6) + int((x >> e) & 3);
 }
 
 void put_varint(std::vector<uint8_t>& out, uint64_t v) {
