@@ -184,32 +184,37 @@ CKPT_HD_FORCE void closed_stage_block(const GuardConst& gc, const BlockCells* ce
     }
 }
 
-/// Certify every coordinate of trial t that has codes; counts range and total escapes.
-/// certify()'s closed stage runs first over the whole block (branch-free, vectorised; the
-/// closed form needs no gradient domain), and certify() only where it does not certify:
-/// the same bound for every coordinate as certify() alone.
+/// certify() of the first bn coordinates of a block's cells (chunk coordinates i0 + j),
+/// bound[j] for every j with which[j] (every j when which is null). certify()'s closed
+/// stage runs first over the whole block (closed_stage_block: branch-free, vectorised, no
+/// gradient domain needed), certify() itself only where that does not certify: the same
+/// bound as certify() alone. `closed`: scratch of one block row.
+CKPT_HD void certify_cells(const TensorSetup& s, const GuardConst& gc, const BlockCells* cells, const float* theta,
+                           std::size_t i0, int bn, const bool* which, double* bound, double* closed) {
+    const bool ams = s.moments() == 3;
+    if (ams) closed_stage_block<true>(gc, cells, bn, s.tolerance, closed);
+    else closed_stage_block<false>(gc, cells, bn, s.tolerance, closed);
+    for (int j = 0; j < bn; ++j) {
+        if (which && !which[j]) continue;
+        if (closed[j] >= 0) { bound[j] = closed[j]; continue; }
+        const Cell c[3] = {cells[0].get(j), cells[1].get(j), ams ? cells[2].get(j) : Cell{}};
+        bound[j] = certify(gc, guard_input(s, c, theta, i0 + std::size_t(j)));
+    }
+}
+
+/// Certify every coordinate of trial t that has codes (certify_cells); counts range and
+/// total escapes.
 template <class Q>
 CKPT_HD void certify_trial(const TensorSetup& s, const GuardConst& gc, const float* theta, std::size_t i0, int bn,
                            BlockTrial<Q>* t, BlockWork<Q>& w) {
     t->escapes = 0;
     t->range_escapes = 0;
-    const bool ams = s.hyper.amsgrad;
-    const double tol = s.tolerance;
-    double* closed = w.sens[0];  // scratch (vlog_plan's sensitivities are used up by now)
-    if (ams) closed_stage_block<true>(gc, w.cells, bn, tol, closed);
-    else closed_stage_block<false>(gc, w.cells, bn, tol, closed);
+    // w.sens as scratch: vlog_plan's sensitivities are used up by now
+    certify_cells(s, gc, w.cells, theta, i0, bn, t->keep, t->bound, w.sens[0]);
     for (int j = 0; j < bn; ++j) {
         t->range_escapes += !t->keep[j];
         t->code_ok[j] = t->keep[j];
-        if (t->keep[j]) {
-            if (closed[j] >= 0) {
-                t->bound[j] = closed[j];
-            } else {
-                const Cell c[3] = {w.cells[0].get(j), w.cells[1].get(j), w.cells[2].get(j)};
-                t->bound[j] = certify(gc, guard_input(s, c, theta, i0 + std::size_t(j)));
-                t->keep[j] = t->bound[j] <= tol;
-            }
-        }
+        if (t->keep[j]) t->keep[j] = t->bound[j] <= s.tolerance;
         t->escapes += !t->keep[j];
     }
 }
@@ -485,9 +490,14 @@ CKPT_HD void vlog_decode_block(const TensorSetup& s, const uint8_t* const* codes
         BlockCells& r = cells[k];
         if (c == 0) { r.dec[j] = r.lo[j] = r.hi[j] = 0.0; return; }
         const int64_t idx = at + VLog::unzigzag(uint32_t(c) - 1);
-        const double x = VLog::vval(pv, idx);
-        if (with_cells) { r.lo[j] = (x + VLog::vval(pv, idx - 1)) / 2; r.hi[j] = (x + VLog::vval(pv, idx + 1)) / 2; }
-        r.dec[j] = round_to_type(t, x);
+        if (with_cells) {
+            const Cell x = VLog::index_cell(pv, idx);
+            r.lo[j] = x.lo;
+            r.hi[j] = x.hi;
+            r.dec[j] = round_to_type(t, x.dec);
+        } else {
+            r.dec[j] = round_to_type(t, VLog::vval(pv, idx));
+        }
     };
     for (int j = 0; j < bn; ++j) second(1, j, 0, load_code(codes[1], 2, i0 + j));
     if (nm == 3)
@@ -504,9 +514,7 @@ CKPT_HD void vlog_decode_block(const TensorSetup& s, const uint8_t* const* codes
             m.hi[j] = x.hi;
             m.dec[j] = round_to_type(t, x.dec);
         } else {
-            const int q = c >> 1;
-            const double x = q == 0 ? 0.0 : double(float(q * (unit * scale)));
-            m.dec[j] = round_to_type(t, (c & 1) ? -x : x);
+            m.dec[j] = round_to_type(t, VLog::m_decoded(c, unit * scale));
         }
     }
     for (int k = 0; k < nm; ++k)
@@ -515,9 +523,8 @@ CKPT_HD void vlog_decode_block(const TensorSetup& s, const uint8_t* const* codes
 }
 
 /// decode_coord with bounds for the bn coordinates of the block starting at chunk index
-/// i0 (the same values and bounds): the cells of the whole block first, then certify's
-/// closed stage over the block (vectorised, closed_stage_block) and certify() only where
-/// that does not certify. `cells` / `closed`: scratch of 3 and 1 block rows.
+/// i0 (the same values and bounds): the cells of the whole block first, then
+/// certify_cells. `cells` / `closed`: scratch of 3 and 1 block rows.
 template <class Q>
 CKPT_HD void decode_block_bounds(const TensorSetup& s, const GuardConst& gc, const uint8_t* const* codes,
                                  const int16_t* const* params, std::size_t i0, int bn, float* const* out,
@@ -535,14 +542,7 @@ CKPT_HD void decode_block_bounds(const TensorSetup& s, const GuardConst& gc, con
             }
         }
     }
-    if (nm == 3) closed_stage_block<true>(gc, cells, bn, s.tolerance, closed);
-    else closed_stage_block<false>(gc, cells, bn, s.tolerance, closed);
-    for (int j = 0; j < bn; ++j) {
-        const std::size_t i = i0 + std::size_t(j);
-        if (closed[j] >= 0) { bounds[i] = closed[j]; continue; }
-        const Cell c[3] = {cells[0].get(j), cells[1].get(j), nm == 3 ? cells[2].get(j) : Cell{}};
-        bounds[i] = certify(gc, guard_input(s, c, theta, i));
-    }
+    certify_cells(s, gc, cells, theta, i0, bn, nullptr, bounds + i0, closed);
 }
 
 }  // namespace ckpt::codec

@@ -269,6 +269,9 @@ CKPT_HD double fp32_gate(const GuardConst& c, const GuardInput& in) {
 /// per-coordinate part or the overflow check failed (certify returns +inf then; the caller
 /// checks fp32_gate_tensor). Branch-free (selects only) so a loop over a block's
 /// coordinates vectorises (block.h certify_trial).
+/// Every certificate stage multiplies by this: it covers double rounding inside the bound.
+constexpr double kCertSlack = 1 + 1e-9;
+
 struct ClosedStage {
     double dm, dv, margin, closed;
     double gate_failed;  ///< 1 or 0 (a double, for the vectoriser)
@@ -287,8 +290,7 @@ CKPT_HD_FORCE ClosedStage certify_closed(const GuardConst& c, const GuardInput& 
     const double margin = c.fp32_rel * ub + abs_margin;
     r.gate_failed = r.dm == 0 ? (r.dv == 0 ? 0.0 : failed) : failed;  // exact: no gate
     r.margin = r.dm == 0 ? (r.dv == 0 ? 0.0 : margin) : margin;
-    const double slack = 1 + 1e-9;  // covers double rounding inside the bound itself
-    r.closed = (closed_bound(c, in, r.dm, r.dv, z) + r.margin) * slack;
+    r.closed = (closed_bound(c, in, r.dm, r.dv, z) + r.margin) * kCertSlack;
     return r;
 }
 
@@ -302,7 +304,7 @@ CKPT_HD double certify(const GuardConst& c, const GuardInput& in) {
     const bool exact = k.dm == 0 && k.dv == 0;
     if (k.gate_failed != 0 || (!exact && !fp32_gate_tensor(c))) return INFINITY;
     const double dm = k.dm, dv = k.dv, margin = k.margin, closed = k.closed;
-    const double slack = 1 + 1e-9;
+    const double slack = kCertSlack;
     if (closed <= c.tolerance) return closed;
     const double whole = (cell_bound(c, in, dm, dv, in.glo, in.ghi) + margin) * slack;
     if (whole <= c.tolerance) return whole;

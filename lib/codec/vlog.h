@@ -168,13 +168,16 @@ struct VLog {
         return c;
     }
 
+    /// m_cell(code, d).dec without the cell (restore's path).
+    CKPT_HD static double m_decoded(uint16_t code, double d) {
+        const int q = code >> 1;
+        const double x = q == 0 ? 0.0 : double(float(q * d));
+        return (code & 1) ? -x : x;
+    }
+
     /// cell(code, r, p, scale).dec without the cell's neighbour values (restore's path).
     CKPT_HD static double decoded(uint16_t code, Role r, const int16_t* p, double scale) {
-        if (r == Role::ExpAvg) {
-            const int q = code >> 1;
-            const double x = q == 0 ? 0.0 : double(float(q * (value(p[0]) * scale)));
-            return (code & 1) ? -x : x;
-        }
+        if (r == Role::ExpAvg) return m_decoded(code, value(p[0]) * scale);
         return code == 0 ? 0.0 : vval(p, unzigzag(uint32_t(code) - 1));
     }
 
