@@ -137,6 +137,7 @@ struct BlockWork {
     double sens[2][kBlock];   ///< vlog: the closed form's sensitivities to the two steps; certify_trial's scratch
     double lg[3][kBlock];     ///< vlog: log2_hd of the positive finite second moments
     bool live[kBlock];        ///< vlog: coordinates the steps must certify
+    double settled[kBlock];   ///< vlog: the quantisers' branch-free pass settled the code (1) or not (0)
 };
 
 /// Code moment k of the block's coordinates that are still kept in trial t under t->p[k]
@@ -361,6 +362,108 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     return true;
 }
 
+/// vlog codes and cells of second moment k (1: exp_avg_sq, 2: max_exp_avg_sq, coded on
+/// exp_avg_sq's grid p relative to code1's index) for the first bn coordinates of a block;
+/// lg[j] = log2_hd(x[j]) where x[j] > 0 is finite. keep[j] drops the coordinates without a
+/// code (those already dropped get garbage codes and cells, never read). The same codes
+/// and cells as VLog::encode_v per value, in two passes: a branch-free one (it vectorises)
+/// takes each value's first guess and at most one step to the nearest cell, as encode_v's
+/// loop does first; the values it leaves unsettled (a second step, a range end, +0, no
+/// positive finite value) then go through VLog::encode / encode_v themselves.
+CKPT_HD_FORCE void vlog_code_v_block(MomentType type, const float* x, const double* lg, const int16_t* p, int bn,
+                                     int k, const uint16_t* code1, bool* keep, uint16_t* code, BlockCells& cells,
+                                     double* settled) {
+    // Doubles throughout: flags are flag_hd values, selects are blends with them, the
+    // first guess is rounded with the 1.5 * 2^52 trick and clamped (NaN to a bound) before
+    // any conversion to int. A blend of an infinite grid value gives NaN, which leaves the
+    // value unsettled: encode_v decides it. Every value is an exact integer where it
+    // stands for one (|e| < 2^31).
+    const int32_t st = p[1];
+    const double a16 = double(int32_t(p[0]) * 16), sd = double(st);
+    constexpr double kMax = VLog::kMaxIndex;
+    for (int j = 0; j < bn; ++j) {
+        const double a = x[j];
+        const double est = (lg[j] * 1024 - a16) / sd;  // encode_v's first guess
+        const double inr = flag_hd(est > -kMax - 2) * flag_hd(est < kMax + 2) * flag_hd(a > 0) * flag_hd(a < INFINITY);
+        const double jd = fmin_hd(fmax_hd((est + 0x1.8p52) - 0x1.8p52, -kMax), kMax);
+        const double e0d = a16 + jd * sd;
+        const int32_t e0 = int32_t(e0d);
+        const double vm = VLog::value32(e0 - st), v0 = VLog::value32(e0), vp = VLog::value32(e0 + st);
+        const double up = flag_hd(a > (v0 + vp) / 2) * flag_hd(jd < kMax);  // encode_v's loop, once
+        const double dn = (1 - up) * flag_hd(a <= (v0 + vm) / 2) * flag_hd(jd > -kMax);
+        const double stay = 1 - up - dn;
+        const double v2 = VLog::value32(int32_t(e0d + (2 * up - 1) * 2 * sd));  // the new neighbour
+        const double xj = up * vp + dn * vm + stay * v0;
+        const double hi = (xj + (up * v2 + dn * v0 + stay * vp)) / 2;
+        const double lo = (xj + (up * v0 + dn * v2 + stay * vm)) / 2;
+        const double jj = jd + up - dn;
+        settled[j] = inr * flag_hd(xj > 0) * flag_hd(hi < INFINITY) * flag_hd(a > lo) * flag_hd(a <= hi);
+        code[j] = uint16_t(int32_t(1 + (jj >= 0 ? 2 * jj : -2 * jj - 1)));  // 1 + zigzag(jj)
+        cells.dec[j] = xj;
+        cells.lo[j] = lo;
+        cells.hi[j] = hi;
+    }
+    for (int j = 0; j < bn; ++j) {
+        if (!keep[j]) continue;
+        if (settled[j] == 0) {
+            if (x[j] > 0 && isfinite(x[j])) {
+                Cell c;
+                keep[j] = VLog::encode_v(x[j], lg[j], p, &code[j], &c);
+                cells.set(j, c);
+            } else {
+                keep[j] = VLog::encode(x[j], role_of(k), p, 0, &code[j]);  // +0 -> code 0, exact; else no code
+                if (keep[j]) cells.set(j, Cell{});
+                continue;
+            }
+        }
+        if (type != MomentType::F32) cells.dec[j] = round_to_type(type, cells.dec[j]);
+        if (k == 2 && keep[j]) {  // relative to exp_avg_sq's index
+            const int64_t d = VLog::unzigzag(uint32_t(code[j]) - 1) - VLog::index_of(code1[j]);
+            keep[j] = d >= -VLog::kMaxIndex && d <= VLog::kMaxIndex;
+            code[j] = uint16_t(1 + VLog::zigzag(int32_t(keep[j] ? d : 0)));
+        }
+    }
+}
+
+/// vlog exp_avg codes and cells of a block's first bn coordinates in units
+/// d[j] = unit * scale[j], for the coordinates still kept (keep[j] drops those without a
+/// code). The same as VLog::encode_m_value and m_cell per value, in two passes as
+/// vlog_code_v_block: a branch-free first guess and one step, then encode_m_value itself
+/// for what that leaves (non-finite values or units, range ends, more steps).
+CKPT_HD_FORCE void vlog_code_m_block(MomentType type, const float* x, double unit, const double* scale, int bn,
+                                     bool* keep, uint16_t* code, BlockCells& cells, double* settled) {
+    constexpr double kMax = VLog::kMaxIndex;  // doubles, flags and blends, as vlog_code_v_block
+    for (int j = 0; j < bn; ++j) {
+        const double d = unit * scale[j];
+        const double xd = x[j], a = fabs(xd);
+        const double neg = flag_hd(copysign(1.0, xd) < 0);  // signbit: -0.0 keeps its sign
+        const double qf = a / d;
+        const double inr = flag_hd(d > 0) * flag_hd(d < INFINITY) * flag_hd(qf < kMax + 0.5);  // 0 for NaN qf
+        const double q0 = fmin_hd(fmax_hd((qf + 0x1p52) - 0x1p52, 0.0), kMax + 1);  // a first guess, as encode_m's (NaN: 0)
+        const double up = flag_hd(a > (q0 + 0.5) * d) * flag_hd(q0 < kMax);  // encode_m's loop, once
+        const double dn = (1 - up) * flag_hd(q0 > 0) * flag_hd(a < (q0 - 0.5) * d);
+        const double zero = flag_hd(a == 0);
+        const double q = (1 - zero) * (q0 + up - dn);
+        const double hi = (q + 0.5) * d, lo = (q - 0.5) * d;  // lo = -0.5 d at q = 0, as m_cell
+        settled[j] = fmax_hd(zero * flag_hd(d < INFINITY), inr * flag_hd(a <= hi) * fmax_hd(flag_hd(q == 0), flag_hd(a >= lo)));
+        code[j] = uint16_t(int32_t(2 * q + neg));  // q in [0, kMax + 2]
+        const double xv = (1 - flag_hd(q == 0)) * double(float(q * d));
+        cells.dec[j] = (1 - 2 * neg) * xv;
+        cells.lo[j] = neg * -hi + (1 - neg) * lo;
+        cells.hi[j] = neg * -lo + (1 - neg) * hi;
+    }
+    for (int j = 0; j < bn; ++j) {
+        if (!keep[j]) continue;
+        if (settled[j] == 0) {
+            const double d = unit * scale[j];
+            keep[j] = VLog::encode_m_value(x[j], d, &code[j]);
+            if (!keep[j]) continue;
+            cells.set(j, VLog::m_cell(code[j], d));
+        }
+        if (type != MomentType::F32) cells.dec[j] = round_to_type(type, cells.dec[j]);
+    }
+}
+
 /// vlog's block encoder: steps from vlog_plan at 90% of the tolerance, then (only while a
 /// coordinate the plan kept fails its certificate) again at 70% and 49%; the trial with
 /// the fewest escapes wins, the coarsest on ties. Codes are the nearest per moment, as in
@@ -390,39 +493,11 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
         if (nm == 3) t->p[2][0] = t->p[2][1] = 0;  // max_exp_avg_sq uses exp_avg_sq's grid
         for (int j = 0; j < bn; ++j) t->keep[j] = true;
         for (int k = 1; k < nm; ++k)  // second moments: the log2 is computed once per block
-            for (int j = 0; j < bn; ++j) {
-                if (!t->keep[j]) continue;
-                const float x = src[k][i0 + j];
-                uint16_t& c = t->code[k][j];
-                if (x > 0 && isfinite(x)) {
-                    Cell cell;
-                    t->keep[j] = VLog::encode_v(x, w.lg[k][j], t->p[1], &c, &cell);
-                    cell.dec = round_to_type(s.type, cell.dec);
-                    w.cells[k].set(j, cell);
-                    if (k == 2 && t->keep[j]) {  // relative to exp_avg_sq's index
-                        const int64_t d = VLog::unzigzag(uint32_t(c) - 1) - VLog::index_of(t->code[1][j]);
-                        t->keep[j] = d >= -VLog::kMaxIndex && d <= VLog::kMaxIndex;
-                        c = uint16_t(1 + VLog::zigzag(int32_t(t->keep[j] ? d : 0)));
-                    }
-                } else {
-                    t->keep[j] = VLog::encode(x, role_of(k), t->p[1], 0, &c);  // +0 -> code 0, exact; else no code
-                    if (t->keep[j]) w.cells[k].set(j, Cell{});
-                }
-            }
+            vlog_code_v_block(s.type, src[k] + i0, w.lg[k], t->p[1], bn, k, t->code[1], t->keep, t->code[k],
+                              w.cells[k], w.settled);
         set_scales(s, bn, t, w);
-        const double unit = VLog::value(t->p[0][0]);  // exp_avg: one step for the block
-        for (int j = 0; j < bn; ++j) {
-            if (!t->keep[j]) continue;
-            const float x = src[0][i0 + j];
-            const double d = unit * w.scale[j];
-            uint16_t& c = t->code[0][j];
-            t->keep[j] = VLog::encode_m_value(x, d, &c);
-            if (t->keep[j]) {
-                Cell cell = VLog::m_cell(c, d);
-                cell.dec = round_to_type(s.type, cell.dec);
-                w.cells[0].set(j, cell);
-            }
-        }
+        vlog_code_m_block(s.type, src[0] + i0, VLog::value(t->p[0][0]), w.scale, bn, t->keep, t->code[0], w.cells[0],
+                          w.settled);
         certify_trial(s, gc, theta, i0, bn, t, w);
         bool planned_failed = false;
         for (int j = 0; j < bn; ++j) planned_failed = planned_failed || (w.live[j] && !t->keep[j]);

@@ -36,9 +36,14 @@ CKPT_HD_FORCE double fmin_hd(double a, double b) { return (a < b) | (b != b) ? a
 /// never NaN, and a NaN that propagates only makes a certificate fail.
 CKPT_HD_FORCE double max_hd(double a, double b) { return a > b ? a : b; }
 
+/// 1.0 where c holds, else 0.0. The block loops keep their flags as such doubles and
+/// blend with them arithmetically: GCC 12 vectorises that on every x86 level, where
+/// selects between booleans or chains of selects leave control flow in the loop.
+CKPT_HD_FORCE double flag_hd(bool c) { return c ? 1.0 : 0.0; }
+
 /// 2^q as a double, exact, for |q| <= 1022 (built from the exponent bits: ldexp's exact
 /// result without the libm call).
-CKPT_HD double pow2i(int q) {
+CKPT_HD_FORCE double pow2i(int q) {
     const uint64_t bits = uint64_t(q + 1023) << 52;
     double d;
     memcpy(&d, &bits, sizeof d);

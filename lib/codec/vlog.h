@@ -52,7 +52,7 @@ struct VLog {
     // block.h's encode_block<VLog> picks the steps (vlog_plan); no choose()/vary().
 
     /// 2^(j/1024) rounded to float, j = 0..1024.
-    CKPT_HD static double table(int j) {
+    CKPT_HD_FORCE static double table(int j) {
 #if defined(__CUDA_ARCH__)
         return kVlogTableDev[j];
 #else
@@ -61,19 +61,23 @@ struct VLog {
 #endif
     }
     /// The float 2^(e/1024) (0 or inf outside float range), as double; exact product.
-    CKPT_HD static double value(int64_t e) {
-        int64_t q = e >> 10;  // floor(e / 1024): arithmetic shift
-        const int r = int(e & 1023);
-        if (q > 200) q = 200;
-        if (q < -200) q = -200;
-        return double(float(table(r) * pow2i(int(q))));
+    CKPT_HD_FORCE static double value(int64_t e) {
+        // beyond +-2^30 the exponent saturates anyway (value32 clamps it to +-200: inf or 0 for every r)
+        return value32(int32_t(e < -(int64_t(1) << 30) ? -(int64_t(1) << 30) : e > (int64_t(1) << 30) ? (int64_t(1) << 30) : e));
+    }
+    /// value() for an int32 exponent, in int32 arithmetic (block loops vectorise it).
+    CKPT_HD_FORCE static double value32(int32_t e) {
+        int32_t q = e >> 10;  // floor(e / 1024): arithmetic shift
+        const int32_t r = e & 1023;
+        q = q > 200 ? 200 : q < -200 ? -200 : q;
+        return double(float(table(r) * pow2i(q)));
     }
     /// Signed index <-> code order 0, -1, 1, -2, 2, ... (branch-free: signs are random).
     CKPT_HD static uint32_t zigzag(int32_t j) { return (uint32_t(j) << 1) ^ uint32_t(j >> 31); }
     CKPT_HD static int32_t unzigzag(uint32_t z) { return int32_t(z >> 1) ^ -int32_t(z & 1); }
 
     /// exp_avg_sq value of index j under block params p.
-    CKPT_HD static double vval(const int16_t* p, int64_t j) { return value(int64_t(p[0]) * 16 + j * p[1]); }
+    CKPT_HD_FORCE static double vval(const int16_t* p, int64_t j) { return value(int64_t(p[0]) * 16 + j * p[1]); }
 
     /// Encode one value (see Log8::encode for the contract); `scale` = sqrt of the decoded
     /// denominator state (exp_avg only).

@@ -216,7 +216,7 @@ TEST_CASE("vlog exp_avg: linear in m / sqrt(v~), -0 exact, sign bit") {
     const double scale = 1e-3, d = std::exp2(-7) * scale;
     for (double q : {0.0, 0.49, 0.51, 3.2, 1000.4, -2.6}) {
         const float x = float(q * d);
-        uint16_t c;
+        uint16_t c = 0;
         REQUIRE(VLog::encode(x, Role::ExpAvg, p, scale, &c));
         const Cell cell = VLog::cell(c, Role::ExpAvg, p, scale);
         CHECK(cell.lo <= x);
@@ -402,4 +402,113 @@ TEST_CASE("block decodes (restore's values, verify's bounds) give decode_coord's
             CHECK(certified > 0);
         }
     }
+}
+
+namespace {
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+}  // namespace
+
+TEST_CASE("vlog block quantisers give encode_v's and encode_m_value's codes and cells (any values, grids, type)") {
+    std::mt19937_64 rng(41);
+    std::uniform_real_distribution<double> U(0, 1);
+    const float kNaN = std::numeric_limits<float>::quiet_NaN();
+    std::size_t settled_by_fallback = 0, kept = 0;
+    for (int trial = 0; trial < 600; ++trial) {
+        const MomentType type = trial % 3 == 0 ? MomentType::F32 : trial % 3 == 1 ? MomentType::F16 : MomentType::BF16;
+        const int16_t steps[] = {1, 2, 7, 40, 300, 4096, 32767};
+        const int16_t p[2] = {int16_t(int(rng() % 4001) - 2000), steps[rng() % 7]};  // anchor 2^(16 a / 1024)
+        const int bn = 1 + int(rng() % 64);
+        float x[2][64], m[64];
+        double lg[2][64], scale[64];
+        for (int k = 0; k < 2; ++k)
+            for (int j = 0; j < bn; ++j) {
+                const double c = p[0] / 64.0;  // the anchor's octave
+                const int64_t jj = int64_t(U(rng) * 80 - 40);
+                switch (rng() % 8) {
+                    case 0: x[k][j] = float(std::exp2(c + (U(rng) - 0.5) * 60)); break;  // wide, past range ends
+                    case 1: x[k][j] = float((VLog::vval(p, jj) + VLog::vval(p, jj + 1)) / 2); break;  // on a cell end
+                    case 2: x[k][j] = std::nextafter(float((VLog::vval(p, jj) + VLog::vval(p, jj + 1)) / 2), INFINITY); break;
+                    case 3: x[k][j] = float(VLog::vval(p, jj)); break;
+                    case 4: {
+                        const float specials[] = {0.0f, -0.0f, -1e-7f, INFINITY, kNaN, 1e-45f, 3e38f, 1e-40f};
+                        x[k][j] = specials[rng() % 8];
+                        break;
+                    }
+                    default: x[k][j] = float(std::exp2(c + (U(rng) - 0.5) * 4)); break;
+                }
+                lg[k][j] = x[k][j] > 0 && std::isfinite(x[k][j]) ? log2_hd(x[k][j]) : 0.0;
+            }
+        // exp_avg_sq (k = 1) and max_exp_avg_sq relative to it (k = 2)
+        bool keep[64], keep_ref[64];
+        uint16_t code[3][64], code_ref[3][64];
+        BlockCells cells;
+        double settled[64];
+        for (int j = 0; j < bn; ++j) keep[j] = keep_ref[j] = true;
+        for (int k = 1; k <= 2; ++k) {
+            vlog_code_v_block(type, x[k - 1], lg[k - 1], p, bn, k, code[1], keep, code[k], cells, settled);
+            for (int j = 0; j < bn; ++j) {
+                if (!keep_ref[j]) continue;
+                const float v = x[k - 1][j];
+                uint16_t& c = code_ref[k][j];
+                Cell ref{};
+                if (v > 0 && std::isfinite(v)) {
+                    keep_ref[j] = VLog::encode_v(v, lg[k - 1][j], p, &c, &ref);
+                    ref.dec = round_to(type, ref.dec);
+                    if (k == 2 && keep_ref[j]) {
+                        const int64_t d = VLog::unzigzag(uint32_t(c) - 1) - VLog::index_of(code_ref[1][j]);
+                        keep_ref[j] = d >= -VLog::kMaxIndex && d <= VLog::kMaxIndex;
+                        c = uint16_t(1 + VLog::zigzag(int32_t(keep_ref[j] ? d : 0)));
+                    }
+                } else {
+                    keep_ref[j] = VLog::encode(v, Role::ExpAvgSq, p, 0, &c);
+                }
+                REQUIRE(keep[j] == keep_ref[j]);
+                if (!keep[j]) continue;
+                ++kept;
+                settled_by_fallback += settled[j] == 0;
+                CHECK(code[k][j] == c);
+                CHECK(same_bits(cells.dec[j], ref.dec));
+                CHECK(same_bits(cells.lo[j], ref.lo));
+                CHECK(same_bits(cells.hi[j], ref.hi));
+            }
+        }
+        // exp_avg in units d = unit * scale[j]
+        const double unit = VLog::value(int(rng() % 20001) - 10000);
+        for (int j = 0; j < bn; ++j) {
+            const double r = U(rng);
+            scale[j] = r < 0.05 ? 0.0 : r < 0.1 ? INFINITY : std::exp2((U(rng) - 0.5) * 40);
+            const double d = unit * scale[j];
+            const double q = std::floor(U(rng) * 40000);
+            switch (rng() % 6) {
+                case 0: m[j] = float(q * d); break;
+                case 1: m[j] = float(-(q + 0.5) * d); break;  // on a cell end
+                case 2: {
+                    const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, kNaN, 1e-45f};
+                    m[j] = specials[rng() % 6];
+                    break;
+                }
+                default: m[j] = float((U(rng) - 0.5) * 20 * d); break;
+            }
+            keep[j] = keep_ref[j] = rng() % 8 != 0;
+        }
+        vlog_code_m_block(type, m, unit, scale, bn, keep, code[0], cells, settled);
+        for (int j = 0; j < bn; ++j) {
+            if (!keep_ref[j]) { CHECK_FALSE(keep[j]); continue; }
+            const double d = unit * scale[j];
+            keep_ref[j] = VLog::encode_m_value(m[j], d, &code_ref[0][j]);
+            REQUIRE(keep[j] == keep_ref[j]);
+            if (!keep[j]) continue;
+            ++kept;
+            settled_by_fallback += settled[j] == 0;
+            Cell ref = VLog::m_cell(code_ref[0][j], d);
+            ref.dec = round_to(type, ref.dec);
+            CHECK(code[0][j] == code_ref[0][j]);
+            CHECK(same_bits(cells.dec[j], ref.dec));
+            CHECK(same_bits(cells.lo[j], ref.lo));
+            CHECK(same_bits(cells.hi[j], ref.hi));
+        }
+    }
+    CHECK(kept > 20000);
+    CHECK(settled_by_fallback > 100);  // both passes were exercised
+    CHECK(settled_by_fallback < kept / 4);
 }
