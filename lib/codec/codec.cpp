@@ -3,6 +3,8 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -59,6 +61,47 @@ unsigned cpu_threads() {
     return hw ? hw : 1;
 }
 
+const char* isa_name(Isa i) { return i == Isa::AVX512 ? "avx512" : i == Isa::AVX2 ? "avx2" : "baseline"; }
+
+bool isa_supported(Isa i) {
+#if defined(__x86_64__)
+    if (i == Isa::AVX2) return __builtin_cpu_supports("avx2");
+    if (i == Isa::AVX512)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#endif
+    return i == Isa::Baseline;
+}
+
+namespace {
+std::atomic<int> g_isa{-1};  // -1: not chosen yet
+
+Isa isa_from_env() {
+    const char* e = std::getenv("CKPTKIT_ISA");
+    if (!e || !*e) return isa_supported(Isa::AVX512) ? Isa::AVX512 : isa_supported(Isa::AVX2) ? Isa::AVX2 : Isa::Baseline;
+    for (Isa i : {Isa::Baseline, Isa::AVX2, Isa::AVX512})
+        if (std::string(e) == isa_name(i)) {
+            if (!isa_supported(i)) throw std::invalid_argument(std::string("CKPTKIT_ISA=") + e + ": this CPU lacks it");
+            return i;
+        }
+    throw std::invalid_argument(std::string("CKPTKIT_ISA=") + e + ": not baseline, avx2 or avx512");
+}
+}  // namespace
+
+Isa active_isa() {
+    int v = g_isa.load(std::memory_order_relaxed);
+    if (v < 0) {
+        v = int(isa_from_env());
+        g_isa.store(v, std::memory_order_relaxed);
+    }
+    return Isa(v);
+}
+
+void set_isa(Isa i) {
+    if (!isa_supported(i)) throw std::invalid_argument(std::string("instruction set ") + isa_name(i) + ": this CPU lacks it");
+    g_isa.store(int(i), std::memory_order_relaxed);
+}
+
 void gradient_domain(const DomainRule& d, const float* theta, std::size_t i, double& lo, double& hi) {
     gradient_domain_hd(d, theta, i, lo, hi);
 }
@@ -109,6 +152,98 @@ EscapeCause escape_cause(const float* const* src, int nm, std::size_t i, bool co
     return coded ? EscapeCause::Certificate : EscapeCause::NoCode;
 }
 
+// The same function compiled for each instruction-set level: `flatten` inlines every
+// call in it (block.h's loops), so all of them are compiled for that level. Selected at
+// run time (active_isa); x86-64 only.
+#if defined(__x86_64__)
+#define CKPT_ISA_CLONES(name, body_fn)                                                                     \
+    template <class Q, class... A>                                                                      \
+    __attribute__((target("avx2"), flatten)) void name##_avx2(A&&... a) {                                \
+        body_fn<Q>(std::forward<A>(a)...);                                                              \
+    }                                                                                                   \
+    template <class Q, class... A>                                                                      \
+    __attribute__((target("avx2,avx512f,avx512dq,avx512bw,avx512vl"), flatten)) void name##_avx512(A&&... a) { \
+        body_fn<Q>(std::forward<A>(a)...);                                                              \
+    }                                                                                                   \
+    template <class Q, class... A>                                                                      \
+    void name(A&&... a) {                                                                               \
+        switch (active_isa()) {                                                                         \
+            case Isa::AVX512: return name##_avx512<Q>(std::forward<A>(a)...);                           \
+            case Isa::AVX2: return name##_avx2<Q>(std::forward<A>(a)...);                               \
+            case Isa::Baseline: break;                                                                  \
+        }                                                                                               \
+        body_fn<Q>(std::forward<A>(a)...);                                                              \
+    }
+#else
+#define CKPT_ISA_CLONES(name, body_fn)       \
+    template <class Q, class... A>          \
+    void name(A&&... a) {                   \
+        body_fn<Q>(std::forward<A>(a)...);  \
+    }
+#endif
+
+/// What one block range of encode_impl collects.
+struct RangeOut {
+    std::vector<uint32_t> escapes;
+    double max_bound = 0;
+    std::array<uint64_t, 3> causes{};
+};
+
+/// encode_impl's work on blocks [b0, b1): codes and params into out, escapes into r.
+template <class Q>
+void encode_blocks(const TensorSetup& s, const GuardConst& gc, const float* const* src, const ChunkIn& in,
+                   std::size_t b0, std::size_t b1, ChunkOut& out, RangeOut& r) {
+    const int nm = s.moments();
+    const std::size_t n = in.n;
+    auto w = std::make_unique<BlockWork<Q>>();
+    for (std::size_t b = b0; b < b1; ++b) {
+        const std::size_t i0 = b * kBlock, i1 = std::min(n, i0 + kBlock);
+        const int bn = int(i1 - i0);
+        const BlockTrial<Q>& best = encode_block<Q>(s, gc, src, in.theta, i0, bn, *w);
+        for (int k = 0; k < nm; ++k)
+            std::copy(best.p[k], best.p[k] + Q::kParams, out.params[k].data() + b * Q::kParams);
+        for (int j = 0; j < bn; ++j) {
+            const std::size_t i = i0 + std::size_t(j);
+            if (!best.keep[j]) {
+                r.escapes.push_back(uint32_t(i));
+                ++r.causes[std::size_t(escape_cause(src, nm, i, best.code_ok[j]))];
+                continue;
+            }
+            r.max_bound = std::max(r.max_bound, best.bound[j]);
+            for (int k = 0; k < nm; ++k) store_code(out.codes[k].data(), Q::kCodeBytes, i, best.code[k][j]);
+        }
+    }
+}
+CKPT_ISA_CLONES(encode_blocks_isa, encode_blocks)
+
+/// decode_impl's work on blocks [b0, b1) (see decode_chunk).
+template <class Q>
+void decode_blocks(const TensorSetup& s, const GuardConst& gc, const std::array<const uint8_t*, 3>& codes,
+                   const std::array<const int16_t*, 3>& params, std::size_t n, std::array<float*, 3>& out,
+                   const float* theta, double* bounds, std::size_t b0, std::size_t b1) {
+    if constexpr (std::is_same_v<Q, VLog>) {
+        if (!bounds) {  // restore: values only, a block at a time
+            auto cells = std::make_unique<BlockCells[]>(3);
+            for (std::size_t b = b0; b < b1; ++b)
+                vlog_decode_block(s, codes.data(), params.data(), b * kBlock,
+                                  int(std::min(n, (b + 1) * kBlock) - b * kBlock), false, out.data(), cells.get());
+            return;
+        }
+    }
+    if (bounds) {  // verify: a block at a time (the same bounds as decode_coord's)
+        auto cells = std::make_unique<BlockCells[]>(3);
+        double closed[kBlock];
+        for (std::size_t b = b0; b < b1; ++b)
+            decode_block_bounds<Q>(s, gc, codes.data(), params.data(), b * kBlock,
+                                   int(std::min(n, (b + 1) * kBlock) - b * kBlock), out.data(), theta, bounds,
+                                   cells.get(), closed);
+        return;
+    }
+    for (std::size_t i = b0 * kBlock; i < std::min(n, b1 * kBlock); ++i)
+        decode_coord<Q>(s, gc, codes.data(), params.data(), i, out.data(), theta, bounds);
+}
+CKPT_ISA_CLONES(decode_blocks_isa, decode_blocks)
+
 // The loops over blocks and coordinates; the bodies are block.h's (shared with cuda/).
 template <class Q>
 ChunkOut encode_impl(const TensorSetup& s, const ChunkIn& in) {
@@ -122,33 +257,14 @@ ChunkOut encode_impl(const TensorSetup& s, const ChunkIn& in) {
         out.params[k].assign(blocks * Q::kParams, 0);
     }
     const unsigned parts = parts_for(n);
-    std::vector<std::vector<uint32_t>> escapes(parts);
-    std::vector<double> max_bound(parts, 0.0);
-    std::vector<std::array<uint64_t, 3>> causes(parts, std::array<uint64_t, 3>{});
+    std::vector<RangeOut> ranges(parts);
     for_block_ranges(blocks, parts, [&](unsigned part, std::size_t b0, std::size_t b1) {
-        auto w = std::make_unique<BlockWork<Q>>();
-        for (std::size_t b = b0; b < b1; ++b) {
-            const std::size_t i0 = b * kBlock, i1 = std::min(n, i0 + kBlock);
-            const int bn = int(i1 - i0);
-            const BlockTrial<Q>& best = encode_block<Q>(s, gc, src, in.theta, i0, bn, *w);
-            for (int k = 0; k < nm; ++k)
-                std::copy(best.p[k], best.p[k] + Q::kParams, out.params[k].data() + b * Q::kParams);
-            for (int j = 0; j < bn; ++j) {
-                const std::size_t i = i0 + std::size_t(j);
-                if (!best.keep[j]) {
-                    escapes[part].push_back(uint32_t(i));
-                    ++causes[part][std::size_t(escape_cause(src, nm, i, best.code_ok[j]))];
-                    continue;
-                }
-                max_bound[part] = std::max(max_bound[part], best.bound[j]);
-                for (int k = 0; k < nm; ++k) store_code(out.codes[k].data(), Q::kCodeBytes, i, best.code[k][j]);
-            }
-        }
+        encode_blocks_isa<Q>(s, gc, src, in, b0, b1, out, ranges[part]);
     });
-    for (unsigned p = 0; p < parts; ++p) {
-        out.escapes.insert(out.escapes.end(), escapes[p].begin(), escapes[p].end());
-        out.max_bound = std::max(out.max_bound, max_bound[p]);
-        for (std::size_t c = 0; c < 3; ++c) out.causes[c] += causes[p][c];
+    for (const RangeOut& r : ranges) {
+        out.escapes.insert(out.escapes.end(), r.escapes.begin(), r.escapes.end());
+        out.max_bound = std::max(out.max_bound, r.max_bound);
+        for (std::size_t c = 0; c < 3; ++c) out.causes[c] += r.causes[c];
     }
     return out;
 }
@@ -160,26 +276,7 @@ void decode_impl(const TensorSetup& s, const std::array<const uint8_t*, 3>& code
     const GuardConst gc = make_guard_const(s.hyper, s.tolerance);
     const std::size_t blocks = (n + kBlock - 1) / kBlock;
     for_block_ranges(blocks, parts_for(n), [&](unsigned, std::size_t b0, std::size_t b1) {
-        if constexpr (std::is_same_v<Q, VLog>) {
-            if (!bounds) {  // restore: values only, a block at a time
-                auto cells = std::make_unique<BlockCells[]>(3);
-                for (std::size_t b = b0; b < b1; ++b)
-                    vlog_decode_block(s, codes.data(), params.data(), b * kBlock,
-                                      int(std::min(n, (b + 1) * kBlock) - b * kBlock), false, out.data(), cells.get());
-                return;
-            }
-        }
-        if (bounds) {  // verify: a block at a time (the same bounds as decode_coord's)
-            auto cells = std::make_unique<BlockCells[]>(3);
-            double closed[kBlock];
-            for (std::size_t b = b0; b < b1; ++b)
-                decode_block_bounds<Q>(s, gc, codes.data(), params.data(), b * kBlock,
-                                       int(std::min(n, (b + 1) * kBlock) - b * kBlock), out.data(), theta, bounds,
-                                       cells.get(), closed);
-            return;
-        }
-        for (std::size_t i = b0 * kBlock; i < std::min(n, b1 * kBlock); ++i)
-            decode_coord<Q>(s, gc, codes.data(), params.data(), i, out.data(), theta, bounds);
+        decode_blocks_isa<Q>(s, gc, codes, params, n, out, theta, bounds, b0, b1);
     });
 }
 

@@ -87,6 +87,21 @@ struct TensorSetup {
 void set_cpu_threads(unsigned n);
 unsigned cpu_threads();
 
+/// The instruction-set level the CPU block loops (encode_chunk, decode_chunk) are compiled
+/// for: x86-64's baseline (SSE2), AVX2 or AVX-512 (F, DQ, BW, VL); Baseline elsewhere. The
+/// results are identical at every level (IEEE operations in source order, no FMA
+/// contraction: -ffp-contract=off); only the speed differs (docs/design.md §4).
+enum class Isa { Baseline, AVX2, AVX512 };
+const char* isa_name(Isa);
+/// Whether this CPU runs level `i`.
+bool isa_supported(Isa i);
+/// The level in use: the best this CPU supports, or the CKPTKIT_ISA environment variable
+/// (baseline, avx2, avx512) when set; std::invalid_argument for another value or a level
+/// this CPU lacks.
+Isa active_isa();
+/// Use level i from now on (tests, benchmarks); std::invalid_argument when unsupported.
+void set_isa(Isa i);
+
 /// Run fn(part, begin, end) over contiguous ranges of [0, n), one per CPU thread (at most
 /// one per 16k items; part 0 on the calling thread); rethrows the first exception.
 void parallel_ranges(std::size_t n, const std::function<void(unsigned, std::size_t, std::size_t)>& fn);

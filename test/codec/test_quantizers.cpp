@@ -512,3 +512,67 @@ TEST_CASE("vlog block quantisers give encode_v's and encode_m_value's codes and 
     CHECK(settled_by_fallback > 100);  // both passes were exercised
     CHECK(settled_by_fallback < kept / 4);
 }
+
+TEST_CASE("every instruction-set level gives the same codes, params, escapes, bounds and values (every codec)") {
+    std::mt19937_64 rng(9);
+    std::lognormal_distribution<double> L(-14, 4);
+    std::normal_distribution<double> N(0, 1);
+    const std::size_t n = 3 * 16384 + 77;
+    std::vector<float> m(n), v(n), vmax(n), theta(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        v[i] = i % 97 == 0 ? 0.0f : float(L(rng));
+        vmax[i] = float(double(v[i]) * (1 + (i % 3) * 0.5 * std::fabs(N(rng))));
+        m[i] = i % 89 == 0 ? -0.0f : float((i % 5 == 0 ? 3 : 0.3) * N(rng) * std::sqrt(double(v[i])));
+        theta[i] = float(N(rng));
+    }
+    m[5] = INFINITY;
+    v[6] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<Isa> levels;
+    for (Isa i : {Isa::Baseline, Isa::AVX2, Isa::AVX512})
+        if (isa_supported(i)) levels.push_back(i);
+    MESSAGE("instruction-set levels compared: " << levels.size());
+    const Isa before = active_isa();
+    for (int c = 0; c < 8; ++c) {
+        TensorSetup s;
+        s.kind = c % 4 == 0 ? Kind::Log8 : c % 4 == 1 ? Kind::BF16 : c % 4 == 2 ? Kind::Blockwise8 : Kind::VLog;
+        s.hyper.step = 50;
+        s.hyper.amsgrad = c >= 4;
+        s.hyper.weight_decay = c >= 4 ? 0.01 : 0.0;
+        s.domain.l2 = c >= 4;
+        s.domain.weight_decay = s.hyper.weight_decay;
+        s.type = c == 7 ? MomentType::F16 : MomentType::F32;
+        const ChunkIn in{m.data(), v.data(), s.hyper.amsgrad ? vmax.data() : nullptr, theta.data(), n};
+        const int nm = s.moments();
+        std::vector<ChunkOut> outs;
+        std::vector<std::vector<double>> bounds;
+        std::vector<std::vector<float>> values[2];  // with bounds (verify) and without (restore)
+        for (Isa i : levels) {
+            set_isa(i);
+            outs.push_back(encode_chunk(s, in));
+            const ChunkOut& o = outs.back();
+            const std::array<const uint8_t*, 3> cp{o.codes[0].data(), o.codes[1].data(), nm == 3 ? o.codes[2].data() : nullptr};
+            const std::array<const int16_t*, 3> pp{o.params[0].data(), o.params[1].data(), nm == 3 ? o.params[2].data() : nullptr};
+            bounds.emplace_back(n);
+            for (int path = 0; path < 2; ++path) {
+                values[path].emplace_back(3 * n);
+                float* d = values[path].back().data();
+                decode_chunk(s, cp, pp, n, {d, d + n, nm == 3 ? d + 2 * n : nullptr}, theta.data(),
+                             path == 0 ? bounds.back().data() : nullptr);
+            }
+        }
+        for (std::size_t l = 1; l < levels.size(); ++l) {
+            for (int k = 0; k < nm; ++k) {
+                CHECK(outs[l].codes[k] == outs[0].codes[k]);
+                CHECK(outs[l].params[k] == outs[0].params[k]);
+            }
+            CHECK(outs[l].escapes == outs[0].escapes);
+            CHECK(outs[l].causes == outs[0].causes);
+            CHECK(std::memcmp(&outs[l].max_bound, &outs[0].max_bound, sizeof(double)) == 0);
+            CHECK(std::memcmp(bounds[l].data(), bounds[0].data(), n * sizeof(double)) == 0);
+            for (int path = 0; path < 2; ++path)
+                CHECK(std::memcmp(values[path][l].data(), values[path][0].data(), 3 * n * sizeof(float)) == 0);
+        }
+        CHECK(!outs[0].escapes.empty());  // the non-finite coordinates at least
+    }
+    set_isa(before);
+}
