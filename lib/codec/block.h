@@ -283,30 +283,31 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     const double b1 = gc.b1, b2 = gc.b2, eps = gc.eps, sqrt_bc2 = gc.sqrt_bc2, closed_g = gc.closed_g;
     const double sb2 = sqrt(b2), ka = 0.5 * b1 * gc.inv_bc1, kb = 0.5 * sqrt_bc2 * gc.inv_bc1;
     const double a0 = sb2 / sqrt_bc2, b1s = b1 / sb2;
+    // A coordinate that is not live gets A = B = 0: it then never is a block's worst
+    // constraint (they start at 0 and compare strictly), so no loop below asks `live`
+    // (branch-free, so they vectorise); dropping a coordinate zeroes it too.
     for (int j = 0; j < bn; ++j) {
         const double m = src[0][i0 + j], v = src[1][i0 + j], vx = nm == 3 ? src[2][i0 + j] : 0.0;
         w.live[j] = isfinite(m) && isfinite(v) && isfinite(vx) && v > 0 && vx >= 0;
     }
     if (nm == 3) {
         for (int j = 0; j < bn; ++j) {
-            if (!w.live[j]) continue;
             const double m = src[0][i0 + j], v = src[1][i0 + j], vx = src[2][i0 + j];
             const double C = b2 * v, v0 = C > vx ? C : vx;
             const double d0 = sqrt(v0) / sqrt_bc2 + eps;
             A[j] = ka * sqrt(v > vx ? v : vx) / d0;
             B[j] = kb * (b1 * fabs(m) / sqrt(C) + closed_g) * (vx > C ? vx / C : 1.0);
         }
-    } else {  // the same with vmax = 0: sqrt(C) = sqrt(b2) sqrt(v), one root and two divisions;
-        // branch-free over the block, so it vectorises (a dead coordinate computes garbage,
-        // NaN or inf, that is never read)
+    } else {  // the same with vmax = 0: sqrt(C) = sqrt(b2) sqrt(v), one root and two divisions
         for (int j = 0; j < bn; ++j) {
             const double r = 1 / sqrt(double(src[1][i0 + j]));
             A[j] = ka / (a0 + eps * r);
             B[j] = kb * (b1s * fabs(double(src[0][i0 + j])) * r + closed_g);
         }
     }
-    for (int j = 0; j < bn; ++j) {
-        if (!w.live[j]) continue;
+    for (int j = 0; j < bn; ++j) {  // a dead coordinate computed garbage (NaN, inf) above
+        A[j] = w.live[j] ? A[j] : 0.0;
+        B[j] = w.live[j] ? B[j] : 0.0;
         amax = A[j] > amax ? A[j] : amax;
         bmax = B[j] > bmax ? B[j] : bmax;
     }
@@ -318,7 +319,6 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
         second = 0;
         at = -1;
         for (int j = 0; j < bn; ++j) {
-            if (!w.live[j]) continue;
             const double c = A[j] * r + B[j];
             if (c > w1) { second = w1; w1 = c; at = j; } else if (c > second) second = c;
         }
@@ -328,7 +328,6 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
         const double mult[5] = {0.5, 0.7071067811865476, 1.0, 1.4142135623730951, 2.0};
         double wc[5] = {0, 0, 0, 0, 0};
         for (int j = 0; j < bn; ++j) {
-            if (!w.live[j]) continue;
             for (int k = 0; k < 5; ++k) {
                 const double c = A[j] * (r0 * mult[k]) + B[j];
                 wc[k] = c > wc[k] ? c : wc[k];
@@ -351,6 +350,7 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
         if (at < 0 || !(sec > 0)) break;
         if (!(nm * bn * log2_hd(w1 / sec) > escape_bits)) break;  // narrowing for it costs more than its escape
         w.live[at] = false;
+        A[at] = B[at] = 0;
         dropped = true;
     }
     if (dropped) r = best_ratio();
@@ -476,10 +476,7 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
     BlockTrial<VLog>* t = &w.trial[1];
     best->escapes = bn + 1;
     for (int k = 1; k < nm; ++k)
-        for (int j = 0; j < bn; ++j) {
-            const float x = src[k][i0 + j];
-            w.lg[k][j] = x > 0 && isfinite(x) ? log2_hd(x) : 0.0;
-        }
+        for (int j = 0; j < bn; ++j) w.lg[k][j] = log2_float(src[k][i0 + j]);
     double dm = 1, delta = 0.5;
     // 90%: the rest covers the FP32 margin and the cells' asymmetry (a larger share makes
     // more blocks fail and re-code finer: measured worse at 1.2x and 1.6x)
@@ -495,7 +492,8 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
         for (int k = 1; k < nm; ++k)  // second moments: the log2 is computed once per block
             vlog_code_v_block(s.type, src[k] + i0, w.lg[k], t->p[1], bn, k, t->code[1], t->keep, t->code[k],
                               w.cells[k], w.settled);
-        set_scales(s, bn, t, w);
+        for (int j = 0; j < bn; ++j)  // set_scales without its keep select: dropped coordinates are never read
+            w.scale[j] = m_scale(w.cells[1].dec[j], nm == 3 ? w.cells[2].dec[j] : 0.0);
         vlog_code_m_block(s.type, src[0] + i0, VLog::value(t->p[0][0]), w.scale, bn, t->keep, t->code[0], w.cells[0],
                           w.settled);
         certify_trial(s, gc, theta, i0, bn, t, w);

@@ -202,6 +202,14 @@ void encode_blocks(const TensorSetup& s, const GuardConst& gc, const float* cons
         const BlockTrial<Q>& best = encode_block<Q>(s, gc, src, in.theta, i0, bn, *w);
         for (int k = 0; k < nm; ++k)
             std::copy(best.p[k], best.p[k] + Q::kParams, out.params[k].data() + b * Q::kParams);
+        if (best.escapes == 0) {  // the common block: every coordinate keeps its codes (no branch per coordinate)
+            double mb = r.max_bound;
+            for (int j = 0; j < bn; ++j) mb = std::max(mb, best.bound[j]);
+            r.max_bound = mb;
+            for (int k = 0; k < nm; ++k)
+                for (int j = 0; j < bn; ++j) store_code(out.codes[k].data(), Q::kCodeBytes, i0 + std::size_t(j), best.code[k][j]);
+            continue;
+        }
         for (int j = 0; j < bn; ++j) {
             const std::size_t i = i0 + std::size_t(j);
             if (!best.keep[j]) {

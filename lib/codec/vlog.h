@@ -36,13 +36,31 @@ static __constant__ float kVlogTableDev[1025] = CKPT_VLOG_TABLE;
 /// the binary exponent, plus a degree-6 least-squares polynomial in f = mantissa - 1 on
 /// [0, 1) (|error| < 1e-5 octave). Used where vlog derives a block parameter or a first
 /// guess (the encoder corrects the guess exactly); never for a cell.
-CKPT_HD double log2_hd(double x) {
-    int ex;
-    const double f = mantissa(x, ex) - 1;
+CKPT_HD_FORCE double log2_poly(double ex, double f) {
     return ex + f * (1.44246470364867 +
                      f * (-0.7173406013100603 +
                           f * (0.45488395028849676 +
                                f * (-0.27418608342608064 + f * (0.11966064109034355 + f * -0.025489833115085236)))));
+}
+CKPT_HD double log2_hd(double x) {
+    int ex;
+    const double f = mantissa(x, ex) - 1;
+    return log2_poly(ex, f);
+}
+
+/// log2_hd(x) for a positive finite float x, else 0: a float is a normal double, so the
+/// exponent and mantissa come from the bits without mantissa()'s subnormal branch
+/// (block loops vectorise it). The same value as log2_hd(x).
+CKPT_HD_FORCE double log2_float(float x) {
+    const double d = x;
+    uint64_t b;
+    memcpy(&b, &d, sizeof b);
+    const int32_t e = int32_t(uint32_t(b >> 32) >> 20) & 0x7ff;
+    const uint64_t mb = (b & ((uint64_t(1) << 52) - 1)) | (uint64_t(1023) << 52);
+    double mant;
+    memcpy(&mant, &mb, sizeof mant);
+    const double lg = log2_poly(double(e - 1023), mant - 1);
+    return (d > 0) & (d < INFINITY) ? lg : 0.0;
 }
 
 struct VLog {
