@@ -559,37 +559,53 @@ CKPT_HD void vlog_decode_block(const TensorSetup& s, const uint8_t* const* codes
     const std::size_t b = i0 / kBlock;
     const int16_t* pv = params[1] + b * VLog::kParams;
     const MomentType t = s.type;
-    auto second = [&](int k, int j, int64_t at, uint16_t c) {  // exp_avg_sq (at = 0) or max_exp_avg_sq
-        BlockCells& r = cells[k];
-        if (c == 0) { r.dec[j] = r.lo[j] = r.hi[j] = 0.0; return; }
-        const int64_t idx = at + VLog::unzigzag(uint32_t(c) - 1);
-        if (with_cells) {
-            const Cell x = VLog::index_cell(pv, idx);
-            r.lo[j] = x.lo;
-            r.hi[j] = x.hi;
-            r.dec[j] = round_to_type(t, x.dec);
-        } else {
-            r.dec[j] = round_to_type(t, VLog::vval(pv, idx));
-        }
+    // Branch-free loops over the block (they vectorise), as vlog_code_v_block: the
+    // exponent of index idx in doubles, clamped as VLog::value clamps it; a code 0 (exact
+    // zero) selects 0 afterwards.
+    const double a16 = double(pv[0]) * 16, st = pv[1], lim = opaque_hd(double(int64_t(1) << 30));
+    auto grid = [&](double e) {  // e is finite: a plain min / max clamps it (to an opaque bound, see opaque_hd)
+        e = e > lim ? lim : e;
+        e = e < -lim ? -lim : e;
+        return VLog::value32(int32_t(e));
     };
-    for (int j = 0; j < bn; ++j) second(1, j, 0, load_code(codes[1], 2, i0 + j));
-    if (nm == 3)
-        for (int j = 0; j < bn; ++j)
-            second(2, j, VLog::index_of(load_code(codes[1], 2, i0 + j)), load_code(codes[2], 2, i0 + j));
+    auto second = [&](int k, auto with) {  // with: whether the cells are wanted (a compile-time flag)
+        BlockCells& r = cells[k];
+        const double rel = k == 2 ? 1.0 : 0.0;  // max_exp_avg_sq: relative to exp_avg_sq's index
+        for (int j = 0; j < bn; ++j) {
+            const uint32_t c = load_code(codes[k], 2, i0 + j), c1 = load_code(codes[1], 2, i0 + j);
+            const double at = rel * flag_hd(c1 != 0) * double(VLog::unzigzag(c1 - 1));  // code 0: index 0
+            const double e = a16 + (at + double(VLog::unzigzag(c - 1))) * st;  // c = 0: garbage, not selected
+            const double zero = flag_hd(c == 0);
+            const double dec = grid(e);
+            r.dec[j] = zero != 0 ? 0.0 : dec;
+            if constexpr (decltype(with)::value) {
+                r.lo[j] = zero != 0 ? 0.0 : (dec + grid(e - st)) / 2;
+                r.hi[j] = zero != 0 ? 0.0 : (dec + grid(e + st)) / 2;
+            }
+        }
+        if (t != MomentType::F32)
+            for (int j = 0; j < bn; ++j) r.dec[j] = round_to_type(t, r.dec[j]);
+    };
+    for (int k = 1; k < nm; ++k) {
+        if (with_cells) second(k, std::true_type{});
+        else second(k, std::false_type{});
+    }
     const double unit = VLog::value(params[0][b * VLog::kParams]);
     BlockCells& m = cells[0];
     for (int j = 0; j < bn; ++j) {
-        const uint16_t c = load_code(codes[0], 2, i0 + j);
-        const double scale = m_scale(cells[1].dec[j], nm == 3 ? cells[2].dec[j] : 0.0);
+        const uint32_t c = load_code(codes[0], 2, i0 + j);
+        const double d = unit * m_scale(cells[1].dec[j], nm == 3 ? cells[2].dec[j] : 0.0);
+        const double q = double(c >> 1), neg = flag_hd((c & 1) != 0);
+        const double x = q == 0 ? 0.0 : double(float(q * d));
+        m.dec[j] = neg != 0 ? -x : x;  // m_cell / m_decoded
         if (with_cells) {
-            const Cell x = VLog::m_cell(c, unit * scale);
-            m.lo[j] = x.lo;
-            m.hi[j] = x.hi;
-            m.dec[j] = round_to_type(t, x.dec);
-        } else {
-            m.dec[j] = round_to_type(t, VLog::m_decoded(c, unit * scale));
+            const double lo = (q - 0.5) * d, hi = (q + 0.5) * d;  // lo = -0.5 d at q = 0
+            m.lo[j] = neg != 0 ? -hi : lo;
+            m.hi[j] = neg != 0 ? -lo : hi;
         }
     }
+    if (t != MomentType::F32)
+        for (int j = 0; j < bn; ++j) m.dec[j] = round_to_type(t, m.dec[j]);
     for (int k = 0; k < nm; ++k)
         if (out[k])
             for (int j = 0; j < bn; ++j) out[k][i0 + j] = float(cells[k].dec[j]);

@@ -41,6 +41,16 @@ CKPT_HD_FORCE double max_hd(double a, double b) { return a > b ? a : b; }
 /// selects between booleans or chains of selects leave control flow in the loop.
 CKPT_HD_FORCE double flag_hd(bool c) { return c ? 1.0 : 0.0; }
 
+/// x, hidden from the optimiser (an empty asm on the host): a clamp to such a bound cannot
+/// be folded into a constant result, which GCC would branch to (control flow in a loop
+/// stops its vectoriser). The value is unchanged.
+CKPT_HD_FORCE double opaque_hd(double x) {
+#if !defined(__CUDA_ARCH__) && defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __asm__("" : "+x"(x));
+#endif
+    return x;
+}
+
 /// 2^q as a double, exact, for |q| <= 1022 (built from the exponent bits: ldexp's exact
 /// result without the libm call).
 CKPT_HD_FORCE double pow2i(int q) {

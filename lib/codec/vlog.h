@@ -87,7 +87,8 @@ struct VLog {
     CKPT_HD_FORCE static double value32(int32_t e) {
         int32_t q = e >> 10;  // floor(e / 1024): arithmetic shift
         const int32_t r = e & 1023;
-        q = q > 200 ? 200 : q < -200 ? -200 : q;
+        q = q > 200 ? 200 : q;  // two selects, not a chain (a chain leaves control flow for the vectoriser)
+        q = q < -200 ? -200 : q;
         return double(float(table(r) * pow2i(q)));
     }
     /// Signed index <-> code order 0, -1, 1, -2, 2, ... (branch-free: signs are random).
