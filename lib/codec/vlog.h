@@ -19,6 +19,7 @@
 // left to escape when that is cheaper in bits.
 #pragma once
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "codec/guard.h"
@@ -241,47 +242,6 @@ struct VLog {
 /// `codes`: one segment, n codes; `params`: its blocks' (a, s) pairs; segment-local
 /// coordinate q lies in block q / 64. to_residual: absolute -> sent; else the inverse
 /// (in coordinate order, so the row above is absolute again when q needs it).
-inline void vlog_rows(uint16_t* codes, std::size_t n, const int16_t* params, std::size_t row, bool to_residual) {
-    if (row == 0 || row >= n) return;
-    // All in int32 (|index * step| < 2^30); the modulo 65535 of the format is one
-    // conditional add, as every sum below lies within one period of [0, 65535).
-    // Branch-free but for the block change (the steps of neighbouring blocks differ at
-    // random, a branch on them mispredicts). The division by q's step s uses a reciprocal per block: for integers 0 <= a < 2^30
-    // and 1 <= s < 2^15, floor(a * fl(1/s) + 2^-20) = floor(a / s), because the product's
-    // relative error (< 2^-51) moves it by < 2^-21, and a / s is an integer or at least
-    // 1/s >= 2^-15 away from one.
-    std::size_t inv_block = SIZE_MAX;
-    double inv = 1;
-    auto pred_u = [&](std::size_t q, uint16_t above) {  // predicted index + 32767, in [0, 65534]
-        const int32_t sa = params[2 * ((q - row) / 64) + 1], sb = params[2 * (q / 64) + 1];
-        const int32_t i = int32_t(VLog::index_of(above));
-        const int32_t e = i * sa;  // the offset from its own anchor (rows differ in level)
-        const int32_t s = sb > 0 ? sb : 1;
-        if (q / 64 != inv_block) { inv_block = q / 64; inv = 1.0 / s; }
-        const int32_t a = (e >= 0 ? e : -e) + s / 2;  // nearest, halves away from 0
-        const int32_t qa = int32_t(double(a) * inv + 0x1p-20);
-        int32_t j = e >= 0 ? qa : -qa;
-        j = j < -VLog::kMaxIndex ? -VLog::kMaxIndex : j > VLog::kMaxIndex ? VLog::kMaxIndex : j;
-        return j + VLog::kMaxIndex;
-    };
-    constexpr int32_t kMod = 2 * VLog::kMaxIndex + 1;  // 65535 indices
-    if (to_residual) {
-        for (std::size_t q = n; q-- > row;) {  // backwards: the row above is still absolute
-            if (codes[q] == 0 || codes[q - row] == 0) continue;
-            int32_t r = int32_t(VLog::index_of(codes[q])) + VLog::kMaxIndex - pred_u(q, codes[q - row]);  // (-65535, 65535)
-            if (r > VLog::kMaxIndex) r -= kMod;
-            else if (r < -VLog::kMaxIndex) r += kMod;
-            codes[q] = uint16_t(1 + VLog::zigzag(r));
-        }
-        return;
-    }
-    for (std::size_t q = row; q < n; ++q) {
-        if (codes[q] == 0 || codes[q - row] == 0) continue;
-        int32_t u = pred_u(q, codes[q - row]) + int32_t(VLog::index_of(codes[q]));  // [-32767, 98301]
-        if (u < 0) u += kMod;
-        else if (u >= kMod) u -= kMod;
-        codes[q] = uint16_t(1 + VLog::zigzag(u - VLog::kMaxIndex));
-    }
-}
+void vlog_rows(uint16_t* codes, std::size_t n, const int16_t* params, std::size_t row, bool to_residual);
 
 }  // namespace ckpt::codec
