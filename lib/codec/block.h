@@ -128,7 +128,7 @@ struct BlockCells {
     CKPT_HD_FORCE void set(int j, const Cell& c) { dec[j] = c.dec; lo[j] = c.lo; hi[j] = c.hi; }
 };
 
-/// Scratch of encode_block (about 7 KB; one per CPU thread or GPU thread).
+/// Scratch of encode_block (about 10 KB; one per CPU thread or GPU thread).
 template <class Q>
 struct BlockWork {
     BlockTrial<Q> trial[2];
