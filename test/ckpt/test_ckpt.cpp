@@ -255,4 +255,11 @@ TEST_CASE("compress's self-check compares the decoded codes with the encoded one
     CHECK(!bad.ok);
     REQUIRE(bad.failures.size() == 1);
     CHECK(bad.failures[0] == man.params[1].name + ": decoded exp_avg_sq codes differ from the encoded ones");
+    hashes[1][1] ^= 1;
+    hashes.pop_back();  // fewer parameters encoded than the container holds: a failure, not a fallback
+    const Report short_list = verify(ckz, vo);
+    CHECK(!short_list.ok);
+    REQUIRE(short_list.failures.size() == 1);
+    CHECK(short_list.failures[0] == "self-check: " + std::to_string(man.params.size() - 1) + " parameters encoded, " +
+                                        std::to_string(man.params.size()) + " in the container");
 }
