@@ -130,6 +130,7 @@ inline double parse_bound(const std::string& s) {
     char* end = nullptr;
     const double v = std::strtod(s.c_str(), &end);
     if (s.empty() || *end != '\0' || !(v > 0)) throw std::invalid_argument("not a positive number or inf: " + s);
+    if (std::isinf(v)) throw std::invalid_argument("too large for a double: " + s + " (write inf for no bound)");
     return v;
 }
 

@@ -193,6 +193,8 @@ USAGE = [
     ("ckpt-compress", ["IN"], "--output is required"),
     ("ckpt-compress", ["IN", "-o", "OUT", "--grad-bound", "-3"], "--grad-bound: not a positive number or inf: -3"),
     ("ckpt-compress", ["IN", "-o", "OUT", "--grad-bound", "foo"], "--grad-bound: not a positive number or inf: foo"),
+    ("ckpt-compress", ["IN", "-o", "OUT", "--grad-bound", "1e400"],
+     "--grad-bound: too large for a double: 1e400 (write inf for no bound)"),
     ("ckpt-compress", ["IN", "-o", "OUT", "--param-bound", "-3"], "--param-bound: -3 is not a finite number >= 0"),
     ("ckpt-compress", ["IN", "-o", "OUT", "--param-bound", "inf"], "--param-bound: inf is not a finite number >= 0"),
     ("ckpt-compress", ["IN", "-o", "OUT", "--param-bound", "nan"], "--param-bound: nan is not a finite number >= 0"),
