@@ -596,8 +596,7 @@ CKPT_HD void vlog_decode_block(const TensorSetup& s, const uint8_t* const* codes
         const uint32_t c = load_code(codes[0], 2, i0 + j);
         const double d = unit * m_scale(cells[1].dec[j], nm == 3 ? cells[2].dec[j] : 0.0);
         const double q = double(c >> 1), neg = flag_hd((c & 1) != 0);
-        const double x = q == 0 ? 0.0 : double(float(q * d));
-        m.dec[j] = neg != 0 ? -x : x;  // m_cell / m_decoded
+        m.dec[j] = VLog::m_decoded(uint16_t(c), d);
         if (with_cells) {
             const double lo = (q - 0.5) * d, hi = (q + 0.5) * d;  // lo = -0.5 d at q = 0
             m.lo[j] = neg != 0 ? -hi : lo;

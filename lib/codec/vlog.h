@@ -193,7 +193,7 @@ struct VLog {
     }
 
     /// m_cell(code, d).dec without the cell (restore's path).
-    CKPT_HD static double m_decoded(uint16_t code, double d) {
+    CKPT_HD_FORCE static double m_decoded(uint16_t code, double d) {
         const int q = code >> 1;
         const double x = q == 0 ? 0.0 : double(float(q * d));
         return (code & 1) ? -x : x;
