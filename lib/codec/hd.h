@@ -28,8 +28,8 @@ namespace ckpt::codec {
 /// fmax / fmin with their NaN rule (a NaN operand gives the other one), inline: without
 /// -ffinite-math-only the compiler calls libm's for std::fmax (measured 1.6% of compress).
 /// One select on an OR of two compares (a select between booleans does not vectorise).
-CKPT_HD_FORCE double fmax_hd(double a, double b) { return (a > b) | (b != b) ? a : b; }
-CKPT_HD_FORCE double fmin_hd(double a, double b) { return (a < b) | (b != b) ? a : b; }
+CKPT_HD_FORCE double fmax_hd(double a, double b) { return ((a > b) | (b != b)) ? a : b; }
+CKPT_HD_FORCE double fmin_hd(double a, double b) { return ((a < b) | (b != b)) ? a : b; }
 
 /// a > b ? a : b: b when either is NaN (a NaN b propagates; std::fmax would drop it).
 /// One compare and select, which vectorises (certify_closed); cells made from codes are

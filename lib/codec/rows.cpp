@@ -64,7 +64,7 @@ void vlog_rows(uint16_t* codes, std::size_t n, const int16_t* params, std::size_
                 r = r > kMax ? r - kMod : r;
                 r = r < -kMax ? r + kMod : r;
                 const uint32_t sent = 1 + VLog::zigzag(r);
-                codes[q0 + k] = uint16_t((cur == 0) | (above == 0) ? cur : sent);
+                codes[q0 + k] = uint16_t(((cur == 0) | (above == 0)) ? cur : sent);
             }
         });
         return;
@@ -76,7 +76,7 @@ void vlog_rows(uint16_t* codes, std::size_t n, const int16_t* params, std::size_
             u = u < 0 ? u + kMod : u;
             u = u >= kMod ? u - kMod : u;
             const uint32_t absolute = 1 + VLog::zigzag(u - kMax);
-            codes[q0 + k] = uint16_t((cur == 0) | (above == 0) ? cur : absolute);
+            codes[q0 + k] = uint16_t(((cur == 0) | (above == 0)) ? cur : absolute);
         }
     });
 }

@@ -61,7 +61,7 @@ CKPT_HD_FORCE double log2_float(float x) {
     double mant;
     memcpy(&mant, &mb, sizeof mant);
     const double lg = log2_poly(double(e - 1023), mant - 1);
-    return (d > 0) & (d < INFINITY) ? lg : 0.0;
+    return ((d > 0) & (d < INFINITY)) ? lg : 0.0;
 }
 
 struct VLog {
