@@ -18,6 +18,7 @@
 
 #include "common/xxh3.h"
 #include "ckpt/decode.h"
+#include "ckpt/grid.h"
 #include "ckpt/layout.h"
 #include "common/file.h"
 #include "ckpt/pipeline.h"
@@ -28,139 +29,6 @@
 namespace ckpt {
 
 namespace {
-
-/// The dense grid of one tensor: multipliers 10^k for k in [-3, 4], per_side points
-/// (computed once per run: the grid of every coordinate is scale * these, so no pow in the
-/// per-coordinate loop), and root[k] = sqrt(b2 + (1 - b2) mult[k]^2) for the tensor's b2,
-/// so that the original state's sqrt(b2 v + (1 - b2) t^2) at t = sqrt(v) mult[k] is
-/// sqrt(v) root[k] (the same value up to rounding, with no square root per point).
-struct GridPoints {
-    std::vector<double> mult, root;
-    double b2 = -1;  ///< the b2 root was computed for
-    explicit GridPoints(int points) {
-        const int per_side = std::max(1, (points - 3) / 2);
-        mult.resize(std::size_t(per_side));
-        for (int i = 0; i < per_side; ++i)
-            mult[std::size_t(i)] = std::pow(10.0, -3.0 + 7.0 * i / std::max(1, per_side - 1));
-        root.resize(mult.size());
-    }
-    void set_b2(double b2_) {
-        if (b2_ == b2) return;
-        b2 = b2_;
-        for (std::size_t k = 0; k < mult.size(); ++k) root[k] = std::sqrt(b2 + (1 - b2) * mult[k] * mult[k]);
-    }
-};
-
-/// One coordinate's dense-grid check: the largest |u(g) - u~(g)| / lr (double arithmetic,
-/// codec::update_lr's formula, 1/sqrt(bc2) as a product) over the grid points inside the
-/// domain [lo, hi]: 0, lo, hi (when finite) and +-scale * mult[k]; and how many points
-/// exceed `bound`. +t and -t share v' = b2 v + (1-b2) t^2, so one square root per state
-/// serves both signs; the original's is sqrt(v) * GridPoints::root[k] (no square root per
-/// point) when scale = sqrt(v) >= 1e-15; and one division serves both states: inv_bc1 / D1 and inv_bc1 / D2
-/// as q D2 and q D1 with q = inv_bc1 / (D1 D2), used only where every D1 D2 of the grid
-/// lies inside [2^-500, 2^500] (then it cannot overflow or underflow; the result differs
-/// from two divisions by a few ulps of u, far below any tolerance); otherwise two divisions.
-/// A point outside the domain is masked (difference 0, not counted). Both updates NaN
-/// (torch gives NaN for both) is no difference; one NaN counts as over `bound`. `d` is
-/// scratch of 2 nm doubles. Branch-free over the points, reductions apart (the max as an
-/// integer max over bit patterns), so the compiler vectorises both; target_clones picks
-/// AVX-512 or AVX2 at run time (the same IEEE operations in the same order on every ISA).
-struct GridResult { double max_diff = 0; uint64_t points = 0, over = 0; };
-
-struct GridState {  // the two states' per-coordinate constants
-    double a1, a2, c1, c2, e1, e2, x1, x2, sx1, isb, inv_bc1, eps;  // sx1 = sqrt(x1)
-    /// D(t) = sqrt(max(c + e2 t^2, x)) / sqrt(bc2) + eps of state 1 or 2.
-    double denom(int which, double t) const {
-        const double w = (which == 1 ? c1 : c2) + e2 * t * t, x = which == 1 ? x1 : x2;
-        return std::sqrt(w > x ? w : x) * isb + eps;
-    }
-};
-
-template <bool kOneDivision, bool kFactored>
-__attribute__((always_inline)) inline uint64_t grid_loop(const GridState& g, double lo, double hi, double scale,
-                                                          double bound, const double* mult, const double* root,
-                                                          int nm, double* d, uint64_t& over) {
-    uint64_t points = 0, n_over = 0;
-    for (int k = 0; k < nm; ++k) {
-        const double t = scale * mult[k];
-        double d1;
-        if constexpr (kFactored) {  // sqrt(b2 v + e2 t^2) = scale * root[k] when scale^2 = v
-            const double s1 = scale * root[k];
-            d1 = (s1 > g.sx1 ? s1 : g.sx1) * g.isb + g.eps;
-        } else {
-            const double w1 = g.c1 + g.e2 * t * t;
-            d1 = std::sqrt(w1 > g.x1 ? w1 : g.x1) * g.isb + g.eps;
-        }
-        const double w2 = g.c2 + g.e2 * t * t;
-        const double d2 = std::sqrt(w2 > g.x2 ? w2 : g.x2) * g.isb + g.eps;
-        double r1, r2;
-        if constexpr (kOneDivision) {
-            const double q = g.inv_bc1 / (d1 * d2);
-            r1 = q * d2;
-            r2 = q * d1;
-        } else {
-            r1 = g.inv_bc1 / d1;
-            r2 = g.inv_bc1 / d2;
-        }
-        const double p1 = (g.a1 + g.e1 * t) * r1, p2 = (g.a2 + g.e1 * t) * r2;
-        const double q1 = (g.a1 - g.e1 * t) * r1, q2 = (g.a2 - g.e1 * t) * r2;
-        const bool in_p = (t >= lo) & (t <= hi), in_q = (-t >= lo) & (-t <= hi);
-        const double dp = std::fabs(p1 - p2), dq = std::fabs(q1 - q2);
-        const bool use_p = in_p & !((p1 != p1) & (p2 != p2)), use_q = in_q & !((q1 != q1) & (q2 != q2));
-        n_over += uint64_t(use_p & !(dp <= bound)) + uint64_t(use_q & !(dq <= bound));
-        d[2 * k] = (use_p & (dp == dp)) ? dp : 0.0;  // NaN (one update NaN) is counted, not a max
-        d[2 * k + 1] = (use_q & (dq == dq)) ? dq : 0.0;
-        points += uint64_t(in_p) + uint64_t(in_q);
-    }
-    over = n_over;
-    return points;
-}
-
-#if defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
-                      double vmaxt, double lo, double hi, double scale, double bound, const GridPoints& grid,
-                      double* d) {
-    const double* mult = grid.mult.data();
-    const int nm = int(grid.mult.size());
-    const GridState g{c.b1 * m, c.b1 * mt, c.b2 * v, c.b2 * vt, 1 - c.b1, 1 - c.b2,
-                      ams ? vmax : -INFINITY, ams ? vmaxt : -INFINITY, ams ? std::sqrt(vmax) : -INFINITY,
-                      1 / c.sqrt_bc2, c.inv_bc1, c.eps};
-    // D grows with t: the grid's extreme products are at its first and last point.
-    const double pmin = g.denom(1, scale * mult[0]) * g.denom(2, scale * mult[0]);
-    const double pmax = g.denom(1, scale * mult[nm - 1]) * g.denom(2, scale * mult[nm - 1]);
-    const bool one_division = pmin >= 0x1p-500 && pmax <= 0x1p500;  // false for NaN too
-    // the original's square root factors out of the grid when scale = sqrt(v) (v >= 1e-30)
-    const bool factored = v >= 1e-30 && v < INFINITY && scale == std::sqrt(v) && grid.b2 == c.b2;
-    const double* root = grid.root.data();
-    uint64_t over = 0;
-    uint64_t points =
-        one_division ? (factored ? grid_loop<true, true>(g, lo, hi, scale, bound, mult, root, nm, d, over)
-                                 : grid_loop<true, false>(g, lo, hi, scale, bound, mult, root, nm, d, over))
-                     : (factored ? grid_loop<false, true>(g, lo, hi, scale, bound, mult, root, nm, d, over)
-                                 : grid_loop<false, false>(g, lo, hi, scale, bound, mult, root, nm, d, over));
-    // The max over bit patterns: for non-negative doubles unsigned order is numeric order,
-    // and an integer max vectorises without fast-math.
-    uint64_t wbits = 0;
-    for (int k = 0; k < 2 * nm; ++k) {
-        uint64_t b;
-        std::memcpy(&b, &d[k], sizeof b);
-        wbits = b > wbits ? b : wbits;
-    }
-    double worst;
-    std::memcpy(&worst, &wbits, sizeof worst);
-    for (double x : {0.0, lo, hi}) {  // the domain's ends and 0, where inside
-        if (!(x >= lo && x <= hi) || !std::isfinite(x)) continue;
-        const double u1 = c.inv_bc1 * (g.a1 + g.e1 * x) / g.denom(1, x);
-        const double u2 = c.inv_bc1 * (g.a2 + g.e1 * x) / g.denom(2, x);
-        const double dd = (u1 != u1 && u2 != u2) ? 0.0 : std::fabs(u1 - u2);
-        worst = dd > worst ? dd : worst;
-        over += !(dd <= bound);
-        ++points;
-    }
-    return {worst, points, over};
-}
 
 /// The source file rebuilt from /raw with every moment storage left as a hole (zeros):
 /// enough to parse it again (pickle, zip records, step and parameter tensors). Removed
@@ -357,7 +225,6 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
                 std::vector<Acc> acc(codec::parallel_parts(c.n));
                 codec::parallel_ranges(c.n, [&](unsigned part, std::size_t i0, std::size_t i1) {
                     Acc& a = acc[part];
-                    std::vector<double> dd(2 * grid.mult.size());
                     for (std::size_t i = i0; i < i1; ++i) {
                         if (esc[i]) continue;
                         if (c.bounds.empty()) continue;  // decode-only pass (VerifyOptions::certificates off)
@@ -370,7 +237,7 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
                         codec::gradient_domain(e.domain, c.theta.empty() ? nullptr : c.theta.data(), i, lo, hi);
                         const double vt = nm == 3 ? c.values[2][i] : 0.0, vo = nm == 3 ? ov[2][i] : 0.0;
                         const GridResult r = grid_check(gc, nm == 3, ov[0][i], ov[1][i], vo, c.values[0][i], c.values[1][i], vt, lo, hi,
-                                                        std::sqrt(std::max<double>(ov[1][i], 1e-30)), b, grid, dd.data());
+                                                        std::sqrt(std::max<double>(ov[1][i], 1e-30)), b, grid);
                         a.grid_points += r.points;
                         a.grid_fail += r.over;
                         a.max_true = std::max(a.max_true, r.max_diff);

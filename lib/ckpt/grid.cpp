@@ -1,0 +1,184 @@
+// ckpt-verify's dense-grid kernel (grid.h). Compiled with -O3 -ffp-contract=off
+// -fno-math-errno -fno-trapping-math (lib/ckpt/CMakeLists.txt) so that its loops vectorise
+// with the same IEEE operations, in the same order, on every target_clones ISA.
+#include "ckpt/grid.h"
+
+#include <cstring>
+
+#include "codec/hd.h"
+
+namespace ckpt {
+
+namespace {
+
+struct GridState {  // the two states' per-coordinate constants
+    double a1, a2, c1, c2, e1, e2, x1, x2, sx1, isb, inv_bc1, eps;  // sx1 = sqrt(x1)
+    /// D(t) = sqrt(max(c + e2 t^2, x)) / sqrt(bc2) + eps of state 1 or 2.
+    double denom(int which, double t) const {
+        const double w = (which == 1 ? c1 : c2) + e2 * t * t, x = which == 1 ? x1 : x2;
+        return std::sqrt(w > x ? w : x) * isb + eps;
+    }
+    /// D1 at t (the original state), with its square root factored out when kFactored.
+    template <bool kFactored>
+    __attribute__((always_inline)) double d1_at(double t, double scale, double root) const {
+        if constexpr (kFactored) {  // sqrt(b2 v + e2 t^2) = scale * root[k] when scale^2 = v
+            const double s1 = scale * root;
+            return (s1 > sx1 ? s1 : sx1) * isb + eps;
+        } else {
+            const double w1 = c1 + e2 * t * t;
+            return std::sqrt(w1 > x1 ? w1 : x1) * isb + eps;
+        }
+    }
+    double d2_at(double t) const {
+        const double w2 = c2 + e2 * t * t;
+        return std::sqrt(w2 > x2 ? w2 : x2) * isb + eps;
+    }
+};
+
+/// kSymmetric (domain [-h, h], h >= 0, or the whole line): every grid t is >= 0 >= lo, so
+/// +t and -t are both inside exactly when t <= h, and max(|A + B|, |A - B|) = |A| + |B|
+/// (the same double: the sum of two same-signed values rounds the same way), where
+/// N(+-t) = A +- B, A = a1 D2 - a2 D1, B = e1 t (D2 - D1). It records only whether some
+/// point is over; grid_check then counts them with kSymmetric = false, whose max is the same.
+template <bool kFactored, bool kSymmetric>
+__attribute__((always_inline)) inline void grid_loop_fast(const GridState& g, double lo, double hi, double scale,
+                                                          double bound, const GridPoints& grid, GridResult& r) {
+    const double* mult = grid.mult.data();
+    const double* root = grid.root.data();
+    const int n = int(grid.mult.size());
+    const double bb = bound / g.inv_bc1;
+    // per lane: the best |N| and its P, counts as doubles (exact below 2^53) and the largest
+    // |N| - bb P (> 0 exactly when a point is over): every lane of the loop is then 64-bit,
+    // with no mask-width conversions
+    double best_n[kLanes], best_p[kLanes], over[kLanes], points[kLanes];
+    for (int j = 0; j < kLanes; ++j) { best_n[j] = 0; best_p[j] = 1; over[j] = 0; points[j] = 0; }
+    for (int k0 = 0; k0 < n; k0 += kLanes)
+        for (int j = 0; j < kLanes; ++j) {  // one vector of kLanes points; lanes carry through memory
+            const int k = k0 + j;
+            const double t = scale * mult[k];  // NaN on the padding: outside every domain
+            const double d1 = g.d1_at<kFactored>(t, scale, root[k]), d2 = g.d2_at(t);
+            const double p = d1 * d2;
+            const double a = g.a1 * d2 - g.a2 * d1, b = g.e1 * t * (d2 - d1);
+            const double lim = bb * p;
+            double m;
+            if constexpr (kSymmetric) {
+                const double in = codec::flag_hd(t <= hi);
+                m = (std::fabs(a) + std::fabs(b)) * in;  // NaN on the padding
+                over[j] += codec::flag_hd(m > lim);
+                points[j] += 2 * in;
+            } else {
+                const bool in_p = (t >= lo) & (t <= hi), in_q = (-t >= lo) & (-t <= hi);
+                const double mp = in_p ? std::fabs(a + b) : 0.0, mq = in_q ? std::fabs(a - b) : 0.0;
+                m = mp > mq ? mp : mq;
+                over[j] += codec::flag_hd(mp > lim) + codec::flag_hd(mq > lim);
+                points[j] += codec::flag_hd(in_p) + codec::flag_hd(in_q);
+            }
+            const bool better = m * best_p[j] > best_n[j] * p;  // false on the padding (p NaN)
+            best_n[j] = better ? m : best_n[j];
+            best_p[j] = better ? p : best_p[j];
+        }
+    for (int j = 0; j < kLanes; ++j) {
+        const double w = best_n[j] / best_p[j] * g.inv_bc1;
+        r.max_diff = w > r.max_diff ? w : r.max_diff;
+        r.points += uint64_t(points[j]);
+        r.over += uint64_t(over[j]);  // kSymmetric: points with +-t over, grid_check recounts
+    }
+}
+
+template <bool kFactored>
+__attribute__((always_inline)) inline void grid_loop_exact(const GridState& g, double lo, double hi, double scale,
+                                                           double bound, const GridPoints& grid, GridResult& r) {
+    const double* mult = grid.mult.data();
+    const double* root = grid.root.data();
+    uint64_t points = 0, n_over = 0, wbits = 0;
+    for (int k = 0; k < grid.size; ++k) {
+        const double t = scale * mult[k];
+        const double d1 = g.d1_at<kFactored>(t, scale, root[k]), d2 = g.d2_at(t);
+        const double r1 = g.inv_bc1 / d1, r2 = g.inv_bc1 / d2;
+        const double p1 = (g.a1 + g.e1 * t) * r1, p2 = (g.a2 + g.e1 * t) * r2;
+        const double q1 = (g.a1 - g.e1 * t) * r1, q2 = (g.a2 - g.e1 * t) * r2;
+        const bool in_p = (t >= lo) & (t <= hi), in_q = (-t >= lo) & (-t <= hi);
+        const double dp = std::fabs(p1 - p2), dq = std::fabs(q1 - q2);
+        const bool use_p = in_p & !((p1 != p1) & (p2 != p2)), use_q = in_q & !((q1 != q1) & (q2 != q2));
+        n_over += uint64_t(use_p & !(dp <= bound)) + uint64_t(use_q & !(dq <= bound));
+        // the max over bit patterns: for non-negative doubles unsigned order is numeric
+        // order, and an integer max vectorises without fast-math; NaN (one update NaN) is
+        // counted above, not a max
+        const double wp = (use_p & (dp == dp)) ? dp : 0.0, wq = (use_q & (dq == dq)) ? dq : 0.0;
+        uint64_t bp, bq;
+        std::memcpy(&bp, &wp, sizeof bp);
+        std::memcpy(&bq, &wq, sizeof bq);
+        const uint64_t b = bp > bq ? bp : bq;
+        wbits = b > wbits ? b : wbits;
+        points += uint64_t(in_p) + uint64_t(in_q);
+    }
+    double worst;
+    std::memcpy(&worst, &wbits, sizeof worst);
+    r.max_diff = worst > r.max_diff ? worst : r.max_diff;
+    r.over += n_over;
+    r.points += points;
+}
+
+}  // namespace
+
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
+                      double vmaxt, double lo, double hi, double scale, double bound, const GridPoints& grid,
+                      bool fast_paths) {
+    const GridState g{c.b1 * m, c.b1 * mt, c.b2 * v, c.b2 * vt, 1 - c.b1, 1 - c.b2,
+                      ams ? vmax : -INFINITY, ams ? vmaxt : -INFINITY, ams ? std::sqrt(vmax) : -INFINITY,
+                      1 / c.sqrt_bc2, c.inv_bc1, c.eps};
+    // the original's square root factors out of the grid when scale = sqrt(v) (v >= 1e-30)
+    const bool factored = v >= 1e-30 && v < INFINITY && scale == std::sqrt(v) && grid.b2 == c.b2;
+    // D grows with |t|: the grid's extreme denominators are at its first and last point.
+    // The fast path's magnitude bounds, from the inputs alone (no square root): every grid
+    // D = sqrt(max(w, x)) isb + eps with w = c + e2 t^2 between its values at the first and
+    // last point. D <= sqrt(2^300) 2^40 + 2^100 < 2^200; D >= eps >= 2^-200, or
+    // D >= sqrt(w(t0)) >= 2^-150 (isb >= 1); w >= 0 on the whole grid (c >= 0, e2 >= 0).
+    const double t0 = scale * grid.mult[0], tn = scale * grid.mult[std::size_t(grid.size - 1)];
+    const double big = 0x1p200;
+    const double w_hi = std::max(g.c1, g.c2) + g.e2 * tn * tn, x_hi = std::max(g.x1, g.x2);
+    const bool d_ok = g.c1 >= 0 && g.c2 >= 0 && g.e2 >= 0 && w_hi <= 0x1p300 && x_hi <= 0x1p300 && g.isb >= 1 &&
+                      g.isb <= 0x1p40 && g.eps >= 0 && g.eps <= 0x1p100 &&
+                      (g.eps >= 0x1p-200 || std::min(g.c1, g.c2) + g.e2 * t0 * t0 >= 0x1p-300);
+    const bool fast = fast_paths && d_ok && std::fabs(g.a1) <= big && std::fabs(g.a2) <= big && std::fabs(g.e1 * tn) <= big &&
+                      g.inv_bc1 >= 1 && g.inv_bc1 <= big && bound >= 0 && bound <= big;  // false for NaN too
+    GridResult r;
+    if (fast) {
+        // (no lambda here: it would be compiled outside this function's target ISA)
+        const bool symmetric = lo == -hi && hi >= 0;
+        if (symmetric)
+            factored ? grid_loop_fast<true, true>(g, lo, hi, scale, bound, grid, r)
+                     : grid_loop_fast<false, true>(g, lo, hi, scale, bound, grid, r);
+        if (!symmetric || r.over) {  // the general loop: it counts every point over
+            r = GridResult{};
+            factored ? grid_loop_fast<true, false>(g, lo, hi, scale, bound, grid, r)
+                     : grid_loop_fast<false, false>(g, lo, hi, scale, bound, grid, r);
+        }
+    } else {
+        factored ? grid_loop_exact<true>(g, lo, hi, scale, bound, grid, r)
+                 : grid_loop_exact<false>(g, lo, hi, scale, bound, grid, r);
+    }
+    // the domain's ends and 0, where inside and finite; hi = -lo reuses lo's denominators
+    // (D depends on x * x, the same double for -x)
+    const double ends[3] = {0.0, lo, hi};
+    double lo_d1 = 0, lo_d2 = 0;
+    for (int i = 0; i < 3; ++i) {
+        const double x = ends[i];
+        if (!(x >= lo && x <= hi) || !std::isfinite(x)) continue;
+        const bool mirror = i == 2 && x == -lo;  // then lo was inside and finite: lo_d* are set
+        const double d1 = mirror ? lo_d1 : g.denom(1, x), d2 = mirror ? lo_d2 : g.denom(2, x);
+        if (i == 1) lo_d1 = d1, lo_d2 = d2;
+        const double u1 = c.inv_bc1 * (g.a1 + g.e1 * x) / d1;
+        const double u2 = c.inv_bc1 * (g.a2 + g.e1 * x) / d2;
+        const double dd = (u1 != u1 && u2 != u2) ? 0.0 : std::fabs(u1 - u2);
+        r.max_diff = dd > r.max_diff ? dd : r.max_diff;
+        r.over += !(dd <= bound);
+        ++r.points;
+    }
+    return r;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,78 @@
+// The dense gradient grid of ckpt-verify --original: the true |u(g) - u~(g)| of one
+// coordinate at hundreds of gradients, checked against its certificate. Independent of the
+// certificate's analysis (codec/guard.h): it only evaluates the update formula.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "codec/guard.h"
+
+namespace ckpt {
+
+/// The dense grid of one tensor: multipliers 10^k for k in [-3, 4], per_side points
+/// (computed once per run: the grid of every coordinate is scale * these, so no pow in the
+/// per-coordinate loop), and root[k] = sqrt(b2 + (1 - b2) mult[k]^2) for the tensor's b2,
+/// so that the original state's sqrt(b2 v + (1 - b2) t^2) at t = sqrt(v) mult[k] is
+/// sqrt(v) root[k] (the same value up to rounding, with no square root per point). Both
+/// arrays are padded to a multiple of kLanes with NaN, which lies outside every domain, so
+/// the loop masks it out (`size` is the real count).
+constexpr int kLanes = 8;
+
+struct GridPoints {
+    std::vector<double> mult, root;
+    int size = 0;     ///< real points per side (mult.size() is that rounded up to kLanes)
+    double b2 = -1;   ///< the b2 root was computed for
+    explicit GridPoints(int points) {
+        size = std::max(1, (points - 3) / 2);
+        const std::size_t padded = std::size_t((size + kLanes - 1) / kLanes * kLanes);
+        mult.resize(padded);
+        for (std::size_t i = 0; i < padded; ++i)
+            mult[i] = int(i) < size ? std::pow(10.0, -3.0 + 7.0 * double(i) / std::max(1, size - 1)) : NAN;
+        root.resize(padded);
+    }
+    void set_b2(double b2_) {
+        if (b2_ == b2) return;
+        b2 = b2_;
+        for (std::size_t k = 0; k < mult.size(); ++k) root[k] = std::sqrt(b2 + (1 - b2) * mult[k] * mult[k]);
+    }
+};
+
+/// grid_check's answer: the largest difference (units of lr), points inside the domain,
+/// and points whose difference exceeds the bound.
+struct GridResult { double max_diff = 0; uint64_t points = 0, over = 0; };
+
+/// One coordinate's dense-grid check: the largest |u(g) - u~(g)| / lr (double arithmetic,
+/// codec::update_lr's formula, 1/sqrt(bc2) as a product) over the grid points inside the
+/// domain [lo, hi]: 0, lo, hi (when finite) and +-scale * mult[k]; and how many points
+/// exceed `bound`. A point outside the domain is masked (difference 0, not counted). Both
+/// updates NaN (torch gives NaN for both) is no difference; one NaN counts as over `bound`.
+///
+/// The fast path (grid_loop_fast) needs no division per point. With D1, D2 the two states'
+/// denominators at gradient t, u - u~ = inv_bc1 N / P with N = (a1 + e1 t) D2 - (a2 + e1 t) D1
+/// = A + B (A = a1 D2 - a2 D1, B = e1 t (D2 - D1)) and P = D1 D2 > 0; -t has N = A - B and
+/// shares D1, D2 (v' = b2 v + (1-b2) t^2). A point is over when
+/// |N| > (bound / inv_bc1) P; each of kLanes lanes keeps the point of its largest |N| / P by
+/// comparing cross products (|N| P_best > N_best P), and the lanes' winners are divided
+/// once at the end. On a symmetric domain [-h, h] a point pair costs |A| + |B|
+/// (= max(|A + B|, |A - B|)), and the loop only notes whether some point is over; the
+/// general loop then counts them. The cross products and the folded constant round differently from
+/// dividing at every point: the max and the threshold agree with it to a few ulps, far
+/// below any tolerance. It runs only where every magnitude is bounded (inputs finite,
+/// |a|, |e1 t| <= 2^200, every D in [2^-200, 2^200]: no overflow, no NaN, products far from
+/// underflow for any difference that matters); otherwise grid_loop_exact divides at every
+/// point. The original's square root is sqrt(v) * GridPoints::root[k] (no square root per
+/// point) when scale = sqrt(v) >= 1e-15. Both loops are branch-free, so the compiler
+/// vectorises them; target_clones picks AVX-512 or AVX2 at run time, and -ffp-contract=off
+/// (lib/ckpt/CMakeLists.txt) keeps the same IEEE operations in the same order on every ISA.
+///
+/// (m, v, vmax) is the original state, (mt, vt, vmaxt) the decoded one (vmax* read only when
+/// `ams`); the grid is +-scale * grid.mult[k] (scale = sqrt(v) in verify); `fast_paths` false
+/// forces the exact loop everywhere (test/ckpt/test_grid.cpp compares the two).
+GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
+                      double vmaxt, double lo, double hi, double scale, double bound, const GridPoints& grid,
+                      bool fast_paths = true);
+
+}  // namespace ckpt

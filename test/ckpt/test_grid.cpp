@@ -1,0 +1,103 @@
+// ckpt/grid.h: the dense-grid check's fast loops (no division per point; the symmetric
+// domain's |A| + |B|) against its exact loop (two divisions per point), over seeded random
+// states of many magnitudes, symmetric and shifted domains, amsgrad, and grids with and
+// without padding.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+
+#include "ckpt/grid.h"
+
+using namespace ckpt;
+
+namespace {
+
+struct Case {
+    double m, v, vmax, mt, vt, vmaxt, lo, hi;
+    bool ams;
+};
+
+Case random_case(std::mt19937_64& rng) {
+    std::uniform_real_distribution<double> u(0, 1);
+    Case c{};
+    c.v = u(rng) < 0.05 ? 0.0 : std::pow(10.0, -16 + 14 * u(rng));
+    const double s = std::sqrt(std::max(c.v, 1e-30));
+    c.m = s * (u(rng) < 0.1 ? 0.0 : 6 * u(rng) - 3);
+    const double rel = std::pow(10.0, -4 + 3 * u(rng));   // decoded error, relative to the scale
+    c.mt = c.m + s * rel * (2 * u(rng) - 1);
+    c.vt = c.v * (1 + rel * (2 * u(rng) - 1));
+    if (u(rng) < 0.05) c.mt = c.m, c.vt = c.v;            // decoded exactly
+    c.ams = u(rng) < 0.25;
+    c.vmax = c.v * (1 + (u(rng) < 0.5 ? 0.0 : 3 * u(rng)));
+    c.vmaxt = c.vmax * (1 + rel * (2 * u(rng) - 1));
+    const double pick = u(rng);
+    if (pick < 0.4) c.lo = -1, c.hi = 1;                  // G = 1
+    else if (pick < 0.6) c.lo = -INFINITY, c.hi = INFINITY;
+    else if (pick < 0.9) { const double shift = s * (20 * u(rng) - 10); c.lo = -1 + shift, c.hi = 1 + shift; }  // L2
+    else c.lo = -s * 3 * u(rng), c.hi = s * 50 * u(rng);  // asymmetric, inside the grid's range
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("grid_check: the fast loops agree with the exact loop (points, over counts, max to 1e-9)") {
+    std::mt19937_64 rng(20261201);
+    const codec::AdamHyper hypers[] = {
+        {1e-3, 0.9, 0.999, 1e-8, 0, false, false, 10},
+        {6e-4, 0.9, 0.95, 1e-8, 0, false, false, 300},
+        {1e-2, 0.5, 0.9, 0.0, 0, false, false, 0},
+    };
+    long cases = 0, bitwise_different = 0, with_over = 0;
+    for (int points : {257, 11, 19}) {
+        GridPoints grid(points);
+        REQUIRE(grid.size == std::max(1, (points - 3) / 2));
+        REQUIRE(grid.mult.size() % kLanes == 0);
+        for (const auto& h : hypers) {
+            const codec::GuardConst gc = codec::make_guard_const(h, 0.01);
+            grid.set_b2(gc.b2);
+            for (int i = 0; i < 4000; ++i) {
+                const Case c = random_case(rng);
+                const double scale = std::sqrt(std::max(c.v, 1e-30));
+                const GridResult ref = grid_check(gc, c.ams, c.m, c.v, c.vmax, c.mt, c.vt, c.vmaxt, c.lo, c.hi, scale,
+                                                  INFINITY, grid, false);
+                for (double f : {0.5, 1.5}) {
+                    const double bound = ref.max_diff * f;
+                    const GridResult e = grid_check(gc, c.ams, c.m, c.v, c.vmax, c.mt, c.vt, c.vmaxt, c.lo, c.hi, scale,
+                                                    bound, grid, false);
+                    const GridResult q = grid_check(gc, c.ams, c.m, c.v, c.vmax, c.mt, c.vt, c.vmaxt, c.lo, c.hi, scale,
+                                                    bound, grid, true);
+                    ++cases;
+                    INFO("grid ", points, " b1 ", h.beta1, " b2 ", h.beta2, " eps ", h.eps, " ams ", c.ams, " m ", c.m, " v ", c.v,
+                         " vmax ", c.vmax, " mt ", c.mt, " vt ", c.vt, " vmaxt ", c.vmaxt, " lo ", c.lo, " hi ", c.hi,
+                         " bound ", bound);
+                    CHECK(q.points == e.points);
+                    // below ~1e-12 lr the differences are rounding noise of the two formulas
+                    // (a state decoded exactly), and so is which point lies over such a bound
+                    if (ref.max_diff > 1e-12) CHECK(q.over == e.over);
+                    CHECK((q.max_diff == e.max_diff || std::fabs(q.max_diff - e.max_diff) <= 1e-9 * e.max_diff + 1e-15));
+                    bitwise_different += q.max_diff != e.max_diff;
+                    with_over += ref.max_diff > 1e-12 && e.over > 0;
+                    if (f > 1 && h.eps > 0) CHECK(e.over == 0);  // eps 0, v 0: inf - inf at g = 0 is over
+                }
+            }
+        }
+    }
+    // the fast loops ran: they round differently from the exact loop somewhere, and the
+    // over counts were compared where points exceed the bound
+    CHECK(bitwise_different > 0);
+    CHECK(with_over > cases / 4);
+}
+
+TEST_CASE("grid_check: non-finite states take the exact loop (one NaN update is over, both NaN are not)") {
+    const codec::GuardConst gc = codec::make_guard_const(codec::AdamHyper{}, 0.01);
+    GridPoints grid(257);
+    grid.set_b2(gc.b2);
+    const double v = 1e-6, s = std::sqrt(v);
+    const GridResult one = grid_check(gc, false, 1e-3, v, 0, NAN, v, 0, -1, 1, s, 1.0, grid);
+    CHECK(one.over == one.points);
+    CHECK(one.points > 0);
+    const GridResult both = grid_check(gc, false, NAN, v, 0, NAN, v, 0, -1, 1, s, 1.0, grid);
+    CHECK(both.over == 0);
+    CHECK(both.max_diff == 0);
+}
