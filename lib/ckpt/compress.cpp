@@ -215,8 +215,9 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
     gpu::Device device;
     try { device = gpu::resolve_device(o.device); } catch (const std::exception& e) { throw BadInput(in, e.what()); }
     const io::InputFile f(in);
-    const Checkpoint ck = read_checkpoint(in, o.limits);
-    Layout L = plan_layout(ck, f, o);  // phase 1
+    // phase 1; the parsed checkpoint is dropped once planned (the self-check parses the
+    // source again, and two trees at once double the peak on files of many tensors)
+    Layout L = plan_layout(read_checkpoint(in, o.limits), f, o);
     ct::Manifest& man = L.man;
     warn_kept(in, L.kept);
     for (const auto& k : L.kept) man.kept.push_back({k.name, k.values, k.bytes_out, k.note});

@@ -117,11 +117,16 @@ void ContainerReader::load_escapes(uint64_t row, uint64_t end_row, int) const {
     }
 }
 
+uint64_t ContainerReader::param_metadata_bytes() const {
+    if (!param_metadata_) param_metadata_ = ct::param_metadata_bytes(man_, manifest_stored_, manifest_text_);
+    return *param_metadata_;
+}
+
 uint64_t ContainerReader::moment_bytes() const {
     uint64_t b = escidx_ ? escidx_->stored_bytes() : 0;
     for (auto* v : {&codes_, &params_, &escv_, &segs_})
         for (auto& d : *v) b += d->stored_bytes();
-    return b + ct::param_metadata_bytes(man_, manifest_stored_, manifest_text_);
+    return b + param_metadata_bytes();
 }
 
 std::vector<TensorRow> ContainerReader::rows() const {
@@ -170,7 +175,7 @@ MomentBits ContainerReader::moment_bits() const {
         b.role[k] = 8.0 * double(bytes) / double(b.values[k]);
     }
     if (all) {
-        const uint64_t shared = (escidx_ ? escidx_->stored_bytes() : 0) + ct::param_metadata_bytes(man_, manifest_stored_, manifest_text_);
+        const uint64_t shared = (escidx_ ? escidx_->stored_bytes() : 0) + param_metadata_bytes();
         b.shared = 8.0 * double(shared) / double(all);
     }
     return b;

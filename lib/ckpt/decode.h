@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,10 @@ private:
     container::Handle file_;
     container::Manifest man_;
     uint64_t manifest_stored_ = 0, manifest_text_ = 0;  ///< /manifest: stored (compressed) and JSON bytes
+    /// The params' share of /manifest's stored bytes (container::param_metadata_bytes, which
+    /// dumps every param entry again: computed once, on first use).
+    uint64_t param_metadata_bytes() const;
+    mutable std::optional<uint64_t> param_metadata_;
     std::unique_ptr<container::DatasetReader> raw_, escidx_;
     std::vector<std::unique_ptr<container::DatasetReader>> codes_, params_, escv_, segs_;
     /// Entropy-coded codecs: per role, the end byte (in /moments/codes/<role>) of every

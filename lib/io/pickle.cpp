@@ -2,12 +2,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "io/name_index.h"
 
 namespace ckpt::io {
 namespace {
@@ -181,6 +183,27 @@ struct Obj {
     GlobalInfo global;              // Global / Object: what its global is
 };
 
+/// Append-only storage whose elements never move (chunks of 4096): growing it copies
+/// nothing (a vector of 10^6 objects would move them ~20 times), and a reference to an
+/// element stays valid while more are appended.
+template <class T>
+class Arena {
+public:
+    T& operator[](std::size_t i) { return chunks_[i >> kShift][i & kMask]; }
+    const T& operator[](std::size_t i) const { return chunks_[i >> kShift][i & kMask]; }
+    std::size_t size() const { return size_; }
+    void push_back(T&& x) {
+        if ((size_ & kMask) == 0) chunks_.emplace_back(new T[kChunk]);
+        chunks_.back()[size_ & kMask] = std::move(x);
+        ++size_;
+    }
+
+private:
+    static constexpr std::size_t kShift = 12, kChunk = std::size_t(1) << kShift, kMask = kChunk - 1;
+    std::vector<std::unique_ptr<T[]>> chunks_;
+    std::size_t size_ = 0;
+};
+
 /// The recorded construction of an opaque object (Value::Object before conversion).
 struct Parts {
     Value::Object::Made made = Value::Object::Made::Global;
@@ -188,6 +211,7 @@ struct Parts {
 };
 
 constexpr std::size_t kNoView = ~std::size_t(0);
+constexpr std::size_t kNoMemo = ~std::size_t(0);
 
 class Unpickler {
 public:
@@ -258,12 +282,31 @@ private:
         return v;
     }
     std::size_t text_int(std::string t, bool is_long);
+    // The memo: keys are 0, 1, 2, ... in every pickler (MEMOIZE stores at the memo's
+    // size), so they go to a vector that grows while a key lies within twice its size
+    // (memory stays proportional to the entries); any other key goes to a map. A key is in
+    // one of the two: a map key that the vector comes to cover moves there when stored.
     void memo_put(uint64_t idx, std::size_t id) {
-        if (memo_.size() >= limits_.max_memo_entries && !memo_.count(idx))
+        const bool dense = idx < 2 * memo_dense_.size() + 1024;
+        bool fresh;
+        if (dense) {
+            fresh = idx >= memo_dense_.size() || memo_dense_[idx] == kNoMemo;
+            if (fresh && !memo_.empty() && memo_.erase(idx)) fresh = false;
+        } else {
+            fresh = !memo_.count(idx);
+        }
+        if (fresh && memo_count_ >= limits_.max_memo_entries)
             fail(fmt::format("memo exceeds {} entries (limit)", limits_.max_memo_entries));
-        memo_[idx] = id;
+        memo_count_ += fresh;
+        if (dense) {
+            if (idx >= memo_dense_.size()) memo_dense_.resize(idx + 1, kNoMemo);
+            memo_dense_[idx] = id;
+        } else {
+            memo_[idx] = id;
+        }
     }
     std::size_t memo_get(uint64_t idx) {
+        if (idx < memo_dense_.size() && memo_dense_[idx] != kNoMemo) return memo_dense_[idx];
         auto it = memo_.find(idx);
         if (it == memo_.end()) fail(fmt::format("memo key {} was never stored", idx));
         return it->second;
@@ -334,13 +377,15 @@ private:
     const Limits& limits_;
     PersistentIds ids_;
     uint64_t op_offset_ = 0;
-    std::vector<Obj> arena_;
+    Arena<Obj> arena_;
     std::vector<Parts> parts_;
     std::vector<std::size_t> stack_;
     std::vector<std::size_t> marks_;
-    std::unordered_map<uint64_t, std::size_t> memo_;
+    std::unordered_map<uint64_t, std::size_t> memo_;   // keys off the dense run
+    std::vector<std::size_t> memo_dense_;
+    uint64_t memo_count_ = 0;
     PickleResult res_;
-    std::unordered_map<std::string, std::size_t> storage_by_key_;
+    NameIndex storage_by_key_;   // key -> res_.storages position
     std::vector<std::size_t> storage_view_;   // per storage: tensor index of its whole-storage view
     uint64_t converted_ = 0, convert_budget_ = 0;
 };
@@ -426,16 +471,14 @@ std::size_t Unpickler::persistent(std::size_t pid) {
     st.numel = static_cast<uint64_t>(numel);
     if (want == 6 && arena_[t[5]].kind != Obj::None)
         fail(fmt::format("storage '{}' is a legacy storage view, which is not supported", st.key));
-    std::size_t index;
-    auto it = storage_by_key_.find(st.key);
-    if (it != storage_by_key_.end()) {
-        const auto& prev = res_.storages[it->second];
+    const std::size_t index = storage_by_key_.insert(st.key, res_.storages.size(), [&](std::size_t k) -> const std::string& {
+        return res_.storages[k].key;
+    });
+    if (index != res_.storages.size()) {
+        const auto& prev = res_.storages[index];
         if (prev.dtype != st.dtype || prev.numel != st.numel)
             fail(fmt::format("storage '{}' is declared twice with different type or size", st.key));
-        index = it->second;
     } else {
-        index = res_.storages.size();
-        storage_by_key_.emplace(st.key, index);
         res_.storages.push_back(std::move(st));
         storage_view_.push_back(kNoView);
     }
@@ -701,12 +744,12 @@ Value Unpickler::convert(std::size_t id, int depth) {
     }
     case Obj::List: case Obj::Tuple: case Obj::Set: {
         const bool tuple = o.kind == Obj::Tuple;
-        v.v = convert_all(std::vector<std::size_t>(o.items), depth);
+        v.v = convert_all(o.items, depth);  // the arena never moves (Arena)
         v.is_tuple = tuple;
         break;
     }
     case Obj::Dict:
-        v.v = convert_pairs(std::vector<std::size_t>(o.items), depth);
+        v.v = convert_pairs(o.items, depth);
         break;
     }
     return v;
@@ -892,7 +935,7 @@ PickleResult Unpickler::run() {
         case 'q': memo_put(le(1), top()); break;           // BINPUT
         case 'r': memo_put(le(4), top()); break;           // LONG_BINPUT
         case 'p': memo_put(text_index("pickle PUT"), top()); break;   // PUT (text)
-        case 0x94: memo_put(memo_.size(), top()); break;   // MEMOIZE
+        case 0x94: memo_put(memo_count_, top()); break;    // MEMOIZE: at len(memo)
         case 'h': push(memo_get(le(1))); break;            // BINGET
         case 'j': push(memo_get(le(4))); break;            // LONG_BINGET
         case 'g': push(memo_get(text_index("pickle GET"))); break;    // GET (text)

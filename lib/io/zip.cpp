@@ -235,8 +235,8 @@ void check_no_overlap(const InputFile& f, const ZipArchive& zip) {
 }  // namespace
 
 const ZipEntry* ZipArchive::find(const std::string& name) const {
-    auto it = index.find(name);
-    return it == index.end() ? nullptr : &entries[it->second];
+    const std::size_t i = index.find(name, [&](std::size_t k) -> const std::string& { return entries[k].name; });
+    return i == NameIndex::npos ? nullptr : &entries[i];
 }
 
 bool has_zip_eocd(const InputFile& f) { return find_eocd(f).has_value(); }
@@ -245,12 +245,15 @@ ZipArchive read_zip(const InputFile& f, const Limits& limits) {
     const CentralDir cd = read_end_records(f, limits);
     ZipArchive zip;
     zip.archive_start = cd.start;
-    zip.entries.reserve(cd.count);
+    zip.entries.reserve(cd.count);  // count is checked against the directory size (and the file) above
+    zip.index.reserve(cd.count);
     // Streamed record by record: memory stays bounded whatever cd.size claims.
     RangeReader cdr(f, cd.abs(), cd.abs() + cd.size);
     for (uint64_t i = 0; i < cd.count; ++i) {
         CentralRecord r = read_central_record(f, cdr, i);
-        if (!zip.index.emplace(r.ent.name, zip.entries.size()).second) throw bad(f, fmt::format("zip entry '{}' appears twice", r.ent.name));
+        const std::size_t at = zip.entries.size();
+        if (zip.index.insert(r.ent.name, at, [&](std::size_t k) -> const std::string& { return zip.entries[k].name; }) != at)
+            throw bad(f, fmt::format("zip entry '{}' appears twice", r.ent.name));
         locate_data(f, cd, r);
         zip.entries.push_back(std::move(r.ent));
     }

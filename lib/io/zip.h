@@ -3,11 +3,11 @@
 #pragma once
 #include <cstdint>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "io/checkpoint.h"
 #include "io/file.h"
+#include "io/name_index.h"
 
 namespace ckpt::io {
 
@@ -29,7 +29,7 @@ struct ZipEntry {
 struct ZipArchive {
     uint64_t archive_start = 0;   ///< bytes before the archive (prepended data)
     std::vector<ZipEntry> entries;
-    std::unordered_map<std::string, std::size_t> index;  ///< entry name -> entries position
+    NameIndex index;              ///< entry name -> entries position
     /// Entry by exact name (constant time); nullptr when absent.
     const ZipEntry* find(const std::string& name) const;
 };
