@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "io/checkpoint.h"
 #include "io/file.h"
+#include "io/name_index.h"
 #include "io/pickle.h"
 
 using namespace ckpt;
@@ -568,4 +569,68 @@ TEST_CASE("CPython's own pickles of opaque objects (fuzz seeds test/corpus/good/
         }
         if (std::string(name) != "opaque_torch2_p4.pkl") CHECK_THROWS_AS(unpickle_bytes(bytes, true), BadInput);
     }
+}
+
+namespace {
+/// A raw pickle's root, read from a temporary file (no torch zip around it).
+Value unpickle_bytes(const std::string& bytes, const Limits& limits = {}) {
+    const std::string path = (std::filesystem::temp_directory_path() / ("ckptkit-pkl-" + std::to_string(::getpid()))).string();
+    { std::ofstream(path, std::ios::binary) << bytes; }
+    io::InputFile f(path);
+    io::RangeReader rd(f, 0, f.size());
+    std::filesystem::remove(path);  // the open file stays readable
+    return io::unpickle(rd, limits, io::PersistentIds::None).root;
+}
+}  // namespace
+
+TEST_CASE("pickle memo: sequential keys (MEMOIZE, BINPUT), keys far off the run, a key moved into the run") {
+    using namespace std::string_literals;  // the opcodes hold NUL bytes
+    const std::string far_key = "\x40\x42\x0f\x00"s;  // 10^6: off the vector's run, in the map
+    // 7 at LONG_BINPUT 10^6, 8 by MEMOIZE (at len(memo) = 1), 5 at BINPUT 200 (the vector);
+    // then the three fetched: [7, 8, 5, 7, 8, 5]
+    const Value v = unpickle_bytes("\x80\x04(K\x07r"s + far_key + "K\x08\x94K\x05q\xc8j"s + far_key + "h\x01h\xc8l."s);
+    const auto& l = std::get<Value::List>(v.v);
+    REQUIRE(l.size() == 6);
+    const int64_t want[] = {7, 8, 5, 7, 8, 5};
+    for (int i = 0; i < 6; ++i) CHECK(std::get<int64_t>(l[std::size_t(i)].v) == want[i]);
+    Limits lim;
+    lim.max_memo_entries = 2;
+    // key 2048 goes to the map (beyond 2 x 0 + 1024), key 0 to the vector; 2048 stored again
+    // replaces its map entry: still 2 entries, within the limit of 2
+    const Value x = unpickle_bytes("\x80\x04(K\x01r\x00\x08\x00\x00K\x02q\x00K\x03r\x00\x08\x00\x00j\x00\x08\x00\x00h\x00l."s, lim);
+    const auto& xl = std::get<Value::List>(x.v);
+    REQUIRE(xl.size() == 5);
+    CHECK(std::get<int64_t>(xl[3].v) == 3);
+    CHECK(std::get<int64_t>(xl[4].v) == 2);
+    // key 1027 goes to the map; keys 0, 1, 2 stretch the vector's reach past it; 1027 stored
+    // again moves into the vector and is counted once (4 entries, within a limit of 4)
+    Limits lim4;
+    lim4.max_memo_entries = 4;
+    const Value y = unpickle_bytes(
+        "\x80\x04(K\x01r\x03\x04\x00\x00K\x02q\x00q\x01q\x02K\x09r\x03\x04\x00\x00j\x03\x04\x00\x00l."s, lim4);
+    CHECK(std::get<int64_t>(std::get<Value::List>(y.v).back().v) == 9);
+    CHECK_THROWS_WITH_AS(unpickle_bytes("\x80\x04K\x01q\x00q\x01q\x02."s, lim), doctest::Contains("memo exceeds 2 entries"),
+                         BadInput);
+    CHECK_THROWS_WITH_AS(unpickle_bytes("\x80\x04K\x01r"s + far_key + "j\x41\x42\x0f\x00."s, lim),
+                         doctest::Contains("memo key 1000001 was never stored"), BadInput);
+    CHECK_THROWS_WITH_AS(unpickle_bytes("\x80\x04K\x01q\x05h\x04."s, lim), doctest::Contains("memo key 4 was never stored"),
+                         BadInput);
+}
+
+TEST_CASE("NameIndex: insert reports the first position of a name, find after growth, absent names") {
+    std::vector<std::string> names;
+    io::NameIndex ix;
+    auto name_of = [&](std::size_t i) -> const std::string& { return names[i]; };
+    for (int i = 0; i < 5000; ++i) {
+        names.push_back("archive/data/" + std::to_string(i));
+        CHECK(ix.insert(names.back(), names.size() - 1, name_of) == names.size() - 1);
+    }
+    for (int i = 0; i < 5000; i += 7) {
+        names.push_back("archive/data/" + std::to_string(i));  // a duplicate: the first position
+        CHECK(ix.insert(names.back(), names.size() - 1, name_of) == std::size_t(i));
+    }
+    for (int i = 0; i < 5000; ++i) CHECK(ix.find("archive/data/" + std::to_string(i), name_of) == std::size_t(i));
+    CHECK(ix.find("archive/data/5000", name_of) == io::NameIndex::npos);
+    CHECK(ix.find("", name_of) == io::NameIndex::npos);
+    CHECK(io::NameIndex().find("x", name_of) == io::NameIndex::npos);
 }
