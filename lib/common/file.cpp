@@ -131,8 +131,7 @@ FileWriter::~FileWriter() {
     if (fd_ >= 0) ::close(fd_);
 }
 
-void FileWriter::pwrite(uint64_t offset, const void* data, uint64_t n) {
-    auto* p = static_cast<const char*>(data);
+void FileWriter::pwrite_now(uint64_t offset, const char* p, uint64_t n) {
     while (n > 0) {
         const ssize_t r = ::pwrite(fd_, p, n, off_t(offset));
         if (r < 0 && errno == EINTR) continue;
@@ -143,13 +142,46 @@ void FileWriter::pwrite(uint64_t offset, const void* data, uint64_t n) {
     }
 }
 
+void FileWriter::flush() {
+    if (buf_.empty()) return;
+    const uint64_t start = off_ - buf_.size();
+    std::vector<char> out;
+    out.swap(buf_);  // empty even when the write fails
+    pwrite_now(start, out.data(), out.size());
+    out.clear();
+    buf_.swap(out);  // keep the capacity
+}
+
+void FileWriter::pwrite(uint64_t offset, const void* data, uint64_t n) {
+    flush();
+    pwrite_now(offset, static_cast<const char*>(data), n);
+}
+
 void FileWriter::write(const void* data, uint64_t n) {
-    pwrite(off_, data, n);
+    const auto* p = static_cast<const char*>(data);
+    if (buf_.size() + n > kBuffer) flush();
+    if (n >= kBuffer) {
+        pwrite_now(off_, p, n);
+    } else {
+        if (buf_.capacity() < kBuffer) buf_.reserve(kBuffer);
+        buf_.insert(buf_.end(), p, p + n);
+    }
+    off_ += n;
+}
+
+void FileWriter::skip(uint64_t n) {
+    if (n < kZeroSkip && buf_.size() + n <= kBuffer) {
+        if (buf_.capacity() < kBuffer) buf_.reserve(kBuffer);
+        buf_.insert(buf_.end(), std::size_t(n), '\0');
+    } else {
+        flush();
+    }
     off_ += n;
 }
 
 void FileWriter::close() {
     if (fd_ < 0) return;
+    flush();
     if (::fsync(fd_) != 0) throw std::runtime_error(path_ + ": fsync failed: " + errtext());
     if (::close(fd_) != 0) { fd_ = -1; throw std::runtime_error(path_ + ": close failed: " + errtext()); }
     fd_ = -1;

@@ -48,21 +48,28 @@ void check_outputs(const std::vector<std::string>& inputs, const std::vector<std
 bool readable_non_hdf5(const std::string& path);
 
 /// Sequential writer with positional patching, for restore outputs. Throws
-/// std::runtime_error on any write failure (disk full, file-size limit).
+/// std::runtime_error on any write failure (disk full, file-size limit). Sequential bytes
+/// (write, and skips under 64 KiB as zeros) are gathered in a 1 MiB buffer that reaches the
+/// file at the next pwrite, larger skip, or close: a file of 10^5 small tensors is then
+/// written in few system calls. Data not closed is lost (callers close, or discard the file).
 class FileWriter {
 public:
     explicit FileWriter(const std::string& path);
     ~FileWriter();
     void write(const void* data, uint64_t n);
-    void pwrite(uint64_t offset, const void* data, uint64_t n);
-    void skip(uint64_t n) { off_ += n; }   ///< leave n bytes to be filled by pwrite
-    void close();   ///< fsync and close
+    void pwrite(uint64_t offset, const void* data, uint64_t n);  ///< after the buffered bytes
+    void skip(uint64_t n);   ///< leave n bytes to be filled by pwrite (zeros until then)
+    void close();   ///< flush, fsync and close
     uint64_t offset() const { return off_; }
 
 private:
+    void flush();
+    void pwrite_now(uint64_t offset, const char* p, uint64_t n);
+    static constexpr std::size_t kBuffer = 1 << 20, kZeroSkip = 64 * 1024;
     std::string path_;
     int fd_ = -1;
-    uint64_t off_ = 0;
+    uint64_t off_ = 0;           ///< logical end: buffered bytes included
+    std::vector<char> buf_;      ///< bytes [off_ - buf_.size(), off_)
 };
 
 }  // namespace ckpt

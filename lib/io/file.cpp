@@ -34,6 +34,23 @@ void InputFile::read_at(uint64_t offset, void* dst, std::size_t len, const char*
         throw BadInput(path_, fmt::format("{} at offset {} ({} bytes) runs past end of file ({} bytes)",
                                           what, offset, len, size_));
     auto* p = static_cast<char*>(dst);
+    if (len == 0) return;
+    if (len >= kSmall) return pread_all(offset, p, len);
+    std::lock_guard<std::mutex> lock(block_mutex_);
+    if (offset < block_offset_ || offset + len > block_offset_ + block_.size()) {  // load the block from offset
+        block_.resize(std::size_t(std::min<uint64_t>(kBlock, size_ - offset)));
+        block_offset_ = offset;
+        try {
+            pread_all(offset, block_.data(), block_.size());
+        } catch (...) {
+            block_.clear();
+            throw;
+        }
+    }
+    std::memcpy(p, block_.data() + (offset - block_offset_), len);
+}
+
+void InputFile::pread_all(uint64_t offset, char* p, std::size_t len) const {
     while (len > 0) {
         ssize_t n = ::pread(fd_, p, len, static_cast<off_t>(offset));
         if (n < 0 && errno == EINTR) continue;
