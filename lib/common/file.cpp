@@ -159,8 +159,8 @@ void FileWriter::pwrite(uint64_t offset, const void* data, uint64_t n) {
 
 void FileWriter::write(const void* data, uint64_t n) {
     const auto* p = static_cast<const char*>(data);
-    if (buf_.size() + n > kBuffer) flush();
-    if (n >= kBuffer) {
+    if (buf_.size() + n > kBuffer || n >= kZeroSkip) flush();
+    if (n >= kZeroSkip) {  // large pieces go straight to the file (no copy)
         pwrite_now(off_, p, n);
     } else {
         if (buf_.capacity() < kBuffer) buf_.reserve(kBuffer);

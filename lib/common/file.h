@@ -48,9 +48,9 @@ void check_outputs(const std::vector<std::string>& inputs, const std::vector<std
 bool readable_non_hdf5(const std::string& path);
 
 /// Sequential writer with positional patching, for restore outputs. Throws
-/// std::runtime_error on any write failure (disk full, file-size limit). Sequential bytes
-/// (write, and skips under 64 KiB as zeros) are gathered in a 1 MiB buffer that reaches the
-/// file at the next pwrite, larger skip, or close: a file of 10^5 small tensors is then
+/// std::runtime_error on any write failure (disk full, file-size limit). Small sequential
+/// pieces (writes and skips under 64 KiB, skips as zeros) are gathered in a 1 MiB buffer
+/// that reaches the file at the next large piece, pwrite, or close: a file of 10^5 small tensors is then
 /// written in few system calls. Data not closed is lost (callers close, or discard the file).
 class FileWriter {
 public:
@@ -65,7 +65,7 @@ public:
 private:
     void flush();
     void pwrite_now(uint64_t offset, const char* p, uint64_t n);
-    static constexpr std::size_t kBuffer = 1 << 20, kZeroSkip = 64 * 1024;
+    static constexpr std::size_t kBuffer = 1 << 20, kZeroSkip = 64 * 1024;  ///< kZeroSkip: the small-piece bound
     std::string path_;
     int fd_ = -1;
     uint64_t off_ = 0;           ///< logical end: buffered bytes included
