@@ -47,9 +47,8 @@ __attribute__((always_inline)) inline void grid_loop_fast(const GridState& g, do
     const double* root = grid.root.data();
     const int n = int(grid.mult.size());
     const double bb = bound / g.inv_bc1;
-    // per lane: the best |N| and its P, counts as doubles (exact below 2^53) and the largest
-    // |N| - bb P (> 0 exactly when a point is over): every lane of the loop is then 64-bit,
-    // with no mask-width conversions
+    // per lane: the best |N| and its P, and the counts as doubles (exact below 2^53): every
+    // lane of the loop is then 64-bit, with no mask-width conversions
     double best_n[kLanes], best_p[kLanes], over[kLanes], points[kLanes];
     for (int j = 0; j < kLanes; ++j) { best_n[j] = 0; best_p[j] = 1; over[j] = 0; points[j] = 0; }
     for (int k0 = 0; k0 < n; k0 += kLanes)
@@ -132,7 +131,6 @@ GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, 
                       1 / c.sqrt_bc2, c.inv_bc1, c.eps};
     // the original's square root factors out of the grid when scale = sqrt(v) (v >= 1e-30)
     const bool factored = v >= 1e-30 && v < INFINITY && scale == std::sqrt(v) && grid.b2 == c.b2;
-    // D grows with |t|: the grid's extreme denominators are at its first and last point.
     // The fast path's magnitude bounds, from the inputs alone (no square root): every grid
     // D = sqrt(max(w, x)) isb + eps with w = c + e2 t^2 between its values at the first and
     // last point. D <= sqrt(2^300) 2^40 + 2^100 < 2^200; D >= eps >= 2^-200, or
