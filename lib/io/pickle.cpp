@@ -183,23 +183,28 @@ struct Obj {
     GlobalInfo global;              // Global / Object: what its global is
 };
 
-/// Append-only storage whose elements never move (chunks of 4096): growing it copies
-/// nothing (a vector of 10^6 objects would move them ~20 times), and a reference to an
-/// element stays valid while more are appended.
+/// Append-only storage whose elements never move (a first chunk of 256, then chunks of
+/// 4096): growing it copies nothing (a vector of 10^6 objects would move them ~20 times),
+/// a reference to an element stays valid while more are appended, and a small pickle
+/// allocates a small chunk.
 template <class T>
 class Arena {
 public:
-    T& operator[](std::size_t i) { return chunks_[i >> kShift][i & kMask]; }
-    const T& operator[](std::size_t i) const { return chunks_[i >> kShift][i & kMask]; }
+    T& operator[](std::size_t i) { return i < kFirst ? first_[i] : chunks_[(i - kFirst) >> kShift][(i - kFirst) & kMask]; }
+    const T& operator[](std::size_t i) const {
+        return i < kFirst ? first_[i] : chunks_[(i - kFirst) >> kShift][(i - kFirst) & kMask];
+    }
     std::size_t size() const { return size_; }
     void push_back(T&& x) {
-        if ((size_ & kMask) == 0) chunks_.emplace_back(new T[kChunk]);
-        chunks_.back()[size_ & kMask] = std::move(x);
+        if (size_ == 0) first_.reset(new T[kFirst]);
+        if (size_ >= kFirst && ((size_ - kFirst) & kMask) == 0) chunks_.emplace_back(new T[kChunk]);
+        (*this)[size_] = std::move(x);
         ++size_;
     }
 
 private:
-    static constexpr std::size_t kShift = 12, kChunk = std::size_t(1) << kShift, kMask = kChunk - 1;
+    static constexpr std::size_t kFirst = 256, kShift = 12, kChunk = std::size_t(1) << kShift, kMask = kChunk - 1;
+    std::unique_ptr<T[]> first_;
     std::vector<std::unique_ptr<T[]>> chunks_;
     std::size_t size_ = 0;
 };
