@@ -13,11 +13,13 @@ namespace {
 
 struct GridState {  // the two states' per-coordinate constants
     double a1, a2, c1, c2, e1, e2, x1, x2, sx1, isb, inv_bc1, eps;  // sx1 = sqrt(x1)
-    /// D(t) = sqrt(max(c + e2 t^2, x)) / sqrt(bc2) + eps of state 1 or 2.
-    double denom(int which, double t) const {
-        const double w = (which == 1 ? c1 : c2) + e2 * t * t, x = which == 1 ? x1 : x2;
+    /// D(t) = sqrt(max(c + e2 t^2, x)) / sqrt(bc2) + eps of the state with constants c, x.
+    __attribute__((always_inline)) double d(double c, double x, double t) const {
+        const double w = c + e2 * t * t;
         return std::sqrt(w > x ? w : x) * isb + eps;
     }
+    /// D(t) of state 1 or 2.
+    double denom(int which, double t) const { return which == 1 ? d(c1, x1, t) : d(c2, x2, t); }
     /// D1 at t (the original state), with its square root factored out when kFactored.
     template <bool kFactored>
     __attribute__((always_inline)) double d1_at(double t, double scale, double root) const {
@@ -25,14 +27,10 @@ struct GridState {  // the two states' per-coordinate constants
             const double s1 = scale * root;
             return (s1 > sx1 ? s1 : sx1) * isb + eps;
         } else {
-            const double w1 = c1 + e2 * t * t;
-            return std::sqrt(w1 > x1 ? w1 : x1) * isb + eps;
+            return d(c1, x1, t);
         }
     }
-    double d2_at(double t) const {
-        const double w2 = c2 + e2 * t * t;
-        return std::sqrt(w2 > x2 ? w2 : x2) * isb + eps;
-    }
+    __attribute__((always_inline)) double d2_at(double t) const { return d(c2, x2, t); }
 };
 
 /// kSymmetric (domain [-h, h], h >= 0, or the whole line): every grid t is >= 0 >= lo, so

@@ -24,10 +24,8 @@ public:
     template <class NameOf>
     std::size_t find(std::string_view name, NameOf&& name_of) const {
         if (slots_.empty()) return npos;
-        const uint64_t h = std::hash<std::string_view>{}(name);
-        for (std::size_t s = h & mask(); slots_[s].pos1; s = (s + 1) & mask())
-            if (slots_[s].hash == h && std::string_view(name_of(slots_[s].pos1 - 1)) == name) return slots_[s].pos1 - 1;
-        return npos;
+        const Slot& s = slots_[probe(name, std::hash<std::string_view>{}(name), name_of)];
+        return s.pos1 ? s.pos1 - 1 : npos;
     }
 
     /// Record `name` at position `pos` unless it is present; returns the position it has
@@ -36,10 +34,9 @@ public:
     std::size_t insert(std::string_view name, std::size_t pos, NameOf&& name_of) {
         if (2 * (count_ + 1) > slots_.size()) grow();
         const uint64_t h = std::hash<std::string_view>{}(name);
-        std::size_t s = h & mask();
-        for (; slots_[s].pos1; s = (s + 1) & mask())
-            if (slots_[s].hash == h && std::string_view(name_of(slots_[s].pos1 - 1)) == name) return slots_[s].pos1 - 1;
-        slots_[s] = {h, uint64_t(pos) + 1};
+        Slot& s = slots_[probe(name, h, name_of)];
+        if (s.pos1) return s.pos1 - 1;
+        s = {h, uint64_t(pos) + 1};
         ++count_;
         return pos;
     }
@@ -55,6 +52,14 @@ private:
         uint64_t pos1 = 0;  ///< position + 1; 0 = empty
     };
     std::size_t mask() const { return slots_.size() - 1; }
+    /// The slot holding `name` (hash h), or the empty slot that ends its run.
+    template <class NameOf>
+    std::size_t probe(std::string_view name, uint64_t h, NameOf& name_of) const {
+        std::size_t s = h & mask();
+        while (slots_[s].pos1 && !(slots_[s].hash == h && std::string_view(name_of(slots_[s].pos1 - 1)) == name))
+            s = (s + 1) & mask();
+        return s;
+    }
     void grow() {
         std::vector<Slot> old(slots_.empty() ? 16 : 2 * slots_.size());
         old.swap(slots_);
