@@ -174,14 +174,17 @@ CKPT_HD_FORCE void closed_stage_block(const GuardConst& gc, const BlockCells* ce
         for (int j = 0; j < bn; ++j) closed[j] = -1.0;
         return;
     }
+    // a local copy: a field of gc read only under a condition (fp32_rel, say) is a load
+    // that may trap for the if-converter, which then leaves the loop scalar
+    const GuardConst c = gc;
     for (int j = 0; j < bn; ++j) {
         GuardInput g;
         g.amsgrad = kVmax;
         g.m = cells[0].get(j);
         g.v = cells[1].get(j);
         if (kVmax) g.vmax = cells[2].get(j);
-        const ClosedStage k = certify_closed(gc, g);
-        closed[j] = k.gate_failed == 0 ? (k.closed <= tol ? k.closed : -1.0) : -1.0;
+        const ClosedStage k = certify_closed(c, g);
+        closed[j] = (k.gate_failed == 0) & (k.closed <= tol) ? k.closed : -1.0;
     }
 }
 

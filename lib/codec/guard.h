@@ -248,17 +248,14 @@ CKPT_HD_FORCE double fp32_gate_coord(const GuardConst& c, const GuardInput& in, 
     const double big = 0x1p100, tiny = 0x1p-126;
     const double ma = max_hd(fabs(in.m.lo), fabs(in.m.hi));
     const double dmin = z.d0;
-    double m = 8 * 0x1p-149 * (c.inv_bc1 / dmin + c.inv_lr);
-    m = ma < big ? m : INFINITY;
-    m = fabs(in.m.dec) < big ? m : INFINITY;
-    m = in.v.hi < big ? m : INFINITY;
-    m = in.v.hi > in.v.lo ? (c.b2 * in.v.lo >= tiny ? m : INFINITY) : m;
-    m = dmin > 0 ? m : INFINITY;
-    if (in.amsgrad) {  // uniform over a tensor
-        m = in.vmax.hi < big ? m : INFINITY;
-        m = in.vmax.hi > in.vmax.lo ? (in.vmax.lo >= tiny ? m : INFINITY) : m;
-    }
-    return m;
+    // the conditions as one product of 0/1 flags, then one select: a chain of selects on
+    // the margin gets jump-threaded into many-way branches that GCC cannot if-convert
+    double ok = flag_hd(ma < big) * flag_hd(fabs(in.m.dec) < big) * flag_hd(in.v.hi < big);
+    ok *= flag_hd(!(in.v.hi > in.v.lo) | (c.b2 * in.v.lo >= tiny)) * flag_hd(dmin > 0);
+    if (in.amsgrad)  // uniform over a tensor
+        ok *= flag_hd(in.vmax.hi < big) * flag_hd(!(in.vmax.hi > in.vmax.lo) | (in.vmax.lo >= tiny));
+    const double m = 8 * 0x1p-149 * (c.inv_bc1 / dmin + c.inv_lr);
+    return ok != 0 ? m : INFINITY;
 }
 CKPT_HD double fp32_gate(const GuardConst& c, const GuardInput& in) {
     return fp32_gate_tensor(c) ? fp32_gate_coord(c, in, denom0(c, in)) : INFINITY;
@@ -285,11 +282,12 @@ CKPT_HD_FORCE ClosedStage certify_closed(const GuardConst& c, const GuardInput& 
     // identical decoded state computes identically: no FP32 margin is needed then
     const double abs_margin = fp32_gate_coord(c, in, z);
     const double ub = update_bound(c, in, z);
-    double failed = abs_margin < INFINITY ? 0.0 : 1.0;
-    failed = c.lr * ub < 0x1p100 ? failed : 1.0;
+    // single selects on combined conditions (see fp32_gate_coord)
+    const double inexact = flag_hd((r.dm != 0) | (r.dv != 0));  // exact: no gate, no margin
+    const double passed = flag_hd(abs_margin < INFINITY) * flag_hd(c.lr * ub < 0x1p100);
     const double margin = c.fp32_rel * ub + abs_margin;
-    r.gate_failed = r.dm == 0 ? (r.dv == 0 ? 0.0 : failed) : failed;  // exact: no gate
-    r.margin = r.dm == 0 ? (r.dv == 0 ? 0.0 : margin) : margin;
+    r.gate_failed = inexact * (1 - passed);
+    r.margin = inexact != 0 ? margin : 0.0;
     r.closed = (closed_bound(c, in, r.dm, r.dv, z) + r.margin) * kCertSlack;
     return r;
 }
