@@ -215,10 +215,10 @@ CKPT_HD void certify_trial(const TensorSetup& s, const GuardConst& gc, const flo
     t->range_escapes = 0;
     // w.sens as scratch: vlog_plan's sensitivities are used up by now
     certify_cells(s, gc, w.cells, theta, i0, bn, t->keep, t->bound, w.sens[0]);
-    for (int j = 0; j < bn; ++j) {
+    for (int j = 0; j < bn; ++j) {  // branch-free (bound[j] of a coordinate without codes is stale, never used)
         t->range_escapes += !t->keep[j];
         t->code_ok[j] = t->keep[j];
-        if (t->keep[j]) t->keep[j] = t->bound[j] <= s.tolerance;
+        t->keep[j] = t->keep[j] & (t->bound[j] <= s.tolerance);
         t->escapes += !t->keep[j];
     }
 }
@@ -316,6 +316,12 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     }
     if (!(amax > 0) || !(bmax > 0)) return false;
     const double r0 = bmax / amax;
+    // best_ratio keeps 8 lanes of partial maxima (NaN never wins a strict compare, and a
+    // maximum does not depend on the order it is taken in), so it vectorises and gives the
+    // serial scan's result; the rows past bn are zeroed, which never win either.
+    constexpr int kL = 8;
+    const int bn8 = (bn + kL - 1) / kL * kL;
+    for (int j = bn; j < bn8; ++j) A[j] = B[j] = 0;
     // worst (largest) constraint at ratio r over the live coordinates; also its index and the runner-up
     auto worst = [&](double r, int& at, double& second) {
         double w1 = 0;
@@ -329,16 +335,18 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     };
     auto best_ratio = [&]() {  // r / worst(r)^2 is unimodal in r (worst is convex): 5 points, one pass
         const double mult[5] = {0.5, 0.7071067811865476, 1.0, 1.4142135623730951, 2.0};
-        double wc[5] = {0, 0, 0, 0, 0};
-        for (int j = 0; j < bn; ++j) {
-            for (int k = 0; k < 5; ++k) {
-                const double c = A[j] * (r0 * mult[k]) + B[j];
-                wc[k] = c > wc[k] ? c : wc[k];
-            }
-        }
+        double lw[5][kL] = {};
+        for (int j0 = 0; j0 < bn8; j0 += kL)
+            for (int k = 0; k < 5; ++k)
+                for (int l = 0; l < kL; ++l) {
+                    const double c = A[j0 + l] * (r0 * mult[k]) + B[j0 + l];
+                    lw[k][l] = c > lw[k][l] ? c : lw[k][l];
+                }
         double best = r0, score = -1;
         for (int k = 0; k < 5; ++k) {
-            const double sc = r0 * mult[k] / (wc[k] * wc[k]);  // dm * delta = budget^2 * r / worst^2
+            double wc = 0;
+            for (int l = 0; l < kL; ++l) wc = lw[k][l] > wc ? lw[k][l] : wc;
+            const double sc = r0 * mult[k] / (wc * wc);  // dm * delta = budget^2 * r / worst^2
             if (sc > score) { score = sc; best = r0 * mult[k]; }
         }
         return best;
@@ -346,20 +354,21 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     double r = best_ratio();
     const double escape_bits = 32.0 * nm + 16;
     bool dropped = false;
+    int at;
+    double sec, w1 = 0;
     for (int drop = 0; drop < 4; ++drop) {
-        int at;
-        double sec;
-        const double w1 = worst(r, at, sec);
+        w1 = worst(r, at, sec);
         if (at < 0 || !(sec > 0)) break;
         if (!(nm * bn * log2_hd(w1 / sec) > escape_bits)) break;  // narrowing for it costs more than its escape
         w.live[at] = false;
         A[at] = B[at] = 0;
         dropped = true;
     }
-    if (dropped) r = best_ratio();
-    int at;
-    double sec;
-    const double L = budget / worst(r, at, sec);
+    if (dropped) {  // else w1 is already the worst constraint at r
+        r = best_ratio();
+        w1 = worst(r, at, sec);
+    }
+    const double L = budget / w1;
     dm = L * r;
     delta = L;
     return true;
@@ -500,8 +509,8 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
         vlog_code_m_block(s.type, src[0] + i0, VLog::value(t->p[0][0]), w.scale, bn, t->keep, t->code[0], w.cells[0],
                           w.settled);
         certify_trial(s, gc, theta, i0, bn, t, w);
-        bool planned_failed = false;
-        for (int j = 0; j < bn; ++j) planned_failed = planned_failed || (w.live[j] && !t->keep[j]);
+        bool planned_failed = false;  // bitwise, not ||: the loop vectorises
+        for (int j = 0; j < bn; ++j) planned_failed |= w.live[j] & !t->keep[j];
         if (t->escapes < best->escapes) {
             BlockTrial<VLog>* x = best;
             best = t;

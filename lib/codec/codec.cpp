@@ -203,8 +203,15 @@ void encode_blocks(const TensorSetup& s, const GuardConst& gc, const float* cons
         for (int k = 0; k < nm; ++k)
             std::copy(best.p[k], best.p[k] + Q::kParams, out.params[k].data() + b * Q::kParams);
         if (best.escapes == 0) {  // the common block: every coordinate keeps its codes (no branch per coordinate)
-            double mb = r.max_bound;
-            for (int j = 0; j < bn; ++j) mb = std::max(mb, best.bound[j]);
+            // 8 lanes of partial maxima (these bounds are never NaN, so the order does not
+            // matter): the loop vectorises
+            double lm[8], mb = r.max_bound;
+            for (double& x : lm) x = mb;
+            int j = 0;
+            for (; j + 8 <= bn; j += 8)
+                for (int l = 0; l < 8; ++l) lm[l] = std::max(lm[l], best.bound[j + l]);
+            for (; j < bn; ++j) lm[0] = std::max(lm[0], best.bound[j]);
+            for (double x : lm) mb = std::max(mb, x);
             r.max_bound = mb;
             for (int k = 0; k < nm; ++k)
                 for (int j = 0; j < bn; ++j) store_code(out.codes[k].data(), Q::kCodeBytes, i0 + std::size_t(j), best.code[k][j]);
