@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "codec/block.h"
+#include "codec/isa.h"
 
 namespace ckpt::codec {
 
@@ -151,36 +152,6 @@ EscapeCause escape_cause(const float* const* src, int nm, std::size_t i, bool co
         if (!std::isfinite(src[k][i])) return EscapeCause::NonFinite;
     return coded ? EscapeCause::Certificate : EscapeCause::NoCode;
 }
-
-// The same function compiled for each instruction-set level: `flatten` inlines every
-// call in it (block.h's loops), so all of them are compiled for that level. Selected at
-// run time (active_isa); x86-64 only.
-#if defined(__x86_64__)
-#define CKPT_ISA_CLONES(name, body_fn)                                                                     \
-    template <class Q, class... A>                                                                      \
-    __attribute__((target("avx2"), flatten)) void name##_avx2(A&&... a) {                                \
-        body_fn<Q>(std::forward<A>(a)...);                                                              \
-    }                                                                                                   \
-    template <class Q, class... A>                                                                      \
-    __attribute__((target("avx2,avx512f,avx512dq,avx512bw,avx512vl"), flatten)) void name##_avx512(A&&... a) { \
-        body_fn<Q>(std::forward<A>(a)...);                                                              \
-    }                                                                                                   \
-    template <class Q, class... A>                                                                      \
-    void name(A&&... a) {                                                                               \
-        switch (active_isa()) {                                                                         \
-            case Isa::AVX512: return name##_avx512<Q>(std::forward<A>(a)...);                           \
-            case Isa::AVX2: return name##_avx2<Q>(std::forward<A>(a)...);                               \
-            case Isa::Baseline: break;                                                                  \
-        }                                                                                               \
-        body_fn<Q>(std::forward<A>(a)...);                                                              \
-    }
-#else
-#define CKPT_ISA_CLONES(name, body_fn)       \
-    template <class Q, class... A>          \
-    void name(A&&... a) {                   \
-        body_fn<Q>(std::forward<A>(a)...);  \
-    }
-#endif
 
 /// What one block range of encode_impl collects.
 struct RangeOut {

@@ -1,12 +1,20 @@
 // vlog's row prediction (declared and specified in vlog.h), in ckpt_codec so that it is
-// built with the codec's flags (-O3: its loops vectorise).
+// built with the codec's flags (-O3: its loops vectorise), at every instruction-set level
+// (isa.h: integer arithmetic and one exact double product, so every level gives the same
+// codes; the baseline's SSE2 has no 32-bit vector multiply).
 #include <vector>
 
+#include "codec/isa.h"
 #include "codec/vlog.h"
 
 namespace ckpt::codec {
 
-void vlog_rows(uint16_t* codes, std::size_t n, const int16_t* params, std::size_t row, bool to_residual) {
+namespace {
+
+struct RowsTag {};  ///< CKPT_ISA_CLONES' template argument (one body, no codec type)
+
+template <class>
+void rows_body(uint16_t* codes, std::size_t n, const int16_t* params, std::size_t row, bool to_residual) {
     if (row == 0 || row >= n) return;
     // All in int32 (|index * step| < 2^30); the modulo 65535 of the format is one
     // conditional add, as every sum below lies within one period of [0, 65535). The
@@ -79,6 +87,14 @@ void vlog_rows(uint16_t* codes, std::size_t n, const int16_t* params, std::size_
             codes[q0 + k] = uint16_t(((cur == 0) | (above == 0)) ? cur : absolute);
         }
     });
+}
+
+CKPT_ISA_CLONES(rows_isa, rows_body)
+
+}  // namespace
+
+void vlog_rows(uint16_t* codes, std::size_t n, const int16_t* params, std::size_t row, bool to_residual) {
+    rows_isa<RowsTag>(codes, n, params, row, to_residual);
 }
 
 }  // namespace ckpt::codec
