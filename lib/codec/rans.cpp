@@ -5,6 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ckpt::codec {
 
@@ -84,10 +85,13 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
     std::size_t nbits = 0;
     uint64_t acc = 0;
     int have = 0;
+    // four histograms, code i into i & 3: consecutive equal symbols do not wait on each
+    // other's increment (summed after the loop)
+    uint32_t count4[4][kSymbols] = {};
     for (std::size_t i = 0; i < n; ++i) {
         int e;
         sym[i] = uint8_t(symbol_of(codes[i], e));
-        ++count[sym[i]];
+        ++count4[i & 3][sym[i]];
         acc |= uint64_t(codes[i] & ((1u << e) - 1)) << have;
         have += e;
         std::memcpy(bits + nbits, &acc, 8);  // little-endian: byte b holds bits 8b..8b+7
@@ -96,6 +100,7 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
         have &= 7;
     }
     if (have > 0) bits[nbits++] = uint8_t(acc);
+    for (int s = 0; s < kSymbols; ++s) count[s] = uint64_t(count4[0][s]) + count4[1][s] + count4[2][s] + count4[3][s];
     if (n == 0) { out.push_back(kModeRaw); return; }
     const auto f = normalise(count, n);
     std::array<uint32_t, kSymbols> cum{};
@@ -207,33 +212,73 @@ void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t*
     auto load32 = [](const uint8_t* q) { return uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24; };
     uint32_t x0 = load32(rp), x1 = load32(rp + 4);
     rp += 8;
-    const uint8_t* bp = rend;
-    const uint8_t* bend = rend + bits_len;
-    uint64_t acc = 0;
-    uint32_t have = 0;
-    auto get = [&](uint32_t& x, std::size_t i) {
+    // Pass 1: the symbols, into sym[]. A decoded state is >= 2^9 (x >> 14 >= 2^9 and
+    // freq >= 1), so it takes at most 2 bytes to get back above kLow. While 4 bytes
+    // remain (2 symbols' worth) each of the two steps reads a byte unconditionally and
+    // keeps it only when needed: no branch on the data (its pattern is random); the
+    // last symbols take the checked path.
+    thread_local std::vector<uint8_t> sym_buf;
+    sym_buf.resize(n);
+    uint8_t* sym = sym_buf.data();
+    auto step = [&](uint32_t& x) {
         const uint32_t slot = x & (kProb - 1);
-        const Dec& d = dec[lookup[slot]];
+        const uint8_t sy = lookup[slot];
+        const Dec& d = dec[sy];
         x = d.freq * (x >> kProbBits) + slot - d.cum;
-        while (x < kLow) {  // at most 2 bytes per symbol
+        return sy;
+    };
+    auto renorm_fast = [&](uint32_t& x) {
+        for (int k = 0; k < 2; ++k) {
+            const uint32_t need = x < kLow;
+            x = need ? (x << 8) | *rp : x;
+            rp += need;
+        }
+    };
+    auto renorm_checked = [&](uint32_t& x) {
+        while (x < kLow) {
             if (rp == rend) Cursor::bad("rANS stream truncated");
             x = (x << 8) | *rp++;
         }
-        if (have < d.extra) {  // refill whole bytes; at most 13 bits are taken per code
-            while (have <= 56 && bp != bend) { acc |= uint64_t(*bp++) << have; have += 8; }
-            if (have < d.extra) Cursor::bad("raw bits truncated");
-        }
-        codes[i] = uint16_t(d.base | uint32_t(acc & ((uint64_t(1) << d.extra) - 1)));
-        acc >>= d.extra;
-        have -= d.extra;
     };
     std::size_t i = 0;
-    for (; i + 1 < n; i += 2) {
-        get(x0, i);
-        get(x1, i + 1);
+    for (; i + 1 < n && rend - rp >= 4; i += 2) {
+        sym[i] = step(x0);
+        renorm_fast(x0);
+        sym[i + 1] = step(x1);
+        renorm_fast(x1);
     }
-    if (i < n) get(x0, i);
-    if (x0 != kLow || x1 != kLow || rp != rend || bp != bend || have >= 8 || acc != 0) Cursor::bad("trailing or inconsistent data");
+    for (; i < n; ++i) {
+        uint32_t& x = (i & 1) ? x1 : x0;
+        sym[i] = step(x);
+        renorm_checked(x);
+    }
+    if (x0 != kLow || x1 != kLow || rp != rend) Cursor::bad("trailing or inconsistent data");
+    // Pass 2: each code's raw low bits, LSB first from the bit position pos. While 8 bytes
+    // can be read at pos / 8, one unaligned load serves a code (<= 13 bits at a shift
+    // <= 7); the end of the stream goes byte by byte.
+    const uint8_t* bp = rend;
+    const uint64_t nb = bits_len * 8;
+    uint64_t pos = 0;
+    i = 0;
+    if (bits_len >= 8) {
+        const uint64_t fast_end = (bits_len - 8) * 8;  // a load at pos / 8 stays inside while pos <= fast_end
+        for (; i < n && pos <= fast_end; ++i) {
+            const Dec& d = dec[sym[i]];
+            uint64_t w;
+            std::memcpy(&w, bp + (pos >> 3), 8);
+            codes[i] = uint16_t(d.base | uint32_t((w >> (pos & 7)) & ((uint64_t(1) << d.extra) - 1)));
+            pos += d.extra;
+        }
+    }
+    for (; i < n; ++i) {
+        const Dec& d = dec[sym[i]];
+        if (pos + d.extra > nb) Cursor::bad("raw bits truncated");
+        uint32_t v = 0;
+        for (uint32_t b = 0; b < d.extra; ++b, ++pos) v |= uint32_t((bp[pos >> 3] >> (pos & 7)) & 1) << b;
+        codes[i] = uint16_t(d.base | v);
+    }
+    // every byte used, and the last one's unused high bits zero
+    if ((pos + 7) / 8 != bits_len || (pos & 7 && bp[pos >> 3] >> (pos & 7))) Cursor::bad("trailing or inconsistent data");
 }
 
 }  // namespace ckpt::codec
