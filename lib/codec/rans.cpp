@@ -14,7 +14,9 @@ namespace {
 constexpr int kSymbols = 76;
 constexpr uint32_t kProbBits = 14, kProb = 1u << kProbBits;
 constexpr uint32_t kLow = 1u << 23;  ///< rANS state lower bound
-enum : uint8_t { kModeRans = 0, kModeRaw = 1 };
+/// Segment modes: rANS with two interleaved states (format version 2), raw, rANS with four
+/// (version 3, written since).
+enum : uint8_t { kModeRans2 = 0, kModeRaw = 1, kModeRans4 = 2 };
 
 /// Symbol of code x and its raw bit count.
 inline int symbol_of(uint32_t x, int& extra) {
@@ -72,7 +74,8 @@ std::array<uint32_t, kSymbols> normalise(const std::array<uint64_t, kSymbols>& c
 
 }  // namespace
 
-void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out) {
+void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out, int states) {
+    if (states != 2 && states != 4) throw std::invalid_argument("segment_encode: states must be 2 or 4");
     std::array<uint64_t, kSymbols> count{};
     thread_local std::vector<uint8_t> sym_buf, buf, bits_buf;  // reused: one segment at a time per thread
     sym_buf.resize(n);
@@ -127,36 +130,49 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
             e.bias = cum[s];
         }
     }
-    buf.resize(2 * n + 16);  // < 14 bits per symbol and 8 state bytes, and put()'s 2 bytes of slack
+    buf.resize(2 * n + 24);  // < 14 bits per symbol, 16 state bytes, and put()'s 2 bytes of slack
     uint8_t* ptr = buf.data() + buf.size();
-    // two interleaved states: code i goes through state i & 1 (ryg_rans's interleaving), so
-    // the decoder's two dependency chains overlap
-    uint32_t x[2] = {kLow, kLow};
-    auto put = [&](uint32_t& st, uint8_t sy) {
-        const Enc& e = enc[sy];
-        // renormalise: 0, 1 or 2 bytes out (st < 2^31 and xmax >= 2^17), branch-free
-        const int k = int(st >= e.xmax) + int((st >> 8) >= e.xmax);
-        ptr[-1] = uint8_t(st);
-        ptr[-2] = uint8_t(st >> 8);
-        ptr -= k;
-        st >>= 8 * k;
-        const uint32_t q = uint32_t((uint64_t(st) * e.rcp) >> 32) >> e.shift;
-        st = st + e.bias + q * e.cmpl;
+    // S interleaved states: code i goes through state i mod S (ryg_rans's interleaving),
+    // so the decoder's S dependency chains overlap.
+    // The states live in a local array indexed by compile-time constants only (the loops
+    // over k are unrolled), so they stay in registers: the byte stores below could alias
+    // anything whose address escapes.
+    auto put_all = [&](auto SC) {  // SC: the state count as a compile-time constant
+        constexpr int S = decltype(SC)::value;
+        const Enc* et = enc.data();
+        uint8_t* p = ptr;
+        uint32_t xs[S];
+        for (int k = 0; k < S; ++k) xs[k] = kLow;
+        auto put = [&](uint32_t& st, uint8_t sy) {
+            const Enc& e = et[sy];
+            // renormalise: 0, 1 or 2 bytes out (st < 2^31 and xmax >= 2^17), branch-free
+            const int k = int(st >= e.xmax) + int((st >> 8) >= e.xmax);
+            p[-1] = uint8_t(st);
+            p[-2] = uint8_t(st >> 8);
+            p -= k;
+            st >>= 8 * k;
+            const uint32_t q = uint32_t((uint64_t(st) * e.rcp) >> 32) >> e.shift;
+            st = st + e.bias + q * e.cmpl;
+        };
+        // last code first: the n mod S codes of the incomplete last round, then whole rounds
+        const std::size_t full = n / S * S;
+        for (int k = S - 1; k >= 0; --k)
+            if (full + std::size_t(k) < n) put(xs[k], sym[full + std::size_t(k)]);
+        for (std::size_t i = full; i > 0;) {
+            i -= S;
+            for (int k = S - 1; k >= 0; --k) put(xs[k], sym[i + std::size_t(k)]);
+        }
+        for (int k = S - 1; k >= 0; --k) {  // state 0 first in the stream
+            p -= 4;
+            for (int b = 0; b < 4; ++b) p[b] = uint8_t(xs[k] >> (8 * b));
+        }
+        ptr = p;
     };
-    std::size_t i = n;
-    if (i & 1) { --i; put(x[0], sym[i]); }
-    while (i > 0) {
-        i -= 2;
-        put(x[1], sym[i + 1]);
-        put(x[0], sym[i]);
-    }
-    for (int k = 1; k >= 0; --k) {  // state 0 first in the stream
-        ptr -= 4;
-        for (int b = 0; b < 4; ++b) ptr[b] = uint8_t(x[k] >> (8 * b));
-    }
+    if (states == 2) put_all(std::integral_constant<int, 2>{});
+    else put_all(std::integral_constant<int, 4>{});
     const std::size_t rans_len = std::size_t(buf.data() + buf.size() - ptr);
     std::vector<uint8_t> head;
-    head.push_back(kModeRans);
+    head.push_back(states == 2 ? kModeRans2 : kModeRans4);
     put_varint(head, rans_len);
     put_varint(head, nbits);
     int used = kSymbols;
@@ -182,7 +198,8 @@ void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t*
         for (std::size_t i = 0; i < n; ++i) codes[i] = uint16_t(c.p[2 * i] | (c.p[2 * i + 1] << 8));
         return;
     }
-    if (mode != kModeRans) Cursor::bad("unknown mode");
+    if (mode != kModeRans2 && mode != kModeRans4) Cursor::bad("unknown mode");
+    const int S = mode == kModeRans2 ? 2 : 4;
     const uint64_t rans_len = c.varint(), bits_len = c.varint(), used = c.varint();
     if (used == 0 || used > uint64_t(kSymbols)) Cursor::bad("bad symbol count");
     std::array<uint32_t, kSymbols> f{}, cum{};
@@ -196,7 +213,7 @@ void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t*
     if (sum != kProb) Cursor::bad("frequencies do not sum to 2^14");
     for (int s = 1; s < kSymbols; ++s) cum[s] = cum[s - 1] + f[s - 1];
     const std::size_t rest = std::size_t(c.end - c.p);
-    if (rans_len < 8 || rans_len > rest || bits_len != rest - rans_len) Cursor::bad("stream sizes do not match the segment");
+    if (rans_len < uint64_t(4 * S) || rans_len > rest || bits_len != rest - rans_len) Cursor::bad("stream sizes do not match the segment");
     // per symbol: frequency, start, base value and raw-bit count; per slot: its symbol
     struct Dec { uint32_t freq, cum, base, extra; };
     std::array<Dec, kSymbols> dec{};
@@ -210,56 +227,65 @@ void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t*
     const uint8_t* rp = c.p;
     const uint8_t* rend = c.p + rans_len;
     auto load32 = [](const uint8_t* q) { return uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24; };
-    uint32_t x0 = load32(rp), x1 = load32(rp + 4);
-    rp += 8;
     // Pass 1: the symbols, into sym[]. A decoded state is >= 2^9 (x >> 14 >= 2^9 and
-    // freq >= 1), so it takes at most 2 bytes to get back above kLow. While 4 bytes
-    // remain (2 symbols' worth) each of the two steps reads a byte unconditionally and
-    // keeps it only when needed: no branch on the data (its pattern is random); the
-    // last symbols take the checked path.
+    // freq >= 1), so it takes at most 2 bytes to get back above kLow. While 2 bytes per
+    // state remain, each of the two steps reads a byte unconditionally and keeps it only
+    // when needed: no branch on the data (its pattern is random); the last rounds take the
+    // checked path. States, tables and the byte pointer are locals indexed by constants
+    // (sym's byte stores could alias anything whose address escapes).
     thread_local std::vector<uint8_t> sym_buf;
     sym_buf.resize(n);
-    uint8_t* sym = sym_buf.data();
-    auto step = [&](uint32_t& x) {
-        const uint32_t slot = x & (kProb - 1);
-        const uint8_t sy = lookup[slot];
-        const Dec& d = dec[sy];
-        x = d.freq * (x >> kProbBits) + slot - d.cum;
-        return sy;
+    uint8_t* const sym = sym_buf.data();
+    const uint8_t* const lk = lookup.data();
+    const Dec* const dt = dec.data();
+    auto symbols = [&](auto SC) {  // SC: the state count as a compile-time constant
+        constexpr int S = decltype(SC)::value;
+        const uint8_t* r = rp;
+        uint32_t xs[S];
+        for (int k = 0; k < S; ++k) xs[k] = load32(r + 4 * k);
+        r += 4 * S;
+        auto step = [&](uint32_t& x) {
+            const uint32_t slot = x & (kProb - 1);
+            const uint8_t sy = lk[slot];
+            const Dec& d = dt[sy];
+            x = d.freq * (x >> kProbBits) + slot - d.cum;
+            return sy;
+        };
+        std::size_t i = 0;
+        for (; i + S <= n && rend - r >= 2 * S; i += S)
+            for (int k = 0; k < S; ++k) {
+                sym[i + std::size_t(k)] = step(xs[k]);
+                // the byte count n comes from the state alone ((x << 8 | b) < 2^23 exactly when
+                // x < 2^15), so the byte pointer's chain does not wait on the loads; both
+                // bytes are read and shifted in as needed (arithmetic: a select becomes a branch)
+                const uint32_t x = xs[k];
+                const uint32_t nb = uint32_t(x < kLow) + uint32_t(x < (kLow >> 8));
+                const uint32_t w = uint32_t(r[0]) << 8 | r[1];  // the next two bytes in stream order
+                xs[k] = (x << (8 * nb)) | (w >> (16 - 8 * nb));
+                r += nb;
+            }
+        for (; i < n; i += S)
+            for (int k = 0; k < S; ++k) {
+                if (i + std::size_t(k) >= n) break;
+                sym[i + std::size_t(k)] = step(xs[k]);
+                while (xs[k] < kLow) {
+                    if (r == rend) Cursor::bad("rANS stream truncated");
+                    xs[k] = (xs[k] << 8) | *r++;
+                }
+            }
+        for (int k = 0; k < S; ++k)
+            if (xs[k] != kLow) Cursor::bad("trailing or inconsistent data");
+        if (r != rend) Cursor::bad("trailing or inconsistent data");
     };
-    auto renorm_fast = [&](uint32_t& x) {
-        for (int k = 0; k < 2; ++k) {
-            const uint32_t need = x < kLow;
-            x = need ? (x << 8) | *rp : x;
-            rp += need;
-        }
-    };
-    auto renorm_checked = [&](uint32_t& x) {
-        while (x < kLow) {
-            if (rp == rend) Cursor::bad("rANS stream truncated");
-            x = (x << 8) | *rp++;
-        }
-    };
-    std::size_t i = 0;
-    for (; i + 1 < n && rend - rp >= 4; i += 2) {
-        sym[i] = step(x0);
-        renorm_fast(x0);
-        sym[i + 1] = step(x1);
-        renorm_fast(x1);
-    }
-    for (; i < n; ++i) {
-        uint32_t& x = (i & 1) ? x1 : x0;
-        sym[i] = step(x);
-        renorm_checked(x);
-    }
-    if (x0 != kLow || x1 != kLow || rp != rend) Cursor::bad("trailing or inconsistent data");
+    if (S == 2) symbols(std::integral_constant<int, 2>{});
+    else symbols(std::integral_constant<int, 4>{});
     // Pass 2: each code's raw low bits, LSB first from the bit position pos. While 8 bytes
     // can be read at pos / 8, one unaligned load serves a code (<= 13 bits at a shift
     // <= 7); the end of the stream goes byte by byte.
     const uint8_t* bp = rend;
     const uint64_t nb = bits_len * 8;
     uint64_t pos = 0;
-    i = 0;
+    std::size_t i = 0;
     if (bits_len >= 8) {
         const uint64_t fast_end = (bits_len - 8) * 8;  // a load at pos / 8 stays inside while pos <= fast_end
         for (; i < n && pos <= fast_end; ++i) {

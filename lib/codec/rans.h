@@ -5,10 +5,11 @@
 // Symbols: a code x < 32 is its own symbol; a larger x with bit length nb (6..16) is symbol
 // 32 + 4 (nb - 6) + (its two bits below the top bit), followed by its nb - 3 low bits raw
 // (the "log bucket" alphabet of deflate/zstd length codes): 76 symbols.
-// Coder: byte-wise rANS with two interleaved 32-bit states (code i uses state i & 1) and
-// 14-bit frequencies (Duda 2013; the formulation and interleaving of F. Giesen's
-// public-domain ryg_rans), raw bits in a separate LSB-first stream. A segment whose rANS form is not smaller than its raw 2 bytes per code is stored
-// raw.
+// Coder: byte-wise rANS with four interleaved 32-bit states (code i uses state i mod 4;
+// format version 3) and 14-bit frequencies (Duda 2013; the formulation and interleaving of
+// F. Giesen's public-domain ryg_rans), raw bits in a separate LSB-first stream. Segments
+// of format version 2 have two states (mode 0) and still decode. A segment whose rANS form
+// is not smaller than its raw 2 bytes per code is stored raw.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -16,8 +17,10 @@
 
 namespace ckpt::codec {
 
-/// Append the coded form of codes[0..n) (one segment) to out. Deterministic.
-void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out);
+/// Append the coded form of codes[0..n) (one segment) to out, with `states` (4, or 2 for
+/// format version 2's mode, kept for tests) interleaved rANS states; std::invalid_argument
+/// for another count. Deterministic.
+void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out, int states = 4);
 
 /// Decode the segment held in bytes [p, p + size) into codes[0..n). Throws
 /// std::runtime_error when the bytes are not exactly one valid segment of n codes (bad

@@ -15,8 +15,9 @@
 
 namespace ckpt::container {
 
-/// Format written: 2 (adds vlog and its segments). Readers accept 1 and 2.
-constexpr int kFormatVersion = 2;
+/// Format written: 3 (vlog segments with four rANS states; 2 added vlog and its segments
+/// with two). Readers accept 1, 2 and 3.
+constexpr int kFormatVersion = 3;
 constexpr int kOldestFormatVersion = 1;
 /// Dataset paths (formats/container.md).
 constexpr const char* kRaw = "/raw";

@@ -11,9 +11,9 @@
 using namespace ckpt::codec;
 
 namespace {
-std::vector<uint16_t> roundtrip(const std::vector<uint16_t>& c, std::vector<uint8_t>& bytes) {
+std::vector<uint16_t> roundtrip(const std::vector<uint16_t>& c, std::vector<uint8_t>& bytes, int states = 4) {
     bytes.clear();
-    segment_encode(c.data(), c.size(), bytes);
+    segment_encode(c.data(), c.size(), bytes, states);
     std::vector<uint16_t> back(c.size(), 0xffff);
     segment_decode(bytes.data(), bytes.size(), c.size(), back.data());
     return back;
@@ -95,13 +95,31 @@ TEST_CASE("rans segments: the decoder's fast and checked paths meet exactly") {
     // width crosses both ends at every phase
     std::mt19937_64 rng(3);
     std::vector<uint8_t> bytes;
-    for (std::size_t n = 1; n <= 48; ++n) {
-        for (int rep = 0; rep < 8; ++rep) {
-            std::vector<uint16_t> c(n);
-            for (auto& x : c) x = uint16_t(rng() % 4 ? rng() % 40 : (rng() & 0xffff) >> (rng() % 12));
-            CHECK(roundtrip(c, bytes) == c);
+    for (int states : {2, 4})
+        for (std::size_t n = 1; n <= 48; ++n) {
+            for (int rep = 0; rep < 8; ++rep) {
+                std::vector<uint16_t> c(n);
+                for (auto& x : c) x = uint16_t(rng() % 4 ? rng() % 40 : (rng() & 0xffff) >> (rng() % 12));
+                CHECK(roundtrip(c, bytes, states) == c);
+                if (bytes[0] != 1) CHECK(bytes[0] == (states == 4 ? 2 : 0));  // the mode byte, unless raw
+            }
         }
-    }
+}
+
+TEST_CASE("rans segments: format version 2's two-state mode still decodes, byte for byte as written then") {
+    // the mode-0 segment that the format-2 encoder (commit 0c600f5) wrote for these 200 codes
+    std::vector<uint16_t> c(200);
+    for (std::size_t i = 0; i < c.size(); ++i) c[i] = uint16_t(i % 37 == 0 ? 300 + 11 * i : (i * i) % 5);
+    std::vector<uint8_t> two, four;
+    segment_encode(c.data(), c.size(), two, 2);
+    segment_encode(c.data(), c.size(), four, 4);
+    const std::vector<uint8_t> v2 = {0, 50, 6, 57, 168, 24, 253, 49, 0, 0, 245, 49, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 81, 0, 0, 0, 0, 81, 0, 0, 81, 81, 0, 81, 81, 39, 254, 155, 42, 181, 31, 154, 42, 227, 165, 76, 162, 193, 217, 25, 192, 236, 177, 254, 45, 64, 131, 172, 196, 80, 86, 88, 24, 164, 20, 176, 100, 247, 246, 137, 183, 119, 39, 21, 106, 185, 167, 171, 247, 2, 84, 99, 55, 154, 157, 236, 80, 43, 30, 241, 35};
+    CHECK(two == v2);
+    CHECK(four != v2);
+    std::vector<uint16_t> back(c.size());
+    segment_decode(v2.data(), v2.size(), c.size(), back.data());
+    CHECK(back == c);
+    CHECK_THROWS_AS(segment_encode(c.data(), c.size(), two, 3), std::invalid_argument);
 }
 
 TEST_CASE("rans segments: unused bits of the last raw byte must be zero") {
@@ -110,7 +128,7 @@ TEST_CASE("rans segments: unused bits of the last raw byte must be zero") {
     for (std::size_t i = 0; i < 3; ++i) c[i] = uint16_t(2048 + 37 * i);
     std::vector<uint8_t> a;
     segment_encode(c.data(), c.size(), a);
-    REQUIRE(a[0] == 0);  // rANS mode (the zeros make it small)
+    REQUIRE(a[0] == 2);  // rANS mode (the zeros make it small)
     std::vector<uint16_t> out(c.size());
     segment_decode(a.data(), a.size(), c.size(), out.data());
     CHECK(out == c);

@@ -1,8 +1,8 @@
 // libFuzzer target: vlog's entropy coder (codec/rans.h). First byte even: the rest is a
 // segment to decode, its code count in the next two bytes (any count up to kSegment); a
 // malformed segment must be refused with std::runtime_error, never read out of bounds.
-// First byte odd: the rest are uint16 codes; encode, decode and compare (the round trip
-// must be exact, else abort).
+// First byte odd: the rest are uint16 codes; encode (with 2 rANS states when bit 1 is set,
+// else 4), decode and compare (the round trip must be exact, else abort).
 #include <cstdlib>
 #include <stdexcept>
 #include <vector>
@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (codes.size() > std::size_t(ckpt::codec::kSegment)) codes.resize(ckpt::codec::kSegment);
         for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = uint16_t(data[1 + 2 * i] | (data[2 + 2 * i] << 8));
         std::vector<uint8_t> bytes;
-        ckpt::codec::segment_encode(codes.data(), codes.size(), bytes);
+        ckpt::codec::segment_encode(codes.data(), codes.size(), bytes, (data[0] & 2) ? 2 : 4);
         std::vector<uint16_t> back(codes.size());
         ckpt::codec::segment_decode(bytes.data(), bytes.size(), back.size(), back.data());
         if (back != codes) abort();

@@ -1,0 +1,61 @@
+"""Older container formats stay readable. data/cnn_adamw.v1.ckz.h5 was written by
+ckpt-compress before format 2 (log8, 2026-12-01); data/cnn_adamw.v2.ckz.h5 before format 3
+(vlog, two-state rANS segments: mode 0, 2026-12-02); both from data/cnn_adamw.pt. Today's
+ckpt-verify proves each against the original and ckpt-restore gives back a file stock torch
+loads, whose first real AdamW step agrees with the original's within the tolerance."""
+import os
+
+import h5py
+import pytest
+
+from testlib import DATA, parse_json_stdout, require_ckptkit_bin, run_tool, torch_step_check as tsc
+import make_bad_containers as mbc  # scripts/ (testlib): reads zstd-filtered datasets without our plugin
+
+SRC = os.path.join(DATA, "cnn_adamw.pt")
+OLD = {1: ("cnn_adamw.v1.ckz.h5", "log8"), 2: ("cnn_adamw.v2.ckz.h5", "vlog")}
+
+
+def segment_modes(f):
+    """The mode byte of every vlog segment (formats/container.md, "vlog segments")."""
+    modes = set()
+    for role in f["moments/segments"]:
+        ends = [int(e) for e in mbc.read_dataset(f["moments/segments"][role])]
+        codes = mbc.read_dataset(f["moments/codes"][role])
+        modes |= {int(codes[s]) for s in [0] + ends[:-1]}
+    return modes
+
+
+@pytest.mark.parametrize("version", sorted(OLD))
+def test_old_fixture_has_its_format(version):
+    with h5py.File(os.path.join(DATA, OLD[version][0]), "r") as f:
+        assert int(f.attrs["format_version"]) == version
+        if version == 1:
+            assert "moments/segments" not in f
+        else:  # two-state rANS (mode 0) and raw (mode 1) segments, never today's mode 2
+            assert segment_modes(f) == {0, 1}
+
+
+def test_new_container_writes_mode_2(tmp_path):
+    b = require_ckptkit_bin()
+    out = tmp_path / "new.ckz.h5"
+    r = run_tool(b, "ckpt-compress", SRC, "-o", out)
+    assert r.returncode == 0, r.stderr
+    with h5py.File(out, "r") as f:
+        assert int(f.attrs["format_version"]) == 3
+        assert 2 in segment_modes(f) and 0 not in segment_modes(f)
+
+
+@pytest.mark.parametrize("version", sorted(OLD))
+def test_old_format_verifies_and_restores_for_stock_torch(tmp_path, version):
+    b = require_ckptkit_bin()
+    path, codec = os.path.join(DATA, OLD[version][0]), OLD[version][1]
+    v = run_tool(b, "ckpt-verify", path, "--original", SRC, "--json")
+    assert v.returncode == 0, v.stdout + v.stderr
+    rep = parse_json_stdout(v)
+    assert rep["codec"] == codec and rep["ok"] and rep["max_bound_lr"] <= 0.01
+    out = tmp_path / "restored.pt"
+    r = run_tool(b, "ckpt-restore", path, "-o", out)
+    assert r.returncode == 0, r.stderr
+    errors, steps = tsc.check_pair(SRC, str(out), tolerance=0.01, grad_bound=1.0, fixture="cnn_adamw.pt")
+    assert errors == []
+    assert steps and all(s["ok"] for s in steps.values()), steps
