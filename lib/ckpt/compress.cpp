@@ -5,7 +5,6 @@
 // is renamed into place, so no container this tool calls ok fails to restore.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <array>

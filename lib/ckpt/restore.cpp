@@ -3,7 +3,6 @@
 // fields of changed entries are recomputed (zlib) and patched.
 #include <zlib.h>
 
-#include <xxhash.h>
 
 #include <algorithm>
 

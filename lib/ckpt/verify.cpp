@@ -6,7 +6,6 @@
 // (hash), exact escapes, and the true update difference on a dense gradient grid at or
 // below each coordinate's certificate.
 #include <fmt/format.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>

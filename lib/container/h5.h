@@ -4,7 +4,6 @@
 // uncompressed bytes, appended in bounded chunks and read back by range.
 #pragma once
 #include <hdf5.h>
-#include <xxhash.h>
 
 #include <cstdint>
 #include <string>
