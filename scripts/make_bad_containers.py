@@ -68,16 +68,20 @@ _zstd_dec = _load_zstd_decompress()
 
 def read_dataset(ds):
     """All elements of a 1-D dataset written by the tools (zstd filter 32015 chunks decoded
-    by hand through libzstd; unfiltered datasets read by h5py)."""
+    by hand through libzstd, then HDF5's byte shuffle (filter 2, /raw since format 3)
+    undone; unfiltered datasets read by h5py)."""
     plist = ds.id.get_create_plist()
     filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
     if 32015 not in filters:
         return ds[...]
-    n, c = ds.shape[0], ds.chunks[0]
+    zi, si = filters.index(32015), (filters.index(2) if 2 in filters else None)
+    n, c, size = ds.shape[0], ds.chunks[0], ds.dtype.itemsize
     parts = []
     for i0 in range(0, n, c):
-        mask, raw = ds.id.read_direct_chunk((i0,))
-        data = _zstd_dec(raw, c * ds.dtype.itemsize) if not mask & 1 else raw
+        mask, raw = ds.id.read_direct_chunk((i0,))  # bit i of mask: filter i was skipped
+        data = _zstd_dec(raw, c * size) if not mask >> zi & 1 else raw
+        if si is not None and not mask >> si & 1 and size > 1:
+            data = np.frombuffer(data, np.uint8).reshape(size, -1).T.tobytes()
         parts.append(np.frombuffer(data, dtype=ds.dtype)[:min(c, n - i0)])
     return np.concatenate(parts) if parts else np.zeros(0, ds.dtype)
 

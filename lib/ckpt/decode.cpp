@@ -24,7 +24,9 @@ ContainerReader::ContainerReader(const std::string& path) : path_(path) {
             manifest_stored_ = mr.stored_bytes();
             manifest_text_ = mr.count();
         }
-        raw_ = std::make_unique<ct::DatasetReader>(file_.get(), ct::kRaw, H5T_NATIVE_UINT8, 1);
+        // /raw: bytes (formats 1 and 2), little-endian 4-byte elements holding the bytes (3)
+        if (man_.format_version >= 3) raw_ = std::make_unique<ct::DatasetReader>(file_.get(), ct::kRaw, H5T_STD_U32LE, 4);
+        else raw_ = std::make_unique<ct::DatasetReader>(file_.get(), ct::kRaw, H5T_NATIVE_UINT8, 1);
         uint64_t moment_bytes = 0;
         for (const auto& s : man_.storages)
             if (s.param >= 0) {
@@ -32,8 +34,8 @@ ContainerReader::ContainerReader(const std::string& path) : path_(path) {
                 moment_at_.push_back(s.offset);  // storages are sorted by offset (validated)
                 moment_through_.push_back(moment_bytes);
             }
-        if (raw_->count() + moment_bytes != man_.source_size)
-            throw std::runtime_error("/raw holds " + std::to_string(raw_->count()) + " bytes, the manifest needs " +
+        if (raw_->bytes() + moment_bytes != man_.source_size)
+            throw std::runtime_error("/raw holds " + std::to_string(raw_->bytes()) + " bytes, the manifest needs " +
                                      std::to_string(man_.source_size - moment_bytes));
         if (man_.params.empty()) return;
         int roles = 2;
@@ -86,7 +88,7 @@ void ContainerReader::read_raw(uint64_t off, uint64_t n, void* out) const {
     try {
         // the moment storages that start before `off` are not in /raw
         const auto k = std::lower_bound(moment_at_.begin(), moment_at_.end(), off) - moment_at_.begin();
-        raw_->read(off - (k == 0 ? 0 : moment_through_[std::size_t(k - 1)]), n, out);
+        raw_->read_bytes(off - (k == 0 ? 0 : moment_through_[std::size_t(k - 1)]), n, out);
     } catch (const std::exception& e) {
         throw BadInput(path_, std::string("container: ") + e.what());
     }

@@ -181,13 +181,14 @@ uint64_t get_attr_u64(hid_t obj, const std::string& name) {
 }
 
 Appender::Appender(hid_t file, const std::string& path, hid_t type, std::size_t elem,
-                   std::size_t chunk_bytes, int level)
+                   std::size_t chunk_bytes, int level, bool shuffle)
     : type_(type), elem_(elem), chunk_elems_(std::max<std::size_t>(1, chunk_bytes / elem)) {
     const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = chunk_elems_;
     Handle sp(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
     Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
     H5Pset_chunk(dcpl.get(), 1, &chunk);
     H5Pset_obj_track_times(dcpl.get(), false);  // same input, same container bytes
+    if (shuffle && H5Pset_shuffle(dcpl.get()) < 0) fail("cannot set the shuffle filter on " + path);
     const unsigned cd = unsigned(level);
     if (H5Pset_filter(dcpl.get(), kZstdFilter, H5Z_FLAG_MANDATORY, 1, &cd) < 0)
         fail("cannot set zstd filter on " + path);
@@ -215,6 +216,22 @@ void Appender::append(const void* data, std::size_t count) {
     }
 }
 
+void Appender::append_bytes(const void* data, std::size_t n) {
+    byte_mode_ = true;
+    const auto* p = static_cast<const unsigned char*>(data);
+    XXH3_64bits_update(hash_.get(), p, n);
+    bytes_ += n;
+    const std::size_t chunk_bytes = chunk_elems_ * elem_;
+    while (n > 0) {
+        const std::size_t take = std::min(chunk_bytes - buf_.size(), n);
+        buf_.insert(buf_.end(), p, p + take);
+        p += take;
+        n -= take;
+        if (buf_.size() == chunk_bytes) flush();
+    }
+    count_ = (bytes_ + elem_ - 1) / elem_;
+}
+
 void Appender::flush() {
     if (buf_.empty()) return;
     const hsize_t n = buf_.size() / elem_, start = written_, total = written_ + n;
@@ -229,7 +246,14 @@ void Appender::flush() {
 }
 
 uint64_t Appender::finish() {
+    if (byte_mode_ && buf_.size() % elem_) {  // zero-pad the last element (hashed as stored)
+        static constexpr unsigned char zeros[16] = {};
+        const std::size_t pad = elem_ - buf_.size() % elem_;
+        buf_.insert(buf_.end(), zeros, zeros + pad);
+        XXH3_64bits_update(hash_.get(), zeros, pad);
+    }
     flush();
+    if (byte_mode_) set_attr(ds_.get(), "bytes", bytes_);
     set_attr(ds_.get(), "xxh3", uint64_t(XXH3_64bits_digest(hash_.get())));
     set_attr(ds_.get(), "count", count_);
     return H5Dget_storage_size(ds_.get());
@@ -249,6 +273,12 @@ DatasetReader::DatasetReader(hid_t file, const std::string& path, hid_t type, st
     H5Sget_simple_extent_dims(sp.get(), &n, nullptr);
     count_ = n;
     if (get_attr_u64(ds_.get(), "count") != count_) fail("dataset " + path + " count attribute disagrees with its size");
+    bytes_ = count_ * elem;
+    if (H5Aexists(ds_.get(), "bytes") > 0) {
+        bytes_ = get_attr_u64(ds_.get(), "bytes");
+        if (bytes_ > count_ * elem || (count_ > 0 && bytes_ <= (count_ - 1) * elem))
+            fail("dataset " + path + " bytes attribute disagrees with its size");
+    }
     // Every stored chunk must be of a size a 1-D chunk of this dataset can have (zstd's
     // worst case included): HDF5 allocates a chunk's stored size before reading it, so a
     // damaged chunk index would otherwise ask for gigabytes (found by fuzz_container).
@@ -280,6 +310,19 @@ void DatasetReader::read(uint64_t offset, uint64_t n, void* out) const {
     Handle ms(H5Screate_simple(1, &cnt, nullptr), H5Sclose);
     if (H5Dread(ds_.get(), type_, ms.get(), fs.get(), H5P_DEFAULT, out) < 0)
         fail("dataset " + path_ + " cannot be read (damaged chunk?)");
+}
+
+void DatasetReader::read_bytes(uint64_t offset, uint64_t n, void* out) const {
+    if (offset > bytes_ || n > bytes_ - offset) fail("read past the end of dataset " + path_);
+    if (n == 0) return;
+    if (elem_ == 1) return read(offset, n, out);
+    const uint64_t e0 = offset / elem_, e1 = (offset + n + elem_ - 1) / elem_;
+    auto* o = static_cast<unsigned char*>(out);
+    if (offset % elem_ == 0 && n % elem_ == 0) return read(e0, e1 - e0, o);  // whole elements: no copy
+    thread_local std::vector<unsigned char> tmp;
+    tmp.resize((e1 - e0) * elem_);
+    read(e0, e1 - e0, tmp.data());
+    std::memcpy(o, tmp.data() + (offset - e0 * elem_), n);
 }
 
 bool DatasetReader::checksum_ok() const {

@@ -61,10 +61,17 @@ uint64_t get_attr_u64(hid_t obj, const std::string& name);
 class Appender {
 public:
     /// type: H5T_NATIVE_UINT8 / INT32 / UINT32 / UINT64 ...; elem: its size in bytes.
+    /// shuffle: HDF5's byte-shuffle filter (built into libhdf5) before zstd, which groups
+    /// the i-th byte of every element (FP32 exponents together: smaller and faster).
     Appender(hid_t file, const std::string& path, hid_t type, std::size_t elem,
-             std::size_t chunk_bytes = 1 << 20, int level = 3);
+             std::size_t chunk_bytes = 1 << 20, int level = 3, bool shuffle = false);
     void append(const void* data, std::size_t count);
-    /// Flush, write `xxh3` and `count` attributes; returns stored (compressed) bytes.
+    /// Append bytes in any amount (a dataset of bytes stored as elem-byte elements):
+    /// finish() zero-pads the last element and writes the exact length as the `bytes`
+    /// attribute. Not to be mixed with append().
+    void append_bytes(const void* data, std::size_t n);
+    /// Flush, write `xxh3` (over the stored elements) and `count` attributes; returns
+    /// stored (compressed) bytes.
     uint64_t finish();
     uint64_t count() const { return count_; }
 
@@ -74,7 +81,8 @@ private:
     hid_t type_;
     std::size_t elem_, chunk_elems_;
     std::vector<unsigned char> buf_;
-    uint64_t count_ = 0, written_ = 0;
+    uint64_t count_ = 0, written_ = 0, bytes_ = 0;
+    bool byte_mode_ = false;
     Xxh3State hash_;
 public:
     ~Appender();
@@ -88,6 +96,11 @@ public:
     uint64_t count() const { return count_; }
     /// Read `n` elements starting at element `offset`; throws when out of range.
     void read(uint64_t offset, uint64_t n, void* out) const;
+    /// Length in bytes of a dataset of bytes (Appender::append_bytes): its `bytes`
+    /// attribute, which must fit its last element, else count() * elem. Throws otherwise.
+    uint64_t bytes() const { return bytes_; }
+    /// Read bytes [offset, offset + n) of such a dataset; throws when out of range.
+    void read_bytes(uint64_t offset, uint64_t n, void* out) const;
     /// Stream the whole dataset and compare with its `xxh3` attribute.
     bool checksum_ok() const;
     const std::string& path() const { return path_; }
@@ -97,7 +110,7 @@ private:
     Handle ds_;
     hid_t type_;
     std::size_t elem_;
-    uint64_t count_ = 0;
+    uint64_t count_ = 0, bytes_ = 0;
     std::string path_;
 };
 

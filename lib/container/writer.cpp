@@ -9,14 +9,17 @@
 namespace ckpt::container {
 
 ContainerWriter::ContainerWriter(const std::string& path) : file_(create_file(path)) {
-    // zstd level 1 for the raw bytes (weights, buffers, the pickle): the same size as level
-    // 3 on FP32 weights (both ~7% smaller, measured on lm10m_adamw.pt), 15% less time
-    raw_ = std::make_unique<Appender>(file_.get(), kRaw, H5T_NATIVE_UINT8, 1, 1 << 20, 1);
+    // The raw bytes (weights, buffers, the pickle) as little-endian 4-byte elements,
+    // byte-shuffled before zstd level 1 (format 3): FP32 exponent bytes then sit together.
+    // lm10m_adamw.pt's FP32 weights: 84.1% of their size in 0.05 s, where zstd -1 on the
+    // bytes as they are gave 92.3% in 0.08 s (and decompresses 3x slower); level 3 is no
+    // smaller than level 1 either way.
+    raw_ = std::make_unique<Appender>(file_.get(), kRaw, H5T_STD_U32LE, 4, 1 << 20, 1, true);
 }
 
 ContainerWriter::~ContainerWriter() = default;
 
-void ContainerWriter::append_raw(const void* data, std::size_t n) { raw_->append(data, n); }
+void ContainerWriter::append_raw(const void* data, std::size_t n) { raw_->append_bytes(data, n); }
 
 uint64_t ContainerWriter::begin_moments(const Manifest& m) {
     const uint64_t stored = raw_->finish();

@@ -29,13 +29,17 @@ def segment_modes(f):
 def test_old_fixture_has_its_format(version):
     with h5py.File(os.path.join(DATA, OLD[version][0]), "r") as f:
         assert int(f.attrs["format_version"]) == version
+        assert f["raw"].dtype == "u1"
         if version == 1:
             assert "moments/segments" not in f
         else:  # two-state rANS (mode 0) and raw (mode 1) segments, never today's mode 2
             assert segment_modes(f) == {0, 1}
 
 
-def test_new_container_writes_mode_2(tmp_path):
+def test_new_container_is_format_3(tmp_path):
+    """Four-state rANS segments (mode 2); /raw as byte-shuffled little-endian u32 holding
+    exactly the source's non-moment bytes (its `bytes` attribute), the last element padded
+    with zeros."""
     b = require_ckptkit_bin()
     out = tmp_path / "new.ckz.h5"
     r = run_tool(b, "ckpt-compress", SRC, "-o", out)
@@ -43,6 +47,19 @@ def test_new_container_writes_mode_2(tmp_path):
     with h5py.File(out, "r") as f:
         assert int(f.attrs["format_version"]) == 3
         assert 2 in segment_modes(f) and 0 not in segment_modes(f)
+        raw = f["raw"]
+        plist = raw.id.get_create_plist()
+        assert [plist.get_filter(i)[0] for i in range(plist.get_nfilters())] == [2, 32015]  # shuffle, zstd
+        assert raw.dtype == "<u4"
+        data = mbc.read_dataset(raw).view("<u1")
+        n = int(raw.attrs["bytes"])
+        assert len(data) - 4 < n <= len(data) and not data[n:].any()
+        manifest = mbc.get_manifest(f)
+        moments = sum(s["nbytes"] for s in manifest["storages"] if s["param"] >= 0)
+        assert n == os.path.getsize(SRC) - moments
+        with open(SRC, "rb") as src:
+            head = src.read(64)
+        assert data[:64].tobytes() == head  # the zip's first local header, as in the source
 
 
 @pytest.mark.parametrize("version", sorted(OLD))
