@@ -73,7 +73,7 @@ if [[ " $TARGETS " == *" container "* ]]; then
     "$CBIN/ckpt-compress" "$ROOT/data/io/optim_only.pt" -o "$S/container/optim_only.ckz.h5" --optimizer adamw --force >/dev/null 2>&1
     "$CBIN/ckpt-compress" "$ROOT/data/cnn_adamw.pt" -o "$S/container/cnn_bf16.ckz.h5" --codec bf16 --force >/dev/null 2>&1
     "$CBIN/ckpt-compress" "$ROOT/data/cnn_dead.pt" -o "$S/container/cnn_log8.ckz.h5" --codec log8 --force >/dev/null 2>&1
-    cp "$ROOT/data/cnn_adamw.v1.ckz.h5" "$S/container/"   # container format 1
+    cp "$ROOT/data/cnn_adamw.v1.ckz.h5" "$ROOT/data/cnn_adamw.v2.ckz.h5" "$S/container/"   # container formats 1 and 2
     "$CBIN/ckpt-compress" "$ROOT/data/cnn_adamw.pt" -o "$S/container/cnn_bw8.ckz.h5" --codec blockwise8 --grad-bound inf --force >/dev/null 2>&1
   else
     echo "fuzz.sh: no ckpt-compress found (CKPTKIT_BIN); container target seeded from bad files only" >&2
