@@ -6,6 +6,8 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "container/shuffle.h"
+
 namespace ckpt::container {
 
 namespace {
@@ -298,12 +300,62 @@ DatasetReader::DatasetReader(hid_t file, const std::string& path, hid_t type, st
             if (H5Dget_chunk_info(ds_.get(), sp.get(), c, &off, &mask, &addr, &size) < 0 || size > most)
                 fail("dataset " + path + " has a damaged chunk (stored size " + std::to_string(size) + ")");
         }
+        // exactly [shuffle of elem-byte elements, zstd] (Appender's shuffled datasets): read
+        // whole chunks and run the pipeline here (shuffle.h); any other pipeline: libhdf5's
+        unsigned flags = 0, cd[4] = {};
+        size_t nc = 4;
+        char name[16];
+        if (H5Pget_nfilters(dcpl.get()) == 2 &&
+            H5Pget_filter2(dcpl.get(), 0, &flags, &nc, cd, sizeof name, name, nullptr) == H5Z_FILTER_SHUFFLE && nc == 1 &&
+            cd[0] == elem && (nc = 4, H5Pget_filter2(dcpl.get(), 1, &flags, &nc, cd, sizeof name, name, nullptr)) == kZstdFilter) {
+            chunk_ = chunk;
+            most_ = most;
+        }
     }
+}
+
+const std::vector<unsigned char>& DatasetReader::chunk_bytes(uint64_t c) const {
+    if (c == cached_) return chunk_buf_;
+    const std::size_t nbytes = std::size_t(chunk_ * elem_);
+    cached_ = UINT64_MAX;
+    chunk_buf_.assign(nbytes, 0);  // a chunk never written reads as the fill value, as in libhdf5
+    const hsize_t off = c * chunk_;
+    hsize_t size = 0;
+    if (H5Dget_chunk_storage_size(ds_.get(), &off, &size) >= 0 && size > 0) {
+        if (size > most_) fail("dataset " + path_ + " has a damaged chunk");
+        std::vector<unsigned char> stored(static_cast<std::size_t>(size)), plain(nbytes);
+        uint32_t mask = 0;
+        if (H5Dread_chunk(ds_.get(), H5P_DEFAULT, &off, &mask, stored.data()) < 0)
+            fail("dataset " + path_ + " cannot be read (damaged chunk?)");
+        const unsigned char* p = stored.data();
+        if (!(mask & 2)) {  // zstd applied (filter 1)
+            const unsigned long long n = ZSTD_getFrameContentSize(stored.data(), stored.size());
+            if (n != nbytes || ZSTD_decompressDCtx(zstd_ctx.d, plain.data(), nbytes, stored.data(), stored.size()) != nbytes)
+                fail("dataset " + path_ + " cannot be read (damaged chunk?)");
+            p = plain.data();
+        } else if (stored.size() != nbytes) {
+            fail("dataset " + path_ + " cannot be read (damaged chunk?)");
+        }
+        if (!(mask & 1)) unshuffle_bytes(p, chunk_buf_.data(), nbytes, elem_);  // shuffle applied (filter 0)
+        else std::memcpy(chunk_buf_.data(), p, nbytes);
+    }
+    cached_ = c;
+    return chunk_buf_;
 }
 
 void DatasetReader::read(uint64_t offset, uint64_t n, void* out) const {
     if (offset > count_ || n > count_ - offset) fail("read past the end of dataset " + path_);
     if (n == 0) return;
+    if (chunk_) {  // whole chunks through our pipeline (the constructor)
+        auto* o = static_cast<unsigned char*>(out);
+        for (uint64_t e = offset; e < offset + n;) {
+            const uint64_t c = e / chunk_, in = e - c * chunk_, take = std::min(chunk_ - in, offset + n - e);
+            std::memcpy(o, chunk_bytes(c).data() + in * elem_, std::size_t(take * elem_));
+            o += take * elem_;
+            e += take;
+        }
+        return;
+    }
     const hsize_t start = offset, cnt = n;
     Handle fs(H5Dget_space(ds_.get()), H5Sclose);
     H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, &start, nullptr, &cnt, nullptr);

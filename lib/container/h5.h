@@ -63,6 +63,8 @@ public:
     /// type: H5T_NATIVE_UINT8 / INT32 / UINT32 / UINT64 ...; elem: its size in bytes.
     /// shuffle: HDF5's byte-shuffle filter (built into libhdf5) before zstd, which groups
     /// the i-th byte of every element (FP32 exponents together: smaller and faster).
+    /// Writes go through libhdf5's pipeline: after a failed H5Dwrite_chunk (a file-size
+    /// limit) libhdf5 1.10 crashes closing the file at exit; DatasetReader reads directly.
     Appender(hid_t file, const std::string& path, hid_t type, std::size_t elem,
              std::size_t chunk_bytes = 1 << 20, int level = 3, bool shuffle = false);
     void append(const void* data, std::size_t count);
@@ -112,6 +114,13 @@ private:
     std::size_t elem_;
     uint64_t count_ = 0, bytes_ = 0;
     std::string path_;
+    /// Shuffled datasets (Appender's): elements per chunk, the largest stored chunk
+    /// allowed, and the last chunk decoded (chunk_ = 0: libhdf5 reads the dataset).
+    uint64_t chunk_ = 0, most_ = 0;
+    mutable uint64_t cached_ = UINT64_MAX;
+    mutable std::vector<unsigned char> chunk_buf_;
+    /// Chunk c's elements as bytes (zeros for a chunk never written); throws when damaged.
+    const std::vector<unsigned char>& chunk_bytes(uint64_t c) const;
 };
 
 }  // namespace ckpt::container

@@ -1,0 +1,92 @@
+// The HDF5 + zstd layer (lib/container/h5.h, shuffle.h): the byte shuffle against libhdf5's
+// definition, and shuffled datasets read by DatasetReader's direct chunk path against what
+// libhdf5's own shuffle filter wrote and reads.
+#include <doctest/doctest.h>
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../temp_dir.h"
+#include "container/h5.h"
+#include "container/shuffle.h"
+
+using namespace ckpt::container;
+using ckpt::test::TempDir;
+
+namespace {
+/// H5Zshuffle.c's definition, written out plainly: byte k of element i to k * n + i, the
+/// bytes past the last whole element at the end; unchanged for 1-byte types or n <= 1.
+std::vector<unsigned char> reference_shuffle(const std::vector<unsigned char>& in, std::size_t size) {
+    const std::size_t n = in.size() / size;
+    if (size <= 1 || n <= 1) return in;
+    std::vector<unsigned char> out(in.size());
+    for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t k = 0; k < size; ++k) out[k * n + i] = in[i * size + k];
+    for (std::size_t b = n * size; b < in.size(); ++b) out[b] = in[b];
+    return out;
+}
+}  // namespace
+
+TEST_CASE("shuffle_bytes is libhdf5's shuffle, and unshuffle_bytes its inverse") {
+    std::mt19937 rng(5);
+    for (std::size_t size : {1, 2, 3, 4, 8})
+        for (std::size_t nbytes : {0, 1, 3, 4, 5, 7, 8, 9, 63, 64, 65, 1000, 4099}) {
+            std::vector<unsigned char> in(nbytes), sh(nbytes), back(nbytes);
+            for (auto& b : in) b = (unsigned char)(rng());
+            shuffle_bytes(in.data(), sh.data(), nbytes, size);
+            CHECK(sh == reference_shuffle(in, size));
+            unshuffle_bytes(sh.data(), back.data(), nbytes, size);
+            CHECK(back == in);
+        }
+}
+
+TEST_CASE("shuffled datasets: Appender's bytes back through libhdf5 and through the direct chunk reader") {
+    TempDir td;
+    const std::string path = (td.path / "s.h5").string();
+    std::vector<unsigned char> bytes(3 * 4096 + 4 * 1000 + 3);  // three whole 4 KiB chunks, a partial one
+    std::mt19937 rng(6);
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = (unsigned char)(i % 4 == 3 ? 0x40 : rng());
+    {
+        Handle f = create_file(path);
+        Appender a(f.get(), "/ours", H5T_STD_U32LE, 4, 4096, 1, true);
+        for (std::size_t off = 0; off < bytes.size(); off += 777)
+            a.append_bytes(bytes.data() + off, std::min<std::size_t>(777, bytes.size() - off));
+        a.finish();
+        // the same elements written in one H5Dwrite (4 KiB chunks too)
+        const hsize_t n = (bytes.size() + 3) / 4, chunk = 1024, unlimited = H5S_UNLIMITED;
+        Handle sp(H5Screate_simple(1, &n, &unlimited), H5Sclose);
+        Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+        H5Pset_chunk(dcpl.get(), 1, &chunk);
+        H5Pset_shuffle(dcpl.get());
+        const unsigned level = 1;
+        H5Pset_filter(dcpl.get(), kZstdFilter, H5Z_FLAG_MANDATORY, 1, &level);
+        Handle ds(H5Dcreate2(f.get(), "/libhdf5", H5T_STD_U32LE, sp.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
+        std::vector<unsigned char> padded(n * 4, 0);
+        std::copy(bytes.begin(), bytes.end(), padded.begin());
+        REQUIRE(H5Dwrite(ds.get(), H5T_STD_U32LE, H5S_ALL, H5S_ALL, H5P_DEFAULT, padded.data()) >= 0);
+        const uint64_t count = n;
+        set_attr(ds.get(), "count", count);
+    }
+    Handle f = open_file(path);
+    // Appender's, through libhdf5's shuffle filter
+    Handle ds(H5Dopen2(f.get(), "/ours", H5P_DEFAULT), H5Dclose);
+    std::vector<unsigned char> via_hdf5((bytes.size() + 3) / 4 * 4);
+    REQUIRE(H5Dread(ds.get(), H5T_STD_U32LE, H5S_ALL, H5S_ALL, H5P_DEFAULT, via_hdf5.data()) >= 0);
+    CHECK(std::vector<unsigned char>(via_hdf5.begin(), via_hdf5.begin() + long(bytes.size())) == bytes);
+    CHECK(via_hdf5[bytes.size()] == 0);  // the padding
+    // both, through the direct chunk reader (our zstd and unshuffle), at ranges across chunk ends
+    for (const char* name : {"/ours", "/libhdf5"}) {
+        const DatasetReader r(f.get(), name, H5T_STD_U32LE, 4);
+        if (std::string(name) == "/ours") CHECK(r.bytes() == bytes.size());
+        for (uint64_t off : {0, 1, 4095, 4096, 8191, 12287}) {
+            const uint64_t len = std::min<uint64_t>(5000, bytes.size() - off);
+            std::vector<unsigned char> got(len);
+            r.read_bytes(off, len, got.data());
+            CHECK(std::equal(got.begin(), got.end(), bytes.begin() + long(off)));
+        }
+    }
+}
