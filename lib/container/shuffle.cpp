@@ -32,6 +32,7 @@ __attribute__((target_clones("avx2", "default"))) void unshuffle4(const unsigned
 }  // namespace
 
 void shuffle_bytes(const unsigned char* src, unsigned char* dst, std::size_t nbytes, std::size_t size) {
+    if (nbytes == 0) return;  // (empty buffers may be null: no memcpy)
     const std::size_t n = size ? nbytes / size : 0;
     if (size <= 1 || n <= 1) { std::memcpy(dst, src, nbytes); return; }
     if (size == 4 && std::endian::native == std::endian::little) {
@@ -44,6 +45,7 @@ void shuffle_bytes(const unsigned char* src, unsigned char* dst, std::size_t nby
 }
 
 void unshuffle_bytes(const unsigned char* src, unsigned char* dst, std::size_t nbytes, std::size_t size) {
+    if (nbytes == 0) return;  // (empty buffers may be null: no memcpy)
     const std::size_t n = size ? nbytes / size : 0;
     if (size <= 1 || n <= 1) { std::memcpy(dst, src, nbytes); return; }
     if (size == 4 && std::endian::native == std::endian::little) {
