@@ -2,6 +2,7 @@
 
 #include <zstd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -205,33 +206,28 @@ Appender::Appender(hid_t file, const std::string& path, hid_t type, std::size_t 
 Appender::~Appender() = default;
 
 void Appender::append(const void* data, std::size_t count) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    XXH3_64bits_update(hash_.get(), p, count * elem_);
+    push(data, count * elem_);
     count_ += count;
-    while (count > 0) {
-        const std::size_t room = chunk_elems_ - buf_.size() / elem_;
-        const std::size_t take = std::min(room, count);
-        buf_.insert(buf_.end(), p, p + take * elem_);
-        p += take * elem_;
-        count -= take;
-        if (buf_.size() == chunk_elems_ * elem_) flush();
-    }
 }
 
 void Appender::append_bytes(const void* data, std::size_t n) {
     byte_mode_ = true;
+    push(data, n);
+    bytes_ += n;
+    count_ = (bytes_ + elem_ - 1) / elem_;
+}
+
+void Appender::push(const void* data, std::size_t n) {
     const auto* p = static_cast<const unsigned char*>(data);
     XXH3_64bits_update(hash_.get(), p, n);
-    bytes_ += n;
     const std::size_t chunk_bytes = chunk_elems_ * elem_;
-    while (n > 0) {
+    while (n > 0) {  // one chunk buffered at a time (whole elements: appends come in elements or bytes, never both)
         const std::size_t take = std::min(chunk_bytes - buf_.size(), n);
         buf_.insert(buf_.end(), p, p + take);
         p += take;
         n -= take;
         if (buf_.size() == chunk_bytes) flush();
     }
-    count_ = (bytes_ + elem_ - 1) / elem_;
 }
 
 void Appender::flush() {
@@ -318,44 +314,49 @@ const std::vector<unsigned char>& DatasetReader::chunk_bytes(uint64_t c) const {
     if (c == cached_) return chunk_buf_;
     const std::size_t nbytes = std::size_t(chunk_ * elem_);
     cached_ = UINT64_MAX;
-    chunk_buf_.assign(nbytes, 0);  // a chunk never written reads as the fill value, as in libhdf5
+    chunk_buf_.resize(nbytes);
     const hsize_t off = c * chunk_;
     hsize_t size = 0;
-    if (H5Dget_chunk_storage_size(ds_.get(), &off, &size) >= 0 && size > 0) {
-        if (size > most_) fail("dataset " + path_ + " has a damaged chunk");
-        std::vector<unsigned char> stored(static_cast<std::size_t>(size)), plain(nbytes);
-        uint32_t mask = 0;
-        if (H5Dread_chunk(ds_.get(), H5P_DEFAULT, &off, &mask, stored.data()) < 0)
-            fail("dataset " + path_ + " cannot be read (damaged chunk?)");
-        const unsigned char* p = stored.data();
-        if (!(mask & 2)) {  // zstd applied (filter 1)
-            const unsigned long long n = ZSTD_getFrameContentSize(stored.data(), stored.size());
-            if (n != nbytes || ZSTD_decompressDCtx(zstd_ctx.d, plain.data(), nbytes, stored.data(), stored.size()) != nbytes)
-                fail("dataset " + path_ + " cannot be read (damaged chunk?)");
-            p = plain.data();
-        } else if (stored.size() != nbytes) {
-            fail("dataset " + path_ + " cannot be read (damaged chunk?)");
-        }
-        if (!(mask & 1)) unshuffle_bytes(p, chunk_buf_.data(), nbytes, elem_);  // shuffle applied (filter 0)
-        else std::memcpy(chunk_buf_.data(), p, nbytes);
+    if (H5Dget_chunk_storage_size(ds_.get(), &off, &size) < 0 || size == 0) {
+        std::fill(chunk_buf_.begin(), chunk_buf_.end(), 0);  // never written: the fill value, as in libhdf5
+        cached_ = c;
+        return chunk_buf_;
     }
+    if (size > most_) fail("dataset " + path_ + " has a damaged chunk");
+    stored_.resize(std::size_t(size));  // the buffers live as long as the reader: no allocation per chunk
+    plain_.resize(nbytes);
+    uint32_t mask = 0;
+    if (H5Dread_chunk(ds_.get(), H5P_DEFAULT, &off, &mask, stored_.data()) < 0)
+        fail("dataset " + path_ + " cannot be read (damaged chunk?)");
+    const unsigned char* p = stored_.data();
+    if (!(mask & 2)) {  // zstd applied (filter 1)
+        const unsigned long long n = ZSTD_getFrameContentSize(stored_.data(), stored_.size());
+        if (n != nbytes || ZSTD_decompressDCtx(zstd_ctx.d, plain_.data(), nbytes, stored_.data(), stored_.size()) != nbytes)
+            fail("dataset " + path_ + " cannot be read (damaged chunk?)");
+        p = plain_.data();
+    } else if (stored_.size() != nbytes) {
+        fail("dataset " + path_ + " cannot be read (damaged chunk?)");
+    }
+    if (!(mask & 1)) unshuffle_bytes(p, chunk_buf_.data(), nbytes, elem_);  // shuffle applied (filter 0)
+    else std::memcpy(chunk_buf_.data(), p, nbytes);
     cached_ = c;
     return chunk_buf_;
+}
+
+void DatasetReader::read_chunked(uint64_t byte_offset, uint64_t n, unsigned char* out) const {
+    const uint64_t cb = chunk_ * elem_;
+    for (uint64_t b = byte_offset; b < byte_offset + n;) {
+        const uint64_t c = b / cb, in = b - c * cb, take = std::min(cb - in, byte_offset + n - b);
+        std::memcpy(out, chunk_bytes(c).data() + in, std::size_t(take));
+        out += take;
+        b += take;
+    }
 }
 
 void DatasetReader::read(uint64_t offset, uint64_t n, void* out) const {
     if (offset > count_ || n > count_ - offset) fail("read past the end of dataset " + path_);
     if (n == 0) return;
-    if (chunk_) {  // whole chunks through our pipeline (the constructor)
-        auto* o = static_cast<unsigned char*>(out);
-        for (uint64_t e = offset; e < offset + n;) {
-            const uint64_t c = e / chunk_, in = e - c * chunk_, take = std::min(chunk_ - in, offset + n - e);
-            std::memcpy(o, chunk_bytes(c).data() + in * elem_, std::size_t(take * elem_));
-            o += take * elem_;
-            e += take;
-        }
-        return;
-    }
+    if (chunk_) return read_chunked(offset * elem_, n * elem_, static_cast<unsigned char*>(out));
     const hsize_t start = offset, cnt = n;
     Handle fs(H5Dget_space(ds_.get()), H5Sclose);
     H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, &start, nullptr, &cnt, nullptr);
@@ -368,6 +369,7 @@ void DatasetReader::read_bytes(uint64_t offset, uint64_t n, void* out) const {
     if (offset > bytes_ || n > bytes_ - offset) fail("read past the end of dataset " + path_);
     if (n == 0) return;
     if (elem_ == 1) return read(offset, n, out);
+    if (chunk_) return read_chunked(offset, n, static_cast<unsigned char*>(out));  // straight from the decoded chunk
     const uint64_t e0 = offset / elem_, e1 = (offset + n + elem_ - 1) / elem_;
     auto* o = static_cast<unsigned char*>(out);
     if (offset % elem_ == 0 && n % elem_ == 0) return read(e0, e1 - e0, o);  // whole elements: no copy

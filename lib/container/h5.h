@@ -78,6 +78,7 @@ public:
     uint64_t count() const { return count_; }
 
 private:
+    void push(const void* data, std::size_t nbytes);  ///< hash, buffer, flush whole chunks
     void flush();
     Handle ds_;
     hid_t type_;
@@ -118,9 +119,11 @@ private:
     /// allowed, and the last chunk decoded (chunk_ = 0: libhdf5 reads the dataset).
     uint64_t chunk_ = 0, most_ = 0;
     mutable uint64_t cached_ = UINT64_MAX;
-    mutable std::vector<unsigned char> chunk_buf_;
+    mutable std::vector<unsigned char> chunk_buf_, stored_, plain_;  ///< decoded, as stored, unzstd'ed
     /// Chunk c's elements as bytes (zeros for a chunk never written); throws when damaged.
     const std::vector<unsigned char>& chunk_bytes(uint64_t c) const;
+    /// Bytes [byte_offset, byte_offset + n) of a shuffled dataset, chunk by chunk.
+    void read_chunked(uint64_t byte_offset, uint64_t n, unsigned char* out) const;
 };
 
 }  // namespace ckpt::container
