@@ -1,5 +1,7 @@
 #include "codec/rans.h"
 
+#include "codec/isa.h"
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -19,15 +21,31 @@ constexpr uint32_t kLow = 1u << 23;  ///< rANS state lower bound
 /// (version 3, written since).
 enum : uint8_t { kModeRans2 = 0, kModeRaw = 1, kModeRans4 = 2 };
 
-/// Symbol of code x and its raw bit count.
-inline int symbol_of(uint32_t x, int& extra) {
-    // branch-free (small and large codes interleave at random): both forms, one select
-    const bool small = x < 32;
-    const int nb = 32 - __builtin_clz(x | 32);  // 6..16 (6 for the small codes, unused then)
-    const int e = nb - 3;
-    extra = small ? 0 : e;
-    return small ? int(x) : 32 + 4 * (nb - 6) + int((x >> e) & 3);
+/// Each code's symbol, raw bit count and raw low bits (codes[0..n) into sym, extra, low):
+/// branch-free and vectorisable at every instruction-set level (isa.h). The bit length nb
+/// of x | 32 (6..16) is the exponent of its float value (exact below 2^24), which needs no
+/// vector count-leading-zeros; the selects are products with the 0/1 flag `big`. The
+/// symbol and bits are integers: every level gives the same ones.
+template <class>
+void split_body(const uint16_t* __restrict codes, std::size_t n, uint8_t* __restrict sym, uint8_t* __restrict extra,
+                uint16_t* __restrict low) {
+    for (std::size_t i = 0; i < n; ++i) {
+        const uint32_t x = codes[i];
+        const uint32_t big = uint32_t(x >= 32);
+        const float fx = float(x | 32);
+        uint32_t fbits;
+        std::memcpy(&fbits, &fx, 4);
+        const uint32_t nb = (fbits >> 23) - 126;  // biased exponent 127 + nb - 1
+        const uint32_t e = (nb - 3) * big;
+        const uint32_t s_big = 32 + 4 * (nb - 6) + ((x >> (nb - 3)) & 3);
+        sym[i] = uint8_t(x + (s_big - x) * big);
+        extra[i] = uint8_t(e);
+        low[i] = uint16_t(x & ((1u << e) - 1));
+    }
 }
+
+struct SplitTag {};  ///< CKPT_ISA_CLONES' template argument
+CKPT_ISA_CLONES(split_isa, split_body)
 
 void put_varint(std::vector<uint8_t>& out, uint64_t v) {
     while (v >= 0x80) { out.push_back(uint8_t(v | 0x80)); v >>= 7; }
@@ -78,32 +96,44 @@ std::array<uint32_t, kSymbols> normalise(const std::array<uint64_t, kSymbols>& c
 void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out, int states) {
     if (states != 2 && states != 4) throw std::invalid_argument("segment_encode: states must be 2 or 4");
     std::array<uint64_t, kSymbols> count{};
-    thread_local std::vector<uint8_t> sym_buf, buf, bits_buf;  // reused: one segment at a time per thread
-    sym_buf.resize(n);
+    thread_local std::vector<uint8_t> sym_buf, extra_buf, buf, bits_buf;  // reused: one segment at a time per thread
+    thread_local std::vector<uint16_t> low_buf;
+    const std::size_t n4 = (n + 3) / 4 * 4;
+    sym_buf.resize(n4);
+    extra_buf.resize(n4);
+    low_buf.resize(n4);
     bits_buf.resize(2 * n + 16);
     uint8_t* sym = sym_buf.data();
     uint8_t* bits = bits_buf.data();
-    // one forward pass: symbols, their counts, and the raw low bits (LSB first). The bit
-    // writer is branch-free: all 8 bytes of the accumulator are stored at the first byte
-    // not yet complete, then the whole bytes are dropped (fewer than 8 + 13 bits pending).
-    std::size_t nbits = 0;
-    uint64_t acc = 0;
-    int have = 0;
-    // four histograms, code i into i & 3: consecutive equal symbols do not wait on each
-    // other's increment (summed after the loop)
+    // pass 1a (vectorised): symbols, raw bit counts and raw bits; the padding to whole
+    // groups of 4 has no raw bits
+    split_isa<SplitTag>(codes, n, sym, extra_buf.data(), low_buf.data());
+    for (std::size_t i = n; i < n4; ++i) extra_buf[i] = 0, low_buf[i] = 0;
+    // pass 1b: the counts, in four histograms (code i into i & 3: consecutive equal
+    // symbols do not wait on each other's increment; summed below)
     uint32_t count4[4][kSymbols] = {};
-    for (std::size_t i = 0; i < n; ++i) {
-        int e;
-        sym[i] = uint8_t(symbol_of(codes[i], e));
-        ++count4[i & 3][sym[i]];
-        acc |= uint64_t(codes[i] & ((1u << e) - 1)) << have;
-        have += e;
-        std::memcpy(bits + nbits, &acc, 8);  // little-endian: byte b holds bits 8b..8b+7
-        nbits += std::size_t(have >> 3);
-        acc >>= (have & ~7);
-        have &= 7;
+    for (std::size_t i = 0; i < n; ++i) ++count4[i & 3][sym[i]];
+    // pass 1c: the raw bits, LSB first, four codes (<= 52 bits) at a time. The writer is
+    // branch-free: all 8 bytes of the accumulator are stored at the first byte not yet
+    // complete, then the whole bytes are dropped (fewer than 8 bits stay pending).
+    std::size_t nbits = 0;
+    {
+        const uint8_t* ex = extra_buf.data();
+        const uint16_t* lo = low_buf.data();
+        uint64_t acc = 0;
+        uint32_t have = 0;
+        for (std::size_t i = 0; i < n4; i += 4) {
+            const uint32_t e0 = ex[i], e01 = e0 + ex[i + 1], e012 = e01 + ex[i + 2];
+            acc |= (uint64_t(lo[i]) | uint64_t(lo[i + 1]) << e0 | uint64_t(lo[i + 2]) << e01 | uint64_t(lo[i + 3]) << e012)
+                   << have;
+            have += e012 + ex[i + 3];
+            std::memcpy(bits + nbits, &acc, 8);  // little-endian: byte b holds bits 8b..8b+7
+            nbits += std::size_t(have >> 3);
+            acc >>= (have & ~7u);
+            have &= 7;
+        }
+        if (have > 0) bits[nbits++] = uint8_t(acc);
     }
-    if (have > 0) bits[nbits++] = uint8_t(acc);
     for (int s = 0; s < kSymbols; ++s) count[s] = uint64_t(count4[0][s]) + count4[1][s] + count4[2][s] + count4[3][s];
     if (n == 0) { out.push_back(kModeRaw); return; }
     const auto f = normalise(count, n);
