@@ -192,9 +192,12 @@ std::vector<CodeHashes> write_container(const std::string& path, const io::Input
 /// Phase 4: what ckpt-verify and ckpt-restore will see, before the rename. Returns the
 /// verify report (its rows are the compress report's: one byte accounting for every tool).
 /// Throws CheckFailed when the written container fails. On the CPU it decodes codes only
-/// and compares them with `codes` (what was encoded).
-Report self_check(const std::string& path, const std::string& in, gpu::Device device, const std::vector<CodeHashes>& codes) {
+/// and compares them with `codes` (what was encoded); the manifest is compared with
+/// `planned`, the plan phase 1 made (VerifyOptions::planned).
+Report self_check(const std::string& path, const std::string& in, gpu::Device device, const std::vector<CodeHashes>& codes,
+                  const Layout& planned) {
     VerifyOptions vo;
+    vo.planned = &planned;
     vo.certificates = device != gpu::Device::Cpu;  // a device encoder is checked in full
     vo.code_hashes = &codes;
     Report chk = verify(path, vo);
@@ -214,8 +217,8 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
     gpu::Device device;
     try { device = gpu::resolve_device(o.device); } catch (const std::exception& e) { throw BadInput(in, e.what()); }
     const io::InputFile f(in);
-    // phase 1; the parsed checkpoint is dropped once planned (the self-check parses the
-    // source again, and two trees at once double the peak on files of many tensors)
+    // phase 1; the parsed checkpoint is dropped once planned (only the plan is needed
+    // after, and the tree is the largest object on files of many tensors)
     Layout L = plan_layout(read_checkpoint(in, o.limits), f, o);
     ct::Manifest& man = L.man;
     warn_kept(in, L.kept);
@@ -225,7 +228,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
     Report rep("ckpt-compress", in, out, codec::kind_name(o.codec), o.tolerance, o.grad_bound);
     try {
         const std::vector<CodeHashes> codes = write_container(atomic.temp_path(), f, man, o, device);  // phases 2 and 3
-        const Report chk = self_check(atomic.temp_path(), in, device, codes);                           // phase 4
+        const Report chk = self_check(atomic.temp_path(), in, device, codes, L);                           // phase 4
         rep.rows = chk.rows;
         rep.groups = chk.groups;
         rep.bits = chk.bits;

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "codec/codec.h"
+#include "common/error.h"
+#include "common/xxh3.h"
 #include "container/h5.h"
 #include "ckpt/report.h"
 #include "container/manifest.h"
@@ -28,8 +30,18 @@ public:
     /// fn(uint64_t source_offset, const uint8_t* bytes, std::size_t n). Throws BadInput.
     template <class Fn>
     void for_each_raw_piece(uint64_t from, uint64_t to, Fn fn) const;
-    /// Every dataset's xxh3 checksum; returns the paths that fail.
-    std::vector<std::string> damaged_datasets() const;
+    /// One pass over the source as /raw keeps it, span by span of container::source_spans
+    /// in order: piece(const container::SourceSpan&, uint64_t source_offset, const uint8_t*
+    /// bytes, std::size_t n) for the bytes of a span outside moment storages, in pieces of
+    /// at most 1 MiB, then done(const container::SourceSpan&) for every span (moment storages,
+    /// whose bytes /raw does not hold, get only done). Every byte of /raw is read once, and
+    /// its checksum is taken on the way: returns false when /raw is damaged (the same answer
+    /// as damaged_datasets() for /raw). Throws BadInput when /raw cannot be read.
+    template <class Piece, class Done>
+    bool scan_source(Piece piece, Done done) const;
+    /// Every dataset's xxh3 checksum (/raw's too unless with_raw is false: scan_source
+    /// checks it without a second pass); returns the paths that fail.
+    std::vector<std::string> damaged_datasets(bool with_raw = true) const;
     /// Tensor setup (codec, hyper-parameters, domain) of parameter j.
     codec::TensorSetup setup(std::size_t j) const;
     /// Stored (compressed) bytes of all moment datasets plus the manifest's params part.
@@ -102,6 +114,24 @@ private:
     mutable std::vector<uint8_t> raw_buf_;   ///< for_each_raw_piece's piece
     void load_escapes(uint64_t row, uint64_t end_row, int moments) const;
 };
+
+template <class Piece, class Done>
+bool ContainerReader::scan_source(Piece piece, Done done) const {
+    const Xxh3State h = make_xxh3();
+    for (const container::SourceSpan& sp : container::source_spans(man_)) {
+        if (!sp.moment)
+            for_each_raw_piece(sp.begin, sp.end, [&](uint64_t off, const uint8_t* p, std::size_t n) {
+                XXH3_64bits_update(h.get(), p, n);
+                piece(sp, off, p, n);
+            });
+        done(sp);
+    }
+    try {
+        return raw_->checksum_matches(h.get());
+    } catch (const std::exception& e) {
+        throw BadInput(path_, std::string("container: ") + e.what());
+    }
+}
 
 template <class Fn>
 void ContainerReader::for_each_raw_piece(uint64_t from, uint64_t to, Fn fn) const {

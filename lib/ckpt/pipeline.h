@@ -31,6 +31,8 @@ struct CompressOptions {
 /// Compress `in` (torch.save zip/legacy or safetensors) into the container `out`.
 Report compress(const std::string& in, const std::string& out, const CompressOptions&);
 
+struct Layout;  // layout.h
+
 struct VerifyOptions {
     std::optional<std::string> original;  ///< also check against the original checkpoint
     int grid = 257;                       ///< gradient points per coordinate on the dense grid
@@ -46,6 +48,12 @@ struct VerifyOptions {
     /// shows the entropy coding and row prediction undo exactly; values are a function of
     /// the codes and the checksummed block parameters (no decode of values needed).
     const std::vector<std::array<uint64_t, 3>>* code_hashes = nullptr;
+    /// compress's self-check: the plan compress made from the source. Check 2 compares the
+    /// manifest as written with it instead of re-deriving the plan from the source bytes in
+    /// /raw (which check 1 shows are the bytes compress read: plan_layout reads no moment
+    /// byte, so the re-derived plan is this one); no temporary copy of the source, no second
+    /// parse.
+    const Layout* planned = nullptr;
     bool progress = false;
 };
 

@@ -24,27 +24,44 @@ bool ends_with(const std::string& s, const std::string& t) {
     return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
 }
 
-/// Every byte outside moment storages from /raw, in file order, each kept tensor checked
-/// against its hash (CheckFailed); moment storages are left as holes for restore_moments.
+/// CheckFailed naming the damaged datasets.
+[[noreturn]] void damaged(const ContainerReader& cr, const std::vector<std::string>& bad) {
+    std::string s;
+    for (auto& b : bad) s += (s.empty() ? "" : ", ") + b;
+    throw CheckFailed(cr.path() + ": damaged dataset(s), checksum mismatch: " + s);
+}
+
+/// Every byte outside moment storages from /raw, in file order, in one pass that also
+/// checks /raw's checksum (damaged: CheckFailed, as an unreadable /raw) and each kept
+/// tensor against its hash (CheckFailed); moment storages are left as holes for
+/// restore_moments.
 void restore_raw(const ContainerReader& cr, FileWriter& w, Progress& prog) {
     const auto& man = cr.manifest();
     const Xxh3State hash = make_xxh3();
     XXH3_state_t* h = hash.get();
-    for (const ct::SourceSpan& sp : ct::source_spans(man)) {
-        if (sp.moment) {
-            w.skip(sp.size());  // filled in place by restore_moments
-            continue;
-        }
-        XXH3_64bits_reset(h);
-        cr.for_each_raw_piece(sp.begin, sp.end, [&](uint64_t, const uint8_t* p, std::size_t n) {
-            if (sp.storage >= 0) XXH3_64bits_update(h, p, n);
-            w.write(p, n);
-            prog.advance(n);
-        });
-        if (sp.storage >= 0 && XXH3_64bits_digest(h) != man.storages[std::size_t(sp.storage)].xxh3)
-            throw CheckFailed(cr.path() + ": stored tensor bytes at source offset " + std::to_string(sp.begin) +
-                              " do not match their hash");
+    int64_t bad_storage = -1;  // the first kept tensor whose hash does not match
+    bool raw_ok = false;
+    try {
+        raw_ok = cr.scan_source(
+            [&](const ct::SourceSpan& sp, uint64_t, const uint8_t* p, std::size_t n) {
+                if (sp.storage >= 0) XXH3_64bits_update(h, p, n);
+                w.write(p, n);
+                prog.advance(n);
+            },
+            [&](const ct::SourceSpan& sp) {
+                if (sp.moment) return w.skip(sp.size());  // filled in place by restore_moments
+                if (sp.storage < 0) return;
+                if (XXH3_64bits_digest(h) != man.storages[std::size_t(sp.storage)].xxh3 && bad_storage < 0)
+                    bad_storage = int64_t(sp.begin);
+                XXH3_64bits_reset(h);
+            });
+    } catch (const BadInput&) {  // /raw unreadable (FileWriter's own errors are not BadInput)
+        raw_ok = false;
     }
+    if (!raw_ok) damaged(cr, {ct::kRaw});
+    if (bad_storage >= 0)
+        throw CheckFailed(cr.path() + ": stored tensor bytes at source offset " + std::to_string(bad_storage) +
+                          " do not match their hash");
 }
 
 /// Every coded parameter decoded chunk by chunk (escapes exact) into its moment storages,
@@ -86,12 +103,8 @@ Report restore(const std::string& path, const std::string& out, const RestoreOpt
     if (st_out != (man.source_format == "safetensors"))
         throw BadInput(out, "the source was " + man.source_format +
                                 "; restore writes the source format (name the output accordingly)");
-    const auto bad = cr.damaged_datasets();
-    if (!bad.empty()) {
-        std::string s;
-        for (auto& b : bad) s += (s.empty() ? "" : ", ") + b;
-        throw CheckFailed(path + ": damaged dataset(s), checksum mismatch: " + s);
-    }
+    const auto bad = cr.damaged_datasets(false);  // /raw: checked as restore_raw reads it
+    if (!bad.empty()) damaged(cr, bad);
     Report rep("ckpt-restore", path, out, codec::kind_name(man.codec), man.tolerance, man.grad_bound);
     rep.file_bytes_in = io::InputFile(path).size();
     rep.rows = cr.rows();

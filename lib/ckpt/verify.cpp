@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <optional>
 
 #include "common/xxh3.h"
 #include "ckpt/decode.h"
@@ -30,53 +31,62 @@ namespace ckpt {
 namespace {
 
 /// The source file rebuilt from /raw with every moment storage left as a hole (zeros):
-/// enough to parse it again (pickle, zip records, step and parameter tensors). Removed
-/// when destroyed. Throws BadInput when the temporary cannot be written.
+/// enough to parse it again (pickle, zip records, step and parameter tensors). Filled
+/// span by span during check_integrity's pass over /raw (add, hole), then finish(). Removed
+/// when destroyed. Throws BadInput when the temporary cannot be created or written.
 class SourceSkeleton {
 public:
-    explicit SourceSkeleton(const ContainerReader& cr) {
+    SourceSkeleton() {
         std::string dir = std::filesystem::temp_directory_path().string();
         std::string tmpl = dir + "/ckptkit-verify-XXXXXX";
         const int fd = mkstemp(tmpl.data());
         if (fd < 0) throw BadInput(dir, "cannot create a temporary file to re-read the source");
         ::close(fd);
         path_ = tmpl;
-        try {
-            FileWriter w(path_);
-            const auto& man = cr.manifest();
-            uint64_t moment_end = 0;   // end of the last moment storage
-            for (const container::SourceSpan& sp : container::source_spans(man)) {
-                if (sp.moment) {
-                    w.skip(sp.size());
-                    moment_end = sp.end;
-                    continue;
-                }
-                cr.for_each_raw_piece(sp.begin, sp.end, [&](uint64_t, const uint8_t* p, std::size_t n) { w.write(p, n); });
-            }
-            if (moment_end == man.source_size && man.source_size > 0) {  // ends in a hole: give the file its size
+        guard([&] { w_.emplace(path_); });
+    }
+    ~SourceSkeleton() { if (!path_.empty()) ::unlink(path_.c_str()); }
+    SourceSkeleton(const SourceSkeleton&) = delete;
+    SourceSkeleton& operator=(const SourceSkeleton&) = delete;
+    void add(const uint8_t* p, std::size_t n) {
+        guard([&] { w_->write(p, n); });
+        if (n) ends_in_hole_ = false;
+    }
+    void hole(uint64_t n) {
+        guard([&] { w_->skip(n); });
+        if (n) ends_in_hole_ = true;
+    }
+    /// Close it at the source's size (a source that ends in a hole gets its last byte).
+    void finish(uint64_t source_size) {
+        guard([&] {
+            if (ends_in_hole_ && source_size > 0) {
                 const uint8_t zero = 0;
-                w.pwrite(man.source_size - 1, &zero, 1);
+                w_->pwrite(source_size - 1, &zero, 1);
             }
-            w.close();
+            w_->close();
+        });
+    }
+    const std::string& path() const { return path_; }
+
+private:
+    std::string path_;
+    std::optional<FileWriter> w_;
+    bool ends_in_hole_ = false;
+    template <class F>
+    void guard(F f) {
+        try {
+            f();
         } catch (const BadInput&) {
             throw;
         } catch (const std::runtime_error& e) {
             throw BadInput(path_, std::string("cannot write the temporary source copy: ") + e.what());
         }
     }
-    ~SourceSkeleton() { if (!path_.empty()) ::unlink(path_.c_str()); }
-    SourceSkeleton(const SourceSkeleton&) = delete;
-    SourceSkeleton& operator=(const SourceSkeleton&) = delete;
-    const std::string& path() const { return path_; }
-
-private:
-    std::string path_;
 };
 
 /// The plan the source implies, under the options the manifest records.
-Layout derive_layout(const ContainerReader& cr) {
+Layout derive_layout(const ContainerReader& cr, const SourceSkeleton& src) {
     const auto& man = cr.manifest();
-    const SourceSkeleton src(cr);
     CompressOptions o;
     o.tolerance = man.tolerance;
     o.grad_bound = man.grad_bound;
@@ -96,37 +106,64 @@ void add_failure(Report& rep, const std::string& s) {
     rep.ok = false;
 }
 
-/// Check 1, integrity: every dataset's checksum, and every tensor kept in /raw against its hash.
-void check_integrity(const ContainerReader& cr, Report& rep) {
+/// Check 1, integrity: every dataset's checksum, and every tensor kept in /raw against its
+/// hash, in one pass over /raw that also fills `skel` (when given; its failure is recorded
+/// in skel_error and the pass goes on without it).
+void check_integrity(const ContainerReader& cr, Report& rep, SourceSkeleton* skel, std::string& skel_error) {
     auto fail = [&](const std::string& s) { add_failure(rep, s); };
     const auto& man = cr.manifest();
-    for (const auto& d : cr.damaged_datasets()) fail("dataset " + d + ": checksum mismatch (damaged)");
-    uint64_t raw_checked = 0;
+    uint64_t raw_checked = 0, bad_tensors = 0;
+    std::string first_bad;
     const Xxh3State hash = make_xxh3();
     XXH3_state_t* h = hash.get();
-    for (const container::SourceSpan& sp : container::source_spans(man)) {
-        if (sp.moment || sp.storage < 0) continue;
-        const auto& s = man.storages[std::size_t(sp.storage)];
-        XXH3_64bits_reset(h);
+    auto skeleton = [&](auto f) {
+        if (!skel) return;
         try {
-            cr.for_each_raw_piece(sp.begin, sp.end, [&](uint64_t, const uint8_t* p, std::size_t n) { XXH3_64bits_update(h, p, n); });
-            if (XXH3_64bits_digest(h) != s.xxh3) fail(fmt::format("stored tensor at source offset {} ({} bytes): hash mismatch", s.offset, s.nbytes));
+            f();
         } catch (const BadInput& e) {
-            fail(fmt::format("stored tensor at source offset {}: {}", s.offset, e.what()));
+            skel_error = e.what();
+            skel = nullptr;
         }
-        ++raw_checked;
+    };
+    bool raw_ok = false;
+    try {
+        raw_ok = cr.scan_source(
+            [&](const container::SourceSpan& sp, uint64_t, const uint8_t* p, std::size_t n) {
+                if (sp.storage >= 0) XXH3_64bits_update(h, p, n);
+                skeleton([&] { skel->add(p, n); });
+            },
+            [&](const container::SourceSpan& sp) {
+                if (sp.moment) return skeleton([&] { skel->hole(sp.size()); });
+                if (sp.storage < 0) return;
+                const auto& s = man.storages[std::size_t(sp.storage)];
+                if (XXH3_64bits_digest(h) != s.xxh3 && !bad_tensors++)
+                    first_bad = fmt::format("stored tensor at source offset {} ({} bytes): hash mismatch", s.offset, s.nbytes);
+                XXH3_64bits_reset(h);
+                ++raw_checked;
+            });
+        skeleton([&] { skel->finish(man.source_size); });
+    } catch (const BadInput&) {
+        raw_ok = false;  // unreadable: damaged, as checksum_ok answers
+        if (skel) skel_error = "/raw cannot be read", skel = nullptr;
     }
+    if (!raw_ok) fail(std::string("dataset ") + container::kRaw + ": checksum mismatch (damaged)");
+    for (const auto& d : cr.damaged_datasets(false)) fail("dataset " + d + ": checksum mismatch (damaged)");
+    if (bad_tensors) fail(bad_tensors == 1 ? first_bad : fmt::format("{} (and {} more)", first_bad, bad_tensors - 1));
     rep.checks.push_back(fmt::format("integrity: all datasets and {} stored tensors hashed", raw_checked));
 }
 
-/// Check 2: the manifest agrees with the checkpoint's own state (the plan re-derived from
-/// the source bytes kept in /raw).
-void check_manifest(const ContainerReader& cr, Report& rep) {
+/// Check 2: the manifest agrees with the checkpoint's own state: the plan re-derived from
+/// the source bytes kept in /raw (skel), or, in compress's self-check, the plan compress
+/// made from the source itself (`planned`; /raw is those bytes when check 1 passed, and
+/// plan_layout reads no moment byte, so the re-derived plan would be this one).
+void check_manifest(const ContainerReader& cr, Report& rep, const SourceSkeleton* skel, const std::string& skel_error,
+                    const Layout* planned) {
     auto fail = [&](const std::string& s) { add_failure(rep, s); };
     const auto& man = cr.manifest();
     try {
-        const Layout derived = derive_layout(cr);
-        for (const auto& d : compare_layout(man, derived)) fail(d);
+        if (!planned && !skel) throw BadInput(cr.path(), skel_error);
+        const Layout derived = planned ? Layout{} : derive_layout(cr, *skel);
+        for (const auto& d : compare_layout(man, planned ? *planned : derived)) fail(d);
         if (rep.ok) rep.checks.push_back(fmt::format("manifest: {} coded states match the source's param_groups, step and storages", man.params.size()));
     } catch (const BadInput& ex) {
         fail(std::string("the source kept in the container cannot be re-read: ") + ex.what());
@@ -289,9 +326,15 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     rep.rows = cr.rows();
     rep.bits = cr.moment_bits();
     rep.escape_causes = cr.escape_causes();
-    check_integrity(cr, rep);                    // 1
+    std::optional<SourceSkeleton> skel;  // check 2's copy of the source, filled by check 1's pass
+    std::string skel_error;
+    if (!o.planned) {
+        try { skel.emplace(); } catch (const BadInput& e) { skel_error = e.what(); }
+    }
+    check_integrity(cr, rep, skel ? &*skel : nullptr, skel_error);  // 1
+    if (!skel_error.empty()) skel.reset();
     rep.groups = cr.groups();
-    if (rep.ok) check_manifest(cr, rep);         // 2
+    if (rep.ok) check_manifest(cr, rep, skel ? &*skel : nullptr, skel_error, o.planned);  // 2
     std::unique_ptr<io::InputFile> orig;
     if (o.original) orig = open_original(cr, o, rep);
     if (orig) compare_non_moment(cr, *orig, rep);  // 4, non-moment bytes

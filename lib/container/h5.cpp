@@ -393,4 +393,15 @@ bool DatasetReader::checksum_ok() const {
     return XXH3_64bits_digest(st) == want;
 }
 
+bool DatasetReader::checksum_matches(XXH3_state_t* h) const {
+    const uint64_t stored = count_ * elem_;
+    if (bytes_ < stored) {  // the padding as stored (Appender wrote zeros), hashed like checksum_ok
+        std::vector<unsigned char> last(elem_);
+        read(count_ - 1, 1, last.data());
+        const std::size_t pad = std::size_t(stored - bytes_);
+        XXH3_64bits_update(h, last.data() + (elem_ - pad), pad);
+    }
+    return XXH3_64bits_digest(h) == get_attr_u64(ds_.get(), "xxh3");
+}
+
 }  // namespace ckpt::container

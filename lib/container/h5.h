@@ -106,6 +106,10 @@ public:
     void read_bytes(uint64_t offset, uint64_t n, void* out) const;
     /// Stream the whole dataset and compare with its `xxh3` attribute.
     bool checksum_ok() const;
+    /// checksum_ok without a second pass, for a dataset of bytes whose bytes [0, bytes())
+    /// the caller fed, in order, to `h`: adds the stored padding of the last element and
+    /// compares. Throws when the dataset cannot be read.
+    bool checksum_matches(XXH3_state_t* h) const;
     const std::string& path() const { return path_; }
     uint64_t stored_bytes() const { return H5Dget_storage_size(ds_.get()); }  ///< compressed
 

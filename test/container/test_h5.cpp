@@ -90,3 +90,33 @@ TEST_CASE("shuffled datasets: Appender's bytes back through libhdf5 and through 
         }
     }
 }
+
+TEST_CASE("checksum_matches: one pass over a dataset's bytes gives checksum_ok's answer, padding included") {
+    TempDir td;
+    const std::string path = (td.path / "c.h5").string();
+    for (std::size_t size : {std::size_t(0), std::size_t(8), std::size_t(4099)}) {  // empty, whole elements, 3 bytes of padding
+        std::vector<unsigned char> bytes(size);
+        for (std::size_t i = 0; i < size; ++i) bytes[i] = (unsigned char)(i * 7 + 1);
+        {
+            Handle f = create_file(path);
+            Appender a(f.get(), "/raw", H5T_STD_U32LE, 4, 4096, 1, true);
+            a.append_bytes(bytes.data(), bytes.size());
+            a.finish();
+        }
+        Handle f = open_file(path);
+        const DatasetReader r(f.get(), "/raw", H5T_STD_U32LE, 4);
+        CHECK(r.checksum_ok());
+        auto matches = [&](const std::vector<unsigned char>& fed) {
+            const ckpt::Xxh3State h = ckpt::make_xxh3();
+            XXH3_64bits_update(h.get(), fed.data(), fed.size());
+            return r.checksum_matches(h.get());
+        };
+        CHECK(matches(bytes));
+        if (size) {
+            std::vector<unsigned char> other = bytes;
+            other[size / 2] ^= 1;
+            CHECK_FALSE(matches(other));
+            CHECK_FALSE(matches(std::vector<unsigned char>(bytes.begin(), bytes.end() - 1)));
+        }
+    }
+}
