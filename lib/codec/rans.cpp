@@ -44,8 +44,23 @@ void split_body(const uint16_t* __restrict codes, std::size_t n, uint8_t* __rest
     }
 }
 
+/// split_body's inverse for the decoder: each symbol's raw bit count and base value (the
+/// code with its raw bits zero), sym[0..n) into extra and base. Vectorisable likewise.
+template <class>
+void join_body(const uint8_t* __restrict sym, std::size_t n, uint8_t* __restrict extra, uint16_t* __restrict base) {
+    for (std::size_t i = 0; i < n; ++i) {
+        const uint32_t s = sym[i];
+        const uint32_t big = uint32_t(s >= 32);
+        const uint32_t e = ((s - 32) / 4 + 3) * big;  // symbols 32 + 4 (nb - 6) + t: nb - 3 raw bits
+        const uint32_t b = (4 | ((s - 32) & 3)) << e;  // the top bit and the two below it
+        extra[i] = uint8_t(e);
+        base[i] = uint16_t(s + (b - s) * big);
+    }
+}
+
 struct SplitTag {};  ///< CKPT_ISA_CLONES' template argument
 CKPT_ISA_CLONES(split_isa, split_body)
+CKPT_ISA_CLONES(join_isa, join_body)
 
 void put_varint(std::vector<uint8_t>& out, uint64_t v) {
     while (v >= 0x80) { out.push_back(uint8_t(v | 0x80)); v >>= 7; }
@@ -245,13 +260,10 @@ void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t*
     for (int s = 1; s < kSymbols; ++s) cum[s] = cum[s - 1] + f[s - 1];
     const std::size_t rest = std::size_t(c.end - c.p);
     if (rans_len < uint64_t(4 * S) || rans_len > rest || bits_len != rest - rans_len) Cursor::bad("stream sizes do not match the segment");
-    // per symbol: frequency, start, base value and raw-bit count; per slot: its symbol
-    struct Dec { uint32_t freq, cum, base, extra; };
+    // per symbol: frequency and start; per slot: its symbol
+    struct Dec { uint32_t freq, cum; };
     std::array<Dec, kSymbols> dec{};
-    for (int s = 0; s < kSymbols; ++s) {
-        const int e = s < 32 ? 0 : 6 + (s - 32) / 4 - 3;
-        dec[s] = {f[s], cum[s], s < 32 ? uint32_t(s) : uint32_t(4 | ((s - 32) & 3)) << e, uint32_t(e)};
-    }
+    for (int s = 0; s < kSymbols; ++s) dec[s] = {f[s], cum[s]};
     thread_local std::vector<uint8_t> lookup;
     lookup.resize(kProb);
     for (int s = 0; s < kSymbols; ++s) std::fill(lookup.begin() + cum[s], lookup.begin() + cum[s] + f[s], uint8_t(s));
@@ -310,29 +322,40 @@ void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t*
     };
     if (S == 2) symbols(std::integral_constant<int, 2>{});
     else symbols(std::integral_constant<int, 4>{});
-    // Pass 2: each code's raw low bits, LSB first from the bit position pos. While 8 bytes
-    // can be read at pos / 8, one unaligned load serves a code (<= 13 bits at a shift
-    // <= 7); the end of the stream goes byte by byte.
+    // Pass 2: each code's raw low bits, LSB first from the bit position pos. Each symbol's
+    // raw bit count and base value (vectorised, join_body); then while 8 bytes can be read
+    // at pos / 8, one unaligned load serves four codes (<= 52 bits at a shift <= 7); the
+    // end of the stream goes code by code, byte by byte.
+    thread_local std::vector<uint8_t> extra_buf;
+    thread_local std::vector<uint16_t> base_buf;
+    extra_buf.resize(n);
+    base_buf.resize(n);
+    const uint8_t* ex = extra_buf.data();
+    const uint16_t* bs = base_buf.data();
+    join_isa<SplitTag>(sym, n, extra_buf.data(), base_buf.data());
     const uint8_t* bp = rend;
     const uint64_t nb = bits_len * 8;
     uint64_t pos = 0;
     std::size_t i = 0;
     if (bits_len >= 8) {
         const uint64_t fast_end = (bits_len - 8) * 8;  // a load at pos / 8 stays inside while pos <= fast_end
-        for (; i < n && pos <= fast_end; ++i) {
-            const Dec& d = dec[sym[i]];
+        for (; i + 4 <= n && pos <= fast_end; i += 4) {
             uint64_t w;
             std::memcpy(&w, bp + (pos >> 3), 8);
-            codes[i] = uint16_t(d.base | uint32_t((w >> (pos & 7)) & ((uint64_t(1) << d.extra) - 1)));
-            pos += d.extra;
+            w >>= (pos & 7);
+            for (int k = 0; k < 4; ++k) {
+                const uint32_t e = ex[i + std::size_t(k)];
+                codes[i + std::size_t(k)] = uint16_t(bs[i + std::size_t(k)] | (w & ((1u << e) - 1)));
+                w >>= e;
+                pos += e;
+            }
         }
     }
     for (; i < n; ++i) {
-        const Dec& d = dec[sym[i]];
-        if (pos + d.extra > nb) Cursor::bad("raw bits truncated");
+        if (pos + ex[i] > nb) Cursor::bad("raw bits truncated");
         uint32_t v = 0;
-        for (uint32_t b = 0; b < d.extra; ++b, ++pos) v |= uint32_t((bp[pos >> 3] >> (pos & 7)) & 1) << b;
-        codes[i] = uint16_t(d.base | v);
+        for (uint32_t b = 0; b < ex[i]; ++b, ++pos) v |= uint32_t((bp[pos >> 3] >> (pos & 7)) & 1) << b;
+        codes[i] = uint16_t(bs[i] | v);
     }
     // every byte used, and the last one's unused high bits zero
     if ((pos + 7) / 8 != bits_len || (pos & 7 && bp[pos >> 3] >> (pos & 7))) Cursor::bad("trailing or inconsistent data");
