@@ -1,9 +1,11 @@
 #include "container/manifest.h"
 
 #include <nlohmann/json.hpp>
+#include <simdjson.h>
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 
 namespace ckpt::container {
@@ -18,36 +20,54 @@ using nlohmann::json;
 
 namespace {
 json num(double x) { return std::isfinite(x) ? json(x) : json(x > 0 ? "inf" : "-inf"); }
-double get_num(const json& j, const char* k) {
-    if (!j.contains(k)) throw std::runtime_error(std::string("manifest field '") + k + "' is missing");
-    const json& v = j.at(k);
-    if (v.is_number()) return v.get<double>();
-    if (v == "inf") return INFINITY;
-    throw std::runtime_error(std::string("manifest field '") + k + "' is not a number");
+
+// Reading: simdjson's DOM (the manifest of 10^5 parameters is tens of MB of JSON; nlohmann's
+// tree was most of a many-tensor verify). Each getter refuses a missing field or a wrong type
+// with the field's name; integers are range-checked, never wrapped or rounded.
+namespace dom = simdjson::dom;
+[[noreturn]] void bad_field(const char* k, const char* what) {
+    throw std::runtime_error(std::string("manifest field '") + k + "' " + what);
 }
-uint64_t get_u64(const json& j, const char* k) {
-    if (!j.contains(k) || !j.at(k).is_number_unsigned())
-        throw std::runtime_error(std::string("manifest field '") + k + "' is missing or not a count");
-    return j.at(k).get<uint64_t>();
+/// Field k of object j, or nullopt when absent (j not an object: absent too).
+std::optional<dom::element> field(dom::element j, const char* k) {
+    dom::element v;
+    if (j.at_key(k).get(v) != simdjson::SUCCESS) return std::nullopt;
+    return v;
 }
-int64_t get_i64(const json& j, const char* k) {
-    if (!j.contains(k) || !j.at(k).is_number_integer())
-        throw std::runtime_error(std::string("manifest field '") + k + "' is missing or not an integer");
-    if (j.at(k).is_number_unsigned() && j.at(k).get<uint64_t>() > uint64_t(INT64_MAX))
-        throw std::runtime_error(std::string("manifest field '") + k + "' is out of range");
-    return j.at(k).get<int64_t>();
+double get_num(dom::element j, const char* k) {
+    const auto v = field(j, k);
+    if (!v) bad_field(k, "is missing");
+    double d;
+    if (v->get_double().get(d) == simdjson::SUCCESS) return d;
+    std::string_view sv;
+    if (v->get_string().get(sv) == simdjson::SUCCESS && sv == "inf") return INFINITY;
+    bad_field(k, "is not a number");
+}
+uint64_t get_u64(dom::element j, const char* k) {
+    const auto v = field(j, k);
+    uint64_t x;
+    if (!v || v->get_uint64().get(x) != simdjson::SUCCESS) bad_field(k, "is missing or not a count");
+    return x;
+}
+int64_t get_i64(dom::element j, const char* k) {
+    const auto v = field(j, k);
+    if (!v || !(v->is_int64() || v->is_uint64())) bad_field(k, "is missing or not an integer");
+    int64_t x;
+    if (v->get_int64().get(x) != simdjson::SUCCESS) bad_field(k, "is out of range");  // above 2^63 - 1
+    return x;
 }
 /// An integer field that must fit an int (indices, versions, sizes in blocks): a larger
 /// value is refused, never wrapped into range.
-int get_int(const json& j, const char* k) {
+int get_int(dom::element j, const char* k) {
     const int64_t v = get_i64(j, k);
-    if (v < INT32_MIN || v > INT32_MAX) throw std::runtime_error(std::string("manifest field '") + k + "' is out of range");
+    if (v < INT32_MIN || v > INT32_MAX) bad_field(k, "is out of range");
     return int(v);
 }
-std::string get_str(const json& j, const char* k) {
-    if (!j.contains(k) || !j.at(k).is_string())
-        throw std::runtime_error(std::string("manifest field '") + k + "' is missing or not a string");
-    return j.at(k).get<std::string>();
+std::string get_str(dom::element j, const char* k) {
+    const auto v = field(j, k);
+    std::string_view sv;
+    if (!v || v->get_string().get(sv) != simdjson::SUCCESS) bad_field(k, "is missing or not a string");
+    return std::string(sv);
 }
 /// The moment float type spelled `s` (F32, F16, BF16); nullopt for any other spelling.
 std::optional<DType> moment_dtype(const std::string& s) {
@@ -55,10 +75,11 @@ std::optional<DType> moment_dtype(const std::string& s) {
     if (d && float_dtype_size(*d) != 0) return d;
     return std::nullopt;
 }
-bool get_bool(const json& j, const char* k) {
-    if (!j.contains(k) || !j.at(k).is_boolean())
-        throw std::runtime_error(std::string("manifest field '") + k + "' is missing or not a boolean");
-    return j.at(k).get<bool>();
+bool get_bool(dom::element j, const char* k) {
+    const auto v = field(j, k);
+    bool x;
+    if (!v || v->get_bool().get(x) != simdjson::SUCCESS) bad_field(k, "is missing or not a boolean");
+    return x;
 }
 }  // namespace
 
@@ -152,17 +173,19 @@ namespace {
 
 /// The header fields: format, version, tool, source, codec, block, tolerance, grad bound,
 /// optimizer and param bound.
-void parse_header(const json& j, Manifest& m) {
-    if (!j.is_object() || j.value("format", "") != "ckptkit-container")
+void parse_header(dom::element j, Manifest& m) {
+    std::string_view format;
+    if (!j.is_object() || !field(j, "format") || field(j, "format")->get_string().get(format) || format != "ckptkit-container")
         throw std::runtime_error("manifest is not a ckptkit container manifest");
     m.format_version = get_int(j, "format_version");
     if (m.format_version < kOldestFormatVersion || m.format_version > kFormatVersion)
         throw std::runtime_error("container format version " + std::to_string(m.format_version) + " is not supported");
     m.tool_version = get_str(j, "tool_version");
-    if (!j.contains("source") || !j["source"].is_object()) throw std::runtime_error("manifest field 'source' is missing");
-    m.source_format = get_str(j["source"], "format");
-    m.source_name = get_str(j["source"], "name");
-    m.source_size = get_u64(j["source"], "size");
+    const auto src = field(j, "source");
+    if (!src || !src->is_object()) throw std::runtime_error("manifest field 'source' is missing");
+    m.source_format = get_str(*src, "format");
+    m.source_name = get_str(*src, "name");
+    m.source_size = get_u64(*src, "size");
     try {
         m.codec = codec::kind_from_name(get_str(j, "codec"));
     } catch (const std::invalid_argument& e) {
@@ -176,24 +199,26 @@ void parse_header(const json& j, Manifest& m) {
     m.grad_bound = get_num(j, "grad_bound");
     if (!(m.tolerance > 0) || !(m.grad_bound > 0)) throw std::runtime_error("manifest tolerance/grad_bound must be positive");
     m.optimizer = get_str(j, "optimizer");
-    if (j.contains("param_bound")) {
+    if (field(j, "param_bound")) {
         m.param_bound = get_num(j, "param_bound");
         if (!(m.param_bound == -1 || m.param_bound >= 0)) throw std::runtime_error("manifest param_bound is invalid");
     }
 }
 
 /// The optional list of states kept exact.
-void parse_kept(const json& j, Manifest& m) {
-    if (!j.contains("kept")) return;
-    if (!j["kept"].is_array()) throw std::runtime_error("manifest field 'kept' is not a list");
-    for (const auto& k : j["kept"]) {
+void parse_kept(dom::element j, Manifest& m) {
+    const auto kept = field(j, "kept");
+    if (!kept) return;
+    dom::array a;
+    if (kept->get_array().get(a)) throw std::runtime_error("manifest field 'kept' is not a list");
+    for (dom::element k : a) {
         if (!k.is_object()) throw std::runtime_error("manifest kept entry is not an object");
         m.kept.push_back({get_str(k, "name"), get_u64(k, "values"), get_u64(k, "nbytes"), get_str(k, "note")});
     }
 }
 
 /// Adam's hyper-parameters: finite, and in torch.optim.Adam's own argument ranges.
-codec::AdamHyper parse_hyper(const json& h, const std::string& name) {
+codec::AdamHyper parse_hyper(dom::element h, const std::string& name) {
     codec::AdamHyper hy;
     hy.lr = get_num(h, "lr");
     hy.beta1 = get_num(h, "beta1");
@@ -214,15 +239,18 @@ codec::AdamHyper parse_hyper(const json& h, const std::string& name) {
 }
 
 /// The optional shape of a parameter: integers in [0, 2^40] whose product is numel.
-std::vector<int64_t> parse_shape(const json& p, const std::string& name, uint64_t numel) {
+std::vector<int64_t> parse_shape(dom::element p, const std::string& name, uint64_t numel) {
     std::vector<int64_t> shape;
-    if (!p.contains("shape")) return shape;
-    if (!p["shape"].is_array()) throw std::runtime_error("param " + name + ": shape malformed");
+    const auto sh = field(p, "shape");
+    if (!sh) return shape;
+    dom::array a;
+    if (sh->get_array().get(a)) throw std::runtime_error("param " + name + ": shape malformed");
     int64_t n = 1;
-    for (const auto& d : p["shape"]) {
-        if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t(1) << 40))
+    for (dom::element d : a) {
+        int64_t x;
+        if (!(d.is_int64() || d.is_uint64()) || d.get_int64().get(x) || x < 0 || x > (int64_t(1) << 40))
             throw std::runtime_error("param " + name + ": shape malformed");
-        shape.push_back(d.get<int64_t>());
+        shape.push_back(x);
         n = std::min<int64_t>(n * shape.back(), int64_t(1) << 62);
     }
     if (uint64_t(n) != numel) throw std::runtime_error("param " + name + ": shape does not match numel");
@@ -230,7 +258,7 @@ std::vector<int64_t> parse_shape(const json& p, const std::string& name, uint64_
 }
 
 /// One params entry, each field checked on its own (cross-references: Manifest::validate).
-ParamEntry parse_param(const json& p, double grad_bound) {
+ParamEntry parse_param(dom::element p, double grad_bound) {
     if (!p.is_object()) throw std::runtime_error("manifest param entry is not an object");
     ParamEntry e;
     e.name = get_str(p, "name");
@@ -238,17 +266,18 @@ ParamEntry parse_param(const json& p, double grad_bound) {
     const std::optional<DType> dtype = moment_dtype(get_str(p, "dtype"));
     if (!dtype) throw std::runtime_error("param " + e.name + ": bad dtype");
     e.dtype = *dtype;
-    if (!p.contains("hyper") || !p["hyper"].is_object() || !p.contains("domain") || !p["domain"].is_object())
+    const auto hyper = field(p, "hyper"), domain = field(p, "domain");
+    if (!hyper || !hyper->is_object() || !domain || !domain->is_object())
         throw std::runtime_error("param " + e.name + ": hyper/domain missing");
-    e.hyper = parse_hyper(p["hyper"], e.name);
-    e.domain.l2 = get_bool(p["domain"], "l2");
-    e.domain.plain = get_bool(p["domain"], "plain");
-    e.domain.theta_bound = get_num(p["domain"], "theta_bound");
+    e.hyper = parse_hyper(*hyper, e.name);
+    e.domain.l2 = get_bool(*domain, "l2");
+    e.domain.plain = get_bool(*domain, "plain");
+    e.domain.theta_bound = get_num(*domain, "theta_bound");
     e.domain.grad_bound = grad_bound;
     e.domain.weight_decay = e.hyper.weight_decay;
     e.theta_storage = get_i64(p, "theta_storage");
     const std::string theta_dtype = get_str(p, "theta_dtype");
-    if (p.contains("theta_candidates")) e.theta_candidates = get_int(p, "theta_candidates");
+    if (field(p, "theta_candidates")) e.theta_candidates = get_int(p, "theta_candidates");
     e.shape = parse_shape(p, e.name, e.numel);
     if (!theta_dtype.empty()) e.theta_dtype = moment_dtype(theta_dtype);
     if (e.theta_storage >= 0 ? !e.theta_dtype : !theta_dtype.empty())
@@ -258,37 +287,36 @@ ParamEntry parse_param(const json& p, double grad_bound) {
     e.escape_offset = get_u64(p, "escape_offset");
     e.escapes = get_u64(p, "escapes");
     e.max_bound = get_num(p, "max_bound");
-    if (p.contains("row_predict")) {
-        if (!p["row_predict"].is_boolean()) throw std::runtime_error("param " + e.name + ": row_predict is not a boolean");
-        e.row_predict = p["row_predict"].get<bool>();
+    if (const auto rp = field(p, "row_predict")) {
+        if (rp->get_bool().get(e.row_predict)) throw std::runtime_error("param " + e.name + ": row_predict is not a boolean");
     }
-    if (p.contains("escape_causes")) {
-        const json& c = p["escape_causes"];
-        if (!c.is_object()) throw std::runtime_error("param " + e.name + ": escape_causes malformed");
+    if (const auto c = field(p, "escape_causes")) {
+        if (!c->is_object()) throw std::runtime_error("param " + e.name + ": escape_causes malformed");
         const char* names[3] = {"no_code", "certificate", "non_finite"};
         uint64_t sum = 0;
         for (int k = 0; k < 3; ++k) {
-            e.escape_causes[std::size_t(k)] = get_u64(c, names[k]);
+            e.escape_causes[std::size_t(k)] = get_u64(*c, names[k]);
             if (e.escape_causes[std::size_t(k)] > e.escapes) throw std::runtime_error("param " + e.name + ": escape_causes exceed escapes");
             sum += e.escape_causes[std::size_t(k)];
         }
         if (sum > e.escapes) throw std::runtime_error("param " + e.name + ": escape_causes add up to more than escapes");
     }
-    if (!p.contains("storage") || !p["storage"].is_array() || p["storage"].size() != 3)
-        throw std::runtime_error("param " + e.name + ": storage list malformed");
-    for (int r = 0; r < 3; ++r) {
-        const json& x = p["storage"][r];
-        if (!x.is_number_integer() || (x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT32_MAX)) ||
-            (!x.is_number_unsigned() && (x.get<int64_t>() < INT32_MIN || x.get<int64_t>() > INT32_MAX)))
+    const auto st = field(p, "storage");
+    dom::array sa;
+    if (!st || st->get_array().get(sa) || sa.size() != 3) throw std::runtime_error("param " + e.name + ": storage list malformed");
+    int r = 0;
+    for (dom::element x : sa) {
+        int64_t v;
+        if (!(x.is_int64() || x.is_uint64()) || x.get_int64().get(v) || v < INT32_MIN || v > INT32_MAX)
             throw std::runtime_error("param " + e.name + ": storage index malformed");
-        e.storage[r] = int(x.get<int64_t>());
+        e.storage[r++] = int(v);
     }
     if (e.escapes > e.numel) throw std::runtime_error("param " + e.name + ": more escapes than values");
     return e;
 }
 
 /// One storages entry, its fields' types (ranges and indices: Manifest::validate).
-StorageEntry parse_storage(const json& s) {
+StorageEntry parse_storage(dom::element s) {
     if (!s.is_object()) throw std::runtime_error("manifest storage entry is not an object");
     StorageEntry e;
     e.offset = get_u64(s, "offset");
@@ -296,10 +324,13 @@ StorageEntry parse_storage(const json& s) {
     e.xxh3 = get_u64(s, "xxh3");
     e.param = get_int(s, "param");
     e.role = get_int(s, "role");
-    if (!s.contains("crc_offsets") || !s["crc_offsets"].is_array()) throw std::runtime_error("storage crc_offsets malformed");
-    for (const auto& c : s["crc_offsets"]) {
-        if (!c.is_number_unsigned()) throw std::runtime_error("storage crc offset out of range");
-        e.crc_offsets.push_back(c.get<uint64_t>());
+    const auto co = field(s, "crc_offsets");
+    dom::array a;
+    if (!co || co->get_array().get(a)) throw std::runtime_error("storage crc_offsets malformed");
+    for (dom::element c : a) {
+        uint64_t v;
+        if (c.get_uint64().get(v)) throw std::runtime_error("storage crc offset out of range");
+        e.crc_offsets.push_back(v);
     }
     return e;
 }
@@ -307,19 +338,21 @@ StorageEntry parse_storage(const json& s) {
 }  // namespace
 
 Manifest Manifest::parse(const std::string& text) {
-    json j;
-    try {
-        j = json::parse(text);
-    } catch (const std::exception& e) {
-        throw std::runtime_error(std::string("manifest is not valid JSON: ") + e.what());
-    }
+    dom::parser parser;
+    dom::element j;
+    if (const auto err = parser.parse(text).get(j))
+        throw std::runtime_error(std::string("manifest is not valid JSON: ") + simdjson::error_message(err));
     Manifest m;
     parse_header(j, m);
-    if (!j.contains("storages") || !j["storages"].is_array() || !j.contains("params") || !j["params"].is_array())
+    dom::array params, storages;
+    if (!field(j, "storages") || field(j, "storages")->get_array().get(storages) || !field(j, "params") ||
+        field(j, "params")->get_array().get(params))
         throw std::runtime_error("manifest lacks 'storages' or 'params'");
     parse_kept(j, m);
-    for (const auto& p : j["params"]) m.params.push_back(parse_param(p, m.grad_bound));
-    for (const auto& s : j["storages"]) m.storages.push_back(parse_storage(s));
+    m.params.reserve(params.size());
+    for (dom::element p : params) m.params.push_back(parse_param(p, m.grad_bound));
+    m.storages.reserve(storages.size());
+    for (dom::element s : storages) m.storages.push_back(parse_storage(s));
     return m;
 }
 
@@ -386,7 +419,9 @@ Manifest read_manifest(hid_t file) {
     DatasetReader r(file, kManifestPath, H5T_NATIVE_UINT8, 1);
     if (r.count() > (256u << 20)) throw std::runtime_error("manifest is larger than 256 MiB");
     if (!r.checksum_ok()) throw std::runtime_error("manifest checksum mismatch (damaged)");
-    std::string j(r.count(), '\0');
+    std::string j;
+    j.reserve(r.count() + simdjson::SIMDJSON_PADDING);  // room for simdjson's padding: no copy of the text
+    j.resize(r.count());
     r.read(0, r.count(), j.data());
     Manifest m = Manifest::from_json(j);
     if (uint64_t(m.format_version) != version)
