@@ -1,5 +1,6 @@
 #include "container/manifest.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <simdjson.h>
 
@@ -99,33 +100,51 @@ codec::TensorSetup tensor_setup(const ParamEntry& e, codec::Kind kind, double to
 
 namespace {
 
-/// One "params" entry as JSON.
-json param_json(const ParamEntry& p) {
+/// JSON text of a number or string as nlohmann's dump writes it (shortest round-trip
+/// doubles, null for non-finite ones; escaped strings).
+template <class T>
+std::string dump_value(const T& x) { return json(x).dump(); }
+
+/// One "params" entry as compact JSON with sorted keys: byte for byte nlohmann's dump of
+/// the same object (numbers and strings formatted by nlohmann itself), without building
+/// its tree (which was most of writing and sizing the manifest of many parameters).
+std::string param_json(const ParamEntry& p) {
     const auto& h = p.hyper;
-    return {{"name", p.name}, {"numel", p.numel}, {"shape", p.shape}, {"dtype", dtype_name(p.dtype)},
-            {"hyper", {{"lr", h.lr}, {"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps},
-                       {"weight_decay", h.weight_decay}, {"amsgrad", h.amsgrad},
-                       {"maximize", h.maximize}, {"step", h.step}}},
-            {"domain", {{"l2", p.domain.l2}, {"plain", p.domain.plain}, {"theta_bound", p.domain.theta_bound}}},
-            {"theta_storage", p.theta_storage}, {"theta_dtype", p.theta_dtype ? dtype_name(*p.theta_dtype) : ""},
-            {"theta_candidates", p.theta_candidates},
-            {"code_offset", p.code_offset}, {"block_offset", p.block_offset},
-            {"escape_offset", p.escape_offset}, {"escapes", p.escapes},
-            {"max_bound", p.max_bound},
-            {"escape_causes", {{"no_code", p.escape_causes[0]}, {"certificate", p.escape_causes[1]},
-                               {"non_finite", p.escape_causes[2]}}},
-            {"row_predict", p.row_predict},
-            {"storage", {p.storage[0], p.storage[1], p.storage[2]}}};
+    auto b = [](bool x) { return x ? "true" : "false"; };
+    std::string shape = "[";
+    for (std::size_t i = 0; i < p.shape.size(); ++i) shape += (i ? "," : "") + std::to_string(p.shape[i]);
+    shape += "]";
+    return fmt::format(
+        "{{\"block_offset\":{},\"code_offset\":{},\"domain\":{{\"l2\":{},\"plain\":{},\"theta_bound\":{}}},"
+        "\"dtype\":{},\"escape_causes\":{{\"certificate\":{},\"no_code\":{},\"non_finite\":{}}},"
+        "\"escape_offset\":{},\"escapes\":{},\"hyper\":{{\"amsgrad\":{},\"beta1\":{},\"beta2\":{},\"eps\":{},"
+        "\"lr\":{},\"maximize\":{},\"step\":{},\"weight_decay\":{}}},\"max_bound\":{},\"name\":{},\"numel\":{},"
+        "\"row_predict\":{},\"shape\":{},\"storage\":[{},{},{}],\"theta_candidates\":{},\"theta_dtype\":{},"
+        "\"theta_storage\":{}}}",
+        p.block_offset, p.code_offset, b(p.domain.l2), b(p.domain.plain), dump_value(p.domain.theta_bound),
+        dump_value(dtype_name(p.dtype)), p.escape_causes[1], p.escape_causes[0], p.escape_causes[2], p.escape_offset,
+        p.escapes, b(h.amsgrad), dump_value(h.beta1), dump_value(h.beta2), dump_value(h.eps), dump_value(h.lr),
+        b(h.maximize), dump_value(h.step), dump_value(h.weight_decay), dump_value(p.max_bound), dump_value(p.name),
+        p.numel, b(p.row_predict), shape, p.storage[0], p.storage[1], p.storage[2], p.theta_candidates,
+        dump_value(p.theta_dtype ? dtype_name(*p.theta_dtype) : ""), p.theta_storage);
 }
 
-/// A JSON array dumped element by element (the same bytes as dumping a json array of
-/// them, without holding every element's tree at once).
+/// One "storages" entry likewise (integers only).
+std::string storage_json(const StorageEntry& s) {
+    std::string crc = "[";
+    for (std::size_t i = 0; i < s.crc_offsets.size(); ++i) crc += (i ? "," : "") + std::to_string(s.crc_offsets[i]);
+    crc += "]";
+    return fmt::format("{{\"crc_offsets\":{},\"nbytes\":{},\"offset\":{},\"param\":{},\"role\":{},\"xxh3\":{}}}", crc,
+                       s.nbytes, s.offset, s.param, s.role, s.xxh3);
+}
+
+/// A JSON array written element by element (to_json gives each element's compact text).
 template <class T, class F>
 std::string dump_array(const std::vector<T>& items, F to_json) {
     std::string out = "[";
     for (std::size_t i = 0; i < items.size(); ++i) {
         if (i) out += ',';
-        out += to_json(items[i]).dump();
+        out += to_json(items[i]);
     }
     return out + "]";
 }
@@ -158,13 +177,10 @@ std::string Manifest::to_json() const {
         text.replace(at + pattern.size() - 2, 2, array);
     };
     // later keys first, so earlier positions stay valid: kept < params < storages
-    splice("storages", dump_array(storages, [](const StorageEntry& s) {
-        return json{{"offset", s.offset}, {"nbytes", s.nbytes}, {"xxh3", s.xxh3},
-                    {"param", s.param}, {"role", s.role}, {"crc_offsets", s.crc_offsets}};
-    }));
+    splice("storages", dump_array(storages, storage_json));
     splice("params", dump_array(params, param_json));
     splice("kept", dump_array(kept, [](const KeptEntry& k) {
-        return json{{"name", k.name}, {"values", k.values}, {"nbytes", k.nbytes}, {"note", k.note}};
+        return json{{"name", k.name}, {"values", k.values}, {"nbytes", k.nbytes}, {"note", k.note}}.dump();
     }));
     return text;
 }
@@ -458,7 +474,7 @@ uint64_t param_metadata_bytes(const Manifest& m, uint64_t stored, uint64_t text_
     // the text of a manifest holding only the params: an empty one's plus each param's
     // dump and the commas between them (the dump is compact)
     uint64_t params_text = Manifest().to_json().size() + (m.params.size() - 1);
-    for (const auto& p : m.params) params_text += param_json(p).dump().size();
+    for (const auto& p : m.params) params_text += param_json(p).size();
     const double share = double(params_text) / double(text_bytes);
     return uint64_t(std::llround(double(stored) * std::min(1.0, share)));
 }
