@@ -3,7 +3,7 @@
 #include "ckpt/folder_dcp.h"
 
 #include <fmt/format.h>
-#include <zlib.h>
+#include <isa-l/crc.h>
 
 #include <algorithm>
 #include <cmath>
@@ -147,12 +147,12 @@ bool to_json(const Value& v, json& out) {
 }
 
 /// Stream bytes [off, off+n) of `f` to `w`, updating `crc` when given.
-void copy_range(const io::InputFile& f, uint64_t off, uint64_t n, FileWriter& w, uLong* crc) {
+void copy_range(const io::InputFile& f, uint64_t off, uint64_t n, FileWriter& w, uint32_t* crc) {
     std::vector<char> buf;
     for (uint64_t i = 0; i < n; i += kPiece) {
         buf.resize(std::size_t(std::min(kPiece, n - i)));
         f.read_at(off + i, buf.data(), buf.size(), "range");
-        if (crc) *crc = crc32_z(*crc, reinterpret_cast<const Bytef*>(buf.data()), buf.size());
+        if (crc) *crc = crc32_gzip_refl(*crc, reinterpret_cast<const unsigned char*>(buf.data()), buf.size());
         w.write(buf.data(), buf.size());
     }
 }
@@ -381,7 +381,7 @@ void rebuild_from_shell(const std::string& shell, const DcpFile& df, const std::
             const uint64_t n = c.offset - orig;
             copy_range(sh, spos, n, w, nullptr);
             spos += n;
-            uLong crc = crc32(0, nullptr, 0);
+            uint32_t crc = 0;  // zip's CRC-32, chained (crc32_gzip_refl)
             copy_range(mf, s->second->file_offset, c.length, w, &crc);
             for (uint64_t o : c.crc_offsets) crcs.push_back({o, uint32_t(crc)});
             orig = c.offset + c.length;

@@ -1,7 +1,8 @@
 // ckpt-restore: the source file rebuilt in its own format. Raw bytes are written in file
 // order, moment storages are decoded chunk by chunk and written in place, zip CRC-32
-// fields of changed entries are recomputed (zlib) and patched.
-#include <zlib.h>
+// fields of changed entries are recomputed (ISA-L's crc32_gzip_refl: zlib's crc32, with
+// carry-less multiplication) and patched.
+#include <isa-l/crc.h>
 
 
 #include <algorithm>
@@ -72,7 +73,7 @@ void restore_moments(const ContainerReader& cr, FileWriter& w, Progress& prog) {
     for (std::size_t j = 0; j < man.params.size(); ++j) {
         const auto& e = man.params[j];
         const std::size_t es = float_dtype_size(e.dtype);
-        uLong crc[3] = {crc32(0, nullptr, 0), crc32(0, nullptr, 0), crc32(0, nullptr, 0)};
+        uint32_t crc[3] = {0, 0, 0};  // zip's CRC-32 (ISO-HDLC), chained over the chunks
         cr.for_each_chunk(j, 1 << 20, ContainerReader::Want::Values, [&](const ContainerReader::Chunk& c) {
             for (int k = 0; k < e.moments(); ++k) {
                 bytes.resize(c.n * es);
@@ -81,7 +82,7 @@ void restore_moments(const ContainerReader& cr, FileWriter& w, Progress& prog) {
                     store_bits(e.dtype, c.escaped_bits[k][q], bytes.data(), c.escaped[q]);
                 const auto& st = man.storages[std::size_t(e.storage[k])];
                 w.pwrite(st.offset + c.begin * es, bytes.data(), bytes.size());
-                crc[k] = crc32_z(crc[k], bytes.data(), bytes.size());
+                crc[k] = crc32_gzip_refl(crc[k], bytes.data(), bytes.size());
                 prog.advance(bytes.size());
             }
         });
