@@ -71,8 +71,18 @@ __attribute__((always_inline)) inline void grid_loop_fast(const GridState& g, do
                 points[j] += codec::flag_hd(in_p) + codec::flag_hd(in_q);
             }
             const bool better = m * best_p[j] > best_n[j] * p;  // false on the padding (p NaN)
-            best_n[j] = better ? m : best_n[j];
-            best_p[j] = better ? p : best_p[j];
+            // the new best by bit masks, not a select: GCC made the select a masked store
+            // plus a branch, and the next vector's load of best_n then waited on that store
+            const uint64_t keep = uint64_t(better) - 1;  // all ones: keep the old best
+            uint64_t mb, pb, ob, opb;
+            std::memcpy(&mb, &m, 8);
+            std::memcpy(&pb, &p, 8);
+            std::memcpy(&ob, &best_n[j], 8);
+            std::memcpy(&opb, &best_p[j], 8);
+            mb = (mb & ~keep) | (ob & keep);
+            pb = (pb & ~keep) | (opb & keep);
+            std::memcpy(&best_n[j], &mb, 8);
+            std::memcpy(&best_p[j], &pb, 8);
         }
     for (int j = 0; j < kLanes; ++j) {
         const double w = best_n[j] / best_p[j] * g.inv_bc1;
