@@ -33,22 +33,27 @@ struct GridState {  // the two states' per-coordinate constants
     __attribute__((always_inline)) double d2_at(double t) const { return d(c2, x2, t); }
 };
 
-/// kSymmetric (domain [-h, h], h >= 0, or the whole line): every grid t is >= 0 >= lo, so
+/// The fast loops. kScreen: only whether some point has |N| > thr P (thr = min(the bound,
+/// a known max)), noted in r.over, and the points inside counted; no per-lane best. With
+/// kSymmetric (domain [-h, h], h >= 0, or the whole line) every grid t is >= 0 >= lo, so
 /// +t and -t are both inside exactly when t <= h, and max(|A + B|, |A - B|) = |A| + |B|
 /// (the same double: the sum of two same-signed values rounds the same way), where
-/// N(+-t) = A +- B, A = a1 D2 - a2 D1, B = e1 t (D2 - D1). It records only whether some
-/// point is over; grid_check then counts them with kSymmetric = false, whose max is the same.
-template <bool kFactored, bool kSymmetric>
+/// N(+-t) = A +- B, A = a1 D2 - a2 D1, B = e1 t (D2 - D1). Not kScreen (the full loop, any
+/// domain): every point over the bound counted and each lane's best point kept.
+template <bool kFactored, bool kSymmetric, bool kScreen>
 __attribute__((always_inline)) inline void grid_loop_fast(const GridState& g, double lo, double hi, double scale,
-                                                          double bound, const GridPoints& grid, GridResult& r) {
+                                                          double bound, double thr, const GridPoints& grid, GridResult& r) {
+    static_assert(kScreen || !kSymmetric, "the full loop counts +t and -t apart");
     const double* mult = grid.mult.data();
     const double* root = grid.root.data();
     const int n = int(grid.mult.size());
     const double bb = bound / g.inv_bc1;
-    // per lane: the best |N| and its P, and the counts as doubles (exact below 2^53): every
-    // lane of the loop is then 64-bit, with no mask-width conversions
-    double best_n[kLanes], best_p[kLanes], over[kLanes], points[kLanes];
-    for (int j = 0; j < kLanes; ++j) { best_n[j] = 0; best_p[j] = 1; over[j] = 0; points[j] = 0; }
+    // per lane: the best |N| and its P (as bits), and the counts as doubles (exact below
+    // 2^53): every lane of the loop is then 64-bit, with no mask-width conversions
+    uint64_t best_n[kLanes], best_p[kLanes];
+    double over[kLanes], points[kLanes];
+    const double one = 1;
+    for (int j = 0; j < kLanes; ++j) { best_n[j] = 0; std::memcpy(&best_p[j], &one, 8); over[j] = 0; points[j] = 0; }
     for (int k0 = 0; k0 < n; k0 += kLanes)
         for (int j = 0; j < kLanes; ++j) {  // one vector of kLanes points; lanes carry through memory
             const int k = k0 + j;
@@ -56,39 +61,50 @@ __attribute__((always_inline)) inline void grid_loop_fast(const GridState& g, do
             const double d1 = g.d1_at<kFactored>(t, scale, root[k]), d2 = g.d2_at(t);
             const double p = d1 * d2;
             const double a = g.a1 * d2 - g.a2 * d1, b = g.e1 * t * (d2 - d1);
-            const double lim = bb * p;
-            double m;
-            if constexpr (kSymmetric) {
-                const double in = codec::flag_hd(t <= hi);
-                m = (std::fabs(a) + std::fabs(b)) * in;  // NaN on the padding
-                over[j] += codec::flag_hd(m > lim);
-                points[j] += 2 * in;
+            if constexpr (kScreen) {
+                const double lim = thr * p;
+                if constexpr (kSymmetric) {
+                    const double in = codec::flag_hd(t <= hi);
+                    const double m = (std::fabs(a) + std::fabs(b)) * in;  // NaN on the padding
+                    over[j] += codec::flag_hd(m > lim);
+                    points[j] += 2 * in;
+                } else {
+                    const bool in_p = (t >= lo) & (t <= hi), in_q = (-t >= lo) & (-t <= hi);
+                    const double mp = in_p ? std::fabs(a + b) : 0.0, mq = in_q ? std::fabs(a - b) : 0.0;
+                    over[j] += codec::flag_hd((mp > lim) | (mq > lim));
+                    points[j] += codec::flag_hd(in_p) + codec::flag_hd(in_q);
+                }
             } else {
+                const double lim = bb * p;
                 const bool in_p = (t >= lo) & (t <= hi), in_q = (-t >= lo) & (-t <= hi);
                 const double mp = in_p ? std::fabs(a + b) : 0.0, mq = in_q ? std::fabs(a - b) : 0.0;
-                m = mp > mq ? mp : mq;
+                const double m = mp > mq ? mp : mq;
                 over[j] += codec::flag_hd(mp > lim) + codec::flag_hd(mq > lim);
                 points[j] += codec::flag_hd(in_p) + codec::flag_hd(in_q);
+                double bn, bp;
+                std::memcpy(&bn, &best_n[j], 8);
+                std::memcpy(&bp, &best_p[j], 8);
+                const bool better = m * bp > bn * p;  // false on the padding (p NaN)
+                // the new best by bit masks, not a select: GCC made the select a masked
+                // store plus a branch, and the next vector's load of best_n waited on it
+                const uint64_t keep = uint64_t(better) - 1;  // all ones: keep the old best
+                uint64_t mb, pb;
+                std::memcpy(&mb, &m, 8);
+                std::memcpy(&pb, &p, 8);
+                best_n[j] = (mb & ~keep) | (best_n[j] & keep);
+                best_p[j] = (pb & ~keep) | (best_p[j] & keep);
             }
-            const bool better = m * best_p[j] > best_n[j] * p;  // false on the padding (p NaN)
-            // the new best by bit masks, not a select: GCC made the select a masked store
-            // plus a branch, and the next vector's load of best_n then waited on that store
-            const uint64_t keep = uint64_t(better) - 1;  // all ones: keep the old best
-            uint64_t mb, pb, ob, opb;
-            std::memcpy(&mb, &m, 8);
-            std::memcpy(&pb, &p, 8);
-            std::memcpy(&ob, &best_n[j], 8);
-            std::memcpy(&opb, &best_p[j], 8);
-            mb = (mb & ~keep) | (ob & keep);
-            pb = (pb & ~keep) | (opb & keep);
-            std::memcpy(&best_n[j], &mb, 8);
-            std::memcpy(&best_p[j], &pb, 8);
         }
     for (int j = 0; j < kLanes; ++j) {
-        const double w = best_n[j] / best_p[j] * g.inv_bc1;
-        r.max_diff = w > r.max_diff ? w : r.max_diff;
+        if constexpr (!kScreen) {
+            double bn, bp;
+            std::memcpy(&bn, &best_n[j], 8);
+            std::memcpy(&bp, &best_p[j], 8);
+            const double w = bn / bp * g.inv_bc1;
+            r.max_diff = w > r.max_diff ? w : r.max_diff;
+        }
         r.points += uint64_t(points[j]);
-        r.over += uint64_t(over[j]);  // kSymmetric: points with +-t over, grid_check recounts
+        r.over += uint64_t(over[j]);  // kScreen: lanes with a point over thr (grid_check reruns)
     }
 }
 
@@ -133,7 +149,7 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
                       double vmaxt, double lo, double hi, double scale, double bound, const GridPoints& grid,
-                      bool fast_paths) {
+                      bool fast_paths, double only_above) {
     const GridState g{c.b1 * m, c.b1 * mt, c.b2 * v, c.b2 * vt, 1 - c.b1, 1 - c.b2,
                       ams ? vmax : -INFINITY, ams ? vmaxt : -INFINITY, ams ? std::sqrt(vmax) : -INFINITY,
                       1 / c.sqrt_bc2, c.inv_bc1, c.eps};
@@ -154,14 +170,26 @@ GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, 
     GridResult r;
     if (fast) {
         // (no lambda here: it would be compiled outside this function's target ISA)
-        const bool symmetric = lo == -hi && hi >= 0;
-        if (symmetric)
-            factored ? grid_loop_fast<true, true>(g, lo, hi, scale, bound, grid, r)
-                     : grid_loop_fast<false, true>(g, lo, hi, scale, bound, grid, r);
-        if (!symmetric || r.over) {  // the general loop: it counts every point over
+        // The screen first, when a max is known: no point over thr = min(bound, only_above)
+        // (in |N| / P units, lowered by 2^-40 so that rounding cannot hide a point whose
+        // full-loop value exceeds only_above) leaves nothing to count or to report. Else,
+        // or when some point is over, the full loop.
+        bool full = true;
+        if (only_above >= 0) {
+            const double thr = std::min(bound / g.inv_bc1, only_above / g.inv_bc1 * (1 - 0x1p-40));
+            const bool symmetric = lo == -hi && hi >= 0;
+            if (symmetric)
+                factored ? grid_loop_fast<true, true, true>(g, lo, hi, scale, bound, thr, grid, r)
+                         : grid_loop_fast<false, true, true>(g, lo, hi, scale, bound, thr, grid, r);
+            else
+                factored ? grid_loop_fast<true, false, true>(g, lo, hi, scale, bound, thr, grid, r)
+                         : grid_loop_fast<false, false, true>(g, lo, hi, scale, bound, thr, grid, r);
+            full = r.over > 0;
+        }
+        if (full) {
             r = GridResult{};
-            factored ? grid_loop_fast<true, false>(g, lo, hi, scale, bound, grid, r)
-                     : grid_loop_fast<false, false>(g, lo, hi, scale, bound, grid, r);
+            factored ? grid_loop_fast<true, false, false>(g, lo, hi, scale, bound, 0, grid, r)
+                     : grid_loop_fast<false, false, false>(g, lo, hi, scale, bound, 0, grid, r);
         }
     } else {
         factored ? grid_loop_exact<true>(g, lo, hi, scale, bound, grid, r)

@@ -89,6 +89,43 @@ TEST_CASE("grid_check: the fast loops agree with the exact loop (points, over co
     CHECK(with_over > cases / 4);
 }
 
+TEST_CASE("grid_check: the screen (only_above) changes no count, and no max above what is already known") {
+    // verify passes its running max: a coordinate whose grid stays at or below it (and below
+    // its bound) is only screened; counts must be exact and any larger max exactly the full loop's
+    std::mt19937_64 rng(20261202);
+    const codec::AdamHyper h{6e-4, 0.9, 0.95, 1e-8, 0, false, false, 300};
+    const codec::GuardConst gc = codec::make_guard_const(h, 0.01);
+    GridPoints grid(257);
+    grid.set_b2(gc.b2);
+    long screened = 0, rerun = 0;
+    for (int i = 0; i < 3000; ++i) {
+        const Case c = random_case(rng);
+        const double scale = std::sqrt(std::max(c.v, 1e-30));
+        const GridResult full0 = grid_check(gc, c.ams, c.m, c.v, c.vmax, c.mt, c.vt, c.vmaxt, c.lo, c.hi, scale, INFINITY, grid);
+        for (double fb : {0.7, 2.0}) {
+            const double bound = full0.max_diff * fb;
+            const GridResult full = grid_check(gc, c.ams, c.m, c.v, c.vmax, c.mt, c.vt, c.vmaxt, c.lo, c.hi, scale, bound, grid);
+            const double mx = full.max_diff;
+            for (double known : {0.0, mx * 0.5, mx * (1 - 1e-15), mx, std::nextafter(mx, INFINITY), mx * 2}) {
+                const GridResult q = grid_check(gc, c.ams, c.m, c.v, c.vmax, c.mt, c.vt, c.vmaxt, c.lo, c.hi, scale, bound, grid,
+                                                true, known);
+                INFO("case ", i, " bound ", bound, " known ", known, " max ", mx);
+                CHECK(q.points == full.points);
+                CHECK(q.over == full.over);
+                if (mx > known) {
+                    CHECK(q.max_diff == mx);
+                    ++rerun;
+                } else {
+                    CHECK(q.max_diff <= known);
+                    screened += q.max_diff != mx;
+                }
+            }
+        }
+    }
+    CHECK(screened > 1000);  // the screen did skip the full loop
+    CHECK(rerun > 1000);
+}
+
 TEST_CASE("grid_check: non-finite states take the exact loop (one NaN update is over, both NaN are not)") {
     const codec::GuardConst gc = codec::make_guard_const(codec::AdamHyper{}, 0.01);
     GridPoints grid(257);
