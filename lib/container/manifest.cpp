@@ -22,65 +22,111 @@ using nlohmann::json;
 namespace {
 json num(double x) { return std::isfinite(x) ? json(x) : json(x > 0 ? "inf" : "-inf"); }
 
-// Reading: simdjson's DOM (the manifest of 10^5 parameters is tens of MB of JSON; nlohmann's
-// tree was most of a many-tensor verify). Each getter refuses a missing field or a wrong type
-// with the field's name; integers are range-checked, never wrapped or rounded.
-namespace dom = simdjson::dom;
+// Reading: simdjson's On-Demand API (the manifest of 10^5 parameters is ~100 MB of JSON;
+// nlohmann's tree, then simdjson's DOM tape, was most of a many-tensor verify's time and
+// memory). Values are read as they are looked up, with the keys in the order the writer
+// puts them (sorted), so each lookup moves forward. Each getter refuses a missing field or
+// a wrong type with the field's name; integers are range-checked, never wrapped or
+// rounded; any other simdjson error (malformed text) is "not valid JSON".
+namespace od = simdjson::ondemand;
+[[noreturn]] void not_json(simdjson::error_code e) {
+    throw std::runtime_error(std::string("manifest is not valid JSON: ") + simdjson::error_message(e));
+}
 [[noreturn]] void bad_field(const char* k, const char* what) {
     throw std::runtime_error(std::string("manifest field '") + k + "' " + what);
 }
-/// Field k of object j, or nullopt when absent (j not an object: absent too).
-std::optional<dom::element> field(dom::element j, const char* k) {
-    dom::element v;
-    if (j.at_key(k).get(v) != simdjson::SUCCESS) return std::nullopt;
-    return v;
+/// Whether `e` says the value has another type or range (the caller names the field), else
+/// not_json.
+bool type_error(simdjson::error_code e) {
+    if (e == simdjson::INCORRECT_TYPE || e == simdjson::NUMBER_OUT_OF_RANGE) return true;
+    if (e) not_json(e);
+    return false;
 }
-double get_num(dom::element j, const char* k) {
-    const auto v = field(j, k);
-    if (!v) bad_field(k, "is missing");
-    double d;
-    if (v->get_double().get(d) == simdjson::SUCCESS) return d;
+/// Field k of object o into v; false when absent.
+bool field(od::object& o, const char* k, od::value& v) {
+    const simdjson::error_code e = o.find_field_unordered(k).get(v);
+    if (e == simdjson::NO_SUCH_FIELD) return false;
+    if (e) not_json(e);
+    return true;
+}
+/// A number value, or the string "inf"; `k` names it in errors.
+double num_value(od::value& v, const char* k) {
+    od::json_type t;
+    if (type_error(v.type().get(t))) bad_field(k, "is not a number");
+    if (t == od::json_type::number) {
+        double d;
+        if (type_error(v.get_double().get(d))) bad_field(k, "is not a number");
+        return d;
+    }
     std::string_view sv;
-    if (v->get_string().get(sv) == simdjson::SUCCESS && sv == "inf") return INFINITY;
+    if (t == od::json_type::string && !type_error(v.get_string().get(sv)) && sv == "inf") return INFINITY;
     bad_field(k, "is not a number");
 }
-uint64_t get_u64(dom::element j, const char* k) {
-    const auto v = field(j, k);
-    uint64_t x;
-    if (!v || v->get_uint64().get(x) != simdjson::SUCCESS) bad_field(k, "is missing or not a count");
+double get_num(od::object& o, const char* k) {
+    od::value v;
+    if (!field(o, k, v)) bad_field(k, "is missing");
+    return num_value(v, k);
+}
+uint64_t get_u64(od::object& o, const char* k) {
+    od::value v;
+    uint64_t x = 0;
+    if (!field(o, k, v) || type_error(v.get_uint64().get(x))) bad_field(k, "is missing or not a count");
     return x;
 }
-int64_t get_i64(dom::element j, const char* k) {
-    const auto v = field(j, k);
-    if (!v || !(v->is_int64() || v->is_uint64())) bad_field(k, "is missing or not an integer");
-    int64_t x;
-    if (v->get_int64().get(x) != simdjson::SUCCESS) bad_field(k, "is out of range");  // above 2^63 - 1
+/// An integer value (any sign) that fits int64; `k` names it in errors.
+int64_t int_value(od::value& v, const char* k) {
+    od::number_type t;
+    if (type_error(v.get_number_type().get(t)) ||
+        (t != od::number_type::signed_integer && t != od::number_type::unsigned_integer))
+        bad_field(k, "is missing or not an integer");
+    int64_t x = 0;
+    if (type_error(v.get_int64().get(x))) bad_field(k, "is out of range");  // above 2^63 - 1
     return x;
 }
-/// An integer field that must fit an int (indices, versions, sizes in blocks): a larger
-/// value is refused, never wrapped into range.
-int get_int(dom::element j, const char* k) {
-    const int64_t v = get_i64(j, k);
-    if (v < INT32_MIN || v > INT32_MAX) bad_field(k, "is out of range");
-    return int(v);
+int64_t get_i64(od::object& o, const char* k) {
+    od::value v;
+    if (!field(o, k, v)) bad_field(k, "is missing or not an integer");
+    return int_value(v, k);
 }
-std::string get_str(dom::element j, const char* k) {
-    const auto v = field(j, k);
+/// An integer value or field that must fit an int (indices, versions, sizes in blocks): a
+/// larger value is refused, never wrapped into range.
+int int32_value(od::value& v, const char* k) {
+    const int64_t x = int_value(v, k);
+    if (x < INT32_MIN || x > INT32_MAX) bad_field(k, "is out of range");
+    return int(x);
+}
+int get_int(od::object& o, const char* k) {
+    od::value v;
+    if (!field(o, k, v)) bad_field(k, "is missing or not an integer");
+    return int32_value(v, k);
+}
+std::string get_str(od::object& o, const char* k) {
+    od::value v;
     std::string_view sv;
-    if (!v || v->get_string().get(sv) != simdjson::SUCCESS) bad_field(k, "is missing or not a string");
+    if (!field(o, k, v) || type_error(v.get_string().get(sv))) bad_field(k, "is missing or not a string");
     return std::string(sv);
+}
+bool get_bool(od::object& o, const char* k) {
+    od::value v;
+    bool x = false;
+    if (!field(o, k, v) || type_error(v.get_bool().get(x))) bad_field(k, "is missing or not a boolean");
+    return x;
+}
+/// Field k as an object, false when absent or not an object.
+bool get_object(od::object& o, const char* k, od::object& out) {
+    od::value v;
+    return field(o, k, v) && !type_error(v.get_object().get(out));
+}
+/// Field k as an array, false when absent or not an array.
+bool get_array(od::object& o, const char* k, od::array& out) {
+    od::value v;
+    return field(o, k, v) && !type_error(v.get_array().get(out));
 }
 /// The moment float type spelled `s` (F32, F16, BF16); nullopt for any other spelling.
 std::optional<DType> moment_dtype(const std::string& s) {
     const std::optional<DType> d = dtype_from_name(s);
     if (d && float_dtype_size(*d) != 0) return d;
     return std::nullopt;
-}
-bool get_bool(dom::element j, const char* k) {
-    const auto v = field(j, k);
-    bool x;
-    if (!v || v->get_bool().get(x) != simdjson::SUCCESS) bad_field(k, "is missing or not a boolean");
-    return x;
 }
 }  // namespace
 
@@ -187,63 +233,31 @@ std::string Manifest::to_json() const {
 
 namespace {
 
-/// The header fields: format, version, tool, source, codec, block, tolerance, grad bound,
-/// optimizer and param bound.
-void parse_header(dom::element j, Manifest& m) {
-    std::string_view format;
-    if (!j.is_object() || !field(j, "format") || field(j, "format")->get_string().get(format) || format != "ckptkit-container")
-        throw std::runtime_error("manifest is not a ckptkit container manifest");
-    m.format_version = get_int(j, "format_version");
-    if (m.format_version < kOldestFormatVersion || m.format_version > kFormatVersion)
-        throw std::runtime_error("container format version " + std::to_string(m.format_version) + " is not supported");
-    m.tool_version = get_str(j, "tool_version");
-    const auto src = field(j, "source");
-    if (!src || !src->is_object()) throw std::runtime_error("manifest field 'source' is missing");
-    m.source_format = get_str(*src, "format");
-    m.source_name = get_str(*src, "name");
-    m.source_size = get_u64(*src, "size");
-    try {
-        m.codec = codec::kind_from_name(get_str(j, "codec"));
-    } catch (const std::invalid_argument& e) {
-        throw std::runtime_error(e.what());
-    }
-    if (codec::entropy_coded(m.codec) && m.format_version < 2)
-        throw std::runtime_error(std::string("codec ") + codec::kind_name(m.codec) + " needs container format version 2");
-    m.block = get_int(j, "block");
-    if (m.block != codec::kBlock) throw std::runtime_error("unsupported block size " + std::to_string(m.block));
-    m.tolerance = get_num(j, "tolerance");
-    m.grad_bound = get_num(j, "grad_bound");
-    if (!(m.tolerance > 0) || !(m.grad_bound > 0)) throw std::runtime_error("manifest tolerance/grad_bound must be positive");
-    m.optimizer = get_str(j, "optimizer");
-    if (field(j, "param_bound")) {
-        m.param_bound = get_num(j, "param_bound");
-        if (!(m.param_bound == -1 || m.param_bound >= 0)) throw std::runtime_error("manifest param_bound is invalid");
-    }
-}
-
 /// The optional list of states kept exact.
-void parse_kept(dom::element j, Manifest& m) {
-    const auto kept = field(j, "kept");
-    if (!kept) return;
-    dom::array a;
-    if (kept->get_array().get(a)) throw std::runtime_error("manifest field 'kept' is not a list");
-    for (dom::element k : a) {
-        if (!k.is_object()) throw std::runtime_error("manifest kept entry is not an object");
-        m.kept.push_back({get_str(k, "name"), get_u64(k, "values"), get_u64(k, "nbytes"), get_str(k, "note")});
+void parse_kept(od::array& a, Manifest& m) {
+    for (auto item : a) {
+        od::object k;
+        if (type_error(item.get_object().get(k))) throw std::runtime_error("manifest kept entry is not an object");
+        KeptEntry e;
+        e.name = get_str(k, "name");
+        e.nbytes = get_u64(k, "nbytes");
+        e.note = get_str(k, "note");
+        e.values = get_u64(k, "values");
+        m.kept.push_back(std::move(e));
     }
 }
 
 /// Adam's hyper-parameters: finite, and in torch.optim.Adam's own argument ranges.
-codec::AdamHyper parse_hyper(dom::element h, const std::string& name) {
+codec::AdamHyper parse_hyper(od::object& h, const std::string& name) {
     codec::AdamHyper hy;
-    hy.lr = get_num(h, "lr");
+    hy.amsgrad = get_bool(h, "amsgrad");
     hy.beta1 = get_num(h, "beta1");
     hy.beta2 = get_num(h, "beta2");
     hy.eps = get_num(h, "eps");
-    hy.weight_decay = get_num(h, "weight_decay");
-    hy.amsgrad = get_bool(h, "amsgrad");
+    hy.lr = get_num(h, "lr");
     hy.maximize = get_bool(h, "maximize");
     hy.step = get_num(h, "step");
+    hy.weight_decay = get_num(h, "weight_decay");
     for (double x : {hy.lr, hy.beta1, hy.beta2, hy.eps, hy.weight_decay, hy.step})
         if (!std::isfinite(x)) throw std::runtime_error("param " + name + ": non-finite hyper-parameter");
     // torch.optim.Adam's own argument checks, and a state exists only after a step
@@ -254,121 +268,176 @@ codec::AdamHyper parse_hyper(dom::element h, const std::string& name) {
     return hy;
 }
 
-/// The optional shape of a parameter: integers in [0, 2^40] whose product is numel.
-std::vector<int64_t> parse_shape(dom::element p, const std::string& name, uint64_t numel) {
-    std::vector<int64_t> shape;
-    const auto sh = field(p, "shape");
-    if (!sh) return shape;
-    dom::array a;
-    if (sh->get_array().get(a)) throw std::runtime_error("param " + name + ": shape malformed");
-    int64_t n = 1;
-    for (dom::element d : a) {
-        int64_t x;
-        if (!(d.is_int64() || d.is_uint64()) || d.get_int64().get(x) || x < 0 || x > (int64_t(1) << 40))
-            throw std::runtime_error("param " + name + ": shape malformed");
-        shape.push_back(x);
-        n = std::min<int64_t>(n * shape.back(), int64_t(1) << 62);
-    }
-    if (uint64_t(n) != numel) throw std::runtime_error("param " + name + ": shape does not match numel");
-    return shape;
-}
-
 /// One params entry, each field checked on its own (cross-references: Manifest::validate).
-ParamEntry parse_param(dom::element p, double grad_bound) {
-    if (!p.is_object()) throw std::runtime_error("manifest param entry is not an object");
+/// The name first (errors name the parameter), then the fields in the writer's order.
+ParamEntry parse_param(od::value& pv) {
+    od::object p;
+    if (type_error(pv.get_object().get(p))) throw std::runtime_error("manifest param entry is not an object");
     ParamEntry e;
     e.name = get_str(p, "name");
-    e.numel = get_u64(p, "numel");
-    const std::optional<DType> dtype = moment_dtype(get_str(p, "dtype"));
-    if (!dtype) throw std::runtime_error("param " + e.name + ": bad dtype");
-    e.dtype = *dtype;
-    const auto hyper = field(p, "hyper"), domain = field(p, "domain");
-    if (!hyper || !hyper->is_object() || !domain || !domain->is_object())
-        throw std::runtime_error("param " + e.name + ": hyper/domain missing");
-    e.hyper = parse_hyper(*hyper, e.name);
-    e.domain.l2 = get_bool(*domain, "l2");
-    e.domain.plain = get_bool(*domain, "plain");
-    e.domain.theta_bound = get_num(*domain, "theta_bound");
-    e.domain.grad_bound = grad_bound;
-    e.domain.weight_decay = e.hyper.weight_decay;
-    e.theta_storage = get_i64(p, "theta_storage");
-    const std::string theta_dtype = get_str(p, "theta_dtype");
-    if (field(p, "theta_candidates")) e.theta_candidates = get_int(p, "theta_candidates");
-    e.shape = parse_shape(p, e.name, e.numel);
-    if (!theta_dtype.empty()) e.theta_dtype = moment_dtype(theta_dtype);
-    if (e.theta_storage >= 0 ? !e.theta_dtype : !theta_dtype.empty())
-        throw std::runtime_error("param " + e.name + ": bad theta_dtype");
-    e.code_offset = get_u64(p, "code_offset");
+    const std::string& name = e.name;
     e.block_offset = get_u64(p, "block_offset");
+    e.code_offset = get_u64(p, "code_offset");
+    od::object domain, hyper, causes;
+    if (!get_object(p, "domain", domain)) throw std::runtime_error("param " + name + ": hyper/domain missing");
+    e.domain.l2 = get_bool(domain, "l2");
+    e.domain.plain = get_bool(domain, "plain");
+    e.domain.theta_bound = get_num(domain, "theta_bound");
+    const std::optional<DType> dtype = moment_dtype(get_str(p, "dtype"));
+    if (!dtype) throw std::runtime_error("param " + name + ": bad dtype");
+    e.dtype = *dtype;
+    od::value v;
+    const bool has_causes = field(p, "escape_causes", v);
+    if (has_causes) {
+        if (type_error(v.get_object().get(causes))) throw std::runtime_error("param " + name + ": escape_causes malformed");
+        e.escape_causes[1] = get_u64(causes, "certificate");
+        e.escape_causes[0] = get_u64(causes, "no_code");
+        e.escape_causes[2] = get_u64(causes, "non_finite");
+    }
     e.escape_offset = get_u64(p, "escape_offset");
     e.escapes = get_u64(p, "escapes");
+    if (!get_object(p, "hyper", hyper)) throw std::runtime_error("param " + name + ": hyper/domain missing");
+    e.hyper = parse_hyper(hyper, name);
+    e.domain.weight_decay = e.hyper.weight_decay;
     e.max_bound = get_num(p, "max_bound");
-    if (const auto rp = field(p, "row_predict")) {
-        if (rp->get_bool().get(e.row_predict)) throw std::runtime_error("param " + e.name + ": row_predict is not a boolean");
-    }
-    if (const auto c = field(p, "escape_causes")) {
-        if (!c->is_object()) throw std::runtime_error("param " + e.name + ": escape_causes malformed");
-        const char* names[3] = {"no_code", "certificate", "non_finite"};
-        uint64_t sum = 0;
-        for (int k = 0; k < 3; ++k) {
-            e.escape_causes[std::size_t(k)] = get_u64(*c, names[k]);
-            if (e.escape_causes[std::size_t(k)] > e.escapes) throw std::runtime_error("param " + e.name + ": escape_causes exceed escapes");
-            sum += e.escape_causes[std::size_t(k)];
+    e.numel = get_u64(p, "numel");
+    if (field(p, "row_predict", v) && type_error(v.get_bool().get(e.row_predict)))
+        throw std::runtime_error("param " + name + ": row_predict is not a boolean");
+    od::array arr;
+    if (field(p, "shape", v)) {  // optional: integers in [0, 2^40] whose product is numel
+        if (type_error(v.get_array().get(arr))) throw std::runtime_error("param " + name + ": shape malformed");
+        int64_t n = 1;
+        for (auto item : arr) {
+            od::value d;
+            int64_t x = 0;
+            if (item.get(d) || type_error(d.get_int64().get(x)) || x < 0 || x > (int64_t(1) << 40))
+                throw std::runtime_error("param " + name + ": shape malformed");
+            e.shape.push_back(x);
+            n = std::min<int64_t>(n * x, int64_t(1) << 62);
         }
-        if (sum > e.escapes) throw std::runtime_error("param " + e.name + ": escape_causes add up to more than escapes");
+        if (uint64_t(n) != e.numel) throw std::runtime_error("param " + name + ": shape does not match numel");
     }
-    const auto st = field(p, "storage");
-    dom::array sa;
-    if (!st || st->get_array().get(sa) || sa.size() != 3) throw std::runtime_error("param " + e.name + ": storage list malformed");
+    if (!get_array(p, "storage", arr)) throw std::runtime_error("param " + name + ": storage list malformed");
     int r = 0;
-    for (dom::element x : sa) {
-        int64_t v;
-        if (!(x.is_int64() || x.is_uint64()) || x.get_int64().get(v) || v < INT32_MIN || v > INT32_MAX)
-            throw std::runtime_error("param " + e.name + ": storage index malformed");
-        e.storage[r++] = int(v);
+    for (auto item : arr) {
+        od::value x;
+        int64_t idx = 0;
+        if (r == 3 || item.get(x) || type_error(x.get_int64().get(idx)) || idx < INT32_MIN || idx > INT32_MAX)
+            throw std::runtime_error("param " + name + ": storage " + (r == 3 ? "list malformed" : "index malformed"));
+        e.storage[r++] = int(idx);
     }
-    if (e.escapes > e.numel) throw std::runtime_error("param " + e.name + ": more escapes than values");
+    if (r != 3) throw std::runtime_error("param " + name + ": storage list malformed");
+    if (field(p, "theta_candidates", v)) e.theta_candidates = int32_value(v, "theta_candidates");
+    const std::string theta_dtype = get_str(p, "theta_dtype");
+    e.theta_storage = get_i64(p, "theta_storage");
+    if (!theta_dtype.empty()) e.theta_dtype = moment_dtype(theta_dtype);
+    if (e.theta_storage >= 0 ? !e.theta_dtype : !theta_dtype.empty())
+        throw std::runtime_error("param " + name + ": bad theta_dtype");
+    if (has_causes) {
+        uint64_t sum = 0;
+        for (uint64_t c : e.escape_causes) {
+            if (c > e.escapes) throw std::runtime_error("param " + name + ": escape_causes exceed escapes");
+            sum += c;
+        }
+        if (sum > e.escapes) throw std::runtime_error("param " + name + ": escape_causes add up to more than escapes");
+    }
+    if (e.escapes > e.numel) throw std::runtime_error("param " + name + ": more escapes than values");
     return e;
 }
 
 /// One storages entry, its fields' types (ranges and indices: Manifest::validate).
-StorageEntry parse_storage(dom::element s) {
-    if (!s.is_object()) throw std::runtime_error("manifest storage entry is not an object");
+StorageEntry parse_storage(od::value& sv) {
+    od::object s;
+    if (type_error(sv.get_object().get(s))) throw std::runtime_error("manifest storage entry is not an object");
     StorageEntry e;
-    e.offset = get_u64(s, "offset");
-    e.nbytes = get_u64(s, "nbytes");
-    e.xxh3 = get_u64(s, "xxh3");
-    e.param = get_int(s, "param");
-    e.role = get_int(s, "role");
-    const auto co = field(s, "crc_offsets");
-    dom::array a;
-    if (!co || co->get_array().get(a)) throw std::runtime_error("storage crc_offsets malformed");
-    for (dom::element c : a) {
-        uint64_t v;
-        if (c.get_uint64().get(v)) throw std::runtime_error("storage crc offset out of range");
+    od::array a;
+    if (!get_array(s, "crc_offsets", a)) throw std::runtime_error("storage crc_offsets malformed");
+    for (auto item : a) {
+        od::value c;
+        uint64_t v = 0;
+        if (item.get(c) || type_error(c.get_uint64().get(v))) throw std::runtime_error("storage crc offset out of range");
         e.crc_offsets.push_back(v);
     }
+    e.nbytes = get_u64(s, "nbytes");
+    e.offset = get_u64(s, "offset");
+    e.param = get_int(s, "param");
+    e.role = get_int(s, "role");
+    e.xxh3 = get_u64(s, "xxh3");
     return e;
 }
 
 }  // namespace
 
 Manifest Manifest::parse(const std::string& text) {
-    dom::parser parser;
-    dom::element j;
-    if (const auto err = parser.parse(text).get(j))
-        throw std::runtime_error(std::string("manifest is not valid JSON: ") + simdjson::error_message(err));
+    // the text is parsed in place when its buffer has simdjson's padding (read_manifest
+    // reserves it), else from a padded copy
+    std::optional<simdjson::padded_string> copy;
+    if (text.capacity() - text.size() < simdjson::SIMDJSON_PADDING) copy.emplace(text);
+    const simdjson::padded_string_view in =
+        copy ? simdjson::padded_string_view(*copy) : simdjson::padded_string_view(text.data(), text.size(), text.capacity());
+    od::parser parser;
+    od::document doc;
+    if (const auto e = parser.iterate(in).get(doc)) not_json(e);
+    od::object j;
+    std::string_view format;
+    od::value v;
+    if (type_error(doc.get_object().get(j)) || !field(j, "format", v) || type_error(v.get_string().get(format)) ||
+        format != "ckptkit-container")
+        throw std::runtime_error("manifest is not a ckptkit container manifest");
     Manifest m;
-    parse_header(j, m);
-    dom::array params, storages;
-    if (!field(j, "storages") || field(j, "storages")->get_array().get(storages) || !field(j, "params") ||
-        field(j, "params")->get_array().get(params))
-        throw std::runtime_error("manifest lacks 'storages' or 'params'");
-    parse_kept(j, m);
-    m.params.reserve(params.size());
-    for (dom::element p : params) m.params.push_back(parse_param(p, m.grad_bound));
-    m.storages.reserve(storages.size());
-    for (dom::element s : storages) m.storages.push_back(parse_storage(s));
+    m.format_version = get_int(j, "format_version");
+    if (m.format_version < kOldestFormatVersion || m.format_version > kFormatVersion)
+        throw std::runtime_error("container format version " + std::to_string(m.format_version) + " is not supported");
+    // the rest in the writer's (sorted) key order; cross-field checks once all is read
+    m.grad_bound = get_num(j, "grad_bound");
+    od::array arr;
+    if (field(j, "kept", v)) {
+        if (type_error(v.get_array().get(arr))) throw std::runtime_error("manifest field 'kept' is not a list");
+        parse_kept(arr, m);
+    }
+    m.optimizer = get_str(j, "optimizer");
+    if (field(j, "param_bound", v)) {
+        m.param_bound = num_value(v, "param_bound");
+        if (!(m.param_bound == -1 || m.param_bound >= 0)) throw std::runtime_error("manifest param_bound is invalid");
+    }
+    if (!get_array(j, "params", arr)) throw std::runtime_error("manifest lacks 'storages' or 'params'");
+    for (auto item : arr) {
+        od::value pv;
+        if (const auto e = item.get(pv)) not_json(e);
+        m.params.push_back(parse_param(pv));
+        m.params.back().domain.grad_bound = m.grad_bound;
+    }
+    od::object src;
+    if (!get_object(j, "source", src)) throw std::runtime_error("manifest field 'source' is missing");
+    m.source_format = get_str(src, "format");
+    m.source_name = get_str(src, "name");
+    m.source_size = get_u64(src, "size");
+    if (!get_array(j, "storages", arr)) throw std::runtime_error("manifest lacks 'storages' or 'params'");
+    for (auto item : arr) {
+        od::value sv;
+        if (const auto e = item.get(sv)) not_json(e);
+        m.storages.push_back(parse_storage(sv));
+    }
+    m.tolerance = get_num(j, "tolerance");
+    m.tool_version = get_str(j, "tool_version");
+    m.block = get_int(j, "block");
+    try {
+        m.codec = codec::kind_from_name(get_str(j, "codec"));
+    } catch (const std::invalid_argument& e) {
+        throw std::runtime_error(e.what());
+    }
+    if (codec::entropy_coded(m.codec) && m.format_version < 2)
+        throw std::runtime_error(std::string("codec ") + codec::kind_name(m.codec) + " needs container format version 2");
+    if (m.block != codec::kBlock) throw std::runtime_error("unsupported block size " + std::to_string(m.block));
+    if (!(m.tolerance > 0) || !(m.grad_bound > 0)) throw std::runtime_error("manifest tolerance/grad_bound must be positive");
+    // the text is exactly one object: its extent (nesting walked once more, values
+    // skipped), then nothing but JSON whitespace
+    doc.rewind();
+    std::string_view whole;
+    if (const auto e = doc.raw_json().get(whole)) not_json(e);
+    const std::size_t end = std::size_t(whole.data() - in.data()) + whole.size();
+    if (end > text.size() || text.find_first_not_of(" \t\r\n", end) != std::string::npos)
+        not_json(simdjson::TRAILING_CONTENT);
     return m;
 }
 

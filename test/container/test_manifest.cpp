@@ -94,6 +94,36 @@ TEST_CASE("manifest: to_json -> from_json keeps every field") {
     CHECK(j["params"][0]["theta_dtype"] == "F32");
 }
 
+TEST_CASE("manifest: parse reads keys in any order, exactly one object, escaped names") {
+    Manifest a = small();
+    a.params[0].name = "blocks.0.\"q\\k\"\n\u00e9";  // quotes, backslash, control char, UTF-8
+    const std::string text = a.to_json();
+    // the writer sorts keys; the reader looks them up in that order but takes any order
+    nlohmann::ordered_json reordered;
+    const json j = json::parse(text);
+    for (auto it = j.rbegin(); it != j.rend(); ++it) {
+        if (it.key() != "params") { reordered[it.key()] = *it; continue; }
+        nlohmann::ordered_json ps = nlohmann::ordered_json::array();
+        for (const auto& p : *it) {
+            nlohmann::ordered_json q;
+            for (auto f = p.rbegin(); f != p.rend(); ++f) q[f.key()] = *f;
+            ps.push_back(q);
+        }
+        reordered["params"] = ps;
+    }
+    CHECK(reordered.dump() != text);
+    CHECK(Manifest::from_json(reordered.dump()).to_json() == text);
+    CHECK(Manifest::from_json(text).params[0].name == a.params[0].name);
+    CHECK(Manifest::from_json(text + " \n\t").to_json() == text);  // trailing whitespace is JSON
+    for (const std::string bad : {text + " }", text + "{}", text.substr(0, text.size() - 1), text + "x"}) {
+        const std::string why = [&] {
+            try { Manifest::from_json(bad); } catch (const std::runtime_error& e) { return std::string(e.what()); }
+            return std::string("accepted");
+        }();
+        CHECK(why.rfind("manifest is not valid JSON: ", 0) == 0);
+    }
+}
+
 TEST_CASE("manifest: BF16 moments without theta spell theta_dtype empty") {
     Manifest m = small();
     m.params[0].dtype = DType::BF16;
