@@ -1,0 +1,46 @@
+#!/bin/bash
+# Issue 15's speed targets on real checkpoints, as ratios of CPU seconds (user + sys) in one
+# run, --threads 1: compress / `zstd -3 -T1` of the raw FP32 moments; restore / (`zstd -d
+# -T1` of them + `cp` of a file as large as the other bytes); verify / restore; verify
+# --original / compress. Each command runs REPS times, interleaved with the others (a drift
+# of the machine's speed hits all alike), and the median is taken.
+# Usage: scripts/bench_ratios.sh [REPS=7] CKPT...   (default CKPTs: the two cached bench
+# models, scripts/train_bench_models.py); needs build/apps (or CKPTKIT_BIN), zstd, /usr/bin/time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPS=7
+if [[ $# -gt 0 && $1 =~ ^[0-9]+$ ]]; then REPS=$1; shift; fi
+B=${CKPTKIT_BIN:-build/apps}
+CACHE=${CKPTKIT_BENCH_DIR:-$HOME/.cache/ckptkit-bench}
+[ $# -gt 0 ] || set -- "$CACHE/lm10m_adamw.pt" "$CACHE/resnet18_adamw.pt"
+W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+cpu() {  # cpu CMD...: CPU seconds of one run
+  /usr/bin/time -f "%U %S" -o "$W/t" "$@" >/dev/null 2>&1
+  awk '{print $1 + $2}' "$W/t"
+}
+median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+echo "| checkpoint | compress / zstd -3 | restore / (zstd -d + cp) | verify / restore | verify --original / compress | compress s | restore s | verify s | verify --original s |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for ck in "$@"; do
+  /usr/bin/python3 scripts/bench_moments.py "$ck" "$W/m.raw" >/dev/null
+  other=$(( $(stat -c %s "$ck") - $(stat -c %s "$W/m.raw") ))
+  head -c "$other" /dev/zero > "$W/other.bin"
+  zstd -3 -T1 -q -f "$W/m.raw" -o "$W/m.zst"
+  "$B/ckpt-compress" "$ck" -o "$W/c.h5" --force --threads 1 >/dev/null
+  : > "$W/c" ; : > "$W/z" ; : > "$W/r" ; : > "$W/d" ; : > "$W/v" ; : > "$W/o"
+  for _ in $(seq "$REPS"); do
+    cpu "$B/ckpt-compress" "$ck" -o "$W/c2.h5" --force --threads 1 >> "$W/c"
+    cpu zstd -3 -T1 -q -f "$W/m.raw" -o "$W/z.zst" >> "$W/z"
+    cpu "$B/ckpt-restore" "$W/c.h5" -o "$W/r.pt" --force --threads 1 >> "$W/r"
+    cpu sh -c "zstd -d -T1 -q -f '$W/m.zst' -o '$W/d.raw' && cp '$W/other.bin' '$W/d.other'" >> "$W/d"
+    cpu "$B/ckpt-verify" "$W/c.h5" --threads 1 >> "$W/v"
+    cpu "$B/ckpt-verify" "$W/c.h5" --original "$ck" --threads 1 >> "$W/o"
+  done
+  c=$(median < "$W/c"); z=$(median < "$W/z"); r=$(median < "$W/r"); d=$(median < "$W/d")
+  v=$(median < "$W/v"); o=$(median < "$W/o")
+  awk -v n="$(basename "$ck")" -v c="$c" -v z="$z" -v r="$r" -v d="$d" -v v="$v" -v o="$o" 'BEGIN {
+    printf "| `%s` | %.2fx | %.2fx | %.2fx | %.2fx | %.3f | %.3f | %.3f | %.3f |\n", n, c / z, r / d, v / r, o / c, c, r, v, o }'
+  rm -f "$W"/*.h5 "$W"/*.pt "$W"/*.raw "$W"/*.zst "$W"/d.* "$W/other.bin"
+done
+echo
+echo "Targets: compress <= 1.0x zstd -3; restore <= 1.0x (zstd -d + cp); verify <= 1.5x restore; verify --original <= 3x compress."
