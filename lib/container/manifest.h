@@ -89,9 +89,12 @@ struct Manifest {
     std::vector<ParamEntry> params;
     std::vector<KeptEntry> kept;
 
+    /// Compact JSON with sorted keys (nlohmann's dump formats numbers and strings; entries
+    /// are written one by one, without a tree of the whole manifest).
     std::string to_json() const;
-    /// Parse the JSON text: every field's type and its own range (known codec, block size,
-    /// finite in-range hyper-parameters, moment dtypes, shape = numel, escapes <= numel).
+    /// Parse the JSON text (simdjson On-Demand: no tree; exactly one object, keys in any
+    /// order): every field's type and its own range (known codec, block size, finite
+    /// in-range hyper-parameters, moment dtypes, shape = numel, escapes <= numel).
     /// Throws std::runtime_error with the reason. Cross-references are validate()'s.
     static Manifest parse(const std::string&);
     /// The cross-references: storages sorted, non-overlapping and inside source_size (and
