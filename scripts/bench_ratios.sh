@@ -14,7 +14,8 @@ B=${CKPTKIT_BIN:-build/apps}
 CACHE=${CKPTKIT_BENCH_DIR:-$HOME/.cache/ckptkit-bench}
 [ $# -gt 0 ] || set -- "$CACHE/lm10m_adamw.pt" "$CACHE/resnet18_adamw.pt"
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
-cpu() {  # cpu CMD...: CPU seconds of one run
+cpu() {  # cpu CMD...: CPU seconds of one run (after a sync: no run pays for another's writeback)
+  sync
   /usr/bin/time -f "%U %S" -o "$W/t" "$@" >/dev/null 2>&1
   awk '{print $1 + $2}' "$W/t"
 }
