@@ -104,8 +104,6 @@ Report restore(const std::string& path, const std::string& out, const RestoreOpt
     if (st_out != (man.source_format == "safetensors"))
         throw BadInput(out, "the source was " + man.source_format +
                                 "; restore writes the source format (name the output accordingly)");
-    const auto bad = cr.damaged_datasets(false);  // /raw: checked as restore_raw reads it
-    if (!bad.empty()) damaged(cr, bad);
     Report rep("ckpt-restore", path, out, codec::kind_name(man.codec), man.tolerance, man.grad_bound);
     rep.file_bytes_in = io::InputFile(path).size();
     rep.rows = cr.rows();
@@ -116,8 +114,18 @@ Report restore(const std::string& path, const std::string& out, const RestoreOpt
     try {
         FileWriter w(atomic.temp_path());
         Progress prog(o.progress, "ckpt-restore", man.source_size, man.params.size());
-        restore_raw(cr, w, prog);
-        restore_moments(cr, w, prog);
+        restore_raw(cr, w, prog);  // checks /raw as it reads it
+        // the moment datasets' checksums are taken as they are read (DatasetReader): checked
+        // after, before the rename; a decode that fails on damage is reported as the damage
+        try {
+            restore_moments(cr, w, prog);
+        } catch (const std::runtime_error&) {
+            const auto bad = cr.damaged_datasets(false);
+            if (!bad.empty()) damaged(cr, bad);
+            throw;
+        }
+        const auto bad = cr.damaged_datasets(false);
+        if (!bad.empty()) damaged(cr, bad);
         w.close();
     } catch (const std::runtime_error& e) {
         if (dynamic_cast<const BadInput*>(&e) || dynamic_cast<const CheckFailed*>(&e)) throw;

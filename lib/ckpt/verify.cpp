@@ -106,10 +106,11 @@ void add_failure(Report& rep, const std::string& s) {
     rep.ok = false;
 }
 
-/// Check 1, integrity: every dataset's checksum, and every tensor kept in /raw against its
+/// Check 1, integrity, first part: /raw's checksum and every tensor kept in /raw against its
 /// hash, in one pass over /raw that also fills `skel` (when given; its failure is recorded
-/// in skel_error and the pass goes on without it).
-void check_integrity(const ContainerReader& cr, Report& rep, SourceSkeleton* skel, std::string& skel_error) {
+/// in skel_error and the pass goes on without it). Returns the number of kept tensors.
+/// The moment datasets' checksums: check_moment_datasets, once check 3 has read them.
+uint64_t check_integrity(const ContainerReader& cr, Report& rep, SourceSkeleton* skel, std::string& skel_error) {
     auto fail = [&](const std::string& s) { add_failure(rep, s); };
     const auto& man = cr.manifest();
     uint64_t raw_checked = 0, bad_tensors = 0;
@@ -147,9 +148,22 @@ void check_integrity(const ContainerReader& cr, Report& rep, SourceSkeleton* ske
         if (skel) skel_error = "/raw cannot be read", skel = nullptr;
     }
     if (!raw_ok) fail(std::string("dataset ") + container::kRaw + ": checksum mismatch (damaged)");
-    for (const auto& d : cr.damaged_datasets(false)) fail("dataset " + d + ": checksum mismatch (damaged)");
     if (bad_tensors) fail(bad_tensors == 1 ? first_bad : fmt::format("{} (and {} more)", first_bad, bad_tensors - 1));
-    rep.checks.push_back(fmt::format("integrity: all datasets and {} stored tensors hashed", raw_checked));
+    return raw_checked;
+}
+
+/// Check 1, integrity, second part: every other dataset's checksum (DatasetReader hashed
+/// them as check 3 read them, so no second pass where it read them all in order). Their
+/// failures go first in the report: a damaged dataset explains whatever check 3 found.
+void check_moment_datasets(const ContainerReader& cr, Report& rep, uint64_t raw_checked) {
+    std::vector<std::string> damage;
+    for (const auto& d : cr.damaged_datasets(false)) damage.push_back("dataset " + d + ": checksum mismatch (damaged)");
+    if (!damage.empty()) {
+        rep.failures.insert(rep.failures.begin(), damage.begin(), damage.end());
+        if (rep.failures.size() > 50) rep.failures.resize(50);
+        rep.ok = false;
+    }
+    rep.checks.insert(rep.checks.begin(), fmt::format("integrity: all datasets and {} stored tensors hashed", raw_checked));
 }
 
 /// Check 2: the manifest agrees with the checkpoint's own state: the plan re-derived from
@@ -369,7 +383,7 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     if (!o.planned) {
         try { skel.emplace(); } catch (const BadInput& e) { skel_error = e.what(); }
     }
-    check_integrity(cr, rep, skel ? &*skel : nullptr, skel_error);  // 1
+    const uint64_t raw_checked = check_integrity(cr, rep, skel ? &*skel : nullptr, skel_error);  // 1, /raw
     if (!skel_error.empty()) skel.reset();
     rep.groups = cr.groups();
     if (rep.ok) check_manifest(cr, rep, skel ? &*skel : nullptr, skel_error, o.planned);  // 2
@@ -377,6 +391,7 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     if (o.original) orig = open_original(cr, o, rep);
     if (orig) compare_non_moment(cr, *orig, rep);  // 4, non-moment bytes
     check_moments(cr, o, orig.get(), rep);       // 3, and 4 for the moments
+    check_moment_datasets(cr, rep, raw_checked);  // 1, the datasets check 3 read
     return rep;
 }
 

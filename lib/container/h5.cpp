@@ -353,16 +353,31 @@ void DatasetReader::read_chunked(uint64_t byte_offset, uint64_t n, unsigned char
     }
 }
 
+void DatasetReader::note_read(uint64_t byte_offset, const void* p, uint64_t n) const {
+    if (!in_order_ || byte_offset + n <= hashed_) return;  // stale, or bytes already hashed
+    if (byte_offset > hashed_) {  // a gap: checksum_ok reads everything again
+        in_order_ = false;
+        return;
+    }
+    const uint64_t skip = hashed_ - byte_offset;
+    XXH3_64bits_update(running_.get(), static_cast<const unsigned char*>(p) + skip, std::size_t(n - skip));
+    hashed_ = byte_offset + n;
+}
+
 void DatasetReader::read(uint64_t offset, uint64_t n, void* out) const {
     if (offset > count_ || n > count_ - offset) fail("read past the end of dataset " + path_);
     if (n == 0) return;
-    if (chunk_) return read_chunked(offset * elem_, n * elem_, static_cast<unsigned char*>(out));
-    const hsize_t start = offset, cnt = n;
-    Handle fs(H5Dget_space(ds_.get()), H5Sclose);
-    H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, &start, nullptr, &cnt, nullptr);
-    Handle ms(H5Screate_simple(1, &cnt, nullptr), H5Sclose);
-    if (H5Dread(ds_.get(), type_, ms.get(), fs.get(), H5P_DEFAULT, out) < 0)
-        fail("dataset " + path_ + " cannot be read (damaged chunk?)");
+    if (chunk_) {
+        read_chunked(offset * elem_, n * elem_, static_cast<unsigned char*>(out));
+    } else {
+        const hsize_t start = offset, cnt = n;
+        Handle fs(H5Dget_space(ds_.get()), H5Sclose);
+        H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, &start, nullptr, &cnt, nullptr);
+        Handle ms(H5Screate_simple(1, &cnt, nullptr), H5Sclose);
+        if (H5Dread(ds_.get(), type_, ms.get(), fs.get(), H5P_DEFAULT, out) < 0)
+            fail("dataset " + path_ + " cannot be read (damaged chunk?)");
+    }
+    note_read(offset * elem_, out, n * elem_);
 }
 
 void DatasetReader::read_bytes(uint64_t offset, uint64_t n, void* out) const {
@@ -381,6 +396,7 @@ void DatasetReader::read_bytes(uint64_t offset, uint64_t n, void* out) const {
 
 bool DatasetReader::checksum_ok() const {
     const uint64_t want = get_attr_u64(ds_.get(), "xxh3");
+    if (in_order_ && hashed_ == count_ * elem_) return XXH3_64bits_digest(running_.get()) == want;
     const Xxh3State hash = make_xxh3();
     XXH3_state_t* st = hash.get();
     const uint64_t step = std::max<uint64_t>(1, (1u << 20) / elem_);

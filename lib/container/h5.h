@@ -104,7 +104,9 @@ public:
     uint64_t bytes() const { return bytes_; }
     /// Read bytes [offset, offset + n) of such a dataset; throws when out of range.
     void read_bytes(uint64_t offset, uint64_t n, void* out) const;
-    /// Stream the whole dataset and compare with its `xxh3` attribute.
+    /// Whether the dataset matches its `xxh3` attribute. Reads hash what they return on the
+    /// way while they come in order (a re-read of hashed bytes is skipped, a gap stops it):
+    /// when every byte was read so, no second pass; else the whole dataset is read again.
     bool checksum_ok() const;
     /// checksum_ok without a second pass, for a dataset of bytes whose bytes [0, bytes())
     /// the caller fed, in order, to `h`: adds the stored padding of the last element and
@@ -124,6 +126,13 @@ private:
     uint64_t chunk_ = 0, most_ = 0;
     mutable uint64_t cached_ = UINT64_MAX;
     mutable std::vector<unsigned char> chunk_buf_, stored_, plain_;  ///< decoded, as stored, unzstd'ed
+    /// checksum_ok's running hash of the bytes [0, hashed_) read so far in order; stale
+    /// when a read skipped ahead.
+    mutable Xxh3State running_ = make_xxh3();
+    mutable uint64_t hashed_ = 0;
+    mutable bool in_order_ = true;
+    /// Hash what a read returned: bytes [byte_offset, byte_offset + n) at p.
+    void note_read(uint64_t byte_offset, const void* p, uint64_t n) const;
     /// Chunk c's elements as bytes (zeros for a chunk never written); throws when damaged.
     const std::vector<unsigned char>& chunk_bytes(uint64_t c) const;
     /// Bytes [byte_offset, byte_offset + n) of a shuffled dataset, chunk by chunk.

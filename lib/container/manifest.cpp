@@ -503,11 +503,11 @@ Manifest read_manifest(hid_t file) {
                                  std::to_string(kFormatVersion) + ")");
     DatasetReader r(file, kManifestPath, H5T_NATIVE_UINT8, 1);
     if (r.count() > (256u << 20)) throw std::runtime_error("manifest is larger than 256 MiB");
-    if (!r.checksum_ok()) throw std::runtime_error("manifest checksum mismatch (damaged)");
     std::string j;
     j.reserve(r.count() + simdjson::SIMDJSON_PADDING);  // room for simdjson's padding: no copy of the text
     j.resize(r.count());
     r.read(0, r.count(), j.data());
+    if (!r.checksum_ok()) throw std::runtime_error("manifest checksum mismatch (damaged)");  // hashed as read
     Manifest m = Manifest::from_json(j);
     if (uint64_t(m.format_version) != version)
         throw std::runtime_error("manifest format_version differs from the root attribute");
