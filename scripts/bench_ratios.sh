@@ -39,8 +39,9 @@ for ck in "$@"; do
   done
   c=$(median < "$W/c"); z=$(median < "$W/z"); r=$(median < "$W/r"); d=$(median < "$W/d")
   v=$(median < "$W/v"); o=$(median < "$W/o")
-  awk -v n="$(basename "$ck")" -v c="$c" -v z="$z" -v r="$r" -v d="$d" -v v="$v" -v o="$o" 'BEGIN {
-    printf "| `%s` | %.2fx | %.2fx | %.2fx | %.2fx | %.3f | %.3f | %.3f | %.3f |\n", n, c / z, r / d, v / r, o / c, c, r, v, o }'
+  awk -v n="$(basename "$ck")" -v c="$c" -v z="$z" -v r="$r" -v d="$d" -v v="$v" -v o="$o" '
+    function ratio(a, b) { return b > 0 ? sprintf("%.2fx", a / b) : "n/a (too fast to time)" }
+    BEGIN { printf "| `%s` | %s | %s | %s | %s | %.3f | %.3f | %.3f | %.3f |\n", n, ratio(c, z), ratio(r, d), ratio(v, r), ratio(o, c), c, r, v, o }'
   rm -f "$W"/*.h5 "$W"/*.pt "$W"/*.raw "$W"/*.zst "$W"/d.* "$W/other.bin"
 done
 echo

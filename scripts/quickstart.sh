@@ -23,5 +23,6 @@ echo "== replay-plan $TRACE (a real recorded step of test/models/bn.py, BatchNor
 $B/replay-plan "$TRACE" --budget 1.5MiB --budget 1.7MiB -o "$OUT/bn.plan.json" --check --force
 echo "== apply the plan in real torch: gradients, loss, outputs and buffers byte-identical"
 /usr/bin/python3 scripts/apply_plan.py test/models/bn.py "$TRACE" "$OUT/bn.plan.json" --budget 1.5MiB
-echo "== budget sweep, every planner on one plot: $OUT/bn.sweep.svg"
-$B/replay-plan "$TRACE" --sweep 1.0MiB:2.0MiB:0.1MiB --planner joint -o "$OUT/bn.sweep.json" --svg "$OUT/bn.sweep.svg" --force | tail -n 14
+echo "== budget sweep from the smallest feasible budget (1.40 MiB) up: $OUT/bn.sweep.json (joint's plans), every planner on one plot in $OUT/bn.sweep.svg"
+$B/replay-plan "$TRACE" --sweep 1.5MiB:2.0MiB:0.1MiB --planner joint -o "$OUT/bn.sweep.json" --svg "$OUT/bn.sweep.svg" --force > "$OUT/bn.sweep.txt"
+tail -n 9 "$OUT/bn.sweep.txt"
