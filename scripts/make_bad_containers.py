@@ -8,7 +8,8 @@ name to its description. Every variant must make ckpt-verify and ckpt-restore ex
 with one clear line (never a crash, never exit 0): wrong dataset sizes (with their `count`
 and `xxh3` attributes recomputed, so only the size is wrong), wrong dtypes and ranks,
 missing datasets and attributes, a missing/garbage/mistyped `/manifest` dataset, and
-manifest fields out of range (each a single edit of the real manifest).
+manifest fields out of range (each a single edit of the real manifest), and a kept tensor's
+bytes changed in /raw with /raw's checksum recomputed.
 Nothing big is committed: the test builds GOOD from data/lm_adamw.pt at test time.
 """
 import json
@@ -312,6 +313,18 @@ def variants():
     v["format_other"] = (_set_attr("format", np.bytes_(b"other-container")), "format attribute 'other-container'")
     v["format_version_99"] = (_set_attr("format_version", np.uint64(99)), "format_version attribute 99")
     v["format_missing"] = (_del_attr("format"), "format attribute missing")
+    # ---- a kept tensor's bytes changed in /raw, /raw's checksum recomputed: only the
+    # tensor's own hash in the manifest can tell
+    def kept_tensor_edited(f):
+        st = get_manifest(f)["storages"]
+        kept = [s for s in st if s["param"] < 0 and s["nbytes"] > 0][1]
+        before = sum(s["nbytes"] for s in st if s["param"] >= 0 and s["offset"] < kept["offset"])
+        d = read_dataset(f["raw"]).copy()
+        d.view(np.uint8)[kept["offset"] - before + kept["nbytes"] // 2] ^= 0x10
+        _replace(f, "raw", d)
+
+    v["raw_kept_tensor_edited"] = (kept_tensor_edited, "a byte of the second kept tensor flipped in /raw "
+                                   "(its checksum recomputed)")
     return v
 
 

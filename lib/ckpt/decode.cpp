@@ -94,10 +94,9 @@ void ContainerReader::read_raw(uint64_t off, uint64_t n, void* out) const {
     }
 }
 
-std::vector<std::string> ContainerReader::damaged_datasets(bool with_raw) const {
+std::vector<std::string> ContainerReader::damaged_datasets() const {
     std::vector<std::string> bad;
     std::vector<const ct::DatasetReader*> all;
-    if (with_raw) all.push_back(raw_.get());
     if (escidx_) all.push_back(escidx_.get());
     for (auto* v : {&codes_, &params_, &escv_, &segs_})
         for (auto& d : *v) all.push_back(d.get());

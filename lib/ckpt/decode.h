@@ -30,18 +30,25 @@ public:
     /// fn(uint64_t source_offset, const uint8_t* bytes, std::size_t n). Throws BadInput.
     template <class Fn>
     void for_each_raw_piece(uint64_t from, uint64_t to, Fn fn) const;
-    /// One pass over the source as /raw keeps it, span by span of container::source_spans
-    /// in order: piece(const container::SourceSpan&, uint64_t source_offset, const uint8_t*
-    /// bytes, std::size_t n) for the bytes of a span outside moment storages, in pieces of
-    /// at most 1 MiB, then done(const container::SourceSpan&) for every span (moment storages,
-    /// whose bytes /raw does not hold, get only done). Every byte of /raw is read once, and
-    /// its checksum is taken on the way: returns false when /raw is damaged (the same answer
-    /// as damaged_datasets() for /raw). Throws BadInput when /raw cannot be read.
-    template <class Piece, class Done>
-    bool scan_source(Piece piece, Done done) const;
-    /// Every dataset's xxh3 checksum (/raw's too unless with_raw is false: scan_source
-    /// checks it without a second pass); returns the paths that fail.
-    std::vector<std::string> damaged_datasets(bool with_raw = true) const;
+    /// What scan_source found in /raw.
+    struct SourceScan {
+        bool raw_read = false;     ///< every byte of /raw read (false: unreadable; the scan stopped)
+        bool raw_ok = false;       ///< read, and /raw's checksum matches
+        uint64_t tensors = 0;      ///< kept tensors (storages outside the moments) hashed
+        uint64_t bad_tensors = 0;  ///< of those, how many do not match their manifest hash
+        int64_t first_bad = -1;    ///< the first such, an index into manifest().storages
+    };
+    /// One pass over the source as /raw keeps it, in source order: piece(const uint8_t*
+    /// bytes, std::size_t n) for the bytes outside moment storages, in pieces of at most
+    /// 1 MiB, and hole(uint64_t n) for each moment storage (bytes /raw does not hold).
+    /// Every byte of /raw is read once; its checksum and each kept tensor's hash are taken
+    /// on the way. A /raw that cannot be read ends the scan (raw_read false). piece and hole
+    /// must not throw BadInput (theirs would read as an unreadable /raw).
+    template <class Piece, class Hole>
+    SourceScan scan_source(Piece piece, Hole hole) const;
+    /// The checksums of every dataset but /raw (scan_source checks that one); returns the
+    /// paths that fail.
+    std::vector<std::string> damaged_datasets() const;
     /// Tensor setup (codec, hyper-parameters, domain) of parameter j.
     codec::TensorSetup setup(std::size_t j) const;
     /// Stored (compressed) bytes of all moment datasets plus the manifest's params part.
@@ -115,22 +122,36 @@ private:
     void load_escapes(uint64_t row, uint64_t end_row, int moments) const;
 };
 
-template <class Piece, class Done>
-bool ContainerReader::scan_source(Piece piece, Done done) const {
+template <class Piece, class Hole>
+ContainerReader::SourceScan ContainerReader::scan_source(Piece piece, Hole hole) const {
+    SourceScan r;
     const Xxh3State h = make_xxh3();
-    for (const container::SourceSpan& sp : container::source_spans(man_)) {
-        if (!sp.moment)
-            for_each_raw_piece(sp.begin, sp.end, [&](uint64_t off, const uint8_t* p, std::size_t n) {
-                XXH3_64bits_update(h.get(), p, n);
-                piece(sp, off, p, n);
-            });
-        done(sp);
-    }
     try {
-        return raw_->checksum_matches(h.get());
-    } catch (const std::exception& e) {
-        throw BadInput(path_, std::string("container: ") + e.what());
+        for (const container::SourceSpan& sp : container::source_spans(man_)) {
+            if (sp.moment) {
+                hole(sp.size());
+                continue;
+            }
+            for_each_raw_piece(sp.begin, sp.end, [&](uint64_t, const uint8_t* p, std::size_t n) {
+                if (sp.storage >= 0) XXH3_64bits_update(h.get(), p, n);
+                piece(p, n);
+            });
+            if (sp.storage < 0) continue;
+            ++r.tensors;
+            if (XXH3_64bits_digest(h.get()) != man_.storages[std::size_t(sp.storage)].xxh3 && !r.bad_tensors++)
+                r.first_bad = sp.storage;
+            XXH3_64bits_reset(h.get());
+        }
+    } catch (const BadInput&) {
+        return r;
     }
+    r.raw_read = true;
+    try {
+        r.raw_ok = raw_->checksum_ok();  // the bytes were hashed as read: only the padding is read again
+    } catch (const std::exception&) {
+        r.raw_ok = false;
+    }
+    return r;
 }
 
 template <class Fn>

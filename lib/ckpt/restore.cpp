@@ -7,7 +7,6 @@
 
 #include <algorithm>
 
-#include "common/xxh3.h"
 #include "ckpt/decode.h"
 #include "ckpt/pipeline.h"
 #include "ckpt/values.h"
@@ -25,8 +24,11 @@ bool ends_with(const std::string& s, const std::string& t) {
     return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
 }
 
-/// CheckFailed naming the damaged datasets.
-[[noreturn]] void damaged(const ContainerReader& cr, const std::vector<std::string>& bad) {
+/// CheckFailed naming the damaged datasets (those given, else every one whose checksum
+/// fails); returns when there are none.
+void check_damage(const ContainerReader& cr, std::vector<std::string> bad = {}) {
+    if (bad.empty()) bad = cr.damaged_datasets();
+    if (bad.empty()) return;
     std::string s;
     for (auto& b : bad) s += (s.empty() ? "" : ", ") + b;
     throw CheckFailed(cr.path() + ": damaged dataset(s), checksum mismatch: " + s);
@@ -37,31 +39,16 @@ bool ends_with(const std::string& s, const std::string& t) {
 /// tensor against its hash (CheckFailed); moment storages are left as holes for
 /// restore_moments.
 void restore_raw(const ContainerReader& cr, FileWriter& w, Progress& prog) {
-    const auto& man = cr.manifest();
-    const Xxh3State hash = make_xxh3();
-    XXH3_state_t* h = hash.get();
-    int64_t bad_storage = -1;  // the first kept tensor whose hash does not match
-    bool raw_ok = false;
-    try {
-        raw_ok = cr.scan_source(
-            [&](const ct::SourceSpan& sp, uint64_t, const uint8_t* p, std::size_t n) {
-                if (sp.storage >= 0) XXH3_64bits_update(h, p, n);
-                w.write(p, n);
-                prog.advance(n);
-            },
-            [&](const ct::SourceSpan& sp) {
-                if (sp.moment) return w.skip(sp.size());  // filled in place by restore_moments
-                if (sp.storage < 0) return;
-                if (XXH3_64bits_digest(h) != man.storages[std::size_t(sp.storage)].xxh3 && bad_storage < 0)
-                    bad_storage = int64_t(sp.begin);
-                XXH3_64bits_reset(h);
-            });
-    } catch (const BadInput&) {  // /raw unreadable (FileWriter's own errors are not BadInput)
-        raw_ok = false;
-    }
-    if (!raw_ok) damaged(cr, {ct::kRaw});
-    if (bad_storage >= 0)
-        throw CheckFailed(cr.path() + ": stored tensor bytes at source offset " + std::to_string(bad_storage) +
+    const auto scan = cr.scan_source(
+        [&](const uint8_t* p, std::size_t n) {
+            w.write(p, n);
+            prog.advance(n);
+        },
+        [&](uint64_t n) { w.skip(n); });  // filled in place by restore_moments
+    if (!scan.raw_ok) check_damage(cr, {ct::kRaw});
+    if (scan.bad_tensors)
+        throw CheckFailed(cr.path() + ": stored tensor bytes at source offset " +
+                          std::to_string(cr.manifest().storages[std::size_t(scan.first_bad)].offset) +
                           " do not match their hash");
 }
 
@@ -120,12 +107,10 @@ Report restore(const std::string& path, const std::string& out, const RestoreOpt
         try {
             restore_moments(cr, w, prog);
         } catch (const std::runtime_error&) {
-            const auto bad = cr.damaged_datasets(false);
-            if (!bad.empty()) damaged(cr, bad);
+            check_damage(cr);
             throw;
         }
-        const auto bad = cr.damaged_datasets(false);
-        if (!bad.empty()) damaged(cr, bad);
+        check_damage(cr);
         w.close();
     } catch (const std::runtime_error& e) {
         if (dynamic_cast<const BadInput*>(&e) || dynamic_cast<const CheckFailed*>(&e)) throw;

@@ -33,14 +33,18 @@ namespace {
 /// The source file rebuilt from /raw with every moment storage left as a hole (zeros):
 /// enough to parse it again (pickle, zip records, step and parameter tensors). Filled
 /// span by span during check_integrity's pass over /raw (add, hole), then finish(). Removed
-/// when destroyed. Throws BadInput when the temporary cannot be created or written.
+/// when destroyed. A failure (the temporary cannot be created or written, or fail()) is
+/// recorded, not thrown: error() says what, and later calls do nothing.
 class SourceSkeleton {
 public:
     SourceSkeleton() {
         std::string dir = std::filesystem::temp_directory_path().string();
         std::string tmpl = dir + "/ckptkit-verify-XXXXXX";
         const int fd = mkstemp(tmpl.data());
-        if (fd < 0) throw BadInput(dir, "cannot create a temporary file to re-read the source");
+        if (fd < 0) {
+            error_ = "cannot create a temporary file to re-read the source";
+            return;
+        }
         ::close(fd);
         path_ = tmpl;
         guard([&] { w_.emplace(path_); });
@@ -66,20 +70,25 @@ public:
             w_->close();
         });
     }
+    /// Record a failure from outside (the source's bytes could not all be read).
+    void fail(const std::string& why) {
+        if (error_.empty()) error_ = why;
+    }
+    /// Empty while the copy is sound, else what went wrong first.
+    const std::string& error() const { return error_; }
     const std::string& path() const { return path_; }
 
 private:
-    std::string path_;
+    std::string path_, error_;
     std::optional<FileWriter> w_;
     bool ends_in_hole_ = false;
     template <class F>
     void guard(F f) {
+        if (!error_.empty()) return;
         try {
             f();
-        } catch (const BadInput&) {
-            throw;
         } catch (const std::runtime_error& e) {
-            throw BadInput(path_, std::string("cannot write the temporary source copy: ") + e.what());
+            error_ = std::string("cannot write the temporary source copy: ") + e.what();
         }
     }
 };
@@ -107,49 +116,24 @@ void add_failure(Report& rep, const std::string& s) {
 }
 
 /// Check 1, integrity, first part: /raw's checksum and every tensor kept in /raw against its
-/// hash, in one pass over /raw that also fills `skel` (when given; its failure is recorded
-/// in skel_error and the pass goes on without it). Returns the number of kept tensors.
-/// The moment datasets' checksums: check_moment_datasets, once check 3 has read them.
-uint64_t check_integrity(const ContainerReader& cr, Report& rep, SourceSkeleton* skel, std::string& skel_error) {
-    auto fail = [&](const std::string& s) { add_failure(rep, s); };
+/// hash, in one pass over /raw that also fills `skel` when given. Returns the number of
+/// kept tensors. The moment datasets' checksums: check_moment_datasets, once check 3 has
+/// read them.
+uint64_t check_integrity(const ContainerReader& cr, Report& rep, SourceSkeleton* skel) {
     const auto& man = cr.manifest();
-    uint64_t raw_checked = 0, bad_tensors = 0;
-    std::string first_bad;
-    const Xxh3State hash = make_xxh3();
-    XXH3_state_t* h = hash.get();
-    auto skeleton = [&](auto f) {
-        if (!skel) return;
-        try {
-            f();
-        } catch (const BadInput& e) {
-            skel_error = e.what();
-            skel = nullptr;
-        }
-    };
-    bool raw_ok = false;
-    try {
-        raw_ok = cr.scan_source(
-            [&](const container::SourceSpan& sp, uint64_t, const uint8_t* p, std::size_t n) {
-                if (sp.storage >= 0) XXH3_64bits_update(h, p, n);
-                skeleton([&] { skel->add(p, n); });
-            },
-            [&](const container::SourceSpan& sp) {
-                if (sp.moment) return skeleton([&] { skel->hole(sp.size()); });
-                if (sp.storage < 0) return;
-                const auto& s = man.storages[std::size_t(sp.storage)];
-                if (XXH3_64bits_digest(h) != s.xxh3 && !bad_tensors++)
-                    first_bad = fmt::format("stored tensor at source offset {} ({} bytes): hash mismatch", s.offset, s.nbytes);
-                XXH3_64bits_reset(h);
-                ++raw_checked;
-            });
-        skeleton([&] { skel->finish(man.source_size); });
-    } catch (const BadInput&) {
-        raw_ok = false;  // unreadable: damaged, as checksum_ok answers
-        if (skel) skel_error = "/raw cannot be read", skel = nullptr;
+    const auto scan = cr.scan_source([&](const uint8_t* p, std::size_t n) { if (skel) skel->add(p, n); },
+                                     [&](uint64_t n) { if (skel) skel->hole(n); });
+    if (skel) {
+        if (scan.raw_read) skel->finish(man.source_size);
+        else skel->fail("/raw cannot be read");
     }
-    if (!raw_ok) fail(std::string("dataset ") + container::kRaw + ": checksum mismatch (damaged)");
-    if (bad_tensors) fail(bad_tensors == 1 ? first_bad : fmt::format("{} (and {} more)", first_bad, bad_tensors - 1));
-    return raw_checked;
+    if (!scan.raw_ok) add_failure(rep, std::string("dataset ") + container::kRaw + ": checksum mismatch (damaged)");
+    if (scan.bad_tensors) {
+        const auto& s = man.storages[std::size_t(scan.first_bad)];
+        const std::string first = fmt::format("stored tensor at source offset {} ({} bytes): hash mismatch", s.offset, s.nbytes);
+        add_failure(rep, scan.bad_tensors == 1 ? first : fmt::format("{} (and {} more)", first, scan.bad_tensors - 1));
+    }
+    return scan.tensors;
 }
 
 /// Check 1, integrity, second part: every other dataset's checksum (DatasetReader hashed
@@ -157,7 +141,7 @@ uint64_t check_integrity(const ContainerReader& cr, Report& rep, SourceSkeleton*
 /// failures go first in the report: a damaged dataset explains whatever check 3 found.
 void check_moment_datasets(const ContainerReader& cr, Report& rep, uint64_t raw_checked) {
     std::vector<std::string> damage;
-    for (const auto& d : cr.damaged_datasets(false)) damage.push_back("dataset " + d + ": checksum mismatch (damaged)");
+    for (const auto& d : cr.damaged_datasets()) damage.push_back("dataset " + d + ": checksum mismatch (damaged)");
     if (!damage.empty()) {
         rep.failures.insert(rep.failures.begin(), damage.begin(), damage.end());
         if (rep.failures.size() > 50) rep.failures.resize(50);
@@ -170,12 +154,11 @@ void check_moment_datasets(const ContainerReader& cr, Report& rep, uint64_t raw_
 /// the source bytes kept in /raw (skel), or, in compress's self-check, the plan compress
 /// made from the source itself (`planned`; /raw is those bytes when check 1 passed, and
 /// plan_layout reads no moment byte, so the re-derived plan would be this one).
-void check_manifest(const ContainerReader& cr, Report& rep, const SourceSkeleton* skel, const std::string& skel_error,
-                    const Layout* planned) {
+void check_manifest(const ContainerReader& cr, Report& rep, const SourceSkeleton* skel, const Layout* planned) {
     auto fail = [&](const std::string& s) { add_failure(rep, s); };
     const auto& man = cr.manifest();
     try {
-        if (!planned && !skel) throw BadInput(cr.path(), skel_error);
+        if (!planned && !skel->error().empty()) throw BadInput(cr.path(), skel->error());
         const Layout derived = planned ? Layout{} : derive_layout(cr, *skel);
         for (const auto& d : compare_layout(man, planned ? *planned : derived)) fail(d);
         if (rep.ok) rep.checks.push_back(fmt::format("manifest: {} coded states match the source's param_groups, step and storages", man.params.size()));
@@ -223,9 +206,8 @@ void compare_non_moment(const ContainerReader& cr, const io::InputFile& orig, Re
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3")))
 #endif
-double certificate_stats(const double* bounds, const char* esc, std::size_t n,
-                                                         double tolerance, uint64_t& certified, uint64_t& over,
-                                                         double max_so_far) {
+double certificate_stats(const double* bounds, const char* esc, std::size_t n, double tolerance, uint64_t& certified,
+                         uint64_t& over, double max_so_far) {
     uint64_t cert = 0, bad = 0;
     int64_t top = 0;  // bit patterns of doubles >= 0 (sign bit clear): signed order is numeric order
     for (std::size_t i = 0; i < n; ++i) {
@@ -379,14 +361,10 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     rep.bits = cr.moment_bits();
     rep.escape_causes = cr.escape_causes();
     std::optional<SourceSkeleton> skel;  // check 2's copy of the source, filled by check 1's pass
-    std::string skel_error;
-    if (!o.planned) {
-        try { skel.emplace(); } catch (const BadInput& e) { skel_error = e.what(); }
-    }
-    const uint64_t raw_checked = check_integrity(cr, rep, skel ? &*skel : nullptr, skel_error);  // 1, /raw
-    if (!skel_error.empty()) skel.reset();
+    if (!o.planned) skel.emplace();
+    const uint64_t raw_checked = check_integrity(cr, rep, skel ? &*skel : nullptr);  // 1, /raw
     rep.groups = cr.groups();
-    if (rep.ok) check_manifest(cr, rep, skel ? &*skel : nullptr, skel_error, o.planned);  // 2
+    if (rep.ok) check_manifest(cr, rep, skel ? &*skel : nullptr, o.planned);  // 2
     std::unique_ptr<io::InputFile> orig;
     if (o.original) orig = open_original(cr, o, rep);
     if (orig) compare_non_moment(cr, *orig, rep);  // 4, non-moment bytes

@@ -384,7 +384,10 @@ void DatasetReader::read_bytes(uint64_t offset, uint64_t n, void* out) const {
     if (offset > bytes_ || n > bytes_ - offset) fail("read past the end of dataset " + path_);
     if (n == 0) return;
     if (elem_ == 1) return read(offset, n, out);
-    if (chunk_) return read_chunked(offset, n, static_cast<unsigned char*>(out));  // straight from the decoded chunk
+    if (chunk_) {  // straight from the decoded chunk
+        read_chunked(offset, n, static_cast<unsigned char*>(out));
+        return note_read(offset, out, n);
+    }
     const uint64_t e0 = offset / elem_, e1 = (offset + n + elem_ - 1) / elem_;
     auto* o = static_cast<unsigned char*>(out);
     if (offset % elem_ == 0 && n % elem_ == 0) return read(e0, e1 - e0, o);  // whole elements: no copy
@@ -395,29 +398,21 @@ void DatasetReader::read_bytes(uint64_t offset, uint64_t n, void* out) const {
 }
 
 bool DatasetReader::checksum_ok() const {
-    const uint64_t want = get_attr_u64(ds_.get(), "xxh3");
-    if (in_order_ && hashed_ == count_ * elem_) return XXH3_64bits_digest(running_.get()) == want;
-    const Xxh3State hash = make_xxh3();
-    XXH3_state_t* st = hash.get();
+    if (!in_order_) {  // a read skipped ahead: hash from the start
+        XXH3_64bits_reset(running_.get());
+        hashed_ = 0;
+        in_order_ = true;
+    }
+    // read what the reads so far left (note_read hashes it; for a dataset of bytes, at
+    // least the padding as stored)
     const uint64_t step = std::max<uint64_t>(1, (1u << 20) / elem_);
-    std::vector<unsigned char> buf(step * elem_);
-    for (uint64_t off = 0; off < count_; off += step) {
+    std::vector<unsigned char> buf;
+    for (uint64_t off = hashed_ / elem_; off < count_; off += step) {
         const uint64_t n = std::min(step, count_ - off);
+        buf.resize(std::size_t(n * elem_));
         read(off, n, buf.data());
-        XXH3_64bits_update(st, buf.data(), n * elem_);
     }
-    return XXH3_64bits_digest(st) == want;
-}
-
-bool DatasetReader::checksum_matches(XXH3_state_t* h) const {
-    const uint64_t stored = count_ * elem_;
-    if (bytes_ < stored) {  // the padding as stored (Appender wrote zeros), hashed like checksum_ok
-        std::vector<unsigned char> last(elem_);
-        read(count_ - 1, 1, last.data());
-        const std::size_t pad = std::size_t(stored - bytes_);
-        XXH3_64bits_update(h, last.data() + (elem_ - pad), pad);
-    }
-    return XXH3_64bits_digest(h) == get_attr_u64(ds_.get(), "xxh3");
+    return XXH3_64bits_digest(running_.get()) == get_attr_u64(ds_.get(), "xxh3");
 }
 
 }  // namespace ckpt::container

@@ -104,14 +104,11 @@ public:
     uint64_t bytes() const { return bytes_; }
     /// Read bytes [offset, offset + n) of such a dataset; throws when out of range.
     void read_bytes(uint64_t offset, uint64_t n, void* out) const;
-    /// Whether the dataset matches its `xxh3` attribute. Reads hash what they return on the
-    /// way while they come in order (a re-read of hashed bytes is skipped, a gap stops it):
-    /// when every byte was read so, no second pass; else the whole dataset is read again.
+    /// Whether the dataset matches its `xxh3` attribute. Reads (read, read_bytes) hash what
+    /// they return on the way while they come in order (a re-read of hashed bytes is
+    /// skipped, a gap stops it): checksum_ok reads only what they left (after a gap, all).
+    /// Throws when the dataset cannot be read.
     bool checksum_ok() const;
-    /// checksum_ok without a second pass, for a dataset of bytes whose bytes [0, bytes())
-    /// the caller fed, in order, to `h`: adds the stored padding of the last element and
-    /// compares. Throws when the dataset cannot be read.
-    bool checksum_matches(XXH3_state_t* h) const;
     const std::string& path() const { return path_; }
     uint64_t stored_bytes() const { return H5Dget_storage_size(ds_.get()); }  ///< compressed
 
@@ -127,7 +124,7 @@ private:
     mutable uint64_t cached_ = UINT64_MAX;
     mutable std::vector<unsigned char> chunk_buf_, stored_, plain_;  ///< decoded, as stored, unzstd'ed
     /// checksum_ok's running hash of the bytes [0, hashed_) read so far in order; stale
-    /// when a read skipped ahead.
+    /// when a read skipped ahead (in_order_ false).
     mutable Xxh3State running_ = make_xxh3();
     mutable uint64_t hashed_ = 0;
     mutable bool in_order_ = true;

@@ -91,32 +91,49 @@ TEST_CASE("shuffled datasets: Appender's bytes back through libhdf5 and through 
     }
 }
 
-TEST_CASE("checksum_matches: one pass over a dataset's bytes gives checksum_ok's answer, padding included") {
+TEST_CASE("checksum_ok: reads in order are hashed on the way; the rest, padding included, read once") {
     TempDir td;
     const std::string path = (td.path / "c.h5").string();
-    for (std::size_t size : {std::size_t(0), std::size_t(8), std::size_t(4099)}) {  // empty, whole elements, 3 bytes of padding
-        std::vector<unsigned char> bytes(size);
+    for (std::size_t size : {std::size_t(0), std::size_t(8), std::size_t(4099), std::size_t(9000)}) {
+        std::vector<unsigned char> bytes(size);  // 4099, 9000: 3 and 0 bytes of padding, chunks of 4096
         for (std::size_t i = 0; i < size; ++i) bytes[i] = (unsigned char)(i * 7 + 1);
-        {
-            Handle f = create_file(path);
-            Appender a(f.get(), "/raw", H5T_STD_U32LE, 4, 4096, 1, true);
-            a.append_bytes(bytes.data(), bytes.size());
-            a.finish();
-        }
-        Handle f = open_file(path);
-        const DatasetReader r(f.get(), "/raw", H5T_STD_U32LE, 4);
-        CHECK(r.checksum_ok());
-        auto matches = [&](const std::vector<unsigned char>& fed) {
-            const ckpt::Xxh3State h = ckpt::make_xxh3();
-            XXH3_64bits_update(h.get(), fed.data(), fed.size());
-            return r.checksum_matches(h.get());
-        };
-        CHECK(matches(bytes));
-        if (size) {
-            std::vector<unsigned char> other = bytes;
-            other[size / 2] ^= 1;
-            CHECK_FALSE(matches(other));
-            CHECK_FALSE(matches(std::vector<unsigned char>(bytes.begin(), bytes.end() - 1)));
+        for (bool shuffled : {true, false}) {  // our direct chunk reader, and libhdf5's pipeline
+            {
+                Handle f = create_file(path);
+                Appender a(f.get(), "/raw", H5T_STD_U32LE, 4, 4096, 1, shuffled);
+                a.append_bytes(bytes.data(), bytes.size());
+                a.finish();
+            }
+            std::vector<unsigned char> got(size);
+            {
+                Handle f = open_file(path);
+                // in order, in odd pieces (re-reading some bytes), to the end of the bytes
+                const DatasetReader whole(f.get(), "/raw", H5T_STD_U32LE, 4);
+                for (std::size_t off = 0; off < size; off += 997)
+                    whole.read_bytes(off > 5 ? off - 5 : 0, std::min<std::size_t>(997, size - off) + (off > 5 ? 5 : 0),
+                                     got.data() + (off > 5 ? off - 5 : 0));
+                CHECK(got == bytes);
+                CHECK(whole.checksum_ok());
+                // a prefix only, then a gap: both still give the right answer
+                const DatasetReader part(f.get(), "/raw", H5T_STD_U32LE, 4), gap(f.get(), "/raw", H5T_STD_U32LE, 4);
+                if (size >= 8) {
+                    part.read_bytes(0, 3, got.data());
+                    gap.read_bytes(4, 4, got.data());
+                }
+                CHECK(part.checksum_ok());
+                CHECK(gap.checksum_ok());
+            }
+            // a wrong stored checksum is found on every path
+            {
+                Handle rw(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+                Handle ds(H5Dopen2(rw.get(), "/raw", H5P_DEFAULT), H5Dclose);
+                set_attr(ds.get(), "xxh3", get_attr_u64(ds.get(), "xxh3") ^ 1);
+            }
+            const Handle g = open_file(path);
+            const DatasetReader bad(g.get(), "/raw", H5T_STD_U32LE, 4), bad2(g.get(), "/raw", H5T_STD_U32LE, 4);
+            if (size) bad.read_bytes(0, size, got.data());
+            CHECK_FALSE(bad.checksum_ok());  // hashed as read
+            CHECK_FALSE(bad2.checksum_ok());  // read by checksum_ok
         }
     }
 }

@@ -115,7 +115,7 @@ TEST_CASE("manifest: parse reads keys in any order, exactly one object, escaped 
     CHECK(Manifest::from_json(reordered.dump()).to_json() == text);
     CHECK(Manifest::from_json(text).params[0].name == a.params[0].name);
     CHECK(Manifest::from_json(text + " \n\t").to_json() == text);  // trailing whitespace is JSON
-    for (const std::string bad : {text + " }", text + "{}", text.substr(0, text.size() - 1), text + "x"}) {
+    for (const std::string& bad : {text + " }", text + "{}", text.substr(0, text.size() - 1), text + "x"}) {
         const std::string why = [&] {
             try { Manifest::from_json(bad); } catch (const std::runtime_error& e) { return std::string(e.what()); }
             return std::string("accepted");

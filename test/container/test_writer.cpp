@@ -144,6 +144,21 @@ TEST_CASE("ContainerWriter -> ContainerReader: raw bytes, streams, offsets and e
         });
         CHECK(got == std::vector<uint8_t>(src.begin() + long(sp.begin), src.begin() + long(sp.end)));
     }
+    // one pass over /raw: the source with the moment storages as holes, /raw's checksum and
+    // the two kept tensors' hashes
+    {
+        std::vector<uint8_t> scanned, want = src;
+        const auto scan = cr.scan_source([&](const uint8_t* p, std::size_t n) { scanned.insert(scanned.end(), p, p + n); },
+                                         [&](uint64_t n) { scanned.resize(scanned.size() + n, 0); });
+        for (const SourceSpan& sp : source_spans(m))
+            if (sp.moment) std::fill(want.begin() + long(sp.begin), want.begin() + long(sp.end), 0);
+        CHECK(scanned == want);
+        CHECK(scan.raw_read);
+        CHECK(scan.raw_ok);
+        CHECK(scan.tensors == 2);
+        CHECK(scan.bad_tensors == 0);
+        CHECK(scan.first_bad == -1);
+    }
     // the streams: codes as written, zero codes in role 2 for "a", delta-coded escape index
     const Handle f = open_file(path);
     const DatasetReader c2(f.get(), codes_path(2), H5T_NATIVE_UINT8, 1);

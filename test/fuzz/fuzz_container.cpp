@@ -1,5 +1,5 @@
 // libFuzzer target: the container reader behind ckpt-verify / ckpt-restore: open (HDF5 +
-// manifest + dataset checks), checksums, decoding every parameter chunk by chunk with
+// manifest + dataset checks), the pass over /raw, checksums, decoding every parameter chunk by chunk with
 // certificates, and every raw storage range. HDF5 itself is the system library (not
 // instrumented); its error stack printing is turned off.
 #include <hdf5.h>
@@ -17,6 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string& path = fuzz::as_file(data, size);
     try {
         const ckpt::ContainerReader cr(path);
+        (void)cr.scan_source([](const uint8_t*, std::size_t) {}, [](uint64_t) {});
         (void)cr.damaged_datasets();
         (void)cr.rows();
         const auto& man = cr.manifest();

@@ -180,6 +180,24 @@ def test_hostile_generator_edits_only_what_it_says(good, hostile):
         assert d.size == f["raw"].shape[0] - 1
 
 
+def test_kept_tensor_hash_names_the_tensor(hostile, tmp_path):
+    """/raw intact by its checksum, one kept tensor's bytes changed: both tools name that
+    tensor's source offset (the manifest's per-tensor hash is the only witness)."""
+    import h5py
+    path = os.path.join(hostile, "raw_kept_tensor_edited.ckz.h5")
+    with h5py.File(path, "r") as f:
+        kept = [s for s in make_bad_containers.get_manifest(f)["storages"] if s["param"] < 0 and s["nbytes"] > 0][1]
+    p = run("ckpt-verify", path, "--json")
+    assert p.returncode == 1
+    assert json.loads(p.stdout)["failures"] == [
+        f"stored tensor at source offset {kept['offset']} ({kept['nbytes']} bytes): hash mismatch"]
+    p = run("ckpt-restore", path, "-o", tmp_path / "r.pt")
+    assert p.returncode == 1
+    assert p.stderr == (f"ckpt-restore: check failed: {path}: stored tensor bytes at source offset "
+                        f"{kept['offset']} do not match their hash\n")
+    assert not (tmp_path / "r.pt").exists()
+
+
 # ------------------------------------------------------------------ corruption
 
 def _flip_trial(args):
