@@ -243,8 +243,7 @@ void ContainerReader::read_segments(const ct::ParamEntry& e, int k, uint64_t beg
             throw std::runtime_error("param " + e.name + " " + ct::kRoleNames[k] + ": " + x.what());
         }
         if (k == 1) codec::vlog_rows(seg_codes_.data(), len, params + 2 * ((i - begin) / codec::kBlock), std::size_t(ct::vlog_row(e)), false);
-        uint8_t* out = codes + 2 * (i - begin);
-        for (std::size_t q = 0; q < len; ++q) { out[2 * q] = uint8_t(seg_codes_[q]); out[2 * q + 1] = uint8_t(seg_codes_[q] >> 8); }
+        codec::codes_to_bytes(seg_codes_.data(), len, codes + 2 * (i - begin));
     }
 }
 

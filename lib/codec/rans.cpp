@@ -227,7 +227,9 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
     for (int s = 0; s < used; ++s) put_varint(head, f[s]);
     if (head.size() + rans_len + nbits >= 1 + 2 * n) {  // raw is no larger
         out.push_back(kModeRaw);
-        for (std::size_t i = 0; i < n; ++i) { out.push_back(uint8_t(codes[i])); out.push_back(uint8_t(codes[i] >> 8)); }
+        const std::size_t at = out.size();
+        out.resize(at + 2 * n);
+        codes_to_bytes(codes, n, out.data() + at);
         return;
     }
     out.insert(out.end(), head.begin(), head.end());
@@ -241,7 +243,7 @@ void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t*
     const uint8_t mode = *c.p++;
     if (mode == kModeRaw) {
         if (std::size_t(c.end - c.p) != 2 * n) Cursor::bad("raw size mismatch");
-        for (std::size_t i = 0; i < n; ++i) codes[i] = uint16_t(c.p[2 * i] | (c.p[2 * i + 1] << 8));
+        codes_from_bytes(c.p, n, codes);
         return;
     }
     if (mode != kModeRans2 && mode != kModeRans4) Cursor::bad("unknown mode");

@@ -91,8 +91,7 @@ void ContainerWriter::append_segments(int k, uint64_t i0, const uint8_t* codes, 
     for (std::size_t s0 = 0; s0 < n; s0 += seg) {
         const std::size_t len = std::min<std::size_t>(seg, n - s0);
         seg_codes_.resize(len);
-        for (std::size_t i = 0; i < len; ++i)
-            seg_codes_[i] = uint16_t(codes[2 * (s0 + i)] | (codes[2 * (s0 + i) + 1] << 8));
+        codec::codes_from_bytes(codes + 2 * s0, len, seg_codes_.data());
         seg_bytes_.clear();
         const int16_t* sp = params + 2 * (s0 / codec::kBlock);
         if (k == 1 && i0 + s0 == 0 && row_length(*cur_) > 0) {
