@@ -20,7 +20,8 @@ namespace ckpt {
 
 class ContainerReader {
 public:
-    explicit ContainerReader(const std::string& path);
+    /// `written`: the manifest the caller wrote into this container (read_manifest's).
+    explicit ContainerReader(const std::string& path, const container::Manifest* written = nullptr);
     const container::Manifest& manifest() const { return man_; }
     const std::string& path() const { return path_; }
     /// Read source bytes [off, off+n) that lie outside moment storages (from /raw).

@@ -494,7 +494,7 @@ uint64_t write_manifest(hid_t file, const Manifest& m) {
     return a.finish();
 }
 
-Manifest read_manifest(hid_t file) {
+Manifest read_manifest(hid_t file, const Manifest* written) {
     if (!exists(file, "/") || get_attr_string(file, "format") != "ckptkit-container")
         throw std::runtime_error("root attribute 'format' is not ckptkit-container");
     const uint64_t version = get_attr_u64(file, "format_version");
@@ -508,7 +508,13 @@ Manifest read_manifest(hid_t file) {
     j.resize(r.count());
     r.read(0, r.count(), j.data());
     if (!r.checksum_ok()) throw std::runtime_error("manifest checksum mismatch (damaged)");  // hashed as read
-    Manifest m = Manifest::from_json(j);
+    Manifest m;
+    if (written && written->to_json() == j) {
+        written->validate();
+        m = *written;
+    } else {
+        m = Manifest::from_json(j);
+    }
     if (uint64_t(m.format_version) != version)
         throw std::runtime_error("manifest format_version differs from the root attribute");
     // the moment streams hold exactly what the parameters need

@@ -139,8 +139,11 @@ inline uint64_t segments_of(uint64_t n) { return (n + codec::kSegment - 1) / cod
 /// Write the manifest as the /manifest dataset; returns its stored (compressed) bytes.
 uint64_t write_manifest(hid_t file, const Manifest&);
 /// Read and validate /manifest (checksum, size <= 256 MiB, Manifest::from_json).
-/// Throws std::runtime_error with the reason.
-Manifest read_manifest(hid_t file);
+/// `written`: the manifest the caller wrote there itself (compress's self-check): when the
+/// stored text is its to_json() byte for byte, it is validated and returned without a parse
+/// (from_json(m.to_json()) is m; the parse's indexes take ~5x the text: 0.5 GB at 10^5
+/// tensors); any other text is parsed as usual. Throws std::runtime_error with the reason.
+Manifest read_manifest(hid_t file, const Manifest* written = nullptr);
 /// Bytes of the stored manifest attributable to per-parameter metadata (its params part's
 /// share of the JSON text of `manifest_text_bytes`), counted as moment bytes (docs/design.md
 /// §3 byte accounting).

@@ -35,6 +35,15 @@ Value::Object::Object(const Object&) = default;
 Value::Object::Object(Object&&) noexcept = default;
 Value::Object& Value::Object::operator=(const Object&) = default;
 Value::Object& Value::Object::operator=(Object&&) noexcept = default;
+Value::ObjectPtr::ObjectPtr(Object o) : p(std::make_unique<Object>(std::move(o))) {}
+Value::ObjectPtr::~ObjectPtr() = default;
+Value::ObjectPtr::ObjectPtr(const ObjectPtr& o) : p(o.p ? std::make_unique<Object>(*o.p) : nullptr) {}
+Value::ObjectPtr::ObjectPtr(ObjectPtr&&) noexcept = default;
+Value::ObjectPtr& Value::ObjectPtr::operator=(const ObjectPtr& o) {
+    p = o.p ? std::make_unique<Object>(*o.p) : nullptr;
+    return *this;
+}
+Value::ObjectPtr& Value::ObjectPtr::operator=(ObjectPtr&&) noexcept = default;
 
 const Value* Value::Object::attr(const std::string& key) const {
     for (auto it = state.rbegin(); it != state.rend(); ++it) {
@@ -56,7 +65,7 @@ std::string Value::key_text() const {
     if (auto b = std::get_if<bool>(&v)) return *b ? "True" : "False";
     if (auto d = std::get_if<double>(&v)) return fmt::format("{}", *d);
     if (std::holds_alternative<None>(v)) return "None";
-    if (auto o = std::get_if<Object>(&v)) return o->qualname();
+    if (auto o = object()) return o->qualname();
     return "?";
 }
 

@@ -95,7 +95,18 @@ struct Value {
         /// slots part), else a SETITEM item with that str key; nullptr when absent.
         const Value* attr(const std::string& key) const;
     };
-    std::variant<None, bool, int64_t, double, std::string, Tensor, List, Dict, Object> v;
+    /// An Object held by pointer and deep-copied with its Value: a Value is then 48 bytes,
+    /// not the Object's ~190 (a checkpoint of 10^5 tensors has millions of Values).
+    struct ObjectPtr {
+        std::unique_ptr<Object> p;   ///< null only once moved from
+        explicit ObjectPtr(Object o);
+        ~ObjectPtr();
+        ObjectPtr(const ObjectPtr&);
+        ObjectPtr(ObjectPtr&&) noexcept;
+        ObjectPtr& operator=(const ObjectPtr&);
+        ObjectPtr& operator=(ObjectPtr&&) noexcept;
+    };
+    std::variant<None, bool, int64_t, double, std::string, Tensor, List, Dict, ObjectPtr> v;
     bool is_tuple = false;   ///< List came from a tuple
     bool is_bytes = false;   ///< string holds raw bytes (python bytes)
 
@@ -113,8 +124,12 @@ struct Value {
     const Value* get(const std::string& key) const;   ///< Dict lookup by str or int key text; nullptr if absent
     bool is_dict() const { return std::holds_alternative<Dict>(v); }
     bool is_list() const { return std::holds_alternative<List>(v); }
-    bool is_object() const { return std::holds_alternative<Object>(v); }
-    const Object* object() const { return std::get_if<Object>(&v); }   ///< nullptr unless an Object
+    bool is_object() const { return std::holds_alternative<ObjectPtr>(v); }
+    /// nullptr unless an Object.
+    const Object* object() const {
+        auto o = std::get_if<ObjectPtr>(&v);
+        return o ? o->p.get() : nullptr;
+    }
     std::string key_text() const;   ///< str or int rendered as text (for paths); an Object's qualname
 
     /// Visit the direct children with their path segments: list/tuple items by index, dict
@@ -132,7 +147,8 @@ template <class V, class F> void Value::visit_children(V& self, F& f) {
         for (std::size_t i = 0; i < l->size(); ++i) f(std::to_string(i), (*l)[i]);
     } else if (auto d = std::get_if<Dict>(&self.v)) {
         for (auto& kv : *d) f(kv.first.key_text(), kv.second);
-    } else if (auto o = std::get_if<Object>(&self.v)) {
+    } else if (auto op = std::get_if<ObjectPtr>(&self.v); op && op->p) {
+        auto& o = op->p;
         for (std::size_t i = 0; i < o->args.size(); ++i) f("@args/" + std::to_string(i), o->args[i]);
         for (auto& kv : o->kwargs) f("@kwargs/" + kv.first.key_text(), kv.second);
         for (std::size_t i = 0; i < o->state.size(); ++i) f(i ? "@state" + std::to_string(i) : std::string("@state"), o->state[i]);

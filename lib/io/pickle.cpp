@@ -745,7 +745,7 @@ Value Unpickler::convert(std::size_t id, int depth) {
             obj.items = convert_all(p.items, depth);
             obj.dict_items = convert_pairs(p.kv, depth);
         }
-        v.v = std::move(obj);
+        v.v = Value::ObjectPtr(std::move(obj));
         break;
     }
     case Obj::List: case Obj::Tuple: case Obj::Set: {

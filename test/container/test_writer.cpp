@@ -134,6 +134,13 @@ TEST_CASE("ContainerWriter -> ContainerReader: raw bytes, streams, offsets and e
     const ContainerReader cr(path);
     CHECK(cr.manifest().to_json() == m.to_json());
     CHECK(cr.damaged_datasets().empty());
+    {  // the writer's own manifest is taken when the stored text is its to_json; any other is not
+        const Handle g = open_file(path);
+        CHECK(read_manifest(g.get(), &m).to_json() == m.to_json());
+        Manifest other = m;
+        other.params[0].escapes += 1;
+        CHECK(read_manifest(g.get(), &other).to_json() == m.to_json());
+    }
     // /raw: every non-moment byte, by source offset
     for (const SourceSpan& sp : source_spans(m)) {
         if (sp.moment) continue;

@@ -340,6 +340,24 @@ const Value::Object& obj(const Value& v) {
 
 }  // namespace
 
+TEST_CASE("a Value holding an Object stays small and copies the Object deeply") {
+    CHECK(sizeof(Value) <= 48);  // the Object (~190 bytes) is behind a pointer
+    Value::Object o;
+    o.module = "argparse";
+    o.name = "Namespace";
+    o.args.emplace_back();
+    Value v;
+    v.v = Value::ObjectPtr(o);
+    const Value c = v;
+    REQUIRE(c.object() != nullptr);
+    CHECK(c.object() != v.object());
+    CHECK(c.object()->qualname() == "argparse.Namespace");
+    CHECK(c.object()->args.size() == 1);
+    const Value m = std::move(v);
+    REQUIRE(m.object() != nullptr);
+    CHECK(m.key_text() == "argparse.Namespace");
+}
+
 TEST_CASE("foreign objects written by torch 1.13 at protocols 2, 4, 5 are opaque values, tensors inside kept") {
     for (const char* name : {"foreign.pt", "foreign_p4.pt", "foreign_p5.pt"}) {
         CAPTURE(name);
