@@ -184,23 +184,12 @@ std::string storage_json(const StorageEntry& s) {
                        s.nbytes, s.offset, s.param, s.role, s.xxh3);
 }
 
-/// A JSON array written element by element (to_json gives each element's compact text).
-template <class T, class F>
-std::string dump_array(const std::vector<T>& items, F to_json) {
-    std::string out = "[";
-    for (std::size_t i = 0; i < items.size(); ++i) {
-        if (i) out += ',';
-        out += to_json(items[i]);
-    }
-    return out + "]";
-}
-
 }  // namespace
 
-std::string Manifest::to_json() const {
-    // The header as one small object with empty arrays, then the three arrays spliced in
-    // where nlohmann's (sorted-key, compact) dump put "[]": byte for byte the dump of the
-    // whole tree, in memory proportional to the text only. A string value cannot hold
+void Manifest::write_json(const std::function<void(std::string_view)>& sink) const {
+    // The header as one small object with empty arrays, then the three arrays' entries
+    // written where nlohmann's (sorted-key, compact) dump put "[]": byte for byte the dump
+    // of the whole tree, in memory of one entry at a time. A string value cannot hold
     // `"params":[]` (its quotes would be escaped), so each pattern occurs exactly once.
     json j;
     j["format"] = "ckptkit-container";
@@ -216,18 +205,29 @@ std::string Manifest::to_json() const {
     j["storages"] = json::array();
     j["params"] = json::array();
     j["kept"] = json::array();
-    std::string text = j.dump();
-    auto splice = [&](const char* key, const std::string& array) {
+    const std::string text = j.dump();
+    std::size_t from = 0;
+    auto array = [&](const char* key, const auto& items, auto entry_json) {  // in the text's (sorted) key order
         const std::string pattern = std::string("\"") + key + "\":[]";
-        const auto at = text.find(pattern);
-        text.replace(at + pattern.size() - 2, 2, array);
+        const std::size_t close = text.find(pattern) + pattern.size() - 1;  // its ']'
+        sink(std::string_view(text).substr(from, close - from));
+        for (std::size_t i = 0; i < items.size(); ++i) {
+            if (i) sink(",");
+            sink(entry_json(items[i]));
+        }
+        from = close;
     };
-    // later keys first, so earlier positions stay valid: kept < params < storages
-    splice("storages", dump_array(storages, storage_json));
-    splice("params", dump_array(params, param_json));
-    splice("kept", dump_array(kept, [](const KeptEntry& k) {
+    array("kept", kept, [](const KeptEntry& k) {
         return json{{"name", k.name}, {"values", k.values}, {"nbytes", k.nbytes}, {"note", k.note}}.dump();
-    }));
+    });
+    array("params", params, param_json);
+    array("storages", storages, storage_json);
+    sink(std::string_view(text).substr(from));
+}
+
+std::string Manifest::to_json() const {
+    std::string text;
+    write_json([&](std::string_view piece) { text.append(piece); });
     return text;
 }
 
@@ -488,9 +488,8 @@ Manifest Manifest::from_json(const std::string& text) {
 }
 
 uint64_t write_manifest(hid_t file, const Manifest& m) {
-    const std::string j = m.to_json();
     Appender a(file, kManifestPath, H5T_NATIVE_UINT8, 1);
-    a.append(j.data(), j.size());
+    m.write_json([&](std::string_view piece) { a.append(piece.data(), piece.size()); });
     return a.finish();
 }
 
@@ -509,7 +508,16 @@ Manifest read_manifest(hid_t file, const Manifest* written) {
     r.read(0, r.count(), j.data());
     if (!r.checksum_ok()) throw std::runtime_error("manifest checksum mismatch (damaged)");  // hashed as read
     Manifest m;
-    if (written && written->to_json() == j) {
+    bool same = written != nullptr;
+    if (written) {  // compared piece by piece: no second copy of the text
+        std::size_t pos = 0;
+        written->write_json([&](std::string_view piece) {
+            same = same && j.compare(pos, piece.size(), piece) == 0;
+            pos += same ? piece.size() : 0;
+        });
+        same = same && pos == j.size();
+    }
+    if (same) {
         written->validate();
         m = *written;
     } else {

@@ -5,8 +5,10 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "codec/codec.h"
@@ -92,6 +94,8 @@ struct Manifest {
     /// Compact JSON with sorted keys (nlohmann's dump formats numbers and strings; entries
     /// are written one by one, without a tree of the whole manifest).
     std::string to_json() const;
+    /// to_json's text in pieces, in order, to sink (memory: one entry's text at a time).
+    void write_json(const std::function<void(std::string_view)>& sink) const;
     /// Parse the JSON text (simdjson On-Demand: no tree; exactly one object, keys in any
     /// order): every field's type and its own range (known codec, block size, finite
     /// in-range hyper-parameters, moment dtypes, shape = numel, escapes <= numel).

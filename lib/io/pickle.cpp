@@ -172,16 +172,22 @@ bool runs_code(std::string module, const std::string& name) {
 
 /// Python objects live in an arena and refer to each other by index, so hostile nesting
 /// or cycles can neither overflow the stack on destruction nor leak.
+/// 32 bytes: a checkpoint of 10^5 tensors has millions of them, most of them ints, tuples
+/// and short strings, so strings and items live in side tables (Unpickler::str / items).
 struct Obj {
-    enum Kind { None, Bool, Int, Float, Str, Bytes, List, Tuple, Dict, Set, Tensor, Global, Storage, Object } kind = None;
+    enum Kind : uint8_t { None, Bool, Int, Float, Str, Bytes, List, Tuple, Dict, Set, Tensor, Global, Storage, Object };
+    Kind kind = None;
     bool b = false;
-    int64_t i = 0;                  // Int; Global / Object: length of the module part of s
-    double d = 0;
-    std::string s;                  // Str / Bytes; Global / Object: "module.name"
-    std::vector<std::size_t> items; // List / Tuple / Set; Dict: k0, v0, k1, v1, ...
-    std::size_t index = 0;          // Tensor / Storage index; Object: index into Unpickler::parts_
-    GlobalInfo global;              // Global / Object: what its global is
+    uint32_t s = 0;       // Str / Bytes; Global / Object ("module.name"): 1 + index into strings_ (0: "")
+    GlobalInfo global;    // Global / Object: what its global is
+    union {
+        int64_t i = 0;    // Int; Global / Object: length of the module part of s
+        double d;         // Float
+    };
+    std::size_t index = 0;  // Tensor / Storage index; Object: index into parts_; List / Tuple / Set / Dict:
+                            // 1 + index into lists_ (0: no items; Dict: k0, v0, k1, v1, ...)
 };
+static_assert(sizeof(Obj) == 32);
 
 /// Append-only storage whose elements never move (a first chunk of 256, then chunks of
 /// 4096): growing it copies nothing (a vector of 10^6 objects would move them ~20 times),
@@ -229,15 +235,30 @@ private:
         throw BadInput(in_.file().path(), fmt::format("pickle at offset {}: {}", op_offset_, msg));
     }
     std::size_t make(Obj o) {
-        if (arena_.size() >= limits_.max_objects)
-            fail(fmt::format("more than {} objects (limit)", limits_.max_objects));
+        if (arena_.size() >= max_objects_) fail(fmt::format("more than {} objects (limit)", max_objects_));
         arena_.push_back(std::move(o));
         return arena_.size() - 1;
     }
     std::size_t make_kind(Obj::Kind k) { Obj o; o.kind = k; return make(std::move(o)); }
     std::size_t make_int(int64_t v) { Obj o; o.kind = Obj::Int; o.i = v; return make(std::move(o)); }
     std::size_t make_float(double v) { Obj o; o.kind = Obj::Float; o.d = v; return make(std::move(o)); }
-    std::size_t make_str(Obj::Kind k, std::string s) { Obj o; o.kind = k; o.s = std::move(s); return make(std::move(o)); }
+    std::size_t make_str(Obj::Kind k, std::string s) { Obj o; o.kind = k; o.s = new_str(std::move(s)); return make(std::move(o)); }
+    /// The string of a Str / Bytes / Global / Object ("" when it has none).
+    const std::string& str(const Obj& o) const { return o.s ? strings_[o.s - 1] : kEmptyStr; }
+    uint32_t new_str(std::string s) {
+        strings_.push_back(std::move(s));
+        return uint32_t(strings_.size());
+    }
+    /// The items of a List / Tuple / Set / Dict, read-only, and of object `id` to fill in.
+    const std::vector<std::size_t>& items(const Obj& o) const { return o.index ? lists_[o.index - 1] : kNoItems; }
+    std::vector<std::size_t>& items_of(std::size_t id) {
+        Obj& o = arena_[id];
+        if (!o.index) {
+            lists_.push_back({});
+            o.index = lists_.size();
+        }
+        return lists_[o.index - 1];
+    }
     void push(std::size_t id) {
         if (stack_.size() + marks_.size() >= limits_.max_objects) fail("stack exceeds the object limit");
         stack_.push_back(id);
@@ -327,14 +348,14 @@ private:
         if (kind != Obj::Dict && kind != Obj::Object) fail("SETITEM(S) on an object that is not a dict");
         if (kv.size() % 2) fail("SETITEMS with an odd number of items");
         for (std::size_t k = 0; k < kv.size(); k += 2) check_hashable(kv[k]);
-        auto& dst = kind == Obj::Dict ? arena_[dict].items : parts_[arena_[dict].index].kv;
+        auto& dst = kind == Obj::Dict ? items_of(dict) : parts_[arena_[dict].index].kv;
         dst.insert(dst.end(), kv.begin(), kv.end());
     }
     /// APPEND(S): onto a list, or recorded on an opaque object (a list subclass).
     void append_items(std::size_t list, const std::vector<std::size_t>& items, const char* op) {
         const auto kind = arena_[list].kind;
         if (kind != Obj::List && kind != Obj::Object) fail(fmt::format("{} to an object that is not a list", op));
-        auto& dst = kind == Obj::List ? arena_[list].items : parts_[arena_[list].index].items;
+        auto& dst = kind == Obj::List ? items_of(list) : parts_[arena_[list].index].items;
         dst.insert(dst.end(), items.begin(), items.end());
     }
     std::size_t long_from_bytes(const std::string& b);
@@ -349,7 +370,7 @@ private:
     std::size_t persistent(std::size_t pid);
     const std::vector<std::size_t>& tuple_items(std::size_t id, const char* what) {
         if (arena_[id].kind != Obj::Tuple && arena_[id].kind != Obj::List) fail(fmt::format("{} must be a tuple", what));
-        return arena_[id].items;
+        return items(arena_[id]);
     }
     int64_t as_int(std::size_t id, const char* what) {
         if (arena_[id].kind != Obj::Int) fail(fmt::format("{} must be an int", what));
@@ -357,7 +378,7 @@ private:
     }
     const std::string& as_str(std::size_t id, const char* what) {
         if (arena_[id].kind != Obj::Str) fail(fmt::format("{} must be a str", what));
-        return arena_[id].s;
+        return str(arena_[id]);
     }
     std::vector<int64_t> int_tuple(std::size_t id, const char* what) {
         std::vector<int64_t> out;
@@ -384,6 +405,12 @@ private:
     PersistentIds ids_;
     uint64_t op_offset_ = 0;
     Arena<Obj> arena_;
+    Arena<std::string> strings_;                   ///< Obj::s
+    Arena<std::vector<std::size_t>> lists_;        ///< Obj::index of containers
+    inline static const std::string kEmptyStr;
+    inline static const std::vector<std::size_t> kNoItems;
+    /// limits_.max_objects, at most 2^32 - 2 (Obj::s indexes strings with 32 bits)
+    const uint64_t max_objects_ = std::min<uint64_t>(limits_.max_objects, UINT32_MAX - 1);
     std::vector<Parts> parts_;
     std::vector<std::size_t> stack_;
     std::vector<std::size_t> marks_;
@@ -454,7 +481,7 @@ std::size_t Unpickler::global(std::string module, std::string name) {
     o.kind = Obj::Global;
     o.global = info.value_or(GlobalInfo{});
     o.i = static_cast<int64_t>(module.size());
-    o.s = full == "torch.float" ? "torch.float32" : full;
+    o.s = new_str(full == "torch.float" ? "torch.float32" : full);
     if (full == "torch.float") o.i = 5;
     return make(std::move(o));
 }
@@ -525,8 +552,8 @@ std::size_t Unpickler::make_tensor(const std::string& fn, const std::vector<std:
 std::size_t Unpickler::record(std::size_t fn, std::size_t args, Value::Object::Made made, std::size_t kwargs) {
     Parts p;
     p.made = made;
-    p.args = arena_[args].items;
-    if (kwargs != kNoView) p.kwargs = arena_[kwargs].items;
+    p.args = items(arena_[args]);
+    if (kwargs != kNoView) p.kwargs = items(arena_[kwargs]);
     parts_.push_back(std::move(p));
     Obj o;
     o.kind = Obj::Object;
@@ -542,13 +569,14 @@ std::size_t Unpickler::record(std::size_t fn, std::size_t args, Value::Object::M
 std::size_t Unpickler::enum_member(std::size_t args, const char* op, const std::string& spelled) {
     const auto& a = arena_[args];
     const std::string refuse = "pickle global " + spelled + " is not allowed: it can run code when the file is loaded";
-    if (std::string(op) != "REDUCE" || a.kind != Obj::Tuple || a.items.size() != 2) fail(refuse);
-    const Obj& cls = arena_[a.items[0]];
-    const Obj& attr = arena_[a.items[1]];
-    if (cls.kind != Obj::Global || cls.global.fn != Fn::Opaque || attr.kind != Obj::Str || attr.s.empty() ||
-        attr.s[0] == '_' || attr.s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") != std::string::npos)
+    if (std::string(op) != "REDUCE" || a.kind != Obj::Tuple || items(a).size() != 2) fail(refuse);
+    const Obj& cls = arena_[items(a)[0]];
+    const Obj& attr = arena_[items(a)[1]];
+    const std::string &c = str(cls), &at = str(attr);
+    if (cls.kind != Obj::Global || cls.global.fn != Fn::Opaque || attr.kind != Obj::Str || at.empty() ||
+        at[0] == '_' || at.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") != std::string::npos)
         fail(refuse);
-    const std::string module = cls.s.substr(0, std::size_t(cls.i)), name = cls.s.substr(std::size_t(cls.i) + 1) + "." + attr.s;
+    const std::string module = c.substr(0, std::size_t(cls.i)), name = c.substr(std::size_t(cls.i) + 1) + "." + at;
     if (runs_code(module, name)) fail(refuse);
     return global(module, name);
 }
@@ -557,20 +585,21 @@ std::size_t Unpickler::call(std::size_t fn, std::size_t args, Value::Object::Mad
                             const char* op) {
     if (arena_[fn].kind != Obj::Global) fail(fmt::format("{} on an object that is not a global (a class or function)", op));
     if (arena_[args].kind != Obj::Tuple)
-        fail(fmt::format("{} of {} with arguments that are not a tuple", op, arena_[fn].s));
+        fail(fmt::format("{} of {} with arguments that are not a tuple", op, str(arena_[fn])));
     if (kwargs != kNoView && arena_[kwargs].kind != Obj::Dict)
-        fail(fmt::format("{} of {} with keyword arguments that are not a dict", op, arena_[fn].s));
-    if (arena_[fn].s == "builtins.getattr" || arena_[fn].s == "__builtin__.getattr") return enum_member(args, op, arena_[fn].s);
+        fail(fmt::format("{} of {} with keyword arguments that are not a dict", op, str(arena_[fn])));
+    const std::string& name = str(arena_[fn]);
+    if (name == "builtins.getattr" || name == "__builtin__.getattr") return enum_member(args, op, name);
     const Fn f = arena_[fn].global.fn;
-    if (f == Fn::Opaque || f == Fn::KnownObject || f == Fn::Plain || (kwargs != kNoView && !arena_[kwargs].items.empty()))
+    if (f == Fn::Opaque || f == Fn::KnownObject || f == Fn::Plain || (kwargs != kNoView && !items(arena_[kwargs]).empty()))
         return record(fn, args, made, kwargs);
     return reduce(fn, args);
 }
 
 std::size_t Unpickler::reduce(std::size_t fn_id, std::size_t args_id) {
     const Obj& fn = arena_[fn_id];
-    const std::vector<std::size_t> a = arena_[args_id].items;
-    const std::string name = fn.s;
+    const std::vector<std::size_t> a = items(arena_[args_id]);
+    const std::string name = str(fn);
     auto nargs = [&](std::size_t lo, std::size_t hi) {
         if (a.size() < lo || a.size() > hi)
             fail(fmt::format("{} called with {} arguments", name, a.size()));
@@ -598,7 +627,7 @@ std::size_t Unpickler::reduce(std::size_t fn_id, std::size_t args_id) {
         std::size_t d = make_kind(Obj::Dict);
         if (a.size() == 1) {
             if (arena_[a[0]].kind != Obj::Dict) fail("collections.Counter argument must be a dict");
-            arena_[d].items = arena_[a[0]].items;
+            items_of(d) = items(arena_[a[0]]);
         }
         return d;
     }
@@ -629,11 +658,11 @@ std::size_t Unpickler::reduce(std::size_t fn_id, std::size_t args_id) {
         if (func.kind != Obj::Global || arena_[a[2]].kind != Obj::Tuple)
             fail("_rebuild_from_type_v2 needs a global function and an argument tuple");
         const Obj& type = arena_[a[1]];
-        const bool plain = type.kind == Obj::Global && (type.s == "torch.Tensor" || type.global.fn == Fn::Parameter);
+        const bool plain = type.kind == Obj::Global && (str(type) == "torch.Tensor" || type.global.fn == Fn::Parameter);
         std::size_t inner = call(a[0], a[2], Value::Object::Made::Reduce, kNoView, "_rebuild_from_type_v2");
         if (plain && arena_[inner].kind == Obj::Tensor) return inner;
         std::size_t t = make_kind(Obj::Tuple);
-        arena_[t].items = {a[0], a[1], inner, a[3]};
+        items_of(t) = {a[0], a[1], inner, a[3]};
         return record(fn_id, t, Value::Object::Made::Reduce, kNoView);
     }
     case Fn::GetLayout:   // torch/serialization.py _get_layout("torch.sparse_coo")
@@ -644,7 +673,7 @@ std::size_t Unpickler::reduce(std::size_t fn_id, std::size_t args_id) {
         std::size_t t = make_kind(Obj::Tuple);
         auto dims = tuple_items(a[0], "torch.Size argument");
         for (auto e : dims) as_int(e, "torch.Size dimension");
-        arena_[t].items = dims;
+        items_of(t) = dims;
         return t;
     }
     case Fn::Device: {
@@ -677,7 +706,7 @@ std::size_t Unpickler::reduce(std::size_t fn_id, std::size_t args_id) {
         if (a.size() == 1) {
             auto items = tuple_items(a[0], "set argument");
             for (auto e : items) check_hashable(e);
-            arena_[s].items = items;
+            items_of(s) = items;
         }
         return s;
     }
@@ -685,14 +714,14 @@ std::size_t Unpickler::reduce(std::size_t fn_id, std::size_t args_id) {
         nargs(0, 1);
         if (a.empty()) return make_str(Obj::Bytes, "");
         if (arena_[a[0]].kind != Obj::Bytes) fail("bytearray argument must be bytes");
-        return make_str(Obj::Bytes, arena_[a[0]].s);
+        return make_str(Obj::Bytes, str(arena_[a[0]]));
     }
     case Fn::Complex: {
         nargs(2, 2);
         for (auto e : a)
             if (arena_[e].kind != Obj::Float && arena_[e].kind != Obj::Int) fail("complex parts must be numbers");
         std::size_t t = make_kind(Obj::Tuple);
-        arena_[t].items = a;
+        items_of(t) = a;
         return t;
     }
     default:
@@ -710,8 +739,8 @@ Value Unpickler::convert(std::size_t id, int depth) {
     case Obj::Bool: v.v = o.b; break;
     case Obj::Int: v.v = o.i; break;
     case Obj::Float: v.v = o.d; break;
-    case Obj::Str: v.v = o.s; break;
-    case Obj::Bytes: v.v = o.s; v.is_bytes = true; break;
+    case Obj::Str: v.v = str(o); break;
+    case Obj::Bytes: v.v = str(o); v.is_bytes = true; break;
     case Obj::Tensor: v.v = Value::Tensor{o.index}; break;
     case Obj::Storage: {
         // A storage saved on its own (torch.save(t.untyped_storage())) or held by an object:
@@ -730,12 +759,13 @@ Value Unpickler::convert(std::size_t id, int depth) {
         break;
     }
     case Obj::Global:
-        if (o.global.fn != Fn::Opaque) { v.v = o.s; break; }   // dtype objects etc. render as "torch.float32"
+        if (o.global.fn != Fn::Opaque) { v.v = str(o); break; }   // dtype objects etc. render as "torch.float32"
         [[fallthrough]];
     case Obj::Object: {
         Value::Object obj;
-        obj.module = o.s.substr(0, static_cast<std::size_t>(o.i));
-        obj.name = o.s.substr(std::min(o.s.size(), static_cast<std::size_t>(o.i) + 1));
+        const std::string& qualname = str(o);
+        obj.module = qualname.substr(0, static_cast<std::size_t>(o.i));
+        obj.name = qualname.substr(std::min(qualname.size(), static_cast<std::size_t>(o.i) + 1));
         if (o.kind == Obj::Object) {
             const Parts p = parts_[o.index];   // copy: keep it simple across the recursion
             obj.made = p.made;
@@ -750,12 +780,12 @@ Value Unpickler::convert(std::size_t id, int depth) {
     }
     case Obj::List: case Obj::Tuple: case Obj::Set: {
         const bool tuple = o.kind == Obj::Tuple;
-        v.v = convert_all(o.items, depth);  // the arena never moves (Arena)
+        v.v = convert_all(items(o), depth);  // the side tables never move (Arena)
         v.is_tuple = tuple;
         break;
     }
     case Obj::Dict:
-        v.v = convert_pairs(o.items, depth);
+        v.v = convert_pairs(items(o), depth);
         break;
     }
     return v;
@@ -843,7 +873,7 @@ PickleResult Unpickler::run() {
             auto items = pop_mark();
             if (op == 0x91) for (auto e : items) check_hashable(e);
             std::size_t t = make_kind(op == 't' ? Obj::Tuple : op == 'l' ? Obj::List : Obj::Set);
-            arena_[t].items = std::move(items);
+            items_of(t) = std::move(items);
             push(t);
             break;
         }
@@ -853,7 +883,7 @@ PickleResult Unpickler::run() {
             std::vector<std::size_t> items(stack_.end() - static_cast<std::ptrdiff_t>(n), stack_.end());
             stack_.resize(stack_.size() - n);
             std::size_t t = make_kind(Obj::Tuple);
-            arena_[t].items = std::move(items);
+            items_of(t) = std::move(items);
             push(t);
             break;
         }
@@ -879,7 +909,7 @@ PickleResult Unpickler::run() {
             std::size_t s = top();
             if (arena_[s].kind != Obj::Set) fail("ADDITEMS to an object that is not a set");
             for (auto e : items) check_hashable(e);
-            auto& dst = arena_[s].items;
+            auto& dst = items_of(s);
             dst.insert(dst.end(), items.begin(), items.end());
             break;
         }

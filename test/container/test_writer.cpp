@@ -140,6 +140,9 @@ TEST_CASE("ContainerWriter -> ContainerReader: raw bytes, streams, offsets and e
         Manifest other = m;
         other.params[0].escapes += 1;
         CHECK(read_manifest(g.get(), &other).to_json() == m.to_json());
+        Manifest longer = m;  // one more kept entry: a longer text
+        longer.kept.push_back({"x", 1, 4, "kept"});
+        CHECK(read_manifest(g.get(), &longer).kept.size() == m.kept.size());
     }
     // /raw: every non-moment byte, by source offset
     for (const SourceSpan& sp : source_spans(m)) {
