@@ -240,7 +240,26 @@ private:
         return arena_.size() - 1;
     }
     std::size_t make_kind(Obj::Kind k) { Obj o; o.kind = k; return make(std::move(o)); }
-    std::size_t make_int(int64_t v) { Obj o; o.kind = Obj::Int; o.i = v; return make(std::move(o)); }
+    std::size_t make_int(int64_t v) {
+        Obj o;
+        o.kind = Obj::Int;
+        o.i = v;
+        return v >= 0 && v < 256 ? make_shared(3 + std::size_t(v), o) : make(std::move(o));
+    }
+    std::size_t make_bool(bool b) {
+        Obj o;
+        o.kind = Obj::Bool;
+        o.b = b;
+        return make_shared(1 + std::size_t(b), o);
+    }
+    std::size_t make_none() { return make_shared(0, Obj{}); }
+    /// None, False, True and the ints 0..255 are made once and shared (they never change;
+    /// CPython shares them too): a state_dict repeats them for every tensor.
+    std::size_t make_shared(std::size_t slot, const Obj& o) {
+        if (!shared_[slot]) shared_[slot] = make(Obj(o)) + 1;
+        return shared_[slot] - 1;
+    }
+    std::size_t shared_[3 + 256] = {};   ///< 1 + arena index; 0: not made yet
     std::size_t make_float(double v) { Obj o; o.kind = Obj::Float; o.d = v; return make(std::move(o)); }
     std::size_t make_str(Obj::Kind k, std::string s) { Obj o; o.kind = k; o.s = new_str(std::move(s)); return make(std::move(o)); }
     /// The string of a Str / Bytes / Global / Object ("" when it has none).
@@ -445,7 +464,7 @@ std::size_t Unpickler::text_int(std::string t, bool is_long) {
     // INT: "00"/"01" are False/True (protocol 0 bools); LONG ends in 'L'. Decimal only: CPython's
     // writers never emit another base. Values beyond int64 are rendered as a double.
     if (!is_long && (t == "00" || t == "01")) {
-        Obj o; o.kind = Obj::Bool; o.b = t == "01"; return make(std::move(o));
+        return make_bool(t == "01");
     }
     if (is_long && !t.empty() && t.back() == 'L') t.pop_back();
     std::size_t k = 0;
@@ -816,9 +835,9 @@ PickleResult Unpickler::run() {
         case '0': pop(); break;                              // POP
         case '1': pop_mark(); break;                         // POP_MARK
         case '2': push(top()); break;                        // DUP
-        case 'N': push(make_kind(Obj::None)); break;
+        case 'N': push(make_none()); break;
         case 0x88: case 0x89: {   // NEWTRUE / NEWFALSE
-            Obj o; o.kind = Obj::Bool; o.b = op == 0x88; push(make(std::move(o)));
+            push(make_bool(op == 0x88));
             break;
         }
         case 'J': push(make_int(static_cast<int32_t>(static_cast<uint32_t>(le(4))))); break;   // BININT

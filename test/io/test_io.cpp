@@ -533,6 +533,23 @@ TEST_CASE("opaque objects record NEWOBJ_EX kwargs, BUILD states, list and dict s
                          BadInput);
 }
 
+TEST_CASE("shared scalars (None, bools, ints 0..255) keep each value, next to unshared ones") {
+    // [0, 0, 255, 256, -1, True, False, True, None, None, (0, 0)] with BININT1 / BININT2 / BININT
+    const std::string p = std::string("\x80\x02](K\x00K\x00K\xffM\x00\x01J\xff\xff\xff\xff\x88\x89\x88NNK\x00K\x00\x86" "e.", 30);
+    const auto r = unpickle_bytes(p, true);
+    const auto& l = std::get<Value::List>(r.root.v);
+    REQUIRE(l.size() == 11);
+    const int64_t ints[5] = {0, 0, 255, 256, -1};
+    for (int k = 0; k < 5; ++k) CHECK(std::get<int64_t>(l[std::size_t(k)].v) == ints[k]);
+    CHECK(std::get<bool>(l[5].v) == true);
+    CHECK(std::get<bool>(l[6].v) == false);
+    CHECK(std::get<bool>(l[7].v) == true);
+    CHECK(std::holds_alternative<Value::None>(l[8].v));
+    CHECK(std::holds_alternative<Value::None>(l[9].v));
+    const auto& t = std::get<Value::List>(l[10].v);
+    CHECK((t.size() == 2 && l[10].is_tuple && std::get<int64_t>(t[0].v) == 0 && std::get<int64_t>(t[1].v) == 0));
+}
+
 TEST_CASE("protocol 0 text opcodes without calls, and opcodes a file cannot use") {
     // {'i': INT 5, 't': INT True, 'l': LONG -12L, 'big': LONG 2^70, 'f': FLOAT 0.25, 'g': GET of PUT 9}
     auto r = unpickle_bytes("\x80\x02}(" + bu("i") + "I5\n" + bu("t") + "I01\n" + bu("l") + "L-12L\n" + bu("big") +
