@@ -171,9 +171,11 @@ CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntr
 
 /// Phases 2 and 3 into the container at `path`: /raw, the moment streams (filling the
 /// manifest's hashes, stream offsets, escapes and bounds), then the manifest itself.
-/// Returns the hashes of every parameter's codes (for the self-check).
-std::vector<CodeHashes> write_container(const std::string& path, const io::InputFile& f, ct::Manifest& man,
-                                        const CompressOptions& o, gpu::Device device) {
+/// Returns the hashes of every parameter's codes and of the manifest's text (for the
+/// self-check: VerifyOptions::code_hashes, manifest_xxh3).
+std::pair<std::vector<CodeHashes>, uint64_t> write_container(const std::string& path, const io::InputFile& f,
+                                                             ct::Manifest& man, const CompressOptions& o,
+                                                             gpu::Device device) {
     ct::ContainerWriter out(path);
     Progress prog(o.progress, "ckpt-compress", f.size(), man.params.size());
     write_raw(out, f, man, prog);
@@ -185,8 +187,8 @@ std::vector<CodeHashes> write_container(const std::string& path, const io::Input
         hashes.push_back(encode_param(f, man, e, ct::tensor_setup(e, o.codec, o.tolerance), device, chunk, out, prog));
         prog.item_done();
     }
-    out.finish(man);
-    return hashes;
+    const uint64_t manifest_xxh3 = out.finish(man);
+    return {std::move(hashes), manifest_xxh3};
 }
 
 /// Phase 4: what ckpt-verify and ckpt-restore will see, before the rename. Returns the
@@ -195,9 +197,10 @@ std::vector<CodeHashes> write_container(const std::string& path, const io::Input
 /// and compares them with `codes` (what was encoded); the manifest is compared with
 /// `planned`, the plan phase 1 made (VerifyOptions::planned).
 Report self_check(const std::string& path, const std::string& in, gpu::Device device, const std::vector<CodeHashes>& codes,
-                  const Layout& planned) {
+                  const Layout& planned, uint64_t manifest_xxh3) {
     VerifyOptions vo;
     vo.planned = &planned;
+    vo.manifest_xxh3 = manifest_xxh3;
     vo.certificates = device != gpu::Device::Cpu;  // a device encoder is checked in full
     vo.code_hashes = &codes;
     Report chk = verify(path, vo);
@@ -227,8 +230,8 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
     AtomicOutput atomic(out);
     Report rep("ckpt-compress", in, out, codec::kind_name(o.codec), o.tolerance, o.grad_bound);
     try {
-        const std::vector<CodeHashes> codes = write_container(atomic.temp_path(), f, man, o, device);  // phases 2 and 3
-        const Report chk = self_check(atomic.temp_path(), in, device, codes, L);                           // phase 4
+        const auto [codes, manifest_xxh3] = write_container(atomic.temp_path(), f, man, o, device);  // phases 2 and 3
+        const Report chk = self_check(atomic.temp_path(), in, device, codes, L, manifest_xxh3);         // phase 4
         rep.rows = chk.rows;
         rep.groups = chk.groups;
         rep.bits = chk.bits;

@@ -15,10 +15,11 @@ namespace ckpt {
 
 namespace ct = container;
 
-ContainerReader::ContainerReader(const std::string& path, const ct::Manifest* written) : path_(path) {
+ContainerReader::ContainerReader(const std::string& path, const ct::Manifest* written, uint64_t written_xxh3)
+    : path_(path) {
     try {
         file_ = ct::open_file(path);
-        man_ = ct::read_manifest(file_.get(), written);
+        man_ = ct::read_manifest(file_.get(), written, written_xxh3);
         {
             const ct::DatasetReader mr(file_.get(), ct::kManifestPath, H5T_NATIVE_UINT8, 1);
             manifest_stored_ = mr.stored_bytes();

@@ -20,8 +20,10 @@ namespace ckpt {
 
 class ContainerReader {
 public:
-    /// `written`: the manifest the caller wrote into this container (read_manifest's).
-    explicit ContainerReader(const std::string& path, const container::Manifest* written = nullptr);
+    /// `written`, `written_xxh3`: the manifest the caller wrote into this container and the
+    /// hash of its text (container::read_manifest's).
+    explicit ContainerReader(const std::string& path, const container::Manifest* written = nullptr,
+                             uint64_t written_xxh3 = 0);
     const container::Manifest& manifest() const { return man_; }
     const std::string& path() const { return path_; }
     /// Read source bytes [off, off+n) that lie outside moment storages (from /raw).

@@ -54,6 +54,9 @@ struct VerifyOptions {
     /// byte, so the re-derived plan is this one); no temporary copy of the source, no second
     /// parse.
     const Layout* planned = nullptr;
+    /// With `planned`: the xxh3 of the manifest text compress wrote from planned->man; the
+    /// container's manifest is then that one, not parsed again (container::read_manifest).
+    uint64_t manifest_xxh3 = 0;
     bool progress = false;
 };
 

@@ -351,7 +351,7 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
 }  // namespace
 
 Report verify(const std::string& path, const VerifyOptions& o) {
-    const ContainerReader cr(path, o.planned ? &o.planned->man : nullptr);  // compress's self-check: its own manifest
+    const ContainerReader cr(path, o.planned ? &o.planned->man : nullptr, o.manifest_xxh3);  // compress's self-check: its own manifest
     const auto& man = cr.manifest();
     Report rep("ckpt-verify", path, o.original.value_or(""), codec::kind_name(man.codec), man.tolerance,
                man.grad_bound);

@@ -76,6 +76,8 @@ public:
     /// stored (compressed) bytes.
     uint64_t finish();
     uint64_t count() const { return count_; }
+    /// xxh3 of the elements appended so far (after finish(): the `xxh3` attribute's value).
+    uint64_t xxh3() const { return XXH3_64bits_digest(hash_.get()); }
 
 private:
     void push(const void* data, std::size_t nbytes);  ///< hash, buffer, flush whole chunks

@@ -140,14 +140,15 @@ inline uint64_t vlog_row(const ParamEntry& p) { return p.row_predict ? row_lengt
 /// Segments of a parameter of n values (entropy-coded codecs).
 inline uint64_t segments_of(uint64_t n) { return (n + codec::kSegment - 1) / codec::kSegment; }
 
-/// Write the manifest as the /manifest dataset; returns its stored (compressed) bytes.
+/// Write the manifest as the /manifest dataset; returns the xxh3 of its text.
 uint64_t write_manifest(hid_t file, const Manifest&);
 /// Read and validate /manifest (checksum, size <= 256 MiB, Manifest::from_json).
-/// `written`: the manifest the caller wrote there itself (compress's self-check): when the
-/// stored text is its to_json() byte for byte, it is validated and returned without a parse
-/// (from_json(m.to_json()) is m; the parse's indexes take ~5x the text: 0.5 GB at 10^5
-/// tensors); any other text is parsed as usual. Throws std::runtime_error with the reason.
-Manifest read_manifest(hid_t file, const Manifest* written = nullptr);
+/// `written`: the manifest the caller wrote there itself (compress's self-check), and
+/// `written_xxh3` the xxh3 of that text (write_manifest's): when the stored text hashes to
+/// it, it is validated and returned without a parse (from_json(m.to_json()) is m; the
+/// parse's indexes take ~5x the text: 0.5 GB at 10^5 tensors); any other text is parsed
+/// as usual. Throws std::runtime_error with the reason.
+Manifest read_manifest(hid_t file, const Manifest* written = nullptr, uint64_t written_xxh3 = 0);
 /// Bytes of the stored manifest attributable to per-parameter metadata (its params part's
 /// share of the JSON text of `manifest_text_bytes`), counted as moment bytes (docs/design.md
 /// §3 byte accounting).

@@ -113,7 +113,7 @@ void ContainerWriter::append_segments(int k, uint64_t i0, const uint8_t* codes, 
     }
 }
 
-void ContainerWriter::finish(const Manifest& m) {
+uint64_t ContainerWriter::finish(const Manifest& m) {
     if (raw_) begin_moments(m);  // no moments written: the streams still exist, empty
     for (std::size_t r = 0; r < codes_.size(); ++r) {
         codes_[r]->finish();
@@ -122,10 +122,11 @@ void ContainerWriter::finish(const Manifest& m) {
         if (segmented_) segs_[r]->finish();
     }
     escidx_->finish();
-    write_manifest(file_.get(), m);
+    const uint64_t text_xxh3 = write_manifest(file_.get(), m);
     set_attr(file_.get(), "format", std::string("ckptkit-container"));
     set_attr(file_.get(), "format_version", uint64_t(kFormatVersion));
     file_.close_checked();
+    return text_xxh3;
 }
 
 }  // namespace ckpt::container

@@ -44,8 +44,9 @@ public:
     /// chunk but a parameter's last a whole number of segments (std::logic_error otherwise).
     void append_chunk(uint64_t i0, const codec::ChunkOut& co, const std::array<std::vector<uint32_t>, 3>& escape_bits);
     /// Close the streams, write `m` as /manifest and the root attributes format and
-    /// format_version, flush and close the file (reporting disk-full and the like).
-    void finish(const Manifest& m);
+    /// format_version, flush and close the file (reporting disk-full and the like). Returns
+    /// the xxh3 of the manifest's text (read_manifest's `written_xxh3`).
+    uint64_t finish(const Manifest& m);
 
 private:
     // declared in this order so they close in the order the container always had
