@@ -94,6 +94,27 @@ TEST_CASE("manifest: to_json -> from_json keeps every field") {
     CHECK(j["params"][0]["theta_dtype"] == "F32");
 }
 
+TEST_CASE("manifest: to_json is nlohmann's dump of the same tree, byte for byte") {
+    Manifest a = small();
+    const double values[] = {0.0, -0.0, 1e-08, 0.9, 200.0, 1.0 / 3, 1e300, 5e-324, 123456789012345678.0, -2.5e-5};
+    for (double x : values) {
+        CAPTURE(x);
+        a.params[0].hyper.eps = x;
+        a.params[0].max_bound = -x;
+        a.params[0].domain.theta_bound = x * 3;
+        const std::string text = a.to_json();
+        CHECK(json::parse(text).dump() == text);
+    }
+    a = small();
+    for (const char* name : {"blocks.0.attn.weight", "a\"b", "back\\slash", "tab\t", "\u00e9t\u00e9", "del\x7f", ""}) {
+        CAPTURE(name);
+        a.params[0].name = name;
+        const std::string text = a.to_json();
+        CHECK(json::parse(text).dump() == text);
+        CHECK(Manifest::from_json(text).params[0].name == name);
+    }
+}
+
 TEST_CASE("manifest: parse reads keys in any order, exactly one object, escaped names") {
     Manifest a = small();
     a.params[0].name = "blocks.0.\"q\\k\"\n\u00e9";  // quotes, backslash, control char, UTF-8
