@@ -296,16 +296,21 @@ DatasetReader::DatasetReader(hid_t file, const std::string& path, hid_t type, st
             if (H5Dget_chunk_info(ds_.get(), sp.get(), c, &off, &mask, &addr, &size) < 0 || size > most)
                 fail("dataset " + path + " has a damaged chunk (stored size " + std::to_string(size) + ")");
         }
-        // exactly [shuffle of elem-byte elements, zstd] (Appender's shuffled datasets): read
-        // whole chunks and run the pipeline here (shuffle.h); any other pipeline: libhdf5's
+        // exactly [zstd] or [shuffle of elem-byte elements, zstd] (Appender's datasets), with
+        // the memory type as the file's (no conversion to do): read whole chunks and run the
+        // pipeline here (shuffle.h; a decoded chunk serves every read inside it, where
+        // libhdf5 sets up each read anew); anything else: libhdf5's
         unsigned flags = 0, cd[4] = {};
         size_t nc = 4;
         char name[16];
-        if (H5Pget_nfilters(dcpl.get()) == 2 &&
-            H5Pget_filter2(dcpl.get(), 0, &flags, &nc, cd, sizeof name, name, nullptr) == H5Z_FILTER_SHUFFLE && nc == 1 &&
-            cd[0] == elem && (nc = 4, H5Pget_filter2(dcpl.get(), 1, &flags, &nc, cd, sizeof name, name, nullptr)) == kZstdFilter) {
+        const int nf = H5Pget_nfilters(dcpl.get());
+        const H5Z_filter_t f0 = nf >= 1 ? H5Pget_filter2(dcpl.get(), 0, &flags, &nc, cd, sizeof name, name, nullptr) : -1;
+        const bool shuffle = nf == 2 && f0 == H5Z_FILTER_SHUFFLE && nc == 1 && cd[0] == elem &&
+                             (nc = 4, H5Pget_filter2(dcpl.get(), 1, &flags, &nc, cd, sizeof name, name, nullptr)) == kZstdFilter;
+        if ((shuffle || (nf == 1 && f0 == kZstdFilter)) && H5Tequal(t.get(), type) > 0) {
             chunk_ = chunk;
             most_ = most;
+            shuffled_ = shuffle;
         }
     }
 }
@@ -329,7 +334,7 @@ const std::vector<unsigned char>& DatasetReader::chunk_bytes(uint64_t c) const {
     if (H5Dread_chunk(ds_.get(), H5P_DEFAULT, &off, &mask, stored_.data()) < 0)
         fail("dataset " + path_ + " cannot be read (damaged chunk?)");
     const unsigned char* p = stored_.data();
-    if (!(mask & 2)) {  // zstd applied (filter 1)
+    if (!(mask & (shuffled_ ? 2u : 1u))) {  // zstd applied (the last filter)
         const unsigned long long n = ZSTD_getFrameContentSize(stored_.data(), stored_.size());
         if (n != nbytes || ZSTD_decompressDCtx(zstd_ctx.d, plain_.data(), nbytes, stored_.data(), stored_.size()) != nbytes)
             fail("dataset " + path_ + " cannot be read (damaged chunk?)");
@@ -337,7 +342,7 @@ const std::vector<unsigned char>& DatasetReader::chunk_bytes(uint64_t c) const {
     } else if (stored_.size() != nbytes) {
         fail("dataset " + path_ + " cannot be read (damaged chunk?)");
     }
-    if (!(mask & 1)) unshuffle_bytes(p, chunk_buf_.data(), nbytes, elem_);  // shuffle applied (filter 0)
+    if (shuffled_ && !(mask & 1)) unshuffle_bytes(p, chunk_buf_.data(), nbytes, elem_);  // shuffle applied (filter 0)
     else std::memcpy(chunk_buf_.data(), p, nbytes);
     cached_ = c;
     return chunk_buf_;

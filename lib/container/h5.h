@@ -120,9 +120,11 @@ private:
     std::size_t elem_;
     uint64_t count_ = 0, bytes_ = 0;
     std::string path_;
-    /// Shuffled datasets (Appender's): elements per chunk, the largest stored chunk
-    /// allowed, and the last chunk decoded (chunk_ = 0: libhdf5 reads the dataset).
+    /// Datasets of Appender's pipelines ([zstd], or [shuffle, zstd] when shuffled_):
+    /// elements per chunk, the largest stored chunk allowed, and the last chunk decoded
+    /// (chunk_ = 0: libhdf5 reads the dataset).
     uint64_t chunk_ = 0, most_ = 0;
+    bool shuffled_ = false;
     mutable uint64_t cached_ = UINT64_MAX;
     mutable std::vector<unsigned char> chunk_buf_, stored_, plain_;  ///< decoded, as stored, unzstd'ed
     /// checksum_ok's running hash of the bytes [0, hashed_) read so far in order; stale

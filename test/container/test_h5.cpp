@@ -91,6 +91,37 @@ TEST_CASE("shuffled datasets: Appender's bytes back through libhdf5 and through 
     }
 }
 
+TEST_CASE("zstd-only datasets: the direct chunk path reads what libhdf5 reads; another memory type goes through libhdf5") {
+    TempDir td;
+    const std::string path = (td.path / "z.h5").string();
+    std::vector<uint32_t> v(5000);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = uint32_t(i * 2654435761u);  // above INT32_MAX for many
+    {
+        Handle f = create_file(path);
+        Appender a(f.get(), "/z", H5T_NATIVE_UINT32, 4, 4096);  // [zstd], 1024 elements a chunk
+        a.append(v.data(), v.size());
+        a.finish();
+    }
+    Handle f = open_file(path);
+    const DatasetReader r(f.get(), "/z", H5T_NATIVE_UINT32, 4);
+    for (uint64_t off : {0, 1, 1023, 1024, 3000, 4999}) {
+        const uint64_t n = std::min<uint64_t>(1500, v.size() - off);
+        std::vector<uint32_t> got(n);
+        r.read(off, n, got.data());
+        CHECK(std::equal(got.begin(), got.end(), v.begin() + long(off)));
+    }
+    CHECK(r.checksum_ok());
+    // read as int32: libhdf5 converts (clipping to INT32_MAX), a raw chunk copy would not
+    const DatasetReader s(f.get(), "/z", H5T_NATIVE_INT32, 4);
+    std::vector<int32_t> got(v.size());
+    s.read(0, v.size(), got.data());
+    std::vector<int32_t> via_hdf5(v.size());
+    Handle ds(H5Dopen2(f.get(), "/z", H5P_DEFAULT), H5Dclose);
+    REQUIRE(H5Dread(ds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, via_hdf5.data()) >= 0);
+    CHECK(got == via_hdf5);
+    CHECK(got[1] == (v[1] > uint32_t(INT32_MAX) ? INT32_MAX : int32_t(v[1])));
+}
+
 TEST_CASE("checksum_ok: reads in order are hashed on the way; the rest, padding included, read once") {
     TempDir td;
     const std::string path = (td.path / "c.h5").string();
