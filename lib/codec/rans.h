@@ -22,16 +22,18 @@ namespace ckpt::codec {
 /// n codes stored as 2 little-endian bytes each (ChunkOut's codes, a raw segment) as
 /// uint16 values, and back: a copy on a little-endian host.
 inline void codes_from_bytes(const uint8_t* bytes, std::size_t n, uint16_t* codes) {
-    if constexpr (std::endian::native == std::endian::little)
-        std::memcpy(codes, bytes, 2 * n);
-    else
+    if constexpr (std::endian::native == std::endian::little) {
+        if (n) std::memcpy(codes, bytes, 2 * n);  // (no null pointer to memcpy, even for 0 bytes)
+    } else {
         for (std::size_t i = 0; i < n; ++i) codes[i] = uint16_t(bytes[2 * i] | (bytes[2 * i + 1] << 8));
+    }
 }
 inline void codes_to_bytes(const uint16_t* codes, std::size_t n, uint8_t* bytes) {
-    if constexpr (std::endian::native == std::endian::little)
-        std::memcpy(bytes, codes, 2 * n);
-    else
+    if constexpr (std::endian::native == std::endian::little) {
+        if (n) std::memcpy(bytes, codes, 2 * n);
+    } else {
         for (std::size_t i = 0; i < n; ++i) bytes[2 * i] = uint8_t(codes[i]), bytes[2 * i + 1] = uint8_t(codes[i] >> 8);
+    }
 }
 
 /// Append the coded form of codes[0..n) (one segment) to out, with `states` (4, or 2 for
