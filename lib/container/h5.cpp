@@ -417,7 +417,11 @@ bool DatasetReader::checksum_ok() const {
         buf.resize(std::size_t(n * elem_));
         read(off, n, buf.data());
     }
-    return XXH3_64bits_digest(running_.get()) == get_attr_u64(ds_.get(), "xxh3");
+    return XXH3_64bits_digest(running_.get()) == stored_xxh3();
+}
+
+uint64_t DatasetReader::stored_xxh3() const {
+    return get_attr_u64(ds_.get(), "xxh3");
 }
 
 }  // namespace ckpt::container

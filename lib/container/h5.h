@@ -111,6 +111,8 @@ public:
     /// skipped, a gap stops it): checksum_ok reads only what they left (after a gap, all).
     /// Throws when the dataset cannot be read.
     bool checksum_ok() const;
+    /// The `xxh3` attribute: what checksum_ok compares with. Throws when missing.
+    uint64_t stored_xxh3() const;
     const std::string& path() const { return path_; }
     uint64_t stored_bytes() const { return H5Dget_storage_size(ds_.get()); }  ///< compressed
 

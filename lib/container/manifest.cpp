@@ -537,16 +537,17 @@ Manifest read_manifest(hid_t file, const Manifest* written, uint64_t written_xxh
                                  std::to_string(kFormatVersion) + ")");
     DatasetReader r(file, kManifestPath, H5T_NATIVE_UINT8, 1);
     if (r.count() > (256u << 20)) throw std::runtime_error("manifest is larger than 256 MiB");
-    std::string j;
-    j.reserve(r.count() + simdjson::SIMDJSON_PADDING);  // room for simdjson's padding: no copy of the text
-    j.resize(r.count());
-    r.read(0, r.count(), j.data());
-    if (!r.checksum_ok()) throw std::runtime_error("manifest checksum mismatch (damaged)");  // hashed as read
     Manifest m;
-    if (written && XXH3_64bits(j.data(), j.size()) == written_xxh3) {
+    // the caller's own text: checksummed chunk by chunk (never held whole), and known by its hash
+    if (written && r.checksum_ok() && r.stored_xxh3() == written_xxh3) {
         written->validate();
         m = *written;
     } else {
+        std::string j;
+        j.reserve(r.count() + simdjson::SIMDJSON_PADDING);  // room for simdjson's padding: no copy of the text
+        j.resize(r.count());
+        r.read(0, r.count(), j.data());
+        if (!r.checksum_ok()) throw std::runtime_error("manifest checksum mismatch (damaged)");  // hashed as read
         m = Manifest::from_json(j);
     }
     if (uint64_t(m.format_version) != version)
