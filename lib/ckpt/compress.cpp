@@ -49,11 +49,22 @@ void write_raw(ct::ContainerWriter& out, const io::InputFile& f, ct::Manifest& m
     }
 }
 
-/// Reused buffers of one chunk's moment and parameter bytes and values.
+/// Buffers of one chunk's moment and parameter bytes and values, reused across chunks and
+/// parameters: they only grow (no zero-fill per chunk). F32 bytes are read straight into
+/// the values (a little-endian copy, as bytes_to_float's); raw[k] points at moment k's
+/// bytes as read, in either case.
 struct ChunkBuffers {
     std::vector<uint8_t> bytes[3], tbytes;
     std::vector<float> vals[3], theta;
+    const uint8_t* raw[3] = {};
 };
+
+/// v.data() with room for n elements (grown, never shrunk).
+template <class T>
+T* room(std::vector<T>& v, std::size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+}
 
 /// Read coordinates [i0, i0+n) of parameter e (moments, and theta when its domain needs
 /// it) from the source; hashes the moment bytes into hs and counts progress when given.
@@ -65,11 +76,12 @@ codec::ChunkIn read_chunk(const io::InputFile& f, const ct::Manifest& man, const
     ci.n = n;
     for (int k = 0; k < nm; ++k) {
         const auto& st = man.storages[std::size_t(e.storage[k])];
-        b.bytes[k].resize(n * es);
-        b.vals[k].resize(n);
-        f.read_at(st.offset + i0 * es, b.bytes[k].data(), n * es, "moment storage");
-        if (hs) XXH3_64bits_update(hs[k].get(), b.bytes[k].data(), n * es);
-        bytes_to_float(e.dtype, b.bytes[k].data(), n, b.vals[k].data());
+        float* vals = room(b.vals[k], n);
+        uint8_t* raw = e.dtype == DType::F32 ? reinterpret_cast<uint8_t*>(vals) : room(b.bytes[k], n * es);
+        f.read_at(st.offset + i0 * es, raw, n * es, "moment storage");
+        if (hs) XXH3_64bits_update(hs[k].get(), raw, n * es);
+        if (e.dtype != DType::F32) bytes_to_float(e.dtype, raw, n, vals);
+        b.raw[k] = raw;
         if (prog) prog->advance(n * es);
     }
     ci.m = b.vals[0].data();
@@ -79,11 +91,11 @@ codec::ChunkIn read_chunk(const io::InputFile& f, const ct::Manifest& man, const
         const auto& st = man.storages[std::size_t(e.theta_storage)];
         const DType td = e.theta_dtype.value_or(DType::F32);
         const std::size_t ts = float_dtype_size(td);
-        b.tbytes.resize(n * ts);
-        b.theta.resize(n);
-        f.read_at(st.offset + i0 * ts, b.tbytes.data(), n * ts, "parameter storage");
-        bytes_to_float(td, b.tbytes.data(), n, b.theta.data());
-        ci.theta = b.theta.data();
+        float* theta = room(b.theta, n);
+        uint8_t* raw = td == DType::F32 ? reinterpret_cast<uint8_t*>(theta) : room(b.tbytes, n * ts);
+        f.read_at(st.offset + i0 * ts, raw, n * ts, "parameter storage");
+        if (td != DType::F32) bytes_to_float(td, raw, n, theta);
+        ci.theta = theta;
     }
     return ci;
 }
@@ -141,14 +153,15 @@ void warn_escapes(const io::InputFile& f, const ct::Manifest& man, const Report&
 using CodeHashes = std::array<uint64_t, 3>;
 
 /// Phase 3: encode parameter e chunk by chunk into the moment streams; the hashes of its
-/// moment storages into the manifest. Returns the hashes of its codes.
+/// moment storages into the manifest (buf: the reused chunk buffers). Returns the hashes
+/// of its codes.
 CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntry& e, const codec::TensorSetup& setup,
-                        const gpu::Device device, std::size_t chunk, ct::ContainerWriter& out, Progress& prog) {
+                        const gpu::Device device, std::size_t chunk, ct::ContainerWriter& out, Progress& prog,
+                        ChunkBuffers& buf) {
     const int nm = e.moments();
     out.begin_param(e);
     const Xxh3State hs[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
     const Xxh3State hc[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
-    ChunkBuffers buf;
     std::array<std::vector<uint32_t>, 3> bits;   // exact bits of the escaped values, per role
     for (uint64_t i0 = 0; i0 < e.numel; i0 += chunk) {
         const std::size_t n = std::size_t(std::min<uint64_t>(chunk, e.numel - i0));
@@ -157,7 +170,7 @@ CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntr
         for (int k = 0; k < nm; ++k) {
             XXH3_64bits_update(hc[k].get(), co.codes[k].data(), co.codes[k].size());
             bits[std::size_t(k)].clear();
-            for (uint32_t li : co.escapes) bits[std::size_t(k)].push_back(element_bits(e.dtype, buf.bytes[k].data(), li));
+            for (uint32_t li : co.escapes) bits[std::size_t(k)].push_back(element_bits(e.dtype, buf.raw[k], li));
         }
         out.append_chunk(i0, co, bits);
     }
@@ -183,8 +196,9 @@ std::pair<std::vector<CodeHashes>, uint64_t> write_container(const std::string& 
     const std::size_t unit = codec::entropy_coded(o.codec) ? codec::kSegment : codec::kBlock;  // chunks start on segments
     const std::size_t chunk = std::max<std::size_t>(unit, o.chunk / unit * unit);
     std::vector<CodeHashes> hashes;
+    ChunkBuffers buf;
     for (auto& e : man.params) {
-        hashes.push_back(encode_param(f, man, e, ct::tensor_setup(e, o.codec, o.tolerance), device, chunk, out, prog));
+        hashes.push_back(encode_param(f, man, e, ct::tensor_setup(e, o.codec, o.tolerance), device, chunk, out, prog, buf));
         prog.item_done();
     }
     const uint64_t manifest_xxh3 = out.finish(man);

@@ -281,73 +281,70 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     const int nm = s.moments();
     double* A = w.sens[0];
     double* B = w.sens[1];
-    double amax = 0, bmax = 0;
     // locals: the stores into A and B could alias gc for the compiler (no hoisting otherwise)
     const double b1 = gc.b1, b2 = gc.b2, eps = gc.eps, sqrt_bc2 = gc.sqrt_bc2, closed_g = gc.closed_g;
     const double sb2 = sqrt(b2), ka = 0.5 * b1 * gc.inv_bc1, kb = 0.5 * sqrt_bc2 * gc.inv_bc1;
     const double a0 = sb2 / sqrt_bc2, b1s = b1 / sb2;
     // A coordinate that is not live gets A = B = 0: it then never is a block's worst
     // constraint (they start at 0 and compare strictly), so no loop below asks `live`
-    // (branch-free, so they vectorise); dropping a coordinate zeroes it too.
-    for (int j = 0; j < bn; ++j) {
-        const double m = src[0][i0 + j], v = src[1][i0 + j], vx = nm == 3 ? src[2][i0 + j] : 0.0;
-        w.live[j] = isfinite(m) && isfinite(v) && isfinite(vx) && v > 0 && vx >= 0;
-    }
+    // (branch-free, so they vectorise; `&`, not `&&`, which is control flow); dropping a
+    // coordinate zeroes it too. A dead coordinate computes garbage (NaN, inf), then 0.
     if (nm == 3) {
         for (int j = 0; j < bn; ++j) {
             const double m = src[0][i0 + j], v = src[1][i0 + j], vx = src[2][i0 + j];
+            const bool live = isfinite(m) & isfinite(v) & isfinite(vx) & (v > 0) & (vx >= 0);
             const double C = b2 * v, v0 = C > vx ? C : vx;
             const double d0 = sqrt(v0) / sqrt_bc2 + eps;
-            A[j] = ka * sqrt(v > vx ? v : vx) / d0;
-            B[j] = kb * (b1 * fabs(m) / sqrt(C) + closed_g) * (vx > C ? vx / C : 1.0);
+            const double a = ka * sqrt(v > vx ? v : vx) / d0;
+            const double b = kb * (b1 * fabs(m) / sqrt(C) + closed_g) * (vx > C ? vx / C : 1.0);
+            w.live[j] = live;
+            A[j] = live ? a : 0.0;
+            B[j] = live ? b : 0.0;
         }
     } else {  // the same with vmax = 0: sqrt(C) = sqrt(b2) sqrt(v), one root and two divisions
         for (int j = 0; j < bn; ++j) {
-            const double r = 1 / sqrt(double(src[1][i0 + j]));
-            A[j] = ka / (a0 + eps * r);
-            B[j] = kb * (b1s * fabs(double(src[0][i0 + j])) * r + closed_g);
+            const double m = src[0][i0 + j], v = src[1][i0 + j];
+            const bool live = isfinite(m) & isfinite(v) & (v > 0);
+            const double r = 1 / sqrt(v);
+            const double a = ka / (a0 + eps * r);
+            const double b = kb * (b1s * fabs(m) * r + closed_g);
+            w.live[j] = live;
+            A[j] = live ? a : 0.0;
+            B[j] = live ? b : 0.0;
         }
     }
-    for (int j = 0; j < bn; ++j) {  // a dead coordinate computed garbage (NaN, inf) above
-        A[j] = w.live[j] ? A[j] : 0.0;
-        B[j] = w.live[j] ? B[j] : 0.0;
-        amax = A[j] > amax ? A[j] : amax;
-        bmax = B[j] > bmax ? B[j] : bmax;
-    }
+    // the rows past bn up to a multiple of 8 are zeroed, which never win a maximum
+    const int bn8 = (bn + 7) / 8 * 8;
+    for (int j = bn; j < bn8; ++j) A[j] = B[j] = 0;
+    const double amax = block_max(A, bn8), bmax = block_max(B, bn8);
     if (!(amax > 0) || !(bmax > 0)) return false;
     const double r0 = bmax / amax;
-    // best_ratio keeps 8 lanes of partial maxima (NaN never wins a strict compare, and a
-    // maximum does not depend on the order it is taken in), so it vectorises and gives the
-    // serial scan's result; the rows past bn are zeroed, which never win either.
-    constexpr int kL = 8;
-    const int bn8 = (bn + kL - 1) / kL * kL;
-    for (int j = bn; j < bn8; ++j) A[j] = B[j] = 0;
-    // worst (largest) constraint at ratio r over the live coordinates; also its index and the runner-up
+    // worst (largest) constraint at ratio r over the live coordinates; also its index (the
+    // first that reaches it) and the runner-up (the largest of the others), as one serial
+    // scan with strict compares from 0 gives them; w.settled as scratch (the quantisers
+    // write it before they read it)
     auto worst = [&](double r, int& at, double& second) {
-        double w1 = 0;
-        second = 0;
+        double* c = w.settled;
+        for (int j = 0; j < bn8; ++j) c[j] = A[j] * r + B[j];
+        const double w1 = block_max(c, bn8);
         at = -1;
-        for (int j = 0; j < bn; ++j) {
-            const double c = A[j] * r + B[j];
-            if (c > w1) { second = w1; w1 = c; at = j; } else if (c > second) second = c;
-        }
+        second = 0;
+        if (!(w1 > 0)) return 0.0;
+        at = 0;
+        while (!(c[at] == w1)) ++at;
+        c[at] = 0;
+        second = block_max(c, bn8);
         return w1;
     };
     auto best_ratio = [&]() {  // r / worst(r)^2 is unimodal in r (worst is convex): 5 points, one pass
         const double mult[5] = {0.5, 0.7071067811865476, 1.0, 1.4142135623730951, 2.0};
-        double lw[5][kL] = {};
-        for (int j0 = 0; j0 < bn8; j0 += kL)
-            for (int k = 0; k < 5; ++k)
-                for (int l = 0; l < kL; ++l) {
-                    const double c = A[j0 + l] * (r0 * mult[k]) + B[j0 + l];
-                    lw[k][l] = c > lw[k][l] ? c : lw[k][l];
-                }
+        double rk[5], wc[5];
+        for (int k = 0; k < 5; ++k) rk[k] = r0 * mult[k];
+        block_max_affine<5>(A, B, bn8, rk, wc);
         double best = r0, score = -1;
         for (int k = 0; k < 5; ++k) {
-            double wc = 0;
-            for (int l = 0; l < kL; ++l) wc = lw[k][l] > wc ? lw[k][l] : wc;
-            const double sc = r0 * mult[k] / (wc * wc);  // dm * delta = budget^2 * r / worst^2
-            if (sc > score) { score = sc; best = r0 * mult[k]; }
+            const double sc = rk[k] / (wc[k] * wc[k]);  // dm * delta = budget^2 * r / worst^2
+            if (sc > score) { score = sc; best = rk[k]; }
         }
         return best;
     };

@@ -16,6 +16,7 @@
 
 #include "codec/block.h"
 #include "codec/isa.h"
+#include "codec/rans.h"
 
 namespace ckpt::codec {
 
@@ -184,8 +185,13 @@ void encode_blocks(const TensorSetup& s, const GuardConst& gc, const float* cons
             for (; j < bn; ++j) lm[0] = std::max(lm[0], best.bound[j]);
             for (double x : lm) mb = std::max(mb, x);
             r.max_bound = mb;
-            for (int k = 0; k < nm; ++k)
-                for (int j = 0; j < bn; ++j) store_code(out.codes[k].data(), Q::kCodeBytes, i0 + std::size_t(j), best.code[k][j]);
+            for (int k = 0; k < nm; ++k) {
+                if constexpr (Q::kCodeBytes == 2) {  // little-endian uint16 codes: a copy (rans.h)
+                    codes_to_bytes(best.code[k], std::size_t(bn), out.codes[k].data() + 2 * i0);
+                } else {
+                    for (int j = 0; j < bn; ++j) store_code(out.codes[k].data(), Q::kCodeBytes, i0 + std::size_t(j), best.code[k][j]);
+                }
+            }
             continue;
         }
         for (int j = 0; j < bn; ++j) {

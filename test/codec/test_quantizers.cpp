@@ -513,6 +513,41 @@ TEST_CASE("vlog block quantisers give encode_v's and encode_m_value's codes and 
     CHECK(settled_by_fallback < kept / 4);
 }
 
+TEST_CASE("block_max and block_max_affine give a serial scan's maxima bit for bit (NaN, inf, -0, ties)") {
+    std::mt19937_64 rng(12);
+    std::lognormal_distribution<double> L(0, 3);
+    const double specials[] = {NAN, -NAN, INFINITY, -INFINITY, -0.0, 0.0, -1.0, 1e-300, 5e-324};
+    for (int trial = 0; trial < 2000; ++trial) {
+        const int n = 4 * int(1 + rng() % 16);
+        double A[64], B[64];
+        for (int j = 0; j < n; ++j) {
+            A[j] = rng() % 5 == 0 ? specials[rng() % 9] : L(rng);
+            B[j] = rng() % 5 == 0 ? specials[rng() % 9] : L(rng);
+            if (rng() % 7 == 0 && j > 0) A[j] = A[j - 1], B[j] = B[j - 1];  // ties
+        }
+        if (trial % 3 == 0)  // the plan's use: A, B >= 0 and finite
+            for (int j = 0; j < n; ++j) {
+                if (!(A[j] >= 0) || !(A[j] < INFINITY)) A[j] = 0;
+                if (!(B[j] >= 0) || !(B[j] < INFINITY)) B[j] = 0;
+            }
+        double m = 0;  // the serial scan: strict compares from +0
+        for (int j = 0; j < n; ++j) m = A[j] > m ? A[j] : m;
+        const double got = block_max(A, n);
+        CHECK(std::memcmp(&got, &m, 8) == 0);
+        const double r[5] = {0.5 * L(rng), L(rng), 1.0, 2 * L(rng), INFINITY};
+        double out[5];
+        block_max_affine<5>(A, B, n, r, out);
+        for (int k = 0; k < 5; ++k) {
+            double w = 0;
+            for (int j = 0; j < n; ++j) {
+                const double c = A[j] * r[k] + B[j];
+                w = c > w ? c : w;
+            }
+            CHECK(std::memcmp(&out[k], &w, 8) == 0);
+        }
+    }
+}
+
 TEST_CASE("every instruction-set level gives the same codes, params, escapes, bounds and values (every codec)") {
     std::mt19937_64 rng(9);
     std::lognormal_distribution<double> L(-14, 4);
