@@ -215,10 +215,22 @@ CKPT_HD void certify_trial(const TensorSetup& s, const GuardConst& gc, const flo
     t->range_escapes = 0;
     // w.sens as scratch: vlog_plan's sensitivities are used up by now
     certify_cells(s, gc, w.cells, theta, i0, bn, t->keep, t->bound, w.sens[0]);
-    for (int j = 0; j < bn; ++j) {  // branch-free (bound[j] of a coordinate without codes is stale, never used)
+    // branch-free (bound[j] of a coordinate without codes is stale, never used): the
+    // certificates' verdicts as bytes (a loop that vectorises), then the flags 8 at a time
+    bool ok[kBlock];
+    for (int j = 0; j < bn; ++j) ok[j] = t->bound[j] <= s.tolerance;
+    int j = 0;
+    for (; j + 8 <= bn; j += 8) {
+        const uint64_t k0 = load_flags8(t->keep + j), k1 = k0 & load_flags8(ok + j);
+        store_flags8(t->code_ok + j, k0);
+        store_flags8(t->keep + j, k1);
+        t->range_escapes += 8 - count_flags8(k0);
+        t->escapes += 8 - count_flags8(k1);
+    }
+    for (; j < bn; ++j) {
         t->range_escapes += !t->keep[j];
         t->code_ok[j] = t->keep[j];
-        t->keep[j] = t->keep[j] & (t->bound[j] <= s.tolerance);
+        t->keep[j] = t->keep[j] & ok[j];
         t->escapes += !t->keep[j];
     }
 }
@@ -412,6 +424,7 @@ CKPT_HD_FORCE void vlog_code_v_block(MomentType type, const float* x, const doub
         cells.lo[j] = lo;
         cells.hi[j] = hi;
     }
+    if (type == MomentType::F32 && k == 1 && block_all_nonzero(settled, bn)) return;  // nothing left to do
     for (int j = 0; j < bn; ++j) {
         if (!keep[j]) continue;
         if (settled[j] == 0) {
@@ -461,6 +474,7 @@ CKPT_HD_FORCE void vlog_code_m_block(MomentType type, const float* x, double uni
         cells.lo[j] = neg * -hi + (1 - neg) * lo;
         cells.hi[j] = neg * -lo + (1 - neg) * hi;
     }
+    if (type == MomentType::F32 && block_all_nonzero(settled, bn)) return;  // nothing left to do
     for (int j = 0; j < bn; ++j) {
         if (!keep[j]) continue;
         if (settled[j] == 0) {
@@ -506,8 +520,12 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
         vlog_code_m_block(s.type, src[0] + i0, VLog::value(t->p[0][0]), w.scale, bn, t->keep, t->code[0], w.cells[0],
                           w.settled);
         certify_trial(s, gc, theta, i0, bn, t, w);
-        bool planned_failed = false;  // bitwise, not ||: the loop vectorises
-        for (int j = 0; j < bn; ++j) planned_failed |= w.live[j] & !t->keep[j];
+        // a coordinate the plan kept (live) lost its codes: 8 flags at a time, then the tail
+        uint64_t failed = 0;
+        int j = 0;
+        for (; j + 8 <= bn; j += 8) failed |= load_flags8(w.live + j) & ~load_flags8(t->keep + j);
+        for (; j < bn; ++j) failed |= uint64_t(w.live[j] & !t->keep[j]);
+        const bool planned_failed = failed != 0;
         if (t->escapes < best->escapes) {
             BlockTrial<VLog>* x = best;
             best = t;

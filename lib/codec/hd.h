@@ -133,6 +133,37 @@ CKPT_HD_FORCE void block_max_affine(const double* A, const double* B, int n, con
 #endif
 }
 
+/// Whether every x[j], j < n, is nonzero (a NaN counts as nonzero), on vector types where
+/// the host allows (see block_max); the block loops' 0/1 flags.
+CKPT_HD_FORCE bool block_all_nonzero(const double* x, int n) {
+    int j = 0;
+    bool all = true;
+#if !defined(__CUDACC__)
+    typedef long long Vec4l __attribute__((vector_size(32)));
+    Vec4l acc = {-1, -1, -1, -1};
+    const Vec4d zero = {};
+    for (; j + 4 <= n; j += 4) {
+        Vec4d c;
+        memcpy(&c, x + j, sizeof c);
+        acc &= c != zero;
+    }
+    all = (acc[0] & acc[1] & acc[2] & acc[3]) != 0;
+#endif
+    for (; j < n; ++j) all &= x[j] != 0;
+    return all;
+}
+
+/// bool arrays 8 at a time, as words of 0/1 bytes (a bool is one byte, 0 or 1): GCC 12
+/// leaves loops that mix bools with doubles or negate bools scalar.
+CKPT_HD_FORCE uint64_t load_flags8(const bool* p) {
+    uint64_t w;
+    memcpy(&w, p, sizeof w);
+    return w;
+}
+CKPT_HD_FORCE void store_flags8(bool* p, uint64_t w) { memcpy(p, &w, sizeof w); }
+/// The number of 1 bytes in a word of 0/1 bytes (their sum lands in the top byte).
+CKPT_HD_FORCE int count_flags8(uint64_t w) { return int((w * 0x0101010101010101ull) >> 56); }
+
 /// x = mant * 2^ex with mant in [1, 2), for finite x > 0 (frexp's result times 2, exact;
 /// subnormal doubles go through frexp).
 CKPT_HD double mantissa(double x, int& ex) {
