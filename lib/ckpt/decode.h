@@ -75,6 +75,9 @@ public:
     /// coordinates 0), values per role (escapes applied; not with Want::Codes), the chunk's
     /// escaped coordinates (chunk-local) with their exact bits, and with Want::Bounds the
     /// re-derived certificate of every coordinate.
+    /// One decoded chunk: coordinates [begin, begin + n) of a parameter. codes[k] (n *
+    /// code_bytes bytes) and values[k] (n floats, with Want::Values or Bounds) are valid up
+    /// to n: the buffers only grow, so they may be longer.
     struct Chunk {
         uint64_t begin = 0;
         std::size_t n = 0;
@@ -85,9 +88,12 @@ public:
         std::vector<double> bounds;
         std::vector<float> theta;
     };
-    /// Iterate parameter j in chunks of `chunk` coordinates; calls fn(const Chunk&).
+    /// Iterate parameter j in chunks of `chunk` coordinates; calls fn(Chunk&) (fn may
+    /// change the chunk's buffers: restore applies escapes in place). `scratch`, when given,
+    /// holds the chunk, so a caller that passes the same one for every parameter reuses
+    /// its buffers (they only grow: no allocation and zero-fill per parameter).
     template <class Fn>
-    void for_each_chunk(std::size_t j, std::size_t chunk, Want want, Fn fn) const;
+    void for_each_chunk(std::size_t j, std::size_t chunk, Want want, Fn fn, Chunk* scratch = nullptr) const;
 
 private:
     void decode(std::size_t j, uint64_t begin, std::size_t n, Want want, Chunk& c,
@@ -169,15 +175,16 @@ void ContainerReader::for_each_raw_piece(uint64_t from, uint64_t to, Fn fn) cons
 }
 
 template <class Fn>
-void ContainerReader::for_each_chunk(std::size_t j, std::size_t chunk, Want want, Fn fn) const {
+void ContainerReader::for_each_chunk(std::size_t j, std::size_t chunk, Want want, Fn fn, Chunk* scratch) const {
     const auto& e = man_.params.at(j);
     const std::size_t unit = codec::entropy_coded(man_.codec) ? codec::kSegment : codec::kBlock;  // chunks start on segments
     chunk = std::max<std::size_t>(unit, chunk / unit * unit);
     uint64_t esc_row = e.escape_offset, esc_pos = 0;
-    Chunk c;
+    Chunk own;
+    Chunk& c = scratch ? *scratch : own;
     for (uint64_t i0 = 0; i0 < e.numel; i0 += chunk) {
         decode(j, i0, std::size_t(std::min<uint64_t>(chunk, e.numel - i0)), want, c, esc_row, esc_pos);
-        fn(static_cast<const Chunk&>(c));
+        fn(c);
     }
 }
 

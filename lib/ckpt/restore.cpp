@@ -57,22 +57,30 @@ void restore_raw(const ContainerReader& cr, FileWriter& w, Progress& prog) {
 void restore_moments(const ContainerReader& cr, FileWriter& w, Progress& prog) {
     const auto& man = cr.manifest();
     std::vector<uint8_t> bytes;
+    ContainerReader::Chunk chunk;  // reused by every parameter
     for (std::size_t j = 0; j < man.params.size(); ++j) {
         const auto& e = man.params[j];
         const std::size_t es = float_dtype_size(e.dtype);
         uint32_t crc[3] = {0, 0, 0};  // zip's CRC-32 (ISO-HDLC), chained over the chunks
-        cr.for_each_chunk(j, 1 << 20, ContainerReader::Want::Values, [&](const ContainerReader::Chunk& c) {
+        auto write = [&](ContainerReader::Chunk& c) {
             for (int k = 0; k < e.moments(); ++k) {
-                bytes.resize(c.n * es);
-                float_to_bytes(e.dtype, c.values[k].data(), c.n, bytes.data());
+                // F32: the values are the bytes (little-endian, as float_to_bytes' copy);
+                // escapes go in place. Else the converted bytes.
+                uint8_t* out = reinterpret_cast<uint8_t*>(c.values[k].data());
+                if (e.dtype != DType::F32) {
+                    if (bytes.size() < c.n * es) bytes.resize(c.n * es);
+                    out = bytes.data();
+                    float_to_bytes(e.dtype, c.values[k].data(), c.n, out);
+                }
                 for (std::size_t q = 0; q < c.escaped.size(); ++q)
-                    store_bits(e.dtype, c.escaped_bits[k][q], bytes.data(), c.escaped[q]);
+                    store_bits(e.dtype, c.escaped_bits[k][q], out, c.escaped[q]);
                 const auto& st = man.storages[std::size_t(e.storage[k])];
-                w.pwrite(st.offset + c.begin * es, bytes.data(), bytes.size());
-                crc[k] = crc32_gzip_refl(crc[k], bytes.data(), bytes.size());
-                prog.advance(bytes.size());
+                w.pwrite(st.offset + c.begin * es, out, c.n * es);
+                crc[k] = crc32_gzip_refl(crc[k], out, c.n * es);
+                prog.advance(c.n * es);
             }
-        });
+        };
+        cr.for_each_chunk(j, 1 << 20, ContainerReader::Want::Values, write, &chunk);
         for (int k = 0; k < e.moments(); ++k) {
             const uint32_t v = uint32_t(crc[k]);
             const uint8_t le[4] = {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)};

@@ -246,6 +246,8 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
     uint64_t certified = 0, grid_points = 0, escapes_checked = 0;
     double max_true = 0;
     GridPoints grid(o.grid);
+    const std::size_t code_bytes = std::size_t(codec::code_bytes(man.codec));
+    ContainerReader::Chunk chunk;  // reused by every parameter (for_each_chunk)
     std::vector<uint8_t> ob[3];
     std::vector<float> ov[3];
     uint64_t moment_bytes = 0;
@@ -266,7 +268,7 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
             cr.for_each_chunk(j, 1 << 18, want, [&](const ContainerReader::Chunk& c) {
                 prog.advance(c.n * uint64_t(nm) * es);
                 if (codes_only) {  // self-check: the decoded codes hashed (hs[] serves the original otherwise)
-                    for (int k = 0; k < nm; ++k) XXH3_64bits_update(hs[k], c.codes[k].data(), c.codes[k].size());
+                    for (int k = 0; k < nm; ++k) XXH3_64bits_update(hs[k], c.codes[k].data(), c.n * code_bytes);
                     escapes += c.escaped.size();
                     return;
                 }
@@ -321,7 +323,7 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
                     max_bound = std::max(max_bound, a.max_bound);
                     max_true = std::max(max_true, a.max_true);
                 }
-            });
+            }, &chunk);
         } catch (const BadInput& ex) {
             fail(e.name + ": " + ex.what());
         }
