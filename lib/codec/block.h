@@ -598,18 +598,29 @@ CKPT_HD void vlog_decode_block(const TensorSetup& s, const uint8_t* const* codes
     auto second = [&](int k, auto with) {  // with: whether the cells are wanted (a compile-time flag)
         BlockCells& r = cells[k];
         const double rel = k == 2 ? 1.0 : 0.0;  // max_exp_avg_sq: relative to exp_avg_sq's index
+        // The exponents first, then the grid values unconditionally, then the selects of
+        // code 0: GCC 12 sinks a table read that only one side of a select needs into a
+        // masked gather, which it cannot emulate, and leaves the whole loop scalar (AVX2).
+        double ex[kBlock], zf[kBlock];
         for (int j = 0; j < bn; ++j) {
             const uint32_t c = load_code(codes[k], 2, i0 + j), c1 = load_code(codes[1], 2, i0 + j);
             const double at = rel * flag_hd(c1 != 0) * double(VLog::unzigzag(c1 - 1));  // code 0: index 0
-            const double e = a16 + (at + double(VLog::unzigzag(c - 1))) * st;  // c = 0: garbage, not selected
-            const double zero = flag_hd(c == 0);
-            const double dec = grid(e);
-            r.dec[j] = zero != 0 ? 0.0 : dec;
-            if constexpr (decltype(with)::value) {
-                r.lo[j] = zero != 0 ? 0.0 : (dec + grid(e - st)) / 2;
-                r.hi[j] = zero != 0 ? 0.0 : (dec + grid(e + st)) / 2;
+            ex[j] = a16 + (at + double(VLog::unzigzag(c - 1))) * st;  // c = 0: garbage, not selected
+            zf[j] = flag_hd(c == 0);
+        }
+        for (int j = 0; j < bn; ++j) r.dec[j] = grid(ex[j]);
+        if constexpr (decltype(with)::value) {
+            for (int j = 0; j < bn; ++j) {
+                r.lo[j] = grid(ex[j] - st);
+                r.hi[j] = grid(ex[j] + st);
+            }
+            for (int j = 0; j < bn; ++j) {
+                const double dec = r.dec[j];
+                r.lo[j] = zf[j] != 0 ? 0.0 : (dec + r.lo[j]) / 2;
+                r.hi[j] = zf[j] != 0 ? 0.0 : (dec + r.hi[j]) / 2;
             }
         }
+        for (int j = 0; j < bn; ++j) r.dec[j] = zf[j] != 0 ? 0.0 : r.dec[j];
         if (t != MomentType::F32)
             for (int j = 0; j < bn; ++j) r.dec[j] = round_to_type(t, r.dec[j]);
     };
