@@ -184,7 +184,7 @@ CKPT_HD_FORCE void closed_stage_block(const GuardConst& gc, const BlockCells* ce
         g.v = cells[1].get(j);
         if (kVmax) g.vmax = cells[2].get(j);
         const ClosedStage k = certify_closed(c, g);
-        closed[j] = (k.gate_failed == 0) & (k.closed <= tol) ? k.closed : -1.0;
+        closed[j] = ((k.gate_failed == 0) & (k.closed <= tol)) ? k.closed : -1.0;
     }
 }
 
@@ -304,7 +304,7 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     if (nm == 3) {
         for (int j = 0; j < bn; ++j) {
             const double m = src[0][i0 + j], v = src[1][i0 + j], vx = src[2][i0 + j];
-            const bool live = isfinite(m) & isfinite(v) & isfinite(vx) & (v > 0) & (vx >= 0);
+            const bool live = (int(isfinite(m)) & int(isfinite(v)) & int(isfinite(vx)) & int(v > 0) & int(vx >= 0)) != 0;
             const double C = b2 * v, v0 = C > vx ? C : vx;
             const double d0 = sqrt(v0) / sqrt_bc2 + eps;
             const double a = ka * sqrt(v > vx ? v : vx) / d0;
@@ -316,7 +316,7 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     } else {  // the same with vmax = 0: sqrt(C) = sqrt(b2) sqrt(v), one root and two divisions
         for (int j = 0; j < bn; ++j) {
             const double m = src[0][i0 + j], v = src[1][i0 + j];
-            const bool live = isfinite(m) & isfinite(v) & (v > 0);
+            const bool live = (int(isfinite(m)) & int(isfinite(v)) & int(v > 0)) != 0;
             const double r = 1 / sqrt(v);
             const double a = ka / (a0 + eps * r);
             const double b = kb * (b1s * fabs(m) * r + closed_g);
