@@ -59,11 +59,15 @@ struct ChunkBuffers {
     const uint8_t* raw[3] = {};
 };
 
-/// v.data() with room for n elements (grown, never shrunk).
-template <class T>
-T* room(std::vector<T>& v, std::size_t n) {
-    if (v.size() < n) v.resize(n);
-    return v.data();
+/// Read n elements of `dtype` at source offset `off` into values (through `bytes` unless
+/// F32: element_bytes); returns the bytes as read.
+const uint8_t* read_floats(const io::InputFile& f, uint64_t off, DType dtype, std::size_t n, std::vector<float>& values,
+                           std::vector<uint8_t>& bytes, const char* what) {
+    float* vals = room(values, n);
+    uint8_t* raw = element_bytes(dtype, vals, n, bytes);
+    f.read_at(off, raw, n * float_dtype_size(dtype), what);
+    if (dtype != DType::F32) bytes_to_float(dtype, raw, n, vals);
+    return raw;
 }
 
 /// Read coordinates [i0, i0+n) of parameter e (moments, and theta when its domain needs
@@ -76,12 +80,8 @@ codec::ChunkIn read_chunk(const io::InputFile& f, const ct::Manifest& man, const
     ci.n = n;
     for (int k = 0; k < nm; ++k) {
         const auto& st = man.storages[std::size_t(e.storage[k])];
-        float* vals = room(b.vals[k], n);
-        uint8_t* raw = e.dtype == DType::F32 ? reinterpret_cast<uint8_t*>(vals) : room(b.bytes[k], n * es);
-        f.read_at(st.offset + i0 * es, raw, n * es, "moment storage");
-        if (hs) XXH3_64bits_update(hs[k].get(), raw, n * es);
-        if (e.dtype != DType::F32) bytes_to_float(e.dtype, raw, n, vals);
-        b.raw[k] = raw;
+        b.raw[k] = read_floats(f, st.offset + i0 * es, e.dtype, n, b.vals[k], b.bytes[k], "moment storage");
+        if (hs) XXH3_64bits_update(hs[k].get(), b.raw[k], n * es);
         if (prog) prog->advance(n * es);
     }
     ci.m = b.vals[0].data();
@@ -91,11 +91,8 @@ codec::ChunkIn read_chunk(const io::InputFile& f, const ct::Manifest& man, const
         const auto& st = man.storages[std::size_t(e.theta_storage)];
         const DType td = e.theta_dtype.value_or(DType::F32);
         const std::size_t ts = float_dtype_size(td);
-        float* theta = room(b.theta, n);
-        uint8_t* raw = td == DType::F32 ? reinterpret_cast<uint8_t*>(theta) : room(b.tbytes, n * ts);
-        f.read_at(st.offset + i0 * ts, raw, n * ts, "parameter storage");
-        if (td != DType::F32) bytes_to_float(td, raw, n, theta);
-        ci.theta = theta;
+        read_floats(f, st.offset + i0 * ts, td, n, b.theta, b.tbytes, "parameter storage");
+        ci.theta = b.theta.data();
     }
     return ci;
 }

@@ -270,10 +270,10 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want 
         for (int k = 0; k < nm; ++k) {
             params[k].resize(blocks * pb + 1);
             if (pb) params_[std::size_t(k)]->read((e.block_offset + begin / codec::kBlock) * pb, blocks * pb, params[k].data());
-            if (codes[k].size() < n * cb) codes[k].resize(n * cb);  // grown, never shrunk (Chunk)
+            room(codes[k], n * cb);  // grown, never shrunk (Chunk)
             if (!seg_end_.empty()) read_segments(e, k, begin, n, codes[k].data(), params[k].data());
             else codes_[std::size_t(k)]->read((e.code_offset + begin) * cb, n * cb, codes[k].data());
-            if (values && c.values[k].size() < n) c.values[k].resize(n);
+            if (values) room(c.values[k], n);
             cp[k] = codes[k].data();
             pp[k] = params[k].data();
             out[k] = c.values[k].data();

@@ -71,13 +71,11 @@ public:
     /// undone: compress's self-check compares them with what it encoded), the values too
     /// (restore), or also every coordinate's re-derived certificate (verify).
     enum class Want { Codes, Values, Bounds };
-    /// One decoded chunk of parameter j: codes per role (code_bytes per value, escaped
-    /// coordinates 0), values per role (escapes applied; not with Want::Codes), the chunk's
-    /// escaped coordinates (chunk-local) with their exact bits, and with Want::Bounds the
-    /// re-derived certificate of every coordinate.
-    /// One decoded chunk: coordinates [begin, begin + n) of a parameter. codes[k] (n *
-    /// code_bytes bytes) and values[k] (n floats, with Want::Values or Bounds) are valid up
-    /// to n: the buffers only grow, so they may be longer.
+    /// One decoded chunk of parameter j, coordinates [begin, begin + n): codes per role
+    /// (code_bytes per value, escaped coordinates 0), values per role (escapes applied; not
+    /// with Want::Codes), the chunk's escaped coordinates (chunk-local) with their exact
+    /// bits, and with Want::Bounds the re-derived certificate of every coordinate. codes[k]
+    /// and values[k] are valid up to n: their buffers only grow, so they may be longer.
     struct Chunk {
         uint64_t begin = 0;
         std::size_t n = 0;

@@ -64,14 +64,9 @@ void restore_moments(const ContainerReader& cr, FileWriter& w, Progress& prog) {
         uint32_t crc[3] = {0, 0, 0};  // zip's CRC-32 (ISO-HDLC), chained over the chunks
         auto write = [&](ContainerReader::Chunk& c) {
             for (int k = 0; k < e.moments(); ++k) {
-                // F32: the values are the bytes (little-endian, as float_to_bytes' copy);
-                // escapes go in place. Else the converted bytes.
-                uint8_t* out = reinterpret_cast<uint8_t*>(c.values[k].data());
-                if (e.dtype != DType::F32) {
-                    if (bytes.size() < c.n * es) bytes.resize(c.n * es);
-                    out = bytes.data();
-                    float_to_bytes(e.dtype, c.values[k].data(), c.n, out);
-                }
+                // F32: the values are the bytes (element_bytes), escapes go in place
+                uint8_t* out = element_bytes(e.dtype, c.values[k].data(), c.n, bytes);
+                if (e.dtype != DType::F32) float_to_bytes(e.dtype, c.values[k].data(), c.n, out);
                 for (std::size_t q = 0; q < c.escaped.size(); ++q)
                     store_bits(e.dtype, c.escaped_bits[k][q], out, c.escaped[q]);
                 const auto& st = man.storages[std::size_t(e.storage[k])];

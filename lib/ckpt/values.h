@@ -4,6 +4,7 @@
 // any other DType is treated as F16.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "common/progress.h"  // Progress (moved to lib/common for every tool)
 #include "io/dtype.h"         // DType, float_dtype_size
@@ -18,5 +19,20 @@ void float_to_bytes(DType dtype, const float* in, std::size_t n, uint8_t* out);
 uint32_t element_bits(DType dtype, const uint8_t* in, std::size_t i);
 /// Store raw bits (the low 16 for 2-byte types) as element i.
 void store_bits(DType dtype, uint32_t bits, uint8_t* out, std::size_t i);
+
+/// v.data() with room for n elements: grown (zero-filled) when shorter, never shrunk, so a
+/// buffer reused across chunks and parameters is filled once, not per chunk.
+template <class T>
+T* room(std::vector<T>& v, std::size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+}
+
+/// Where the `dtype` bytes of values[0..n) live: for F32 the values themselves (a
+/// little-endian host: bytes_to_float / float_to_bytes are copies there, so there is
+/// nothing to convert), else `scratch` (grown to n elements; the caller converts).
+inline uint8_t* element_bytes(DType dtype, float* values, std::size_t n, std::vector<uint8_t>& scratch) {
+    return dtype == DType::F32 ? reinterpret_cast<uint8_t*>(values) : room(scratch, n * float_dtype_size(dtype));
+}
 
 }  // namespace ckpt
