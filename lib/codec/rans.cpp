@@ -58,9 +58,8 @@ void join_body(const uint8_t* __restrict sym, std::size_t n, uint8_t* __restrict
     }
 }
 
-struct SplitTag {};  ///< CKPT_ISA_CLONES' template argument
+struct SplitTag {};  ///< CKPT_ISA_CLONES' template argument (encode; decode_body inlines join_body)
 CKPT_ISA_CLONES(split_isa, split_body)
-CKPT_ISA_CLONES(join_isa, join_body)
 
 void put_varint(std::vector<uint8_t>& out, uint64_t v) {
     while (v >= 0x80) { out.push_back(uint8_t(v | 0x80)); v >>= 7; }
@@ -237,108 +236,164 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
     out.insert(out.end(), bits, bits + nbits);
 }
 
-void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* codes) {
-    Cursor c{p, p + size};
-    if (size == 0) Cursor::bad("empty");
+namespace {
+
+/// One segment's decode tables: per symbol its frequency and start, per slot its symbol.
+struct Dec { uint32_t freq, cum; };
+struct Tables {
+    Dec dec[kSymbols];
+    uint8_t lk[kProb];
+};
+
+/// A parsed rANS segment: its state count (2: format version 2's mode, 4) and streams.
+struct Parsed {
+    int S = 0;
+    const uint8_t* rp = nullptr;    ///< the rANS bytes [rp, rend), its S initial states first
+    const uint8_t* rend = nullptr;  ///< and the raw low bits [rend, rend + bits_len)
+    uint64_t bits_len = 0;
+};
+
+/// Parse the header of segment v and fill its tables; false for a raw segment, which is
+/// then decoded already. Throws (Cursor::bad) when the header is invalid.
+bool parse(const SegmentView& v, Tables& t, Parsed& h) {
+    Cursor c{v.p, v.p + v.size};
+    if (v.size == 0) Cursor::bad("empty");
     const uint8_t mode = *c.p++;
     if (mode == kModeRaw) {
-        if (std::size_t(c.end - c.p) != 2 * n) Cursor::bad("raw size mismatch");
-        codes_from_bytes(c.p, n, codes);
-        return;
+        if (std::size_t(c.end - c.p) != 2 * v.n) Cursor::bad("raw size mismatch");
+        codes_from_bytes(c.p, v.n, v.codes);
+        return false;
     }
     if (mode != kModeRans2 && mode != kModeRans4) Cursor::bad("unknown mode");
-    const int S = mode == kModeRans2 ? 2 : 4;
+    h.S = mode == kModeRans2 ? 2 : 4;
     const uint64_t rans_len = c.varint(), bits_len = c.varint(), used = c.varint();
     if (used == 0 || used > uint64_t(kSymbols)) Cursor::bad("bad symbol count");
     std::array<uint32_t, kSymbols> f{}, cum{};
     uint64_t sum = 0;
     for (uint64_t s = 0; s < used; ++s) {
-        const uint64_t v = c.varint();
-        if (v > kProb) Cursor::bad("bad frequency");
-        f[std::size_t(s)] = uint32_t(v);
-        sum += v;
+        const uint64_t x = c.varint();
+        if (x > kProb) Cursor::bad("bad frequency");
+        f[std::size_t(s)] = uint32_t(x);
+        sum += x;
     }
     if (sum != kProb) Cursor::bad("frequencies do not sum to 2^14");
     for (int s = 1; s < kSymbols; ++s) cum[s] = cum[s - 1] + f[s - 1];
     const std::size_t rest = std::size_t(c.end - c.p);
-    if (rans_len < uint64_t(4 * S) || rans_len > rest || bits_len != rest - rans_len) Cursor::bad("stream sizes do not match the segment");
-    // per symbol: frequency and start; per slot: its symbol
-    struct Dec { uint32_t freq, cum; };
-    std::array<Dec, kSymbols> dec{};
-    for (int s = 0; s < kSymbols; ++s) dec[s] = {f[s], cum[s]};
-    thread_local std::vector<uint8_t> lookup;
-    lookup.resize(kProb);
-    for (int s = 0; s < kSymbols; ++s) std::fill(lookup.begin() + cum[s], lookup.begin() + cum[s] + f[s], uint8_t(s));
-    const uint8_t* rp = c.p;
-    const uint8_t* rend = c.p + rans_len;
-    auto load32 = [](const uint8_t* q) { return uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24; };
-    // Pass 1: the symbols, into sym[]. A decoded state is >= 2^9 (x >> 14 >= 2^9 and
-    // freq >= 1), so it takes at most 2 bytes to get back above kLow. While 2 bytes per
-    // state remain, each of the two steps reads a byte unconditionally and keeps it only
-    // when needed: no branch on the data (its pattern is random); the last rounds take the
-    // checked path. States, tables and the byte pointer are locals indexed by constants
-    // (sym's byte stores could alias anything whose address escapes).
-    thread_local std::vector<uint8_t> sym_buf;
-    sym_buf.resize(n);
-    uint8_t* const sym = sym_buf.data();
-    const uint8_t* const lk = lookup.data();
-    const Dec* const dt = dec.data();
-    auto symbols = [&](auto SC) {  // SC: the state count as a compile-time constant
-        constexpr int S = decltype(SC)::value;
-        const uint8_t* r = rp;
-        uint32_t xs[S];
-        for (int k = 0; k < S; ++k) xs[k] = load32(r + 4 * k);
-        r += 4 * S;
-        auto step = [&](uint32_t& x) {
+    if (rans_len < uint64_t(4 * h.S) || rans_len > rest || bits_len != rest - rans_len)
+        Cursor::bad("stream sizes do not match the segment");
+    for (int s = 0; s < kSymbols; ++s) {
+        t.dec[s] = {f[s], cum[s]};
+        std::memset(t.lk + cum[s], s, f[s]);
+    }
+    h.rp = c.p;
+    h.rend = c.p + rans_len;
+    h.bits_len = bits_len;
+    return true;
+}
+
+uint32_t load32(const uint8_t* q) { return uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24; }
+
+/// One rANS decode step of a state x < 2^31 (its symbol into *sym), then its
+/// renormalisation from the byte pointer r, unchecked: r must have 2 bytes left. States stay
+/// below 2^31: the decoded y = freq (x >> 14) + (slot - cum) < freq ((x >> 14) + 1) <=
+/// 2^14 2^17, and renormalising shifts in bytes only while below 2^23. A decoded state is
+/// >= 2^9 when valid (x >> 14 >= 2^9, freq >= 1), so it takes at most 2 bytes to get back
+/// above kLow: y < 2^23 needs one byte, y < 2^15 two, so the byte count is (lz - 1) / 8
+/// for lz, y's leading zeros (1..22 with y | 2^9: at most 2 bytes even for a corrupt y).
+/// Both bytes are read and the ones needed shifted in: no branch on the data (its pattern
+/// is random; a select would become one). Fewer operations than two compares: this loop is
+/// bound by operation count.
+[[gnu::always_inline]] inline void step_fast(const Tables& t, uint32_t& x, const uint8_t*& r, uint8_t* sym) {
+    const uint32_t slot = x & (kProb - 1);
+    const uint8_t sy = t.lk[slot];
+    const Dec d = t.dec[sy];
+    const uint32_t y = d.freq * (x >> kProbBits) + slot - d.cum;
+    *sym = sy;
+    const uint32_t lz1 = uint32_t(std::countl_zero(y | 512u)) - 1;  // 0..21
+    const uint32_t bits = lz1 & 24;                                     // 8 per byte read
+    const uint32_t w = uint32_t(r[0]) << 24 | uint32_t(r[1]) << 16;     // the next two bytes, on top
+    x = uint32_t((uint64_t(y) << bits) | (uint64_t(w) >> (32 - bits)));
+    r += lz1 >> 3;
+}
+
+/// Pass 1, fast part: the symbols of one segment (S states x[0..S), bytes from r) or of two
+/// (4 states each: x and x2, r and r2), into sym (and sym2), from code i on, while every
+/// segment has a whole round of S codes left and 2 bytes per state. Each segment's states
+/// form one serial chain (a state's bytes follow the byte counts of the states before it),
+/// so the rounds of two segments interleave: twice the steps in flight. The states and
+/// byte pointers are copied into locals (scalars after unrolling, so in registers; the
+/// byte stores to sym could alias anything whose address escapes).
+template <int S, bool Two>
+void symbols_fast(const Tables* T, const Parsed* h, uint8_t* const* symv, const std::size_t* n, uint32_t (*xs)[S],
+                  const uint8_t** rv, std::size_t& iv) {
+    std::size_t i = iv;
+    const uint8_t *r = rv[0], *r2 = Two ? rv[1] : nullptr;
+    uint32_t x[S], x2[S] = {};
+    for (int k = 0; k < S; ++k) x[k] = xs[0][k];
+    if constexpr (Two)
+        for (int k = 0; k < S; ++k) x2[k] = xs[1][k];
+    uint8_t* const sym = symv[0];
+    uint8_t* const sym2 = Two ? symv[1] : nullptr;
+    const Tables& t = T[0];
+    const Tables& t2 = T[Two ? 1 : 0];
+    for (;;) {
+        std::size_t rounds = std::min((n[0] - i) / S, std::size_t(h[0].rend - r) / (2 * S));
+        if constexpr (Two) rounds = std::min({rounds, (n[1] - i) / S, std::size_t(h[1].rend - r2) / (2 * S)});
+        if (rounds == 0) break;
+        for (const std::size_t end = i + rounds * S; i < end; i += S) {
+#pragma GCC unroll 4
+            for (int k = 0; k < S; ++k) step_fast(t, x[k], r, sym + i + std::size_t(k));
+            if constexpr (Two) {
+#pragma GCC unroll 4
+                for (int k = 0; k < S; ++k) step_fast(t2, x2[k], r2, sym2 + i + std::size_t(k));
+            }
+        }
+    }
+    iv = i;
+    rv[0] = r;
+    for (int k = 0; k < S; ++k) xs[0][k] = x[k];
+    if constexpr (Two) {
+        rv[1] = r2;
+        for (int k = 0; k < S; ++k) xs[1][k] = x2[k];
+    }
+}
+
+/// The rest of one segment from code i on (after symbols_fast): pass 1's last rounds,
+/// checked byte by byte, the final-state checks, then pass 2: each code's raw low bits,
+/// LSB first. Each symbol's raw bit count and base value come from join_body (vectorised);
+/// while 8 bytes can be read at pos / 8, one unaligned load serves four codes (<= 52 bits
+/// at a shift <= 7); the end of the stream goes code by code, byte by byte. Throws
+/// (Cursor::bad) on a truncated or inconsistent stream.
+template <int S>
+void finish(const Tables& t, const Parsed& h, uint8_t* sym, std::size_t n, uint16_t* codes, uint32_t (&xs)[S],
+            const uint8_t* r, std::size_t i) {
+    for (; i < n; i += S)
+        for (int k = 0; k < S; ++k) {
+            if (i + std::size_t(k) >= n) break;
+            uint32_t& x = xs[k];
             const uint32_t slot = x & (kProb - 1);
-            const uint8_t sy = lk[slot];
-            const Dec& d = dt[sy];
-            x = d.freq * (x >> kProbBits) + slot - d.cum;
-            return sy;
-        };
-        std::size_t i = 0;
-        for (; i + S <= n && rend - r >= 2 * S; i += S)
-            for (int k = 0; k < S; ++k) {
-                sym[i + std::size_t(k)] = step(xs[k]);
-                // the byte count n comes from the state alone ((x << 8 | b) < 2^23 exactly when
-                // x < 2^15), so the byte pointer's chain does not wait on the loads; both
-                // bytes are read and shifted in as needed (arithmetic: a select becomes a branch)
-                const uint32_t x = xs[k];
-                const uint32_t nb = uint32_t(x < kLow) + uint32_t(x < (kLow >> 8));
-                const uint32_t w = uint32_t(r[0]) << 8 | r[1];  // the next two bytes in stream order
-                xs[k] = (x << (8 * nb)) | (w >> (16 - 8 * nb));
-                r += nb;
+            const uint8_t sy = t.lk[slot];
+            x = t.dec[sy].freq * (x >> kProbBits) + slot - t.dec[sy].cum;
+            sym[i + std::size_t(k)] = sy;
+            while (x < kLow) {
+                if (r == h.rend) Cursor::bad("rANS stream truncated");
+                x = (x << 8) | *r++;
             }
-        for (; i < n; i += S)
-            for (int k = 0; k < S; ++k) {
-                if (i + std::size_t(k) >= n) break;
-                sym[i + std::size_t(k)] = step(xs[k]);
-                while (xs[k] < kLow) {
-                    if (r == rend) Cursor::bad("rANS stream truncated");
-                    xs[k] = (xs[k] << 8) | *r++;
-                }
-            }
-        for (int k = 0; k < S; ++k)
-            if (xs[k] != kLow) Cursor::bad("trailing or inconsistent data");
-        if (r != rend) Cursor::bad("trailing or inconsistent data");
-    };
-    if (S == 2) symbols(std::integral_constant<int, 2>{});
-    else symbols(std::integral_constant<int, 4>{});
-    // Pass 2: each code's raw low bits, LSB first from the bit position pos. Each symbol's
-    // raw bit count and base value (vectorised, join_body); then while 8 bytes can be read
-    // at pos / 8, one unaligned load serves four codes (<= 52 bits at a shift <= 7); the
-    // end of the stream goes code by code, byte by byte.
+        }
+    for (int k = 0; k < S; ++k)
+        if (xs[k] != kLow) Cursor::bad("trailing or inconsistent data");
+    if (r != h.rend) Cursor::bad("trailing or inconsistent data");
     thread_local std::vector<uint8_t> extra_buf;
     thread_local std::vector<uint16_t> base_buf;
     extra_buf.resize(n);
     base_buf.resize(n);
     const uint8_t* ex = extra_buf.data();
     const uint16_t* bs = base_buf.data();
-    join_isa<SplitTag>(sym, n, extra_buf.data(), base_buf.data());
-    const uint8_t* bp = rend;
-    const uint64_t nb = bits_len * 8;
+    join_body<void>(sym, n, extra_buf.data(), base_buf.data());
+    const uint8_t* bp = h.rend;
+    const uint64_t bits_len = h.bits_len, nb = bits_len * 8;
     uint64_t pos = 0;
-    std::size_t i = 0;
+    i = 0;
     if (bits_len >= 8) {
         const uint64_t fast_end = (bits_len - 8) * 8;  // a load at pos / 8 stays inside while pos <= fast_end
         for (; i + 4 <= n && pos <= fast_end; i += 4) {
@@ -361,6 +416,70 @@ void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t*
     }
     // every byte used, and the last one's unused high bits zero
     if ((pos + 7) / 8 != bits_len || (pos & 7 && bp[pos >> 3] >> (pos & 7))) Cursor::bad("trailing or inconsistent data");
+}
+
+/// Segments v[0..L) of S states each, parsed into T and h: both passes, the segments'
+/// fast rounds interleaved, then each finished in order (so the first bad one throws).
+template <int S, int L>
+void decode_rans(const SegmentView* v, const Tables* T, const Parsed* h) {
+    thread_local std::vector<uint8_t> sym_buf[2];
+    uint8_t* sym[L];
+    std::size_t n[L];
+    uint32_t xs[L][S];
+    const uint8_t* r[L];
+    for (int l = 0; l < L; ++l) {
+        sym_buf[l].resize(v[l].n);
+        sym[l] = sym_buf[l].data();
+        n[l] = v[l].n;
+        for (int k = 0; k < S; ++k) {
+            xs[l][k] = load32(h[l].rp + 4 * k);
+            if (xs[l][k] >> 31) Cursor::bad("trailing or inconsistent data");  // no encoder writes it (step_fast)
+        }
+        r[l] = h[l].rp + 4 * S;
+    }
+    std::size_t i = 0;
+    symbols_fast<S, (L == 2)>(T, h, sym, n, xs, r, i);
+    for (int l = 0; l < L; ++l) {
+        std::size_t il = i;  // a segment with more left runs on alone
+        symbols_fast<S, false>(T + l, h + l, sym + l, n + l, xs + l, r + l, il);
+        finish<S>(T[l], h[l], sym[l], n[l], v[l].codes, xs[l], r[l], il);
+    }
+}
+
+/// segment_decode(2)'s body for `count` (1 or 2) segments, compiled for each
+/// instruction-set level (decode_isa below): integer code, the same codes on every level.
+template <class>
+void decode_body(const SegmentView* v, int count) {
+    thread_local Tables T[2];
+    Parsed h[2];
+    bool rans[2] = {false, false};
+    rans[0] = parse(v[0], T[0], h[0]);
+    if (count == 2) {
+        try {
+            rans[1] = parse(v[1], T[1], h[1]);
+        } catch (...) {  // the first segment's own error comes first
+            if (rans[0]) h[0].S == 2 ? decode_rans<2, 1>(v, T, h) : decode_rans<4, 1>(v, T, h);
+            throw;
+        }
+    }
+    if (count == 2 && rans[0] && rans[1] && h[0].S == 4 && h[1].S == 4) return decode_rans<4, 2>(v, T, h);
+    for (int l = 0; l < count; ++l)
+        if (rans[l]) h[l].S == 2 ? decode_rans<2, 1>(v + l, T + l, h + l) : decode_rans<4, 1>(v + l, T + l, h + l);
+}
+
+struct RansTag {};  ///< CKPT_ISA_CLONES' template argument
+CKPT_ISA_CLONES(decode_isa, decode_body)
+
+}  // namespace
+
+void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* codes) {
+    const SegmentView v{p, size, n, codes};
+    decode_isa<RansTag>(&v, 1);
+}
+
+void segment_decode2(const SegmentView& a, const SegmentView& b) {
+    const SegmentView v[2] = {a, b};
+    decode_isa<RansTag>(v, 2);
 }
 
 }  // namespace ckpt::codec
