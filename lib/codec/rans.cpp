@@ -123,10 +123,19 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
     // groups of 4 has no raw bits
     split_isa<SplitTag>(codes, n, sym, extra_buf.data(), low_buf.data());
     for (std::size_t i = n; i < n4; ++i) extra_buf[i] = 0, low_buf[i] = 0;
-    // pass 1b: the counts, in four histograms (code i into i & 3: consecutive equal
-    // symbols do not wait on each other's increment; summed below)
+    // pass 1b: the counts, in four histograms (code i into i mod 4: consecutive equal
+    // symbols do not wait on each other's increment; summed below), four codes a round
     uint32_t count4[4][kSymbols] = {};
-    for (std::size_t i = 0; i < n; ++i) ++count4[i & 3][sym[i]];
+    {
+        std::size_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            ++count4[0][sym[i]];
+            ++count4[1][sym[i + 1]];
+            ++count4[2][sym[i + 2]];
+            ++count4[3][sym[i + 3]];
+        }
+        for (; i < n; ++i) ++count4[i & 3][sym[i]];
+    }
     // pass 1c: the raw bits, LSB first, four codes (<= 52 bits) at a time. The writer is
     // branch-free: all 8 bytes of the accumulator are stored at the first byte not yet
     // complete, then the whole bytes are dropped (fewer than 8 bits stay pending).
