@@ -471,7 +471,15 @@ void decode_body(const SegmentView* v, int count) {
             throw;
         }
     }
-    if (count == 2 && rans[0] && rans[1] && h[0].S == 4 && h[1].S == 4) return decode_rans<4, 2>(v, T, h);
+    // a pair needs both segments' initial states valid: decode_rans refuses a bad one
+    // before any decoding, which would put the second segment's error before the first's
+    auto states_ok = [](const Parsed& p) {
+        for (int k = 0; k < p.S; ++k)
+            if (load32(p.rp + 4 * k) >> 31) return false;
+        return true;
+    };
+    if (count == 2 && rans[0] && rans[1] && h[0].S == 4 && h[1].S == 4 && states_ok(h[0]) && states_ok(h[1]))
+        return decode_rans<4, 2>(v, T, h);
     for (int l = 0; l < count; ++l)
         if (rans[l]) h[l].S == 2 ? decode_rans<2, 1>(v + l, T + l, h + l) : decode_rans<4, 1>(v + l, T + l, h + l);
 }

@@ -19,6 +19,20 @@ std::vector<uint16_t> roundtrip(const std::vector<uint16_t>& c, std::vector<uint
     segment_decode(bytes.data(), bytes.size(), c.size(), back.data());
     return back;
 }
+/// Where a rANS segment's initial states start: after the mode byte, three varints
+/// (rANS length, raw-bit length, symbol count) and one varint frequency per used symbol.
+std::size_t state_offset(const std::vector<uint8_t>& a) {
+    std::size_t at = 1, varints = 3;
+    for (std::size_t v = 0; v < varints; ++v) {
+        uint64_t x = 0;
+        for (int sh = 0;; sh += 7) {
+            x |= uint64_t(a.at(at) & 0x7f) << sh;
+            if (!(a.at(at++) & 0x80)) break;
+        }
+        if (v == 2) varints += std::size_t(x);
+    }
+    return at;
+}
 }  // namespace
 
 TEST_CASE("rans segments round-trip exactly, near the entropy") {
@@ -185,10 +199,12 @@ TEST_CASE("rans segments: the pair decoder gives each segment's codes, and the f
                     CHECK(oa == ca);
                     CHECK(ob == cb);
                     // one corrupted byte in either (or both): the same error text as one by one
-                    for (int bad = 1; bad < 4; ++bad) {
+                    // (or an initial state's top byte set: refused before any decoding)
+                    for (int bad = 1; bad < 8; ++bad) {
                         std::vector<uint8_t> a2 = a, b2 = b;
                         if (bad & 1) a2[a2.size() / 2] ^= 0x5a;
                         if (bad & 2) b2[b2.size() / 3] ^= 0xa5;
+                        if ((bad & 4) && b2[0] != 1) b2[state_offset(b2) + 3] |= 0x80;  // state 0's top byte
                         std::vector<uint16_t> sa(na), sb(nb);
                         const std::string alone = error([&] {
                             segment_decode(a2.data(), a2.size(), na, sa.data());
@@ -202,7 +218,7 @@ TEST_CASE("rans segments: the pair decoder gives each segment's codes, and the f
                         ++compared;
                     }
                 }
-    CHECK(compared == 5 * 3 * 9 * 3);
+    CHECK(compared == 5 * 3 * 9 * 7);
 }
 
 TEST_CASE("rans segments: an initial state of 2^31 or more is refused") {
@@ -212,19 +228,10 @@ TEST_CASE("rans segments: an initial state of 2^31 or more is refused") {
     std::vector<uint8_t> a;
     segment_encode(c.data(), c.size(), a);
     REQUIRE(a[0] == 2);
-    // the header: mode, three varints (rANS length, raw-bit length, symbol count), then a
-    // varint frequency per used symbol; the rANS bytes start with state 0, little-endian
-    std::size_t at = 1, varints = 3;
-    std::size_t used = 0;
-    for (std::size_t v = 0; v < varints; ++v) {
-        uint64_t x = 0;
-        for (int sh = 0;; sh += 7) {
-            x |= uint64_t(a[at] & 0x7f) << sh;
-            if (!(a[at++] & 0x80)) break;
-        }
-        if (v == 2) used = std::size_t(x), varints += used;
-    }
-    REQUIRE(used > 0);
+    const std::size_t at = state_offset(a);  // state 0, little-endian: a valid one is in [2^23, 2^31)
+    const uint32_t x0 = uint32_t(a[at]) | uint32_t(a[at + 1]) << 8 | uint32_t(a[at + 2]) << 16 | uint32_t(a[at + 3]) << 24;
+    CHECK(x0 >= (1u << 23));
+    CHECK(x0 < (1u << 31));
     std::vector<uint16_t> out(c.size());
     segment_decode(a.data(), a.size(), c.size(), out.data());
     REQUIRE(out == c);
