@@ -230,50 +230,22 @@ void ContainerReader::read_segments(const ct::ParamEntry& e, int k, uint64_t beg
                                     const int16_t* params) const {
     if (begin % codec::kSegment != 0) throw std::logic_error("segment read not aligned");
     const auto& ends = seg_end_[std::size_t(k)];
-    const uint64_t seg = codec::kSegment;
-    seg_codes_.resize(n);
-    // segment `at` (a coordinate of e, a multiple of kSegment) as a SegmentView into buf
-    auto fetch = [&](uint64_t at, std::vector<uint8_t>& buf) {
-        const uint64_t g = e.code_offset + at / seg;  // validated < ends.size() at open
+    for (uint64_t i = begin; i < begin + n; i += codec::kSegment) {
+        const uint64_t g = e.code_offset + i / codec::kSegment;  // validated < ends.size() at open
         const uint64_t from = g == 0 ? 0 : ends[g - 1], to = ends[g];
-        const std::size_t len = std::size_t(std::min<uint64_t>(seg, e.numel - at));
-        if (to - from > 2 * seg + 1024) throw std::runtime_error("param " + e.name + ": segment larger than any valid one");
-        buf.resize(std::size_t(to - from));
-        codes_[std::size_t(k)]->read(from, to - from, buf.data());
-        return codec::SegmentView{buf.data(), buf.size(), len, seg_codes_.data() + (at - begin)};
-    };
-    auto named = [&](const std::runtime_error& x) { return std::runtime_error("param " + e.name + " " + ct::kRoleNames[k] + ": " + x.what()); };
-    auto one = [&](const codec::SegmentView& v) {
+        const std::size_t len = std::size_t(std::min<uint64_t>(codec::kSegment, e.numel - i));
+        if (to - from > 2 * uint64_t(codec::kSegment) + 1024) throw std::runtime_error("param " + e.name + ": segment larger than any valid one");
+        seg_buf_.resize(std::size_t(to - from));
+        codes_[std::size_t(k)]->read(from, to - from, seg_buf_.data());
+        seg_codes_.resize(len);
         try {
-            codec::segment_decode(v.p, v.size, v.n, v.codes);
+            codec::segment_decode(seg_buf_.data(), seg_buf_.size(), len, seg_codes_.data());
         } catch (const std::runtime_error& x) {
-            throw named(x);
+            throw std::runtime_error("param " + e.name + " " + ct::kRoleNames[k] + ": " + x.what());
         }
-    };
-    for (uint64_t i = begin; i < begin + n; i += 2 * seg) {
-        const codec::SegmentView a = fetch(i, seg_buf_[0]);
-        if (i + seg >= begin + n) {
-            one(a);
-            continue;
-        }
-        codec::SegmentView b;
-        try {
-            b = fetch(i + seg, seg_buf_[1]);
-        } catch (...) {  // the first segment's own error comes first
-            one(a);
-            throw;
-        }
-        try {
-            codec::segment_decode2(a, b);
-        } catch (const std::runtime_error& x) {
-            throw named(x);
-        }
+        if (k == 1) codec::vlog_rows(seg_codes_.data(), len, params + 2 * ((i - begin) / codec::kBlock), std::size_t(ct::vlog_row(e)), false);
+        codec::codes_to_bytes(seg_codes_.data(), len, codes + 2 * (i - begin));
     }
-    if (k == 1)
-        for (uint64_t i = 0; i < n; i += seg)
-            codec::vlog_rows(seg_codes_.data() + i, std::min<std::size_t>(seg, n - i), params + 2 * (i / codec::kBlock),
-                             std::size_t(ct::vlog_row(e)), false);
-    codec::codes_to_bytes(seg_codes_.data(), n, codes);
 }
 
 codec::TensorSetup ContainerReader::setup(std::size_t j) const {

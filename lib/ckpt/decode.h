@@ -109,15 +109,13 @@ private:
     /// Entropy-coded codecs: per role, the end byte (in /moments/codes/<role>) of every
     /// segment, validated ascending and ending at the dataset's size.
     std::vector<std::vector<uint64_t>> seg_end_;
-    mutable std::vector<uint8_t> seg_buf_[2];  ///< two segments' stored bytes (decoded as a pair)
+    mutable std::vector<uint8_t> seg_buf_;
     mutable std::vector<uint16_t> seg_codes_;
     /// Stored bytes of parameter j's segments, all roles (its share of /moments/codes).
     uint64_t coded_bytes(std::size_t j) const;
     /// Decode role k's codes of parameter e's coordinates [begin, begin + n) (begin a
     /// multiple of kSegment) into `codes` as little-endian uint16; `params`: role k's block
-    /// parameters of those coordinates (exp_avg_sq's row prediction needs them). Segments
-    /// decode two at a time (codec::segment_decode2); a bad one throws what decoding them
-    /// one by one would (the first bad segment's error).
+    /// parameters of those coordinates (exp_avg_sq's row prediction needs them).
     void read_segments(const container::ParamEntry& e, int k, uint64_t begin, std::size_t n, uint8_t* codes,
                        const int16_t* params) const;
     /// Source offsets of the moment storages (sorted) and the moment bytes up to and

@@ -262,15 +262,16 @@ struct Parsed {
     uint64_t bits_len = 0;
 };
 
-/// Parse the header of segment v and fill its tables; false for a raw segment, which is
+/// Parse the header of the segment [p, p + size) of n codes and fill its tables; false for
+/// a raw segment, which is
 /// then decoded already. Throws (Cursor::bad) when the header is invalid.
-bool parse(const SegmentView& v, Tables& t, Parsed& h) {
-    Cursor c{v.p, v.p + v.size};
-    if (v.size == 0) Cursor::bad("empty");
+bool parse(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* codes, Tables& t, Parsed& h) {
+    Cursor c{p, p + size};
+    if (size == 0) Cursor::bad("empty");
     const uint8_t mode = *c.p++;
     if (mode == kModeRaw) {
-        if (std::size_t(c.end - c.p) != 2 * v.n) Cursor::bad("raw size mismatch");
-        codes_from_bytes(c.p, v.n, v.codes);
+        if (std::size_t(c.end - c.p) != 2 * n) Cursor::bad("raw size mismatch");
+        codes_from_bytes(c.p, n, codes);
         return false;
     }
     if (mode != kModeRans2 && mode != kModeRans4) Cursor::bad("unknown mode");
@@ -325,46 +326,31 @@ uint32_t load32(const uint8_t* q) { return uint32_t(q[0]) | uint32_t(q[1]) << 8 
     r += lz1 >> 3;
 }
 
-/// Pass 1, fast part: the symbols of one segment (S states x[0..S), bytes from r) or of two
-/// (4 states each: x and x2, r and r2), into sym (and sym2), from code i on, while every
-/// segment has a whole round of S codes left and 2 bytes per state. Each segment's states
-/// form one serial chain (a state's bytes follow the byte counts of the states before it),
-/// so the rounds of two segments interleave: twice the steps in flight. The states and
-/// byte pointers are copied into locals (scalars after unrolling, so in registers; the
-/// byte stores to sym could alias anything whose address escapes).
-template <int S, bool Two>
-void symbols_fast(const Tables* T, const Parsed* h, uint8_t* const* symv, const std::size_t* n, uint32_t (*xs)[S],
-                  const uint8_t** rv, std::size_t& iv) {
+/// Pass 1, fast part: the symbols into sym from code i on (S states x, bytes from r), while
+/// a whole round of S codes is left and 2 bytes per state. The states and byte pointer are
+/// locals indexed by constants (scalars after unrolling, so in registers: the byte stores
+/// to sym could alias anything whose address escapes). A segment's states form one serial
+/// chain (each state's bytes start where the state before it stopped); interleaving two
+/// segments' rounds was measured (2026-12-02) and lost: 8 states do not fit x86-64's 16
+/// registers, and the spilled states cost more than the overlap gained.
+template <int S>
+void symbols_fast(const Tables& t, const Parsed& h, uint8_t* sym, std::size_t n, uint32_t (&xs)[S], const uint8_t*& rv,
+                  std::size_t& iv) {
     std::size_t i = iv;
-    const uint8_t *r = rv[0], *r2 = Two ? rv[1] : nullptr;
-    uint32_t x[S], x2[S] = {};
-    for (int k = 0; k < S; ++k) x[k] = xs[0][k];
-    if constexpr (Two)
-        for (int k = 0; k < S; ++k) x2[k] = xs[1][k];
-    uint8_t* const sym = symv[0];
-    uint8_t* const sym2 = Two ? symv[1] : nullptr;
-    const Tables& t = T[0];
-    const Tables& t2 = T[Two ? 1 : 0];
+    const uint8_t* r = rv;
+    uint32_t x[S];
+    for (int k = 0; k < S; ++k) x[k] = xs[k];
     for (;;) {
-        std::size_t rounds = std::min((n[0] - i) / S, std::size_t(h[0].rend - r) / (2 * S));
-        if constexpr (Two) rounds = std::min({rounds, (n[1] - i) / S, std::size_t(h[1].rend - r2) / (2 * S)});
+        const std::size_t rounds = std::min((n - i) / S, std::size_t(h.rend - r) / (2 * S));
         if (rounds == 0) break;
         for (const std::size_t end = i + rounds * S; i < end; i += S) {
 #pragma GCC unroll 4
             for (int k = 0; k < S; ++k) step_fast(t, x[k], r, sym + i + std::size_t(k));
-            if constexpr (Two) {
-#pragma GCC unroll 4
-                for (int k = 0; k < S; ++k) step_fast(t2, x2[k], r2, sym2 + i + std::size_t(k));
-            }
         }
     }
     iv = i;
-    rv[0] = r;
-    for (int k = 0; k < S; ++k) xs[0][k] = x[k];
-    if constexpr (Two) {
-        rv[1] = r2;
-        for (int k = 0; k < S; ++k) xs[1][k] = x2[k];
-    }
+    rv = r;
+    for (int k = 0; k < S; ++k) xs[k] = x[k];
 }
 
 /// The rest of one segment from code i on (after symbols_fast): pass 1's last rounds,
@@ -427,61 +413,31 @@ void finish(const Tables& t, const Parsed& h, uint8_t* sym, std::size_t n, uint1
     if ((pos + 7) / 8 != bits_len || (pos & 7 && bp[pos >> 3] >> (pos & 7))) Cursor::bad("trailing or inconsistent data");
 }
 
-/// Segments v[0..L) of S states each, parsed into T and h: both passes, the segments'
-/// fast rounds interleaved, then each finished in order (so the first bad one throws).
-template <int S, int L>
-void decode_rans(const SegmentView* v, const Tables* T, const Parsed* h) {
-    thread_local std::vector<uint8_t> sym_buf[2];
-    uint8_t* sym[L];
-    std::size_t n[L];
-    uint32_t xs[L][S];
-    const uint8_t* r[L];
-    for (int l = 0; l < L; ++l) {
-        sym_buf[l].resize(v[l].n);
-        sym[l] = sym_buf[l].data();
-        n[l] = v[l].n;
-        for (int k = 0; k < S; ++k) {
-            xs[l][k] = load32(h[l].rp + 4 * k);
-            if (xs[l][k] >> 31) Cursor::bad("trailing or inconsistent data");  // no encoder writes it (step_fast)
-        }
-        r[l] = h[l].rp + 4 * S;
+/// segment_decode for S states, after parse filled t and h.
+template <int S>
+void decode_rans(const Parsed& h, const Tables& t, std::size_t n, uint16_t* codes) {
+    thread_local std::vector<uint8_t> sym_buf;
+    sym_buf.resize(n);
+    uint32_t xs[S];
+    for (int k = 0; k < S; ++k) {
+        xs[k] = load32(h.rp + 4 * k);
+        if (xs[k] >> 31) Cursor::bad("trailing or inconsistent data");  // no encoder writes it (step_fast)
     }
+    const uint8_t* r = h.rp + 4 * S;
     std::size_t i = 0;
-    symbols_fast<S, (L == 2)>(T, h, sym, n, xs, r, i);
-    for (int l = 0; l < L; ++l) {
-        std::size_t il = i;  // a segment with more left runs on alone
-        symbols_fast<S, false>(T + l, h + l, sym + l, n + l, xs + l, r + l, il);
-        finish<S>(T[l], h[l], sym[l], n[l], v[l].codes, xs[l], r[l], il);
-    }
+    symbols_fast<S>(t, h, sym_buf.data(), n, xs, r, i);
+    finish<S>(t, h, sym_buf.data(), n, codes, xs, r, i);
 }
 
-/// segment_decode(2)'s body for `count` (1 or 2) segments, compiled for each
-/// instruction-set level (decode_isa below): integer code, the same codes on every level.
+/// segment_decode's body, compiled for each instruction-set level (decode_isa below):
+/// integer code, the same codes on every level.
 template <class>
-void decode_body(const SegmentView* v, int count) {
-    thread_local Tables T[2];
-    Parsed h[2];
-    bool rans[2] = {false, false};
-    rans[0] = parse(v[0], T[0], h[0]);
-    if (count == 2) {
-        try {
-            rans[1] = parse(v[1], T[1], h[1]);
-        } catch (...) {  // the first segment's own error comes first
-            if (rans[0]) h[0].S == 2 ? decode_rans<2, 1>(v, T, h) : decode_rans<4, 1>(v, T, h);
-            throw;
-        }
-    }
-    // a pair needs both segments' initial states valid: decode_rans refuses a bad one
-    // before any decoding, which would put the second segment's error before the first's
-    auto states_ok = [](const Parsed& p) {
-        for (int k = 0; k < p.S; ++k)
-            if (load32(p.rp + 4 * k) >> 31) return false;
-        return true;
-    };
-    if (count == 2 && rans[0] && rans[1] && h[0].S == 4 && h[1].S == 4 && states_ok(h[0]) && states_ok(h[1]))
-        return decode_rans<4, 2>(v, T, h);
-    for (int l = 0; l < count; ++l)
-        if (rans[l]) h[l].S == 2 ? decode_rans<2, 1>(v + l, T + l, h + l) : decode_rans<4, 1>(v + l, T + l, h + l);
+void decode_body(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* codes) {
+    thread_local Tables t;
+    Parsed h;
+    if (!parse(p, size, n, codes, t, h)) return;  // raw: decoded
+    if (h.S == 2) decode_rans<2>(h, t, n, codes);
+    else decode_rans<4>(h, t, n, codes);
 }
 
 struct RansTag {};  ///< CKPT_ISA_CLONES' template argument
@@ -490,13 +446,7 @@ CKPT_ISA_CLONES(decode_isa, decode_body)
 }  // namespace
 
 void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* codes) {
-    const SegmentView v{p, size, n, codes};
-    decode_isa<RansTag>(&v, 1);
-}
-
-void segment_decode2(const SegmentView& a, const SegmentView& b) {
-    const SegmentView v[2] = {a, b};
-    decode_isa<RansTag>(v, 2);
+    decode_isa<RansTag>(p, size, n, codes);
 }
 
 }  // namespace ckpt::codec

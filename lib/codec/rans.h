@@ -46,18 +46,4 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
 /// table, truncated or trailing bytes, a final rANS state other than the initial one).
 void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* codes);
 
-/// One segment to decode: its bytes [p, p + size), into codes[0..n).
-struct SegmentView {
-    const uint8_t* p;
-    std::size_t size;
-    std::size_t n;
-    uint16_t* codes;
-};
-
-/// segment_decode of a, then of b (the same codes, and the same exception: a's error when
-/// both are bad), faster: a segment's four rANS states form one serial chain (each state's
-/// bytes follow the byte counts of the states before it), so the two segments' rounds
-/// interleave, twice the steps in flight.
-void segment_decode2(const SegmentView& a, const SegmentView& b);
-
 }  // namespace ckpt::codec

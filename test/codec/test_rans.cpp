@@ -4,7 +4,6 @@
 
 #include <random>
 #include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "codec/rans.h"
@@ -164,62 +163,6 @@ TEST_CASE("rans segments: unused bits of the last raw byte must be zero") {
     CHECK_THROWS_AS(segment_decode(a.data(), a.size(), c.size(), out.data()), std::runtime_error);
 }
 
-
-TEST_CASE("rans segments: the pair decoder gives each segment's codes, and the first bad one's error") {
-    // segment_decode2 interleaves two segments' fast rounds, then finishes each; pairs of
-    // every kind (4 states, 2 states, raw) and of unequal lengths (one runs on alone), with
-    // either one corrupted, must give what segment_decode gives one by one
-    std::mt19937_64 rng(5);
-    auto make = [&](std::size_t n, int kind, std::vector<uint8_t>& bytes) {
-        std::vector<uint16_t> c(n);
-        for (auto& x : c) x = uint16_t(kind == 2 ? rng() & 0xffff : rng() % 8 ? rng() % 6 : (rng() & 0xffff) >> (rng() % 12));
-        bytes.clear();
-        segment_encode(c.data(), n, bytes, kind == 1 ? 2 : 4);
-        // 2 states, raw (incompressible), 4 states; a few codes are raw whatever they are
-        if (n >= 100) CHECK(bytes[0] == (kind == 1 ? 0 : kind == 2 ? 1 : 2));
-        return c;
-    };
-    auto error = [](auto&& f) -> std::string {
-        try {
-            f();
-        } catch (const std::runtime_error& e) {
-            return e.what();
-        }
-        return "";
-    };
-    int compared = 0;
-    for (std::size_t na : {1, 7, 100, 5000, 16384})
-        for (std::size_t nb : {3, 4999, 16384})
-            for (int ka = 0; ka < 3; ++ka)
-                for (int kb = 0; kb < 3; ++kb) {
-                    std::vector<uint8_t> a, b;
-                    const auto ca = make(na, ka, a), cb = make(nb, kb, b);
-                    std::vector<uint16_t> oa(na), ob(nb);
-                    segment_decode2({a.data(), a.size(), na, oa.data()}, {b.data(), b.size(), nb, ob.data()});
-                    CHECK(oa == ca);
-                    CHECK(ob == cb);
-                    // one corrupted byte in either (or both): the same error text as one by one
-                    // (or an initial state's top byte set: refused before any decoding)
-                    for (int bad = 1; bad < 8; ++bad) {
-                        std::vector<uint8_t> a2 = a, b2 = b;
-                        if (bad & 1) a2[a2.size() / 2] ^= 0x5a;
-                        if (bad & 2) b2[b2.size() / 3] ^= 0xa5;
-                        if ((bad & 4) && b2[0] != 1) b2[state_offset(b2) + 3] |= 0x80;  // state 0's top byte
-                        std::vector<uint16_t> sa(na), sb(nb);
-                        const std::string alone = error([&] {
-                            segment_decode(a2.data(), a2.size(), na, sa.data());
-                            segment_decode(b2.data(), b2.size(), nb, sb.data());
-                        });
-                        const std::string paired = error([&] {
-                            segment_decode2({a2.data(), a2.size(), na, oa.data()}, {b2.data(), b2.size(), nb, ob.data()});
-                        });
-                        CHECK(paired == alone);
-                        if (alone.empty()) CHECK((oa == sa && ob == sb));
-                        ++compared;
-                    }
-                }
-    CHECK(compared == 5 * 3 * 9 * 7);
-}
 
 TEST_CASE("rans segments: an initial state of 2^31 or more is refused") {
     // no encoder writes one (states stay in [2^23, 2^31)); the unchecked decoder relies on it
