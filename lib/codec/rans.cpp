@@ -263,8 +263,8 @@ struct Parsed {
 };
 
 /// Parse the header of the segment [p, p + size) of n codes and fill its tables; false for
-/// a raw segment, which is
-/// then decoded already. Throws (Cursor::bad) when the header is invalid.
+/// a raw segment, which is then decoded already. Throws (Cursor::bad) when the header is
+/// invalid.
 bool parse(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* codes, Tables& t, Parsed& h) {
     Cursor c{p, p + size};
     if (size == 0) Cursor::bad("empty");
