@@ -326,34 +326,7 @@ uint32_t load32(const uint8_t* q) { return uint32_t(q[0]) | uint32_t(q[1]) << 8 
     r += lz1 >> 3;
 }
 
-/// Pass 1, fast part: the symbols into sym from code i on (S states x, bytes from r), while
-/// a whole round of S codes is left and 2 bytes per state. The states and byte pointer are
-/// locals indexed by constants (scalars after unrolling, so in registers: the byte stores
-/// to sym could alias anything whose address escapes). A segment's states form one serial
-/// chain (each state's bytes start where the state before it stopped); interleaving two
-/// segments' rounds was measured (2026-12-02) and lost: 8 states do not fit x86-64's 16
-/// registers, and the spilled states cost more than the overlap gained.
-template <int S>
-void symbols_fast(const Tables& t, const Parsed& h, uint8_t* sym, std::size_t n, uint32_t (&xs)[S], const uint8_t*& rv,
-                  std::size_t& iv) {
-    std::size_t i = iv;
-    const uint8_t* r = rv;
-    uint32_t x[S];
-    for (int k = 0; k < S; ++k) x[k] = xs[k];
-    for (;;) {
-        const std::size_t rounds = std::min((n - i) / S, std::size_t(h.rend - r) / (2 * S));
-        if (rounds == 0) break;
-        for (const std::size_t end = i + rounds * S; i < end; i += S) {
-#pragma GCC unroll 4
-            for (int k = 0; k < S; ++k) step_fast(t, x[k], r, sym + i + std::size_t(k));
-        }
-    }
-    iv = i;
-    rv = r;
-    for (int k = 0; k < S; ++k) xs[k] = x[k];
-}
-
-/// The rest of one segment from code i on (after symbols_fast): pass 1's last rounds,
+/// The rest of one segment from code i on (after decode_rans's fast rounds): pass 1's last rounds,
 /// checked byte by byte, the final-state checks, then pass 2: each code's raw low bits,
 /// LSB first. Each symbol's raw bit count and base value come from join_body (vectorised);
 /// while 8 bytes can be read at pos / 8, one unaligned load serves four codes (<= 52 bits
@@ -361,8 +334,8 @@ void symbols_fast(const Tables& t, const Parsed& h, uint8_t* sym, std::size_t n,
 /// (Cursor::bad) on a truncated or inconsistent stream.
 template <int S>
 void finish(const Tables& t, const Parsed& h, uint8_t* sym, std::size_t n, uint16_t* codes, uint32_t (&xs)[S],
-            const uint8_t* r, std::size_t i) {
-    for (; i < n; i += S)
+            const uint8_t* r, std::size_t from) {
+    for (std::size_t i = from; i < n; i += S)
         for (int k = 0; k < S; ++k) {
             if (i + std::size_t(k) >= n) break;
             uint32_t& x = xs[k];
@@ -388,7 +361,7 @@ void finish(const Tables& t, const Parsed& h, uint8_t* sym, std::size_t n, uint1
     const uint8_t* bp = h.rend;
     const uint64_t bits_len = h.bits_len, nb = bits_len * 8;
     uint64_t pos = 0;
-    i = 0;
+    std::size_t i = 0;
     if (bits_len >= 8) {
         const uint64_t fast_end = (bits_len - 8) * 8;  // a load at pos / 8 stays inside while pos <= fast_end
         for (; i + 4 <= n && pos <= fast_end; i += 4) {
@@ -413,20 +386,35 @@ void finish(const Tables& t, const Parsed& h, uint8_t* sym, std::size_t n, uint1
     if ((pos + 7) / 8 != bits_len || (pos & 7 && bp[pos >> 3] >> (pos & 7))) Cursor::bad("trailing or inconsistent data");
 }
 
-/// segment_decode for S states, after parse filled t and h.
+/// segment_decode for S states, after parse filled t and h. Pass 1's fast rounds run here,
+/// while a whole round of S codes is left and 2 bytes per state (step_fast), then finish.
+/// The states and byte pointer are locals indexed by constants (scalars after unrolling,
+/// so in registers: the byte stores to sym could alias anything whose address escapes). A
+/// segment's states form one serial chain (each state's bytes start where the state before
+/// it stopped); interleaving two segments' rounds was measured (2026-12-02) and lost: 8
+/// states do not fit x86-64's 16 registers, and the spilled states cost more than the
+/// overlap gained.
 template <int S>
 void decode_rans(const Parsed& h, const Tables& t, std::size_t n, uint16_t* codes) {
     thread_local std::vector<uint8_t> sym_buf;
     sym_buf.resize(n);
-    uint32_t xs[S];
+    uint8_t* const sym = sym_buf.data();
+    uint32_t x[S];
     for (int k = 0; k < S; ++k) {
-        xs[k] = load32(h.rp + 4 * k);
-        if (xs[k] >> 31) Cursor::bad("trailing or inconsistent data");  // no encoder writes it (step_fast)
+        x[k] = load32(h.rp + 4 * k);
+        if (x[k] >> 31) Cursor::bad("trailing or inconsistent data");  // no encoder writes it (step_fast)
     }
     const uint8_t* r = h.rp + 4 * S;
     std::size_t i = 0;
-    symbols_fast<S>(t, h, sym_buf.data(), n, xs, r, i);
-    finish<S>(t, h, sym_buf.data(), n, codes, xs, r, i);
+    for (;;) {  // in blocks of rounds that surely have their bytes: no check per round
+        const std::size_t rounds = std::min((n - i) / S, std::size_t(h.rend - r) / (2 * S));
+        if (rounds == 0) break;
+        for (const std::size_t end = i + rounds * S; i < end; i += S) {
+#pragma GCC unroll 4
+            for (int k = 0; k < S; ++k) step_fast(t, x[k], r, sym + i + std::size_t(k));
+        }
+    }
+    finish<S>(t, h, sym, n, codes, x, r, i);
 }
 
 /// segment_decode's body, compiled for each instruction-set level (decode_isa below):

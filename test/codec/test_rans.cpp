@@ -163,7 +163,6 @@ TEST_CASE("rans segments: unused bits of the last raw byte must be zero") {
     CHECK_THROWS_AS(segment_decode(a.data(), a.size(), c.size(), out.data()), std::runtime_error);
 }
 
-
 TEST_CASE("rans segments: an initial state of 2^31 or more is refused") {
     // no encoder writes one (states stay in [2^23, 2^31)); the unchecked decoder relies on it
     std::vector<uint16_t> c(500);
