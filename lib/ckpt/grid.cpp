@@ -142,6 +142,63 @@ __attribute__((always_inline)) inline void grid_loop_exact(const GridState& g, d
     r.points += points;
 }
 
+/// The linearised screen of a symmetric domain [-h, h] (LinearScreen's constants, run by
+/// screen_linear): no square root, division or mask per point. On the original's factored root s1 = scale root[k] (s1^2 = w = c1 + e2 t^2
+/// >= c1 up to rounding) with dv = c2 - c1, the decoded root is sqrt(w + dv) = s1 sqrt(1 + x),
+/// x = dv / w, |x| <= xm = |dv| / c1 <= 1/4. Then 0 <= 1 + x/2 - sqrt(1 + x)
+/// = (x^2/4) / (1 + x/2 + sqrt(1 + x)) <= 0.25 x^2 sqrt(1 + x) (the denominator is >= 1.74,
+/// sqrt(1 + x) >= 0.86), so with D2' = D1 + dv isb / (2 s1) (eps >= 0 only shrinks the
+/// relative error) D2' = D2 (1 + r), 0 <= r <= xm^2 / 4. With rho = xm^2 / 4 (1 + 2^-20)
+/// + 2^-46: N = A +- B is linear in D2 with slope a1 +- e1 t, so the full loop's |N|
+/// exceeds |A'| + |B'| by at most (|a1| + e1 t) r D2 plus roundings (both loops', and this
+/// one's other order of operations: tens of ulps of (|a1| + |a2| + 2 e1 t) (D1 + D2'), and
+/// of s1^2 against w). The margin rho (|a1| + |a2| + 2 e1 t) (D1 + D2') covers both, and
+/// is at most rho (|a1| + |a2| + 2 e1 t) 2.25 D1 (|D2' - D1| <= D1 xm / 2); and
+/// P >= P' (1 - rho). So |A'| + |B'| + margin <= thr (1 - rho) P' at every point implies
+/// that the full loop has no |N| > thr P. B' = e1 t (D2' - D1) = (e1 scale dv isb / (2 scale))
+/// mult[k] / root[k]. The points inside are a prefix of the grid (mult increases): k < n_in,
+/// n_in >= kLanes, covered by whole vectors, the last one overlapping the one before (a
+/// point seen twice changes no "any point over"). r.over: 1 if some point may be over.
+struct LinearScreen {
+    double sisb, hisb, eps, a1, a2, kb, c0, c1, lthr;  // kb: |B'| / mult_inv_root[k]; c0 + c1 mult[k]: margin / D1
+    const double *root, *inv_root, *mult, *mir;
+    LinearScreen(const GridState& g, double scale, double thr, double xm, const GridPoints& grid) {
+        const double rho = xm * xm * 0.25 * (1 + 0x1p-20) + 0x1p-46;
+        sisb = scale * g.isb;
+        hisb = (g.c2 - g.c1) / (2 * scale) * g.isb;
+        eps = g.eps, a1 = g.a1, a2 = g.a2;
+        kb = std::fabs(g.e1 * scale * hisb);
+        c0 = 2.25 * rho * (std::fabs(a1) + std::fabs(a2));
+        c1 = 2.25 * rho * 2 * g.e1 * scale;
+        lthr = thr * (1 - rho);
+        root = grid.root.data(), inv_root = grid.inv_root.data(), mult = grid.mult.data(), mir = grid.mult_inv_root.data();
+    }
+    /// points k0 .. k0 + kLanes - 1: over[j] = 1 where |A'| + |B'| + margin > lthr P'
+    __attribute__((always_inline)) void points(int k0, double* over) const {
+        for (int j = 0; j < kLanes; ++j) {
+            const int k = k0 + j;
+            const double d1 = sisb * root[k] + eps, d2 = d1 + hisb * inv_root[k];
+            const double a = a1 * d2 - a2 * d1;
+            const double m = std::fabs(a) + kb * mir[k] + (c0 + c1 * mult[k]) * d1;
+            over[j] = m > lthr * (d1 * d2) ? 1.0 : over[j];
+        }
+    }
+};
+
+/// Runs LinearScreen on the grid's first n_in >= kLanes points (those inside [-h, h]):
+/// r.over 1 where some point may be over thr, r.points += 2 n_in.
+__attribute__((always_inline)) inline void screen_linear(const GridState& g, double scale, double thr, double xm, int n_in,
+                                                         const GridPoints& grid, GridResult& r) {
+    const LinearScreen L(g, scale, thr, xm, grid);
+    double over[kLanes];
+    for (int j = 0; j < kLanes; ++j) over[j] = 0;
+    int k0 = 0;
+    for (; k0 + kLanes <= n_in; k0 += kLanes) L.points(k0, over);
+    if (k0 < n_in) L.points(n_in - kLanes, over);
+    for (int j = 0; j < kLanes; ++j) r.over += over[j] > 0;
+    r.points += 2 * uint64_t(n_in);
+}
+
 }  // namespace
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -178,7 +235,22 @@ GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, 
         if (only_above >= 0) {
             const double thr = std::min(bound / g.inv_bc1, only_above / g.inv_bc1 * (1 - 0x1p-40));
             const bool symmetric = lo == -hi && hi >= 0;
-            if (symmetric)
+            // the linearised screen where it holds (screen_linear): the points inside are
+            // the k with scale mult[k] <= hi, a prefix, found by bisection
+            const double xm = std::fabs(g.c2 - g.c1) / g.c1;  // NaN or inf when c1 = 0
+            int n_in = 0;
+            const bool linear_ok = symmetric && factored && !ams && xm <= 0.25;
+            if (linear_ok) {  // scale mult[k] <= hi exactly for k < n_in (monotone in k); no branches
+                int step = 1;
+                while (step * 2 <= grid.size) step *= 2;
+                for (; step > 0; step /= 2) {
+                    const int c = n_in + step, k = std::min(c, grid.size) - 1;
+                    n_in = (c <= grid.size) & (scale * grid.mult[std::size_t(k)] <= hi) ? c : n_in;
+                }
+            }
+            if (linear_ok && n_in >= kLanes)
+                screen_linear(g, scale, thr, xm, n_in, grid, r);
+            else if (symmetric)
                 factored ? grid_loop_fast<true, true, true>(g, lo, hi, scale, bound, thr, grid, r)
                          : grid_loop_fast<false, true, true>(g, lo, hi, scale, bound, thr, grid, r);
             else

@@ -16,13 +16,15 @@ namespace ckpt {
 /// (computed once per run: the grid of every coordinate is scale * these, so no pow in the
 /// per-coordinate loop), and root[k] = sqrt(b2 + (1 - b2) mult[k]^2) for the tensor's b2,
 /// so that the original state's sqrt(b2 v + (1 - b2) t^2) at t = sqrt(v) mult[k] is
-/// sqrt(v) root[k] (the same value up to rounding, with no square root per point). Both
-/// arrays are padded to a multiple of kLanes with NaN, which lies outside every domain, so
-/// the loop masks it out (`size` is the real count).
+/// sqrt(v) root[k] (the same value up to rounding, with no square root per point), and
+/// inv_root[k] = 1 / root[k], mult_inv_root[k] = mult[k] / root[k] (the linearised
+/// screen's, grid.cpp). The arrays
+/// are padded to a multiple of kLanes with NaN, which lies outside every domain, so the
+/// loop masks it out (`size` is the real count).
 constexpr int kLanes = 8;
 
 struct GridPoints {
-    std::vector<double> mult, root;
+    std::vector<double> mult, root, inv_root, mult_inv_root;
     int size = 0;     ///< real points per side (mult.size() is that rounded up to kLanes)
     double b2 = -1;   ///< the b2 root was computed for
     explicit GridPoints(int points) {
@@ -32,11 +34,17 @@ struct GridPoints {
         for (std::size_t i = 0; i < padded; ++i)
             mult[i] = int(i) < size ? std::pow(10.0, -3.0 + 7.0 * double(i) / std::max(1, size - 1)) : NAN;
         root.resize(padded);
+        inv_root.resize(padded);
+        mult_inv_root.resize(padded);
     }
     void set_b2(double b2_) {
         if (b2_ == b2) return;
         b2 = b2_;
-        for (std::size_t k = 0; k < mult.size(); ++k) root[k] = std::sqrt(b2 + (1 - b2) * mult[k] * mult[k]);
+        for (std::size_t k = 0; k < mult.size(); ++k) {
+            root[k] = std::sqrt(b2 + (1 - b2) * mult[k] * mult[k]);
+            inv_root[k] = 1 / root[k];
+            mult_inv_root[k] = mult[k] * inv_root[k];
+        }
     }
 };
 
@@ -75,7 +83,11 @@ struct GridResult { double max_diff = 0; uint64_t points = 0, over = 0; };
 /// point is over thr, the counts are exact (no point over the bound) and max_diff is only the
 /// domain ends' (<= only_above unless an end exceeds it, when it is the exact max); else the
 /// full loop runs. So points and over are always exact, and max_diff is exact whenever it
-/// exceeds only_above (test_grid checks both).
+/// exceeds only_above (test_grid checks both). On a symmetric domain, where the original's
+/// root factors out and the two exp_avg_sq differ by at most a quarter (no amsgrad), the
+/// screen takes no square root either: the decoded root is linearised around the
+/// original's, with a proven margin (grid.cpp, screen_linear), since the square root
+/// bounded the screen's speed.
 ///
 /// (m, v, vmax) is the original state, (mt, vt, vmaxt) the decoded one (vmax* read only when
 /// `ams`); the grid is +-scale * grid.mult[k] (scale = sqrt(v) in verify); `fast_paths` false
