@@ -20,6 +20,11 @@ uint32_t element_bits(DType dtype, const uint8_t* in, std::size_t i);
 /// Store raw bits (the low 16 for 2-byte types) as element i.
 void store_bits(DType dtype, uint32_t bits, uint8_t* out, std::size_t i);
 
+/// The largest |x| of x[0..n) as float bits (sign cleared; 0 when n = 0): above 0x7f800000
+/// (+inf) exactly when some x is NaN. For those bits integer order is numeric order, so
+/// one integer max gives both (it vectorises; a float max with NaN tracking did not).
+uint32_t max_abs_bits(const float* x, std::size_t n);
+
 /// v.data() with room for n elements: grown (zero-filled) when shorter, never shrunk, so a
 /// buffer reused across chunks and parameters is filled once, not per chunk.
 template <class T>

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "ckpt/layout.h"
 #include "ckpt/optimizer.h"
 #include "ckpt/pipeline.h"
+#include "ckpt/values.h"
 #include "container/manifest.h"
 #include "io/checkpoint.h"
 #include "io/file.h"
@@ -96,6 +99,24 @@ TEST_CASE("find_param_states: Adam L2, AMSGrad and maximize are told apart") {
         o.lr = 0.5;
         CHECK_THROWS(find_param_states(read_checkpoint(f.path()), f, o));
     }
+}
+
+TEST_CASE("max_abs_bits: the largest |x| at any position, and NaN above +inf") {
+    auto as_float = [](uint32_t b) { float f; std::memcpy(&f, &b, 4); return f; };
+    CHECK(max_abs_bits(nullptr, 0) == 0);
+    for (std::size_t n : {1u, 3u, 17u, 1000u})       // lengths around the vector widths
+        for (std::size_t at = 0; at < n; at += n / 3 + 1) {
+            std::vector<float> x(n);
+            for (std::size_t i = 0; i < n; ++i) x[i] = float(i % 7) * (i % 2 ? -0.25f : 0.5f);
+            x[at] = -1e30f;                          // the largest magnitude, negative
+            CHECK(as_float(max_abs_bits(x.data(), n)) == 1e30f);
+            x[at] = -INFINITY;
+            CHECK(max_abs_bits(x.data(), n) == 0x7f800000u);  // +inf: not NaN
+            x[at] = -NAN;                            // a NaN with the sign bit set
+            CHECK(max_abs_bits(x.data(), n) > 0x7f800000u);
+        }
+    const float z[2] = {-0.0f, 0.0f};
+    CHECK(max_abs_bits(z, 2) == 0);
 }
 
 TEST_CASE("plan_layout and compare_layout (cnn_adamw.pt)") {
