@@ -262,13 +262,13 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want 
     c.begin = begin;
     c.n = n;
     auto& codes = c.codes;
-    std::array<std::vector<int16_t>, 3> params;
+    auto& params = c.params;
     std::array<const uint8_t*, 3> cp{};
     std::array<const int16_t*, 3> pp{};
     std::array<float*, 3> out{};
     try {
         for (int k = 0; k < nm; ++k) {
-            params[k].resize(blocks * pb + 1);
+            room(params[k], blocks * pb + 1);
             if (pb) params_[std::size_t(k)]->read((e.block_offset + begin / codec::kBlock) * pb, blocks * pb, params[k].data());
             room(codes[k], n * cb);  // grown, never shrunk (Chunk)
             if (!seg_end_.empty()) read_segments(e, k, begin, n, codes[k].data(), params[k].data());
@@ -285,12 +285,13 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want 
             const DType td = e.theta_dtype.value_or(DType::U8);
             const std::size_t es = float_dtype_size(td);
             if (es == 0 || ts.nbytes != e.numel * es) throw std::runtime_error("param " + e.name + ": theta storage size mismatch");
-            std::vector<uint8_t> b(n * es);
-            read_raw(ts.offset + begin * es, n * es, b.data());
+            read_raw(ts.offset + begin * es, n * es, room(c.theta_bytes, n * es));
             c.theta.resize(n);
-            bytes_to_float(td, b.data(), n, c.theta.data());
+            bytes_to_float(td, c.theta_bytes.data(), n, c.theta.data());
         }
-        c.bounds.assign(with_bounds ? n : 0, 0.0);
+        // every coordinate's bound is written by the decode (no zero-fill per chunk)
+        if (with_bounds) c.bounds.resize(n);
+        else c.bounds.clear();
         if (values)
             gpu::decode_chunk_on(gpu::decode_device(), setup(j), cp, pp, n, out, c.theta.empty() ? nullptr : c.theta.data(),
                                  with_bounds ? c.bounds.data() : nullptr);

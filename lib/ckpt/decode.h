@@ -85,6 +85,10 @@ public:
         std::array<std::vector<uint32_t>, 3> escaped_bits;
         std::vector<double> bounds;
         std::vector<float> theta;
+        /// decode's scratch, reused chunk after chunk: each role's block parameters, and
+        /// theta's storage bytes
+        std::array<std::vector<int16_t>, 3> params;
+        std::vector<uint8_t> theta_bytes;
     };
     /// Iterate parameter j in chunks of `chunk` coordinates; calls fn(Chunk&) (fn may
     /// change the chunk's buffers: restore applies escapes in place). `scratch`, when given,

@@ -250,6 +250,7 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
     ContainerReader::Chunk chunk;  // reused by every parameter (for_each_chunk)
     std::vector<uint8_t> ob[3];
     std::vector<float> ov[3];
+    std::vector<char> esc;  // per chunk: 1 at its escaped coordinates
     uint64_t moment_bytes = 0;
     for (const auto& e : man.params) moment_bytes += e.numel * uint64_t(e.moments()) * float_dtype_size(e.dtype);
     Progress prog(o.progress, "ckpt-verify", moment_bytes, man.params.size());
@@ -272,7 +273,7 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
                     escapes += c.escaped.size();
                     return;
                 }
-                std::vector<char> esc(c.n, 0);
+                esc.assign(c.n, 0);
                 for (uint32_t q : c.escaped) esc[q] = 1;
                 escapes += c.escaped.size();
                 if (cmp)
