@@ -142,8 +142,8 @@ __attribute__((always_inline)) inline void grid_loop_exact(const GridState& g, d
     r.points += points;
 }
 
-/// The linearised screen of a symmetric domain [-h, h] (LinearScreen's constants, run by
-/// screen_linear): no square root, division or mask per point. On the original's factored root s1 = scale root[k] (s1^2 = w = c1 + e2 t^2
+/// The linearised screen (LinearScreen's constants, run by screen_linear): no square
+/// root, division or mask per point. On the original's factored root s1 = scale root[k] (s1^2 = w = c1 + e2 t^2
 /// >= c1 up to rounding) with dv = c2 - c1, the decoded root is sqrt(w + dv) = s1 sqrt(1 + x),
 /// x = dv / w, |x| <= xm = |dv| / c1 <= 1/4. Then 0 <= 1 + x/2 - sqrt(1 + x)
 /// = (x^2/4) / (1 + x/2 + sqrt(1 + x)) <= 0.25 x^2 sqrt(1 + x) (the denominator is >= 1.74,
@@ -156,9 +156,9 @@ __attribute__((always_inline)) inline void grid_loop_exact(const GridState& g, d
 /// is at most rho (|a1| + |a2| + 2 e1 t) 2.25 D1 (|D2' - D1| <= D1 xm / 2); and
 /// P >= P' (1 - rho). So |A'| + |B'| + margin <= thr (1 - rho) P' at every point implies
 /// that the full loop has no |N| > thr P. B' = e1 t (D2' - D1) = (e1 scale dv isb / (2 scale))
-/// mult[k] / root[k]. The points inside are a prefix of the grid (mult increases): k < n_in,
-/// n_in >= kLanes, covered by whole vectors, the last one overlapping the one before (a
-/// point seen twice changes no "any point over"). r.over: 1 if some point may be over.
+/// mult[k] / root[k]. |A'| + |B'| = max(|A' + B'|, |A' - B'|) serves +t and -t alike, so
+/// the screen covers a range of k that holds every point inside the domain (a point
+/// outside only makes it more cautious).
 struct LinearScreen {
     double sisb, hisb, eps, a1, a2, kb, c0, c1, lthr;  // kb: |B'| / mult_inv_root[k]; c0 + c1 mult[k]: margin / D1
     const double *root, *inv_root, *mult, *mir;
@@ -185,18 +185,33 @@ struct LinearScreen {
     }
 };
 
-/// Runs LinearScreen on the grid's first n_in >= kLanes points (those inside [-h, h]):
-/// r.over 1 where some point may be over thr, r.points += 2 n_in.
-__attribute__((always_inline)) inline void screen_linear(const GridState& g, double scale, double thr, double xm, int n_in,
+/// Runs LinearScreen on grid points [kb, ke) (ke - kb >= kLanes): whole vectors, the last
+/// one overlapping the one before (a point seen twice changes no "any point over").
+/// r.over: 1 if some point may be over thr (the caller counts the points).
+__attribute__((always_inline)) inline void screen_linear(const GridState& g, double scale, double thr, double xm, int kb, int ke,
                                                          const GridPoints& grid, GridResult& r) {
     const LinearScreen L(g, scale, thr, xm, grid);
     double over[kLanes];
     for (int j = 0; j < kLanes; ++j) over[j] = 0;
-    int k0 = 0;
-    for (; k0 + kLanes <= n_in; k0 += kLanes) L.points(k0, over);
-    if (k0 < n_in) L.points(n_in - kLanes, over);
+    int k0 = kb;
+    for (; k0 + kLanes <= ke; k0 += kLanes) L.points(k0, over);
+    if (k0 < ke) L.points(ke - kLanes, over);
     for (int j = 0; j < kLanes; ++j) r.over += over[j] > 0;
-    r.points += 2 * uint64_t(n_in);
+}
+
+/// How many grid points t_k = scale mult[k] (k < grid.size) are below x (kStrict) or at
+/// most x: a prefix, since mult increases; a branch-free bisection. The same comparisons
+/// of the same doubles as the loops' domain tests, so the counts agree exactly.
+template <bool kStrict>
+__attribute__((always_inline)) inline int count_below(const GridPoints& grid, double scale, double x) {
+    int n = 0, step = 1;
+    while (step * 2 <= grid.size) step *= 2;
+    for (; step > 0; step /= 2) {
+        const int c = n + step, k = std::min(c, grid.size) - 1;
+        const double t = scale * grid.mult[std::size_t(k)];
+        n = (c <= grid.size) & (kStrict ? t < x : t <= x) ? c : n;
+    }
+    return n;
 }
 
 }  // namespace
@@ -235,22 +250,28 @@ GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, 
         if (only_above >= 0) {
             const double thr = std::min(bound / g.inv_bc1, only_above / g.inv_bc1 * (1 - 0x1p-40));
             const bool symmetric = lo == -hi && hi >= 0;
-            // the linearised screen where it holds (screen_linear): the points inside are
-            // the k with scale mult[k] <= hi, a prefix, found by bisection
+            // the linearised screen where it holds (screen_linear), over the range of k
+            // whose +t or -t lies inside [lo, hi]; the points are counted by bisection
             const double xm = std::fabs(g.c2 - g.c1) / g.c1;  // NaN or inf when c1 = 0
-            int n_in = 0;
-            const bool linear_ok = symmetric && factored && !ams && xm <= 0.25;
-            if (linear_ok) {  // scale mult[k] <= hi exactly for k < n_in (monotone in k); no branches
-                int step = 1;
-                while (step * 2 <= grid.size) step *= 2;
-                for (; step > 0; step /= 2) {
-                    const int c = n_in + step, k = std::min(c, grid.size) - 1;
-                    n_in = (c <= grid.size) & (scale * grid.mult[std::size_t(k)] <= hi) ? c : n_in;
+            const bool linear = factored && !ams && xm <= 0.25 && grid.size >= kLanes;  // false for NaN
+            if (linear) {
+                int kb = 0, ke = 0;
+                if (symmetric) {  // t > 0 >= lo: inside for both signs exactly when t <= hi
+                    ke = count_below<false>(grid, scale, hi);
+                    r.points = 2 * uint64_t(ke);
+                } else {  // +t inside for k in [p0, p1), -t (-hi <= t <= -lo) for k in [q0, q1)
+                    const int p0 = count_below<true>(grid, scale, lo), p1 = count_below<false>(grid, scale, hi);
+                    const int q0 = count_below<true>(grid, scale, -hi), q1 = count_below<false>(grid, scale, -lo);
+                    const int np = std::max(0, p1 - p0), nq = std::max(0, q1 - q0);
+                    r.points = uint64_t(np) + uint64_t(nq);
+                    kb = np == 0 ? q0 : nq == 0 ? p0 : std::min(p0, q0);
+                    ke = np == 0 ? q1 : nq == 0 ? p1 : std::max(p1, q1);
                 }
-            }
-            if (linear_ok && n_in >= kLanes)
-                screen_linear(g, scale, thr, xm, n_in, grid, r);
-            else if (symmetric)
+                if (r.points > 0) {
+                    if (ke - kb < kLanes) kb = std::max(0, ke - kLanes), ke = kb + kLanes;  // grid.size >= kLanes
+                    screen_linear(g, scale, thr, xm, kb, ke, grid, r);
+                }
+            } else if (symmetric)
                 factored ? grid_loop_fast<true, true, true>(g, lo, hi, scale, bound, thr, grid, r)
                          : grid_loop_fast<false, true, true>(g, lo, hi, scale, bound, thr, grid, r);
             else
