@@ -83,11 +83,10 @@ struct GridResult { double max_diff = 0; uint64_t points = 0, over = 0; };
 /// point is over thr, the counts are exact (no point over the bound) and max_diff is only the
 /// domain ends' (<= only_above unless an end exceeds it, when it is the exact max); else the
 /// full loop runs. So points and over are always exact, and max_diff is exact whenever it
-/// exceeds only_above (test_grid checks both). On a symmetric domain, where the original's
-/// root factors out and the two exp_avg_sq differ by at most a quarter (no amsgrad), the
-/// screen takes no square root either: the decoded root is linearised around the
-/// original's, with a proven margin (grid.cpp, screen_linear), since the square root
-/// bounded the screen's speed.
+/// exceeds only_above (test_grid checks both). Where the original's root factors out and
+/// the two exp_avg_sq differ by at most a quarter (no amsgrad), the screen takes no square
+/// root either: the decoded root is linearised around the original's, with a proven
+/// margin (grid.cpp, LinearScreen), since the square root bounded the screen's speed.
 ///
 /// (m, v, vmax) is the original state, (mt, vt, vmaxt) the decoded one (vmax* read only when
 /// `ams`); the grid is +-scale * grid.mult[k] (scale = sqrt(v) in verify); `fast_paths` false
