@@ -19,12 +19,10 @@ ContainerReader::ContainerReader(const std::string& path, const ct::Manifest* wr
     : path_(path) {
     try {
         file_ = ct::open_file(path);
-        man_ = ct::read_manifest(file_.get(), written, written_xxh3);
-        {
-            const ct::DatasetReader mr(file_.get(), ct::kManifestPath, H5T_NATIVE_UINT8, 1);
-            manifest_stored_ = mr.stored_bytes();
-            manifest_text_ = mr.count();
-        }
+        ct::ManifestSizes ms;
+        man_ = ct::read_manifest(file_.get(), written, written_xxh3, &ms);
+        manifest_stored_ = ms.stored;
+        manifest_text_ = ms.text;
         // /raw: bytes (formats 1 and 2), little-endian 4-byte elements holding the bytes (3)
         if (man_.format_version >= 3) raw_ = std::make_unique<ct::DatasetReader>(file_.get(), ct::kRaw, H5T_STD_U32LE, 4);
         else raw_ = std::make_unique<ct::DatasetReader>(file_.get(), ct::kRaw, H5T_NATIVE_UINT8, 1);

@@ -528,7 +528,7 @@ uint64_t write_manifest(hid_t file, const Manifest& m) {
     return a.xxh3();
 }
 
-Manifest read_manifest(hid_t file, const Manifest* written, uint64_t written_xxh3) {
+Manifest read_manifest(hid_t file, const Manifest* written, uint64_t written_xxh3, ManifestSizes* sizes) {
     if (!exists(file, "/") || get_attr_string(file, "format") != "ckptkit-container")
         throw std::runtime_error("root attribute 'format' is not ckptkit-container");
     const uint64_t version = get_attr_u64(file, "format_version");
@@ -537,6 +537,7 @@ Manifest read_manifest(hid_t file, const Manifest* written, uint64_t written_xxh
                                  std::to_string(kFormatVersion) + ")");
     DatasetReader r(file, kManifestPath, H5T_NATIVE_UINT8, 1);
     if (r.count() > (256u << 20)) throw std::runtime_error("manifest is larger than 256 MiB");
+    if (sizes) *sizes = {r.stored_bytes(), r.count()};
     Manifest m;
     // the caller's own text: checksummed chunk by chunk (never held whole), and known by its hash
     if (written && r.checksum_ok() && r.stored_xxh3() == written_xxh3) {

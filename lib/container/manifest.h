@@ -147,8 +147,11 @@ uint64_t write_manifest(hid_t file, const Manifest&);
 /// `written_xxh3` the xxh3 of that text (write_manifest's): when the stored text hashes to
 /// it, it is validated and returned without a parse (from_json(m.to_json()) is m; the
 /// parse's indexes take ~5x the text: 0.5 GB at 10^5 tensors); any other text is parsed
-/// as usual. Throws std::runtime_error with the reason.
-Manifest read_manifest(hid_t file, const Manifest* written = nullptr, uint64_t written_xxh3 = 0);
+/// as usual. `sizes`, when given, gets /manifest's stored (compressed) and text bytes.
+/// Throws std::runtime_error with the reason.
+struct ManifestSizes { uint64_t stored = 0, text = 0; };
+Manifest read_manifest(hid_t file, const Manifest* written = nullptr, uint64_t written_xxh3 = 0,
+                       ManifestSizes* sizes = nullptr);
 /// Bytes of the stored manifest attributable to per-parameter metadata (its params part's
 /// share of the JSON text of `manifest_text_bytes`), counted as moment bytes (docs/design.md
 /// §3 byte accounting).
