@@ -143,8 +143,9 @@ __attribute__((always_inline)) inline void grid_loop_exact(const GridState& g, d
 }
 
 /// The linearised screen (LinearScreen's constants, run by screen_linear): no square
-/// root, division or mask per point. On the original's factored root s1 = scale root[k] (s1^2 = w = c1 + e2 t^2
-/// >= c1 up to rounding) with dv = c2 - c1, the decoded root is sqrt(w + dv) = s1 sqrt(1 + x),
+/// root, division or mask per point. On the original's factored root s1 = scale root[k]
+/// (s1^2 = w = c1 + e2 t^2 >= c1 up to rounding) with dv = c2 - c1, the decoded root is
+/// sqrt(w + dv) = s1 sqrt(1 + x),
 /// x = dv / w, |x| <= xm = |dv| / c1 <= 1/4. Then 0 <= 1 + x/2 - sqrt(1 + x)
 /// = (x^2/4) / (1 + x/2 + sqrt(1 + x)) <= 0.25 x^2 sqrt(1 + x) (the denominator is >= 1.74,
 /// sqrt(1 + x) >= 0.86), so with D2' = D1 + dv isb / (2 s1) (eps >= 0 only shrinks the

@@ -18,9 +18,8 @@ namespace ckpt {
 /// so that the original state's sqrt(b2 v + (1 - b2) t^2) at t = sqrt(v) mult[k] is
 /// sqrt(v) root[k] (the same value up to rounding, with no square root per point), and
 /// inv_root[k] = 1 / root[k], mult_inv_root[k] = mult[k] / root[k] (the linearised
-/// screen's, grid.cpp). The arrays
-/// are padded to a multiple of kLanes with NaN, which lies outside every domain, so the
-/// loop masks it out (`size` is the real count).
+/// screen's, grid.cpp). The arrays are padded to a multiple of kLanes with NaN, which lies
+/// outside every domain, so the loop masks it out (`size` is the real count).
 constexpr int kLanes = 8;
 
 struct GridPoints {
