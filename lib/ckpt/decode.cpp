@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "ckpt/values.h"
@@ -235,14 +236,18 @@ void ContainerReader::read_segments(const ct::ParamEntry& e, int k, uint64_t beg
         if (to - from > 2 * uint64_t(codec::kSegment) + 1024) throw std::runtime_error("param " + e.name + ": segment larger than any valid one");
         seg_buf_.resize(std::size_t(to - from));
         codes_[std::size_t(k)]->read(from, to - from, seg_buf_.data());
-        seg_codes_.resize(len);
+        // on a little-endian host the chunk's code bytes are the uint16 codes themselves:
+        // decoded in place (the buffer is operator new's, even offsets), else via seg_codes_
+        constexpr bool in_place = std::endian::native == std::endian::little;
+        if (!in_place) seg_codes_.resize(len);
+        uint16_t* dst = in_place ? reinterpret_cast<uint16_t*>(codes + 2 * (i - begin)) : seg_codes_.data();
         try {
-            codec::segment_decode(seg_buf_.data(), seg_buf_.size(), len, seg_codes_.data());
+            codec::segment_decode(seg_buf_.data(), seg_buf_.size(), len, dst);
         } catch (const std::runtime_error& x) {
             throw std::runtime_error("param " + e.name + " " + ct::kRoleNames[k] + ": " + x.what());
         }
-        if (k == 1) codec::vlog_rows(seg_codes_.data(), len, params + 2 * ((i - begin) / codec::kBlock), std::size_t(ct::vlog_row(e)), false);
-        codec::codes_to_bytes(seg_codes_.data(), len, codes + 2 * (i - begin));
+        if (k == 1) codec::vlog_rows(dst, len, params + 2 * ((i - begin) / codec::kBlock), std::size_t(ct::vlog_row(e)), false);
+        if (!in_place) codec::codes_to_bytes(dst, len, codes + 2 * (i - begin));
     }
 }
 

@@ -118,7 +118,8 @@ private:
     /// Stored bytes of parameter j's segments, all roles (its share of /moments/codes).
     uint64_t coded_bytes(std::size_t j) const;
     /// Decode role k's codes of parameter e's coordinates [begin, begin + n) (begin a
-    /// multiple of kSegment) into `codes` as little-endian uint16; `params`: role k's block
+    /// multiple of kSegment) into `codes` as little-endian uint16 (2-byte aligned: on a
+    /// little-endian host they are decoded in place); `params`: role k's block
     /// parameters of those coordinates (exp_avg_sq's row prediction needs them).
     void read_segments(const container::ParamEntry& e, int k, uint64_t begin, std::size_t n, uint8_t* codes,
                        const int16_t* params) const;

@@ -67,7 +67,8 @@ const char* isa_name(Isa i) { return i == Isa::AVX512 ? "avx512" : i == Isa::AVX
 
 bool isa_supported(Isa i) {
 #if defined(__x86_64__)
-    const bool bmi = __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");  // isa.h: both levels use them
+    const bool bmi = __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") &&
+                     __builtin_cpu_supports("lzcnt");  // isa.h: both levels use them
     if (i == Isa::AVX2) return bmi && __builtin_cpu_supports("avx2");
     if (i == Isa::AVX512)
         return bmi && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&

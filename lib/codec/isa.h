@@ -10,17 +10,17 @@
 
 // The same function compiled for each instruction-set level: `flatten` inlines every
 // call in it (block.h's loops), so all of them are compiled for that level. Selected at
-// run time (active_isa); x86-64 only. Both upper levels include BMI1/BMI2 (every AVX2 CPU
+// run time (active_isa); x86-64 only. Both upper levels include BMI1/BMI2 and LZCNT (every AVX2 CPU
 // has them; isa_supported checks): one-uop variable shifts (shlx / shrx) for the entropy
 // coder, where x86's shift by %cl costs 2-3.
 #if defined(__x86_64__)
 #define CKPT_ISA_CLONES(name, body_fn)                                                                     \
     template <class Q, class... A>                                                                      \
-    __attribute__((target("avx2,bmi,bmi2"), flatten)) void name##_avx2(A&&... a) {                                \
+    __attribute__((target("avx2,bmi,bmi2,lzcnt"), flatten)) void name##_avx2(A&&... a) {                                \
         body_fn<Q>(std::forward<A>(a)...);                                                              \
     }                                                                                                   \
     template <class Q, class... A>                                                                      \
-    __attribute__((target("avx2,bmi,bmi2,avx512f,avx512dq,avx512bw,avx512vl"), flatten)) void name##_avx512(A&&... a) { \
+    __attribute__((target("avx2,bmi,bmi2,lzcnt,avx512f,avx512dq,avx512bw,avx512vl"), flatten)) void name##_avx512(A&&... a) { \
         body_fn<Q>(std::forward<A>(a)...);                                                              \
     }                                                                                                   \
     template <class Q, class... A>                                                                      \
