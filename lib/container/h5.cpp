@@ -41,12 +41,22 @@ size_t zstd_filter(unsigned flags, size_t nelmts, const unsigned cd[], size_t nb
         *buf_size = n;
         return n;
     }
+    // cd: the level, then optionally zstd's hashLog and minMatch (0: the level's own)
     const int level = nelmts > 0 ? int(cd[0]) : 3;
+    const int hash_log = nelmts > 2 ? int(cd[1]) : 0, min_match = nelmts > 2 ? int(cd[2]) : 0;
     const size_t cap = ZSTD_compressBound(nbytes);
     void* out = H5allocate_memory(cap, false);
     if (!out) return 0;
-    const size_t r = zstd_ctx.c ? ZSTD_compressCCtx(zstd_ctx.c, out, cap, *buf, nbytes, level)
-                                : ZSTD_compress(out, cap, *buf, nbytes, level);
+    ZSTD_CCtx* c = zstd_ctx.c;
+    if (!c) return 0;
+    ZSTD_CCtx_reset(c, ZSTD_reset_session_and_parameters);
+    if (ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_hashLog, hash_log)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_minMatch, min_match))) {
+        H5free_memory(out);
+        return 0;
+    }
+    const size_t r = ZSTD_compress2(c, out, cap, *buf, nbytes);
     if (ZSTD_isError(r)) { H5free_memory(out); return 0; }
     H5free_memory(*buf);
     *buf = out;
@@ -184,7 +194,7 @@ uint64_t get_attr_u64(hid_t obj, const std::string& name) {
 }
 
 Appender::Appender(hid_t file, const std::string& path, hid_t type, std::size_t elem,
-                   std::size_t chunk_bytes, int level, bool shuffle)
+                   std::size_t chunk_bytes, int level, bool shuffle, ZstdMatch match)
     : type_(type), elem_(elem), chunk_elems_(std::max<std::size_t>(1, chunk_bytes / elem)) {
     const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = chunk_elems_;
     Handle sp(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
@@ -192,8 +202,9 @@ Appender::Appender(hid_t file, const std::string& path, hid_t type, std::size_t 
     H5Pset_chunk(dcpl.get(), 1, &chunk);
     H5Pset_obj_track_times(dcpl.get(), false);  // same input, same container bytes
     if (shuffle && H5Pset_shuffle(dcpl.get()) < 0) fail("cannot set the shuffle filter on " + path);
-    const unsigned cd = unsigned(level);
-    if (H5Pset_filter(dcpl.get(), kZstdFilter, H5Z_FLAG_MANDATORY, 1, &cd) < 0)
+    const unsigned cd[3] = {unsigned(level), unsigned(match.hash_log), unsigned(match.min_match)};
+    const bool tuned = match.hash_log != 0 || match.min_match != 0;  // else the level alone, as before
+    if (H5Pset_filter(dcpl.get(), kZstdFilter, H5Z_FLAG_MANDATORY, tuned ? 3 : 1, cd) < 0)
         fail("cannot set zstd filter on " + path);
     const auto slash = path.rfind('/');
     if (slash > 0) make_groups(file, path.substr(0, slash));

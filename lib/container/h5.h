@@ -56,6 +56,12 @@ std::string get_attr_string(hid_t obj, const std::string& name);
 double get_attr_double(hid_t obj, const std::string& name);
 uint64_t get_attr_u64(hid_t obj, const std::string& name);
 
+/// zstd match-finder parameters (ZSTD_c_hashLog, ZSTD_c_minMatch); 0 keeps the level's.
+struct ZstdMatch {
+    int hash_log = 0;
+    int min_match = 0;
+};
+
 /// Appends elements of one native type to a new extendible 1-D dataset.
 /// Buffers one chunk, so memory is bounded by chunk_bytes.
 class Appender {
@@ -65,8 +71,10 @@ public:
     /// the i-th byte of every element (FP32 exponents together: smaller and faster).
     /// Writes go through libhdf5's pipeline: after a failed H5Dwrite_chunk (a file-size
     /// limit) libhdf5 1.10 crashes closing the file at exit; DatasetReader reads directly.
+    /// match: zstd's hashLog and minMatch for this dataset (stored after the level in the
+    /// filter's parameters; decompression needs neither); zeros: the level's own.
     Appender(hid_t file, const std::string& path, hid_t type, std::size_t elem,
-             std::size_t chunk_bytes = 1 << 20, int level = 3, bool shuffle = false);
+             std::size_t chunk_bytes = 1 << 20, int level = 3, bool shuffle = false, ZstdMatch match = {});
     void append(const void* data, std::size_t count);
     /// Append bytes in any amount (a dataset of bytes stored as elem-byte elements):
     /// finish() zero-pads the last element and writes the exact length as the `bytes`

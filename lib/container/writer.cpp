@@ -13,8 +13,12 @@ ContainerWriter::ContainerWriter(const std::string& path) : file_(create_file(pa
     // byte-shuffled before zstd level 1 (format 3): FP32 exponent bytes then sit together.
     // lm10m_adamw.pt's FP32 weights: 84.1% of their size in 0.05 s, where zstd -1 on the
     // bytes as they are gave 92.3% in 0.08 s (and decompresses 3x slower); level 3 is no
-    // smaller than level 1 either way.
-    raw_ = std::make_unique<Appender>(file_.get(), kRaw, H5T_STD_U32LE, 4, 1 << 20, 1, true);
+    // smaller than level 1 either way. Matches shorter than 7 bytes are refused and the
+    // hash table has 2^8 entries (fits L1): in the mantissa bytes short matches are noise
+    // that costs more than the literals, so this is smaller and faster. 1 MiB chunks of the
+    // two bench models' shuffled weights (2026-12-03): 83.4% / 83.2% of their size instead
+    // of 84.1% / 84.0%, compressed in 0.64x / 0.61x the time, decompressed in 0.72x / 0.69x.
+    raw_ = std::make_unique<Appender>(file_.get(), kRaw, H5T_STD_U32LE, 4, 1 << 20, 1, true, ZstdMatch{8, 7});
 }
 
 ContainerWriter::~ContainerWriter() = default;

@@ -4,9 +4,11 @@
 #include <doctest/doctest.h>
 
 #include <hdf5.h>
+#include <zstd.h>
 
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -120,6 +122,62 @@ TEST_CASE("zstd-only datasets: the direct chunk path reads what libhdf5 reads; a
     REQUIRE(H5Dread(ds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, via_hdf5.data()) >= 0);
     CHECK(got == via_hdf5);
     CHECK(got[1] == (v[1] > uint32_t(INT32_MAX) ? INT32_MAX : int32_t(v[1])));
+}
+
+TEST_CASE("zstd match parameters: stored after the level, used by the compressor, not needed to read") {
+    // float32-like elements (three exponents, random mantissas), shuffled: one 64 KiB
+    // chunk, whose stored frame must be exactly ZSTD_compress2's under the same parameters
+    TempDir td;
+    const std::string path = (td.path / "m.h5").string();
+    std::vector<unsigned char> bytes(65536);
+    std::mt19937 rng(8);
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = (unsigned char)(i % 4 == 3 ? 0x3c + rng() % 3 : rng());
+    {
+        Handle f = create_file(path);
+        for (const auto& [name, match] : {std::pair<const char*, ZstdMatch>{"/plain", {}}, {"/tuned", {8, 7}}}) {
+            Appender a(f.get(), name, H5T_STD_U32LE, 4, bytes.size(), 1, true, match);
+            a.append_bytes(bytes.data(), bytes.size());
+            a.finish();
+        }
+    }
+    std::vector<unsigned char> sh(bytes.size()), frame(ZSTD_compressBound(bytes.size()));
+    shuffle_bytes(bytes.data(), sh.data(), bytes.size(), 4);
+    Handle f = open_file(path);
+    for (const auto& [name, match] : {std::pair<const char*, ZstdMatch>{"/plain", {}}, {"/tuned", {8, 7}}}) {
+        CAPTURE(name);
+        Handle ds(H5Dopen2(f.get(), name, H5P_DEFAULT), H5Dclose);
+        Handle dcpl(H5Dget_create_plist(ds.get()), H5Pclose);
+        unsigned flags = 0, cd[4] = {};
+        size_t nc = 4;
+        REQUIRE(H5Pget_filter2(dcpl.get(), 1, &flags, &nc, cd, 0, nullptr, nullptr) == kZstdFilter);
+        if (match.hash_log) CHECK((nc == 3 && cd[0] == 1 && cd[1] == 8 && cd[2] == 7));
+        else CHECK((nc == 1 && cd[0] == 1));
+        ZSTD_CCtx* c = ZSTD_createCCtx();
+        ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, 1);
+        ZSTD_CCtx_setParameter(c, ZSTD_c_hashLog, match.hash_log);
+        ZSTD_CCtx_setParameter(c, ZSTD_c_minMatch, match.min_match);
+        const size_t want = ZSTD_compress2(c, frame.data(), frame.size(), sh.data(), sh.size());
+        ZSTD_freeCCtx(c);
+        REQUIRE(!ZSTD_isError(want));
+        const hsize_t off = 0;
+        hsize_t stored = 0;
+        REQUIRE(H5Dget_chunk_storage_size(ds.get(), &off, &stored) >= 0);
+        CHECK(stored == want);
+        const DatasetReader r(f.get(), name, H5T_STD_U32LE, 4);
+        std::vector<unsigned char> got(bytes.size());
+        r.read_bytes(0, got.size(), got.data());
+        CHECK(got == bytes);
+    }
+    // on such data the parameters change the frame, so the exact sizes above tell them
+    // apart (here the tuned one is larger: a 3-letter exponent plane is all short matches;
+    // real weights' is not, writer.cpp)
+    hsize_t sizes[2] = {};
+    for (int i = 0; i < 2; ++i) {
+        Handle ds(H5Dopen2(f.get(), i ? "/tuned" : "/plain", H5P_DEFAULT), H5Dclose);
+        const hsize_t off = 0;
+        H5Dget_chunk_storage_size(ds.get(), &off, &sizes[i]);
+    }
+    CHECK(sizes[1] != sizes[0]);
 }
 
 TEST_CASE("checksum_ok: reads in order are hashed on the way; the rest, padding included, read once") {
