@@ -303,26 +303,27 @@ bool parse(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* codes, T
 
 uint32_t load32(const uint8_t* q) { return uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24; }
 
-/// One rANS decode step of a state x < 2^31 (its symbol into *sym), then its
+/// One rANS decode step of a state x in [2^23, 2^31) (its symbol into *sym), then its
 /// renormalisation from the byte pointer r, unchecked: r must have 4 bytes left (2 are
-/// used at most; the read is one 4-byte load). States stay below 2^31: the decoded
-/// y = freq (x >> 14) + (slot - cum) < freq ((x >> 14) + 1) <= 2^14 2^17, and renormalising
-/// shifts in bytes only while below 2^23. A decoded state is >= 2^9 when valid
-/// (x >> 14 >= 2^9, freq >= 1), so it takes at most 2 bytes to get back above kLow:
-/// y < 2^23 needs one byte, y < 2^15 two, so the shift is `bits` = 8 * ((lz - 1) / 8) for
-/// lz, y's leading zeros (1..22 with y | 2^9: at most 2 bytes even for a corrupt y).
-/// The next 4 bytes, big-endian, go below y and the 64-bit pair shifts left by `bits`:
-/// its top half is x with the bytes needed shifted in (the others fall off). No branch on
-/// the data (its pattern is random; a select would become one): this loop is bound by
-/// operation count, and this form takes about 20 per code (lzcnt, a load and a byte swap,
-/// 4 shifts and ors) where two loads per byte and two compares took about 26.
+/// used at most; the read is one 4-byte load). The state stays in [2^23, 2^31) whatever
+/// the bytes: the decoded y = freq (x >> 14) + (slot - cum), with 0 <= slot - cum < freq
+/// (parse checks that the frequencies sum to 2^14, so the slot table is consistent), lies
+/// in [2^9, 2^31), and renormalising shifts bytes in only while y < 2^23: y < 2^23 needs
+/// one byte, y < 2^15 two, so the shift is `bits` = 8 * ((lz - 1) / 8) for lz, y's leading
+/// zeros (1..22). decode_rans refuses initial states outside the range, so this holds by
+/// induction, for damaged segments too. The next 4 bytes, big-endian, go below y and the
+/// 64-bit pair shifts left by `bits`: its top half is x with the bytes needed shifted in
+/// (the others fall off). No branch on the data (its pattern is random; a select would
+/// become one): this loop is bound by operation count, and this form takes about 22 per
+/// code (lzcnt, a load and a byte swap, 4 shifts and ors) where two loads per byte, bsr and
+/// two compares took about 28.
 [[gnu::always_inline]] inline void step_fast(const Tables& t, uint32_t& x, const uint8_t*& r, uint8_t* sym) {
     const uint32_t slot = x & (kProb - 1);
     const uint8_t sy = t.lk[slot];
     const Dec d = t.dec[sy];
     const uint32_t y = d.freq * (x >> kProbBits) + slot - d.cum;
     *sym = sy;
-    const uint32_t lz1 = uint32_t(std::countl_zero(y | 512u)) - 1;  // 0..21
+    const uint32_t lz1 = uint32_t(std::countl_zero(y)) - 1;  // 0..21
     uint32_t w;
     std::memcpy(&w, r, 4);
     if constexpr (std::endian::native == std::endian::little) w = __builtin_bswap32(w);  // r[0] on top
@@ -407,7 +408,7 @@ void decode_rans(const Parsed& h, const Tables& t, std::size_t n, uint16_t* code
     uint32_t x[S];
     for (int k = 0; k < S; ++k) {
         x[k] = load32(h.rp + 4 * k);
-        if (x[k] >> 31) Cursor::bad("trailing or inconsistent data");  // no encoder writes it (step_fast)
+        if (x[k] < kLow || x[k] >> 31) Cursor::bad("trailing or inconsistent data");  // no encoder writes it (step_fast)
     }
     const uint8_t* r = h.rp + 4 * S;
     std::size_t i = 0;
