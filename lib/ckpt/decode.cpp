@@ -234,15 +234,19 @@ void ContainerReader::read_segments(const ct::ParamEntry& e, int k, uint64_t beg
         const uint64_t from = g == 0 ? 0 : ends[g - 1], to = ends[g];
         const std::size_t len = std::size_t(std::min<uint64_t>(codec::kSegment, e.numel - i));
         if (to - from > 2 * uint64_t(codec::kSegment) + 1024) throw std::runtime_error("param " + e.name + ": segment larger than any valid one");
-        seg_buf_.resize(std::size_t(to - from));
-        codes_[std::size_t(k)]->read(from, to - from, seg_buf_.data());
+        const auto* seg = static_cast<const uint8_t*>(codes_[std::size_t(k)]->view(from, to - from));  // no copy inside a chunk
+        if (!seg) {
+            seg_buf_.resize(std::size_t(to - from));
+            codes_[std::size_t(k)]->read(from, to - from, seg_buf_.data());
+            seg = seg_buf_.data();
+        }
         // on a little-endian host the chunk's code bytes are the uint16 codes themselves:
         // decoded in place (the buffer is operator new's, even offsets), else via seg_codes_
         constexpr bool in_place = std::endian::native == std::endian::little;
         if (!in_place) seg_codes_.resize(len);
         uint16_t* dst = in_place ? reinterpret_cast<uint16_t*>(codes + 2 * (i - begin)) : seg_codes_.data();
         try {
-            codec::segment_decode(seg_buf_.data(), seg_buf_.size(), len, dst);
+            codec::segment_decode(seg, std::size_t(to - from), len, dst);
         } catch (const std::runtime_error& x) {
             throw std::runtime_error("param " + e.name + " " + ct::kRoleNames[k] + ": " + x.what());
         }

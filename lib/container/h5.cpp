@@ -340,21 +340,23 @@ const std::vector<unsigned char>& DatasetReader::chunk_bytes(uint64_t c) const {
     }
     if (size > most_) fail("dataset " + path_ + " has a damaged chunk");
     stored_.resize(std::size_t(size));  // the buffers live as long as the reader: no allocation per chunk
-    plain_.resize(nbytes);
     uint32_t mask = 0;
     if (H5Dread_chunk(ds_.get(), H5P_DEFAULT, &off, &mask, stored_.data()) < 0)
         fail("dataset " + path_ + " cannot be read (damaged chunk?)");
+    const bool unshuffle = shuffled_ && !(mask & 1);  // shuffle applied (filter 0)
     const unsigned char* p = stored_.data();
-    if (!(mask & (shuffled_ ? 2u : 1u))) {  // zstd applied (the last filter)
+    if (!(mask & (shuffled_ ? 2u : 1u))) {  // zstd applied (the last filter): into chunk_buf_ unless unshuffled after
+        if (unshuffle) plain_.resize(nbytes);
+        unsigned char* dst = unshuffle ? plain_.data() : chunk_buf_.data();
         const unsigned long long n = ZSTD_getFrameContentSize(stored_.data(), stored_.size());
-        if (n != nbytes || ZSTD_decompressDCtx(zstd_ctx.d, plain_.data(), nbytes, stored_.data(), stored_.size()) != nbytes)
+        if (n != nbytes || ZSTD_decompressDCtx(zstd_ctx.d, dst, nbytes, stored_.data(), stored_.size()) != nbytes)
             fail("dataset " + path_ + " cannot be read (damaged chunk?)");
-        p = plain_.data();
+        p = dst;
     } else if (stored_.size() != nbytes) {
         fail("dataset " + path_ + " cannot be read (damaged chunk?)");
     }
-    if (shuffled_ && !(mask & 1)) unshuffle_bytes(p, chunk_buf_.data(), nbytes, elem_);  // shuffle applied (filter 0)
-    else std::memcpy(chunk_buf_.data(), p, nbytes);
+    if (unshuffle) unshuffle_bytes(p, chunk_buf_.data(), nbytes, elem_);
+    else if (p != chunk_buf_.data()) std::memcpy(chunk_buf_.data(), p, nbytes);
     cached_ = c;
     return chunk_buf_;
 }
@@ -394,6 +396,16 @@ void DatasetReader::read(uint64_t offset, uint64_t n, void* out) const {
             fail("dataset " + path_ + " cannot be read (damaged chunk?)");
     }
     note_read(offset * elem_, out, n * elem_);
+}
+
+const void* DatasetReader::view(uint64_t offset, uint64_t n) const {
+    if (offset > count_ || n > count_ - offset) fail("read past the end of dataset " + path_);
+    if (!chunk_ || n == 0) return nullptr;
+    const uint64_t cb = chunk_ * elem_, b = offset * elem_, c = b / cb;
+    if ((b + n * elem_ - 1) / cb != c) return nullptr;  // across a chunk end
+    const unsigned char* p = chunk_bytes(c).data() + (b - c * cb);
+    note_read(b, p, n * elem_);
+    return p;
 }
 
 void DatasetReader::read_bytes(uint64_t offset, uint64_t n, void* out) const {

@@ -109,6 +109,10 @@ public:
     uint64_t count() const { return count_; }
     /// Read `n` elements starting at element `offset`; throws when out of range.
     void read(uint64_t offset, uint64_t n, void* out) const;
+    /// The same elements in place, without a copy, when they lie inside one chunk of the
+    /// direct chunk path (valid until this reader's next read), else null (then use
+    /// read); hashed on the way as read's. Throws as read.
+    const void* view(uint64_t offset, uint64_t n) const;
     /// Length in bytes of a dataset of bytes (Appender::append_bytes): its `bytes`
     /// attribute, which must fit its last element, else count() * elem. Throws otherwise.
     uint64_t bytes() const { return bytes_; }

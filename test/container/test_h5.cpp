@@ -112,6 +112,13 @@ TEST_CASE("zstd-only datasets: the direct chunk path reads what libhdf5 reads; a
         r.read(off, n, got.data());
         CHECK(std::equal(got.begin(), got.end(), v.begin() + long(off)));
     }
+    // view: in place inside one chunk (1024 elements), null across a chunk end
+    const auto* in = static_cast<const uint32_t*>(r.view(1030, 900));
+    REQUIRE(in != nullptr);
+    CHECK(std::equal(in, in + 900, v.begin() + 1030));
+    CHECK(r.view(1000, 100) == nullptr);
+    CHECK(r.view(0, 0) == nullptr);
+    CHECK_THROWS_AS(r.view(4990, 11), std::runtime_error);
     CHECK(r.checksum_ok());
     // read as int32: libhdf5 converts (clipping to INT32_MAX), a raw chunk copy would not
     const DatasetReader s(f.get(), "/z", H5T_NATIVE_INT32, 4);
