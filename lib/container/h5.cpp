@@ -44,11 +44,11 @@ size_t zstd_filter(unsigned flags, size_t nelmts, const unsigned cd[], size_t nb
     // cd: the level, then optionally zstd's hashLog and minMatch (0: the level's own)
     const int level = nelmts > 0 ? int(cd[0]) : 3;
     const int hash_log = nelmts > 2 ? int(cd[1]) : 0, min_match = nelmts > 2 ? int(cd[2]) : 0;
+    ZSTD_CCtx* c = zstd_ctx.c;
+    if (!c) return 0;
     const size_t cap = ZSTD_compressBound(nbytes);
     void* out = H5allocate_memory(cap, false);
     if (!out) return 0;
-    ZSTD_CCtx* c = zstd_ctx.c;
-    if (!c) return 0;
     ZSTD_CCtx_reset(c, ZSTD_reset_session_and_parameters);
     if (ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level)) ||
         ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_hashLog, hash_log)) ||
