@@ -10,9 +10,9 @@
 
 // The same function compiled for each instruction-set level: `flatten` inlines every
 // call in it (block.h's loops), so all of them are compiled for that level. Selected at
-// run time (active_isa); x86-64 only. Both upper levels include BMI1/BMI2 and LZCNT (every AVX2 CPU
-// has them; isa_supported checks): one-uop variable shifts (shlx / shrx) for the entropy
-// coder, where x86's shift by %cl costs 2-3.
+// run time (active_isa); x86-64 only. Both upper levels include BMI1/BMI2 and LZCNT (every
+// AVX2 CPU has them; isa_supported checks): one-uop variable shifts (shlx / shrx) and a
+// leading-zero count for the entropy coder, where x86's shift by %cl costs 2-3 and bsr 2.
 #if defined(__x86_64__)
 #define CKPT_ISA_CLONES(name, body_fn)                                                                     \
     template <class Q, class... A>                                                                      \
