@@ -10,6 +10,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace ckpt::codec {
 
 namespace {
@@ -17,9 +21,12 @@ namespace {
 constexpr int kSymbols = 76;
 constexpr uint32_t kProbBits = 14, kProb = 1u << kProbBits;
 constexpr uint32_t kLow = 1u << 23;  ///< rANS state lower bound
+/// Mode 3 (format version 4): 16 states, 12-bit frequencies, 16-bit renormalisation words.
+constexpr int kLanes = 16;
+constexpr uint32_t kProbBits12 = 12, kProb12 = 1u << kProbBits12, kLow16 = 1u << 16;
 /// Segment modes: rANS with two interleaved states (format version 2), raw, rANS with four
-/// (version 3, written since).
-enum : uint8_t { kModeRans2 = 0, kModeRaw = 1, kModeRans4 = 2 };
+/// (version 3), rANS with sixteen and 16-bit words (version 4, written since).
+enum : uint8_t { kModeRans2 = 0, kModeRaw = 1, kModeRans4 = 2, kModeRans16 = 3 };
 
 /// Each code's symbol, raw bit count and raw low bits (codes[0..n) into sym, extra, low):
 /// branch-free and vectorisable at every instruction-set level (isa.h). The bit length nb
@@ -82,33 +89,132 @@ struct Cursor {
     }
 };
 
-/// Frequencies summing to kProb, >= 1 for every symbol that occurs (deterministic).
-std::array<uint32_t, kSymbols> normalise(const std::array<uint64_t, kSymbols>& count, uint64_t n) {
+/// Frequencies summing to `total` (2^14 or 2^12), >= 1 for every symbol that occurs
+/// (deterministic).
+std::array<uint32_t, kSymbols> normalise(const std::array<uint64_t, kSymbols>& count, uint64_t n, uint32_t total) {
     std::array<uint32_t, kSymbols> f{};
     int64_t sum = 0;
     int top = 0;
     for (int s = 0; s < kSymbols; ++s) {
         if (!count[s]) continue;
-        f[s] = std::max<uint32_t>(1, uint32_t(count[s] * kProb / n));
+        f[s] = std::max<uint32_t>(1, uint32_t(count[s] * total / n));
         sum += f[s];
         if (count[s] > count[top]) top = s;
     }
-    while (sum != kProb) {  // give the difference to (or take it from) the largest frequencies
-        if (sum < kProb) { f[top] += uint32_t(kProb - sum); sum = kProb; break; }
+    while (sum != total) {  // give the difference to (or take it from) the largest frequencies
+        if (sum < total) { f[top] += uint32_t(total - sum); sum = total; break; }
         int big = -1;
         for (int s = 0; s < kSymbols; ++s)
             if (f[s] > 1 && (big < 0 || f[s] > f[big])) big = s;
-        const uint32_t take = std::min<uint32_t>(f[big] - 1, uint32_t(sum - kProb));
+        const uint32_t take = std::min<uint32_t>(f[big] - 1, uint32_t(sum - total));
         f[big] -= take;
         sum -= take;
     }
     return f;
 }
 
+
+/// The rANS stream of sym[0..n) through S interleaved states (code i through state
+/// i mod S: ryg_rans's interleaving, so the decoder's S dependency chains overlap), written
+/// backwards to end at `p`: the last code first, then the S final states (4 bytes
+/// little-endian each, state 0 first). put(state, symbol, p) codes one symbol and writes
+/// its renormalisation output below p. Returns the stream's first byte. The states are a
+/// local array indexed by constants once the loops over k are unrolled, so the compiler
+/// keeps them out of memory that the byte stores could alias.
+template <int S, uint32_t Low, class Put>
+uint8_t* put_states(const uint8_t* sym, std::size_t n, uint8_t* p, Put put) {
+    uint32_t xs[S];
+    for (int k = 0; k < S; ++k) xs[k] = Low;
+    const std::size_t full = n / S * S;  // the n mod S codes of the incomplete last round first
+    for (int k = S - 1; k >= 0; --k)
+        if (full + std::size_t(k) < n) put(xs[k], sym[full + std::size_t(k)], p);
+    for (std::size_t i = full; i > 0;) {
+        i -= S;
+#pragma GCC unroll 16
+        for (int k = S - 1; k >= 0; --k) put(xs[k], sym[i + std::size_t(k)], p);
+    }
+    for (int k = S - 1; k >= 0; --k) {
+        p -= 4;
+        for (int b = 0; b < 4; ++b) p[b] = uint8_t(xs[k] >> (8 * b));
+    }
+    return p;
+}
+
+/// Modes 0 and 2 (format versions 2 and 3): S states in [2^23, 2^31), byte-wise
+/// renormalisation, 14-bit frequencies f with starts cum. x' = (x / f) 2^14 + x mod f + cum,
+/// the division done as a multiplication by a reciprocal (ryg_rans RansEncSymbolInit /
+/// RansEncPutSymbol: exact for every state below 2^31).
+template <int S>
+uint8_t* put_bytes(const uint8_t* sym, std::size_t n, const std::array<uint32_t, kSymbols>& f,
+                   const std::array<uint32_t, kSymbols>& cum, uint8_t* end) {
+    struct Enc { uint32_t xmax, rcp, bias, cmpl; int shift; };
+    std::array<Enc, kSymbols> enc{};
+    for (int s = 0; s < kSymbols; ++s) {
+        if (!f[s]) continue;
+        Enc& e = enc[s];
+        e.xmax = ((kLow >> kProbBits) << 8) * f[s];
+        e.cmpl = kProb - f[s];
+        if (f[s] < 2) {
+            e.rcp = ~0u;
+            e.shift = 0;
+            e.bias = cum[s] + kProb - 1;
+        } else {
+            int sh = 0;
+            while (f[s] > (1u << sh)) ++sh;
+            e.rcp = uint32_t(((uint64_t(1) << (sh + 31)) + f[s] - 1) / f[s]);
+            e.shift = sh - 1;
+            e.bias = cum[s];
+        }
+    }
+    return put_states<S, kLow>(sym, n, end, [&](uint32_t& st, uint8_t sy, uint8_t*& p) {
+        const Enc& e = enc[sy];
+        // renormalise: 0, 1 or 2 bytes out (st < 2^31 and xmax >= 2^17), branch-free
+        const int k = int(st >= e.xmax) + int((st >> 8) >= e.xmax);
+        p[-1] = uint8_t(st);
+        p[-2] = uint8_t(st >> 8);
+        p -= k;
+        st >>= 8 * k;
+        const uint32_t q = uint32_t((uint64_t(st) * e.rcp) >> 32) >> e.shift;
+        st = st + e.bias + q * e.cmpl;
+    });
+}
+
+/// Mode 3 (format version 4): kLanes states in [2^16, 2^32), 16-bit renormalisation words
+/// (little-endian), 12-bit frequencies: x' = (x / f) 2^12 + x mod f + cum. A state at or
+/// above f 2^20 sends its low word first, so at most one word per code, and the decoder
+/// reads one exactly when its state falls below 2^16 (ryg_rans's rans_word_sse41). The
+/// division is a multiplication by m = ceil(2^64 / f), exact for every 32-bit x (Lemire,
+/// Kaser & Kurz 2019, "Faster remainder by direct computation", Theorem 1: 64 >= 32 +
+/// log2 f); for f = 1, m = 2^64 - 1 gives x - 1 and the bias gains 2^12 - 1 to match (as
+/// RansEncSymbolInit does).
+uint8_t* put_words(const uint8_t* sym, std::size_t n, const std::array<uint32_t, kSymbols>& f,
+                   const std::array<uint32_t, kSymbols>& cum, uint8_t* end) {
+    struct Enc { uint64_t m, xmax; uint32_t bias, cmpl; };
+    std::array<Enc, kSymbols> enc{};
+    for (int s = 0; s < kSymbols; ++s) {
+        if (!f[s]) continue;
+        Enc& e = enc[s];
+        e.xmax = uint64_t(f[s]) << 20;  // ((2^16 >> 12) << 16) f; 2^32 for f = 2^12: never
+        e.cmpl = kProb12 - f[s];
+        e.m = f[s] == 1 ? ~uint64_t(0) : ~uint64_t(0) / f[s] + 1;
+        e.bias = cum[s] + (f[s] == 1 ? kProb12 - 1 : 0);
+    }
+    return put_states<kLanes, kLow16>(sym, n, end, [&](uint32_t& x, uint8_t sy, uint8_t*& p) {
+        const Enc& e = enc[sy];
+        const uint32_t c = uint32_t(x >= e.xmax);
+        p[-2] = uint8_t(x);
+        p[-1] = uint8_t(x >> 8);
+        p -= 2 * c;
+        x >>= 16 * c;
+        const uint32_t q = uint32_t((static_cast<unsigned __int128>(x) * e.m) >> 64);
+        x = x + e.bias + q * e.cmpl;
+    });
+}
+
 }  // namespace
 
 void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out, int states) {
-    if (states != 2 && states != 4) throw std::invalid_argument("segment_encode: states must be 2 or 4");
+    if (states != 2 && states != 4 && states != kLanes) throw std::invalid_argument("segment_encode: states must be 2, 4 or 16");
     std::array<uint64_t, kSymbols> count{};
     thread_local std::vector<uint8_t> sym_buf, extra_buf, buf, bits_buf;  // reused: one segment at a time per thread
     thread_local std::vector<uint16_t> low_buf;
@@ -159,74 +265,17 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
     }
     for (int s = 0; s < kSymbols; ++s) count[s] = uint64_t(count4[0][s]) + count4[1][s] + count4[2][s] + count4[3][s];
     if (n == 0) { out.push_back(kModeRaw); return; }
-    const auto f = normalise(count, n);
+    const bool words = states == kLanes;
+    const auto f = normalise(count, n, words ? kProb12 : kProb);
     std::array<uint32_t, kSymbols> cum{};
     for (int s = 1; s < kSymbols; ++s) cum[s] = cum[s - 1] + f[s - 1];
-    // rANS, last code first, written backwards. x' = (x / f) 2^14 + x mod f + cum, with the
-    // division by f done as a multiplication by its reciprocal (ryg_rans RansEncSymbolInit /
-    // RansEncPutSymbol: exact for every 32-bit state).
-    struct Enc { uint32_t xmax, rcp, bias, cmpl; int shift; };
-    std::array<Enc, kSymbols> enc{};
-    for (int s = 0; s < kSymbols; ++s) {
-        if (!f[s]) continue;
-        Enc& e = enc[s];
-        e.xmax = ((kLow >> kProbBits) << 8) * f[s];
-        e.cmpl = kProb - f[s];
-        if (f[s] < 2) {
-            e.rcp = ~0u;
-            e.shift = 0;
-            e.bias = cum[s] + kProb - 1;
-        } else {
-            int sh = 0;
-            while (f[s] > (1u << sh)) ++sh;
-            e.rcp = uint32_t(((uint64_t(1) << (sh + 31)) + f[s] - 1) / f[s]);
-            e.shift = sh - 1;
-            e.bias = cum[s];
-        }
-    }
-    buf.resize(2 * n + 24);  // < 14 bits per symbol, 16 state bytes, and put()'s 2 bytes of slack
-    uint8_t* ptr = buf.data() + buf.size();
-    // S interleaved states: code i goes through state i mod S (ryg_rans's interleaving),
-    // so the decoder's S dependency chains overlap.
-    // The states live in a local array indexed by compile-time constants only (the loops
-    // over k are unrolled), so they stay in registers: the byte stores below could alias
-    // anything whose address escapes.
-    auto put_all = [&](auto SC) {  // SC: the state count as a compile-time constant
-        constexpr int S = decltype(SC)::value;
-        const Enc* et = enc.data();
-        uint8_t* p = ptr;
-        uint32_t xs[S];
-        for (int k = 0; k < S; ++k) xs[k] = kLow;
-        auto put = [&](uint32_t& st, uint8_t sy) {
-            const Enc& e = et[sy];
-            // renormalise: 0, 1 or 2 bytes out (st < 2^31 and xmax >= 2^17), branch-free
-            const int k = int(st >= e.xmax) + int((st >> 8) >= e.xmax);
-            p[-1] = uint8_t(st);
-            p[-2] = uint8_t(st >> 8);
-            p -= k;
-            st >>= 8 * k;
-            const uint32_t q = uint32_t((uint64_t(st) * e.rcp) >> 32) >> e.shift;
-            st = st + e.bias + q * e.cmpl;
-        };
-        // last code first: the n mod S codes of the incomplete last round, then whole rounds
-        const std::size_t full = n / S * S;
-        for (int k = S - 1; k >= 0; --k)
-            if (full + std::size_t(k) < n) put(xs[k], sym[full + std::size_t(k)]);
-        for (std::size_t i = full; i > 0;) {
-            i -= S;
-            for (int k = S - 1; k >= 0; --k) put(xs[k], sym[i + std::size_t(k)]);
-        }
-        for (int k = S - 1; k >= 0; --k) {  // state 0 first in the stream
-            p -= 4;
-            for (int b = 0; b < 4; ++b) p[b] = uint8_t(xs[k] >> (8 * b));
-        }
-        ptr = p;
-    };
-    if (states == 2) put_all(std::integral_constant<int, 2>{});
-    else put_all(std::integral_constant<int, 4>{});
-    const std::size_t rans_len = std::size_t(buf.data() + buf.size() - ptr);
+    buf.resize(2 * n + 4 * kLanes + 8);  // <= 2 bytes per code (<= 14 bits, or one word), the states, put's slack
+    uint8_t* const end = buf.data() + buf.size();
+    uint8_t* const ptr = words ? put_words(sym, n, f, cum, end) : states == 2 ? put_bytes<2>(sym, n, f, cum, end)
+                                                                             : put_bytes<4>(sym, n, f, cum, end);
+    const std::size_t rans_len = std::size_t(end - ptr);
     std::vector<uint8_t> head;
-    head.push_back(states == 2 ? kModeRans2 : kModeRans4);
+    head.push_back(words ? kModeRans16 : states == 2 ? kModeRans2 : kModeRans4);
     put_varint(head, rans_len);
     put_varint(head, nbits);
     int used = kSymbols;
@@ -247,14 +296,17 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
 
 namespace {
 
-/// One segment's decode tables: per symbol its frequency and start, per slot its symbol.
+/// One segment's decode tables. Modes 0 and 2: per symbol its frequency and start, per
+/// slot its symbol. Mode 3: per slot one word, symbol | freq << 7 | (slot - start) << 20
+/// (7 + 13 + 12 bits), so that one (vector) gather serves a code.
 struct Dec { uint32_t freq, cum; };
 struct Tables {
     Dec dec[kSymbols];
     uint8_t lk[kProb];
+    alignas(64) uint32_t w[kProb12];
 };
 
-/// A parsed rANS segment: its state count (2: format version 2's mode, 4) and streams.
+/// A parsed rANS segment: its state count (2: format version 2's mode, 4, kLanes) and streams.
 struct Parsed {
     int S = 0;
     const uint8_t* rp = nullptr;    ///< the rANS bytes [rp, rend), its S initial states first
@@ -274,26 +326,35 @@ bool parse(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* codes, T
         codes_from_bytes(c.p, n, codes);
         return false;
     }
-    if (mode != kModeRans2 && mode != kModeRans4) Cursor::bad("unknown mode");
-    h.S = mode == kModeRans2 ? 2 : 4;
+    if (mode != kModeRans2 && mode != kModeRans4 && mode != kModeRans16) Cursor::bad("unknown mode");
+    h.S = mode == kModeRans2 ? 2 : mode == kModeRans4 ? 4 : kLanes;
+    const uint32_t total = h.S == kLanes ? kProb12 : kProb;
     const uint64_t rans_len = c.varint(), bits_len = c.varint(), used = c.varint();
     if (used == 0 || used > uint64_t(kSymbols)) Cursor::bad("bad symbol count");
     std::array<uint32_t, kSymbols> f{}, cum{};
     uint64_t sum = 0;
     for (uint64_t s = 0; s < used; ++s) {
         const uint64_t x = c.varint();
-        if (x > kProb) Cursor::bad("bad frequency");
+        if (x > total) Cursor::bad("bad frequency");
         f[std::size_t(s)] = uint32_t(x);
         sum += x;
     }
-    if (sum != kProb) Cursor::bad("frequencies do not sum to 2^14");
+    if (sum != total) Cursor::bad("frequencies do not sum to the table size");
     for (int s = 1; s < kSymbols; ++s) cum[s] = cum[s - 1] + f[s - 1];
     const std::size_t rest = std::size_t(c.end - c.p);
     if (rans_len < uint64_t(4 * h.S) || rans_len > rest || bits_len != rest - rans_len)
         Cursor::bad("stream sizes do not match the segment");
-    for (int s = 0; s < kSymbols; ++s) {
-        t.dec[s] = {f[s], cum[s]};
-        std::memset(t.lk + cum[s], s, f[s]);
+    if (h.S == kLanes) {
+        uint32_t* const w = t.w;
+        for (int s = 0; s < kSymbols; ++s) {  // slot j of s: s | f << 7 | (j - cum) << 20, as K + j 2^20 (mod 2^32)
+            const uint32_t k = (uint32_t(s) | f[s] << 7) - (cum[s] << 20);
+            for (uint32_t j = cum[s]; j < cum[s] + f[s]; ++j) w[j] = k + (j << 20);
+        }
+    } else {
+        for (int s = 0; s < kSymbols; ++s) {
+            t.dec[s] = {f[s], cum[s]};
+            std::memset(t.lk + cum[s], s, f[s]);
+        }
     }
     h.rp = c.p;
     h.rend = c.p + rans_len;
@@ -331,31 +392,97 @@ uint32_t load32(const uint8_t* q) { return uint32_t(q[0]) | uint32_t(q[1]) << 8 
     r += lz1 >> 3;
 }
 
-/// The rest of one segment from code i on (after decode_rans's fast rounds): pass 1's last rounds,
-/// checked byte by byte, the final-state checks, then pass 2: each code's raw low bits,
-/// LSB first. Each symbol's raw bit count and base value come from join_body (vectorised);
-/// while 8 bytes can be read at pos / 8, one unaligned load serves four codes (<= 52 bits
-/// at a shift <= 7); the end of the stream goes code by code, byte by byte. Throws
-/// (Cursor::bad) on a truncated or inconsistent stream.
-template <int S>
-void finish(const Tables& t, const Parsed& h, uint8_t* sym, std::size_t n, uint16_t* codes, uint32_t (&xs)[S],
-            const uint8_t* r, std::size_t from) {
-    for (std::size_t i = from; i < n; i += S)
-        for (int k = 0; k < S; ++k) {
-            if (i + std::size_t(k) >= n) break;
-            uint32_t& x = xs[k];
-            const uint32_t slot = x & (kProb - 1);
-            const uint8_t sy = t.lk[slot];
-            x = t.dec[sy].freq * (x >> kProbBits) + slot - t.dec[sy].cum;
-            sym[i + std::size_t(k)] = sy;
-            while (x < kLow) {
-                if (r == h.rend) Cursor::bad("rANS stream truncated");
-                x = (x << 8) | *r++;
-            }
-        }
-    for (int k = 0; k < S; ++k)
-        if (xs[k] != kLow) Cursor::bad("trailing or inconsistent data");
-    if (r != h.rend) Cursor::bad("trailing or inconsistent data");
+#if defined(__x86_64__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // as at words_avx512
+/// raw_bits' fast rounds with AVX-512, 16 codes a round from code 0: each code's raw bit
+/// count and base (join_body's arithmetic), its bit position (a prefix sum across the
+/// lanes, in 4 shifted adds), then one gathered 4-byte load per code at its position's
+/// byte, a shift and a mask (<= 13 bits at a shift <= 7). Runs while the round's loads
+/// surely lie in the stream: 16 codes take <= 208 bits, and the last load ends <= 4 bytes
+/// past the last position. Returns the codes done; *pos: the bit position after them.
+/// The same codes as the scalar loop (test_rans compares the levels).
+__attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt,avx512f,avx512dq,avx512bw,avx512vl"), noinline)) std::size_t
+raw_bits_avx512(const uint8_t* sym, std::size_t n, const uint8_t* bp, uint64_t bits_len, uint16_t* codes, uint64_t* pos) {
+    const __m512i c32 = _mm512_set1_epi32(32), c3 = _mm512_set1_epi32(3), c4 = _mm512_set1_epi32(4),
+                  c7 = _mm512_set1_epi32(7), one = _mm512_set1_epi32(1), zero = _mm512_setzero_si512();
+    uint64_t at = 0;
+    std::size_t i = 0;
+    for (; n - i >= 16 && at + 16 * 13 + 32 <= bits_len * 8; i += 16) {
+        const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sym + i)));
+        const __mmask16 big = _mm512_cmpge_epu32_mask(s, c32);
+        const __m512i t = _mm512_sub_epi32(s, c32);
+        const __m512i e = _mm512_maskz_add_epi32(big, _mm512_srli_epi32(t, 2), c3);  // nb - 3 raw bits
+        const __m512i base = _mm512_mask_mov_epi32(s, big, _mm512_sllv_epi32(_mm512_or_si512(c4, _mm512_and_si512(t, c3)), e));
+        __m512i incl = e;  // inclusive prefix sum: lane j += lane j - 1, j - 2, j - 4, j - 8
+        incl = _mm512_add_epi32(incl, _mm512_alignr_epi32(incl, zero, 15));
+        incl = _mm512_add_epi32(incl, _mm512_alignr_epi32(incl, zero, 14));
+        incl = _mm512_add_epi32(incl, _mm512_alignr_epi32(incl, zero, 12));
+        incl = _mm512_add_epi32(incl, _mm512_alignr_epi32(incl, zero, 8));
+        const __m512i bit = _mm512_add_epi32(_mm512_set1_epi32(int(at)), _mm512_sub_epi32(incl, e));
+        const __m512i g = _mm512_i32gather_epi32(_mm512_srli_epi32(bit, 3), bp, 1);
+        const __m512i val = _mm512_and_si512(_mm512_srlv_epi32(g, _mm512_and_si512(bit, c7)),
+                                             _mm512_sub_epi32(_mm512_sllv_epi32(one, e), one));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), _mm512_cvtepi32_epi16(_mm512_or_si512(base, val)));
+        at += uint32_t(_mm_extract_epi32(_mm512_extracti32x4_epi32(incl, 3), 3));
+    }
+    *pos = at;
+    return i;
+}
+
+#pragma GCC diagnostic pop
+
+/// raw_bits_avx512 with AVX2: 8 codes a round (<= 104 bits), the prefix sum within each
+/// 128-bit half and then across.
+__attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt"), noinline)) std::size_t
+raw_bits_avx2(const uint8_t* sym, std::size_t n, const uint8_t* bp, uint64_t bits_len, uint16_t* codes, uint64_t* pos) {
+    const __m256i c32 = _mm256_set1_epi32(32), c3 = _mm256_set1_epi32(3), c4 = _mm256_set1_epi32(4),
+                  c7 = _mm256_set1_epi32(7), c31 = _mm256_set1_epi32(31), one = _mm256_set1_epi32(1),
+                  lane3 = _mm256_set1_epi32(3);
+    uint64_t at = 0;
+    std::size_t i = 0;
+    for (; n - i >= 8 && at + 8 * 13 + 32 <= bits_len * 8; i += 8) {
+        const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sym + i)));
+        const __m256i big = _mm256_cmpgt_epi32(s, c31);
+        const __m256i t = _mm256_sub_epi32(s, c32);
+        const __m256i e = _mm256_and_si256(big, _mm256_add_epi32(_mm256_srli_epi32(t, 2), c3));
+        const __m256i base = _mm256_blendv_epi8(s, _mm256_sllv_epi32(_mm256_or_si256(c4, _mm256_and_si256(t, c3)), e), big);
+        __m256i incl = _mm256_add_epi32(e, _mm256_slli_si256(e, 4));
+        incl = _mm256_add_epi32(incl, _mm256_slli_si256(incl, 8));
+        incl = _mm256_add_epi32(incl, _mm256_blend_epi32(_mm256_setzero_si256(), _mm256_permutevar8x32_epi32(incl, lane3), 0xf0));
+        const __m256i bit = _mm256_add_epi32(_mm256_set1_epi32(int(at)), _mm256_sub_epi32(incl, e));
+        const __m256i g = _mm256_i32gather_epi32(reinterpret_cast<const int*>(bp), _mm256_srli_epi32(bit, 3), 1);
+        const __m256i val = _mm256_and_si256(_mm256_srlv_epi32(g, _mm256_and_si256(bit, c7)),
+                                             _mm256_sub_epi32(_mm256_sllv_epi32(one, e), one));
+        const __m256i c = _mm256_or_si256(base, val);  // < 2^16: packus keeps it
+        const __m256i c16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(c, c), 0x08);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm256_castsi256_si128(c16));
+        at += uint32_t(_mm256_extract_epi32(incl, 7));
+    }
+    *pos = at;
+    return i;
+}
+#endif
+
+/// Pass 2 of a rANS segment, after pass 1 decoded its symbols sym[0..n): each code's raw
+/// low bits, LSB first, from [h.rend, h.rend + h.bits_len). The AVX-512 or AVX2 rounds
+/// (raw_bits_avx512) go first; then each symbol's raw bit count and base value come from
+/// join_body (vectorised); while 8 bytes can be read at pos / 8, one
+/// unaligned load serves four codes (<= 52 bits at a shift <= 7); the end of the stream
+/// goes code by code, byte by byte. Throws (Cursor::bad) on a truncated or inconsistent
+/// stream.
+void raw_bits(const Parsed& h, const uint8_t* sym, std::size_t n, uint16_t* codes) {
+    const uint8_t* bp = h.rend;
+    const uint64_t bits_len = h.bits_len, nb = bits_len * 8;
+    uint64_t pos = 0;
+#if defined(__x86_64__)
+    {  // the vector rounds first (their codes are final), then the scalar loops from there
+        std::size_t done = 0;
+        if (active_isa() == Isa::AVX512) done = raw_bits_avx512(sym, n, bp, bits_len, codes, &pos);
+        else if (active_isa() == Isa::AVX2) done = raw_bits_avx2(sym, n, bp, bits_len, codes, &pos);
+        sym += done, codes += done, n -= done;
+    }
+#endif
     thread_local std::vector<uint8_t> extra_buf;
     thread_local std::vector<uint16_t> base_buf;
     extra_buf.resize(n);
@@ -363,9 +490,6 @@ void finish(const Tables& t, const Parsed& h, uint8_t* sym, std::size_t n, uint1
     const uint8_t* ex = extra_buf.data();
     const uint16_t* bs = base_buf.data();
     join_body<void>(sym, n, extra_buf.data(), base_buf.data());
-    const uint8_t* bp = h.rend;
-    const uint64_t bits_len = h.bits_len, nb = bits_len * 8;
-    uint64_t pos = 0;
     std::size_t i = 0;
     if (bits_len >= 8) {
         const uint64_t fast_end = (bits_len - 8) * 8;  // a load at pos / 8 stays inside while pos <= fast_end
@@ -391,9 +515,33 @@ void finish(const Tables& t, const Parsed& h, uint8_t* sym, std::size_t n, uint1
     if ((pos + 7) / 8 != bits_len || (pos & 7 && bp[pos >> 3] >> (pos & 7))) Cursor::bad("trailing or inconsistent data");
 }
 
+/// The rest of pass 1 of a mode 0 or 2 segment from code `from` on (after decode_rans's
+/// fast rounds), checked byte by byte, and the final-state checks. Throws (Cursor::bad)
+/// on a truncated or inconsistent stream.
+template <int S>
+void finish_bytes(const Tables& t, const Parsed& h, uint8_t* sym, std::size_t n, uint32_t (&xs)[S], const uint8_t* r,
+                  std::size_t from) {
+    for (std::size_t i = from; i < n; i += S)
+        for (int k = 0; k < S; ++k) {
+            if (i + std::size_t(k) >= n) break;
+            uint32_t& x = xs[k];
+            const uint32_t slot = x & (kProb - 1);
+            const uint8_t sy = t.lk[slot];
+            x = t.dec[sy].freq * (x >> kProbBits) + slot - t.dec[sy].cum;
+            sym[i + std::size_t(k)] = sy;
+            while (x < kLow) {
+                if (r == h.rend) Cursor::bad("rANS stream truncated");
+                x = (x << 8) | *r++;
+            }
+        }
+    for (int k = 0; k < S; ++k)
+        if (xs[k] != kLow) Cursor::bad("trailing or inconsistent data");
+    if (r != h.rend) Cursor::bad("trailing or inconsistent data");
+}
+
 /// segment_decode for S states, after parse filled t and h. Pass 1's fast rounds run here,
 /// while a whole round of S codes is left and 2 bytes per state plus step_fast's 2 bytes
-/// of overread, then finish.
+/// of overread, then finish_bytes and raw_bits.
 /// The states and byte pointer are locals indexed by constants (scalars after unrolling,
 /// so in registers: the byte stores to sym could alias anything whose address escapes). A
 /// segment's states form one serial chain (each state's bytes start where the state before
@@ -421,7 +569,179 @@ void decode_rans(const Parsed& h, const Tables& t, std::size_t n, uint16_t* code
             for (int k = 0; k < S; ++k) step_fast(t, x[k], r, sym + i + std::size_t(k));
         }
     }
-    finish<S>(t, h, sym, n, codes, x, r, i);
+    finish_bytes<S>(t, h, sym, n, x, r, i);
+    raw_bits(h, sym, n, codes);
+}
+
+/// One mode-3 decode step of a state x in [2^16, 2^32) through the slot words w (Tables::w):
+/// its symbol into *sym, and y = freq (x >> 12) + (slot - start), before renormalisation.
+/// y < 2^32 (slot - start < freq) and y >= 16 (x >> 12 >= 16), so one word (y < 2^16:
+/// y = y << 16 | word) brings it back to [2^20, 2^32): whatever the bytes, every state
+/// stays in range and takes at most one word a step.
+[[gnu::always_inline]] inline uint32_t step_word(const uint32_t* w, uint32_t x, uint8_t* sym) {
+    const uint32_t e = w[x & (kProb12 - 1)];
+    *sym = uint8_t(e & 127);
+    return ((e >> 7) & 0x1fff) * (x >> kProbBits12) + (e >> 20);
+}
+
+/// The little-endian 16-bit word at q.
+uint32_t load16(const uint8_t* q) {
+    if constexpr (std::endian::native == std::endian::little) {
+        uint16_t v;
+        std::memcpy(&v, q, 2);
+        return v;
+    }
+    return uint32_t(q[0]) | uint32_t(q[1]) << 8;
+}
+
+/// Mode 3's fast rounds: from code 0, whole rounds of kLanes codes while the round's
+/// words (<= 2 kLanes bytes) surely lie in [r, rend); no other check. x: the kLanes
+/// states, r: the word pointer, both updated. Returns the codes decoded. Lane k of a round
+/// decodes code i + k, then reads its word if it needs one, lanes in order: so the vector
+/// forms below gather every lane's slot word at once, and hand the words at r to the
+/// lanes that need them in lane order (AVX-512's expand; AVX2's permutation from a table
+/// indexed by the lane mask), with the same results as this scalar form.
+std::size_t words_scalar(const uint32_t* w, uint32_t* x, const uint8_t*& r, const uint8_t* rend, uint8_t* sym,
+                         std::size_t n) {
+    std::size_t i = 0;
+    const uint8_t* p = r;
+    uint32_t xs[kLanes];  // local (x could alias sym): indexed by constants once unrolled
+    std::memcpy(xs, x, sizeof xs);
+    for (; n - i >= std::size_t(kLanes) && rend - p >= 2 * kLanes; i += kLanes) {
+#pragma GCC unroll 16
+        for (int k = 0; k < kLanes; ++k) {
+            const uint32_t y = step_word(w, xs[k], sym + i + std::size_t(k));
+            const uint32_t c = uint32_t(y < kLow16);
+            const uint32_t fed = y << 16 | load16(p);  // read whether needed or not: no branch on the data
+            xs[k] = c ? fed : y;
+            p += 2 * c;
+        }
+    }
+    std::memcpy(x, xs, sizeof xs);
+    r = p;
+    return i;
+}
+
+#if defined(__x86_64__)
+// GCC 12 warns inside its own AVX-512 headers (their _mm512_undefined_* results; GCC bug 105593)
+#pragma GCC diagnostic push  // (and at raw_bits_avx512)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+/// words_scalar with one AVX-512 vector of 16 states: gather, multiply, expand.
+__attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt,avx512f,avx512dq,avx512bw,avx512vl"), noinline)) std::size_t
+words_avx512(const uint32_t* w, uint32_t* x, const uint8_t*& r, const uint8_t* rend, uint8_t* sym, std::size_t n) {
+    static_assert(kLanes == 16);
+    __m512i X = _mm512_loadu_si512(x);
+    const __m512i slot_mask = _mm512_set1_epi32(kProb12 - 1), freq_mask = _mm512_set1_epi32(0x1fff),
+                  sym_mask = _mm512_set1_epi32(127), low = _mm512_set1_epi32(int(kLow16));
+    const uint8_t* p = r;
+    std::size_t i = 0;
+    for (; n - i >= 16 && rend - p >= 32; i += 16) {
+        const __m512i e = _mm512_i32gather_epi32(_mm512_and_si512(X, slot_mask), w, 4);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(sym + i), _mm512_cvtepi32_epi8(_mm512_and_si512(e, sym_mask)));
+        const __m512i f = _mm512_and_si512(_mm512_srli_epi32(e, 7), freq_mask);
+        const __m512i y = _mm512_add_epi32(_mm512_mullo_epi32(f, _mm512_srli_epi32(X, kProbBits12)), _mm512_srli_epi32(e, 20));
+        const __mmask16 m = _mm512_cmplt_epu32_mask(y, low);
+        const __m512i words = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        X = _mm512_mask_or_epi32(y, m, _mm512_slli_epi32(y, 16), _mm512_maskz_expand_epi32(m, words));
+        p += 2 * __builtin_popcount(m);
+    }
+    _mm512_storeu_si512(x, X);
+    r = p;
+    return i;
+}
+
+#pragma GCC diagnostic pop
+
+/// For AVX2's expand: lane j of a mask m takes the word numbered popcount(m & (2^j - 1)).
+struct ExpandTable {
+    alignas(32) uint32_t idx[256][8];
+};
+constexpr ExpandTable make_expand_table() {
+    ExpandTable t{};
+    for (int m = 0; m < 256; ++m)
+        for (int j = 0, c = 0; j < 8; ++j)
+            if (m >> j & 1) t.idx[m][j] = uint32_t(c++);
+    return t;
+}
+constexpr ExpandTable kExpand = make_expand_table();
+
+#define CKPT_AVX2_TARGET __attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt")))
+/// One AVX2 half-round of words_avx2: the 8 states X decode one code each and take their
+/// words from p in lane order (p advances). Returns their slot words' symbols (u32 lanes).
+CKPT_AVX2_TARGET [[gnu::always_inline]] inline __m256i words_half_avx2(const uint32_t* w, __m256i& X, const uint8_t*& p) {
+    const __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(w), _mm256_and_si256(X, _mm256_set1_epi32(kProb12 - 1)), 4);
+    const __m256i f = _mm256_and_si256(_mm256_srli_epi32(e, 7), _mm256_set1_epi32(0x1fff));
+    const __m256i y = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srli_epi32(X, kProbBits12)), _mm256_srli_epi32(e, 20));
+    const __m256i c = _mm256_cmpeq_epi32(_mm256_srli_epi32(y, 16), _mm256_setzero_si256());  // y < 2^16
+    const unsigned m = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(c)));
+    const __m256i words = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i fed = _mm256_permutevar8x32_epi32(words, _mm256_load_si256(reinterpret_cast<const __m256i*>(kExpand.idx[m])));
+    X = _mm256_blendv_epi8(y, _mm256_or_si256(_mm256_slli_epi32(y, 16), fed), c);
+    p += 2 * __builtin_popcount(m);
+    return _mm256_and_si256(e, _mm256_set1_epi32(127));
+}
+
+/// words_scalar with two AVX2 vectors of 8 states (lanes 0-7, then 8-15, which read their
+/// words after the first half's).
+CKPT_AVX2_TARGET [[gnu::noinline]] std::size_t words_avx2(const uint32_t* w, uint32_t* x, const uint8_t*& r, const uint8_t* rend,
+                                                          uint8_t* sym, std::size_t n) {
+    static_assert(kLanes == 16);
+    __m256i X0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    __m256i X1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8));
+    const uint8_t* p = r;
+    std::size_t i = 0;
+    for (; n - i >= 16 && rend - p >= 32; i += 16) {
+        const __m256i s0 = words_half_avx2(w, X0, p), s1 = words_half_avx2(w, X1, p);
+        // the 16 symbols as bytes, in lane order: pack to u16 (lanes 0-3 8-11 | 4-7 12-15), reorder, pack to u8
+        const __m256i s16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(s0, s1), 0xd8);
+        const __m256i s8 = _mm256_permute4x64_epi64(_mm256_packus_epi16(s16, s16), 0x08);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(sym + i), _mm256_castsi256_si128(s8));
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(x), X0);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + 8), X1);
+    r = p;
+    return i;
+}
+#undef CKPT_AVX2_TARGET
+#endif
+
+/// Mode 3's pass 1 (format version 4): the initial states (each must be in [2^16, 2^32),
+/// as every encoder's are), the fast rounds for the active instruction set, the rest
+/// checked word by word, the final-state checks; then raw_bits.
+void decode_words(const Parsed& h, const Tables& t, std::size_t n, uint16_t* codes) {
+    thread_local std::vector<uint8_t> sym_buf;
+    sym_buf.resize(n);
+    uint8_t* const sym = sym_buf.data();
+    alignas(64) uint32_t x[kLanes];
+    for (int k = 0; k < kLanes; ++k) {
+        x[k] = load32(h.rp + 4 * k);
+        if (x[k] < kLow16) Cursor::bad("trailing or inconsistent data");  // no encoder writes it (step_word)
+    }
+    const uint8_t* r = h.rp + 4 * kLanes;
+    std::size_t i = 0;
+#if defined(__x86_64__)
+    switch (active_isa()) {
+        case Isa::AVX512: i = words_avx512(t.w, x, r, h.rend, sym, n); break;
+        case Isa::AVX2: i = words_avx2(t.w, x, r, h.rend, sym, n); break;
+        case Isa::Baseline: i = words_scalar(t.w, x, r, h.rend, sym, n); break;
+    }
+#else
+    i = words_scalar(t.w, x, r, h.rend, sym, n);
+#endif
+    for (; i < n; i += kLanes)
+        for (int k = 0; k < kLanes && i + std::size_t(k) < n; ++k) {
+            uint32_t y = step_word(t.w, x[k], sym + i + std::size_t(k));
+            if (y < kLow16) {
+                if (h.rend - r < 2) Cursor::bad("rANS stream truncated");
+                y = y << 16 | load16(r);
+                r += 2;
+            }
+            x[k] = y;
+        }
+    for (int k = 0; k < kLanes; ++k)
+        if (x[k] != kLow16) Cursor::bad("trailing or inconsistent data");
+    if (r != h.rend) Cursor::bad("trailing or inconsistent data");
+    raw_bits(h, sym, n, codes);
 }
 
 /// segment_decode's body, compiled for each instruction-set level (decode_isa below):
@@ -432,7 +752,8 @@ void decode_body(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* co
     Parsed h;
     if (!parse(p, size, n, codes, t, h)) return;  // raw: decoded
     if (h.S == 2) decode_rans<2>(h, t, n, codes);
-    else decode_rans<4>(h, t, n, codes);
+    else if (h.S == 4) decode_rans<4>(h, t, n, codes);
+    else decode_words(h, t, n, codes);
 }
 
 struct RansTag {};  ///< CKPT_ISA_CLONES' template argument

@@ -5,11 +5,14 @@
 // Symbols: a code x < 32 is its own symbol; a larger x with bit length nb (6..16) is symbol
 // 32 + 4 (nb - 6) + (its two bits below the top bit), followed by its nb - 3 low bits raw
 // (the "log bucket" alphabet of deflate/zstd length codes): 76 symbols.
-// Coder: byte-wise rANS with four interleaved 32-bit states (code i uses state i mod 4;
-// format version 3) and 14-bit frequencies (Duda 2013; the formulation and interleaving of
-// F. Giesen's public-domain ryg_rans), raw bits in a separate LSB-first stream. Segments
-// of format version 2 have two states (mode 0) and still decode. A segment whose rANS form
-// is not smaller than its raw 2 bytes per code is stored raw.
+// Coder (mode 3, format version 4): rANS with sixteen interleaved 32-bit states (code i
+// uses state i mod 16), 12-bit frequencies and 16-bit renormalisation words (Duda 2013;
+// the formulation and interleaving of F. Giesen's public-domain ryg_rans, its word-wise
+// SIMD variant rans_word_sse41), so that a decoder gathers one table word per code and
+// runs the 16 states as one AVX-512 vector or two AVX2 vectors. Raw bits go in a separate
+// LSB-first stream. Older segments still decode: byte-wise rANS with 14-bit frequencies and
+// four states (mode 2, format version 3) or two (mode 0, version 2). A segment whose rANS
+// form is not smaller than its raw 2 bytes per code is stored raw.
 #pragma once
 #include <bit>
 #include <cstddef>
@@ -36,10 +39,11 @@ inline void codes_to_bytes(const uint16_t* codes, std::size_t n, uint8_t* bytes)
     }
 }
 
-/// Append the coded form of codes[0..n) (one segment) to out, with `states` (4, or 2 for
-/// format version 2's mode, kept for tests) interleaved rANS states; std::invalid_argument
-/// for another count. Deterministic.
-void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out, int states = 4);
+/// Append the coded form of codes[0..n) (one segment) to out, with `states` interleaved
+/// rANS states: 16 (mode 3, written since format version 4), or 4 or 2 (the byte-wise modes
+/// of versions 3 and 2, kept for tests); std::invalid_argument for another count.
+/// Deterministic, and the same on every instruction-set level.
+void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out, int states = 16);
 
 /// Decode the segment held in bytes [p, p + size) into codes[0..n). Throws
 /// std::runtime_error when the bytes are not exactly one valid segment of n codes (bad

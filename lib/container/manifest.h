@@ -17,9 +17,9 @@
 
 namespace ckpt::container {
 
-/// Format written: 3 (vlog segments with four rANS states; 2 added vlog and its segments
-/// with two). Readers accept 1, 2 and 3.
-constexpr int kFormatVersion = 3;
+/// Format written: 4 (vlog segments in mode 3: sixteen rANS states, 16-bit words; 3 had
+/// four byte-wise states, 2 added vlog and its segments with two). Readers accept 1 to 4.
+constexpr int kFormatVersion = 4;
 constexpr int kOldestFormatVersion = 1;
 /// Dataset paths (formats/container.md).
 constexpr const char* kRaw = "/raw";

@@ -4,14 +4,16 @@
 
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "codec/codec.h"
 #include "codec/rans.h"
 
 using namespace ckpt::codec;
 
 namespace {
-std::vector<uint16_t> roundtrip(const std::vector<uint16_t>& c, std::vector<uint8_t>& bytes, int states = 4) {
+std::vector<uint16_t> roundtrip(const std::vector<uint16_t>& c, std::vector<uint8_t>& bytes, int states = 16) {
     bytes.clear();
     segment_encode(c.data(), c.size(), bytes, states);
     std::vector<uint16_t> back(c.size(), 0xffff);
@@ -50,10 +52,13 @@ TEST_CASE("rans segments round-trip exactly, near the entropy") {
                 else if (kind == 2) x = uint16_t(any(rng));
                 else x = rng() % 2 ? 65535 : 0;
             }
-            CHECK(roundtrip(c, bytes) == c);
-            if (n == 16384 && kind == 0) CHECK(bytes.size() < n * 3 / 8);     // ~2.9 bits of entropy
-            if (n == 16384 && kind == 1) CHECK(bytes.size() < n * 9 / 8);     // ~8.4 bits
-            if (kind == 2) CHECK(bytes.size() <= 2 * n + 1);                   // raw fallback
+            for (int states : {16, 4, 2}) {
+                CAPTURE(states);
+                CHECK(roundtrip(c, bytes, states) == c);
+                if (n == 16384 && kind == 0) CHECK(bytes.size() < n * 3 / 8);     // ~2.9 bits of entropy
+                if (n == 16384 && kind == 1) CHECK(bytes.size() < n * 9 / 8);     // ~8.4 bits
+                if (kind == 2) CHECK(bytes.size() <= 2 * n + 1);                   // raw fallback
+            }
         }
     }
     std::vector<uint16_t> zeros(16384, 0);
@@ -91,7 +96,7 @@ TEST_CASE("rans segments: deterministic, and malformed bytes are refused") {
     mode[0] = 7;
     CHECK(refuses(mode, c.size()));
     std::vector<uint8_t> table = a;
-    table[4] ^= 0x10;  // inside the frequency table: the sum is no longer 2^14
+    table[4] ^= 0x10;  // inside the frequency table: the sum is no longer 2^12
     CHECK(refuses(table, c.size()));
     // every single-byte flip is refused or decodes to n codes without reading past the end
     int refused = 0;
@@ -104,20 +109,28 @@ TEST_CASE("rans segments: deterministic, and malformed bytes are refused") {
 }
 
 TEST_CASE("rans segments: the decoder's fast and checked paths meet exactly") {
-    // segment_decode reads the rANS bytes unchecked while 4 remain and the raw bits with
-    // 8-byte loads while 8 remain; every length from 1 to 48 codes with raw bits of every
-    // width crosses both ends at every phase
+    // segment_decode reads the rANS bytes unchecked while a round's bytes surely remain
+    // (modes 0 and 2: 2 per state and 2 of overread; mode 3: 32) and the raw bits with
+    // 8-byte loads while 8 remain; every length from 1 to 48 codes (mode 3: 160) with raw
+    // bits of every width crosses both ends at every phase, on every instruction-set level
     std::mt19937_64 rng(3);
     std::vector<uint8_t> bytes;
-    for (int states : {2, 4})
-        for (std::size_t n = 1; n <= 48; ++n) {
-            for (int rep = 0; rep < 8; ++rep) {
-                std::vector<uint16_t> c(n);
-                for (auto& x : c) x = uint16_t(rng() % 4 ? rng() % 40 : (rng() & 0xffff) >> (rng() % 12));
-                CHECK(roundtrip(c, bytes, states) == c);
-                if (bytes[0] != 1) CHECK(bytes[0] == (states == 4 ? 2 : 0));  // the mode byte, unless raw
+    const Isa before = active_isa();
+    for (Isa isa : {Isa::Baseline, Isa::AVX2, Isa::AVX512}) {
+        if (!isa_supported(isa)) continue;
+        set_isa(isa);
+        CAPTURE(isa_name(isa));
+        for (int states : {2, 4, 16})
+            for (std::size_t n = 1; n <= (states == 16 ? 160u : 48u); ++n) {
+                for (int rep = 0; rep < 8; ++rep) {
+                    std::vector<uint16_t> c(n);
+                    for (auto& x : c) x = uint16_t(rng() % 4 ? rng() % 40 : (rng() & 0xffff) >> (rng() % 12));
+                    CHECK(roundtrip(c, bytes, states) == c);
+                    if (bytes[0] != 1) CHECK(bytes[0] == (states == 16 ? 3 : states == 4 ? 2 : 0));  // the mode byte, unless raw
+                }
             }
-        }
+    }
+    set_isa(before);
 }
 
 TEST_CASE("rans segments: every code value 0..65535 round-trips through its symbol and raw bits") {
@@ -125,11 +138,11 @@ TEST_CASE("rans segments: every code value 0..65535 round-trips through its symb
     // the decoder's symbol table must agree on all 76 symbols at every raw width; each
     // segment is mostly small codes so that it stays rANS-coded (not the raw fallback)
     std::vector<uint8_t> bytes;
-    for (uint32_t v0 = 0; v0 < 65536; v0 += 32) {
-        std::vector<uint16_t> c(96);
+    for (uint32_t v0 = 0; v0 < 65536; v0 += 160) {
+        std::vector<uint16_t> c(480);
         for (std::size_t i = 0; i < c.size(); ++i) c[i] = uint16_t(i % 3 == 2 ? v0 + i / 3 : i % 5);
         REQUIRE(roundtrip(c, bytes) == c);
-        CHECK(bytes[0] == 2);
+        CHECK(bytes[0] == 3);
     }
 }
 
@@ -146,7 +159,10 @@ TEST_CASE("rans segments: format version 2's two-state mode still decodes, byte 
     std::vector<uint16_t> back(c.size());
     segment_decode(v2.data(), v2.size(), c.size(), back.data());
     CHECK(back == c);
+    segment_decode(four.data(), four.size(), c.size(), back.data());
+    CHECK(back == c);
     CHECK_THROWS_AS(segment_encode(c.data(), c.size(), two, 3), std::invalid_argument);
+    CHECK_THROWS_AS(segment_encode(c.data(), c.size(), two, 8), std::invalid_argument);
 }
 
 TEST_CASE("rans segments: unused bits of the last raw byte must be zero") {
@@ -155,7 +171,7 @@ TEST_CASE("rans segments: unused bits of the last raw byte must be zero") {
     for (std::size_t i = 0; i < 3; ++i) c[i] = uint16_t(2048 + 37 * i);
     std::vector<uint8_t> a;
     segment_encode(c.data(), c.size(), a);
-    REQUIRE(a[0] == 2);  // rANS mode (the zeros make it small)
+    REQUIRE(a[0] == 3);  // rANS mode (the zeros make it small)
     std::vector<uint16_t> out(c.size());
     segment_decode(a.data(), a.size(), c.size(), out.data());
     CHECK(out == c);
@@ -163,26 +179,76 @@ TEST_CASE("rans segments: unused bits of the last raw byte must be zero") {
     CHECK_THROWS_AS(segment_decode(a.data(), a.size(), c.size(), out.data()), std::runtime_error);
 }
 
-TEST_CASE("rans segments: an initial state outside [2^23, 2^31) is refused") {
-    // no encoder writes one (states stay in [2^23, 2^31)); the unchecked decoder relies on it
-    // (below 2^23 a state could decode to y < 2^9 and read more than 2 bytes a step)
+TEST_CASE("rans segments: an initial state outside the encoder's range is refused") {
+    // no encoder writes one (mode 2: states in [2^23, 2^31); mode 3: [2^16, 2^32)); the
+    // unchecked decoders rely on it (mode 2: below 2^23 a state could decode to y < 2^9 and
+    // read more than 2 bytes a step; mode 3: below 2^16, to y < 16 and need two words)
     std::vector<uint16_t> c(500);
     for (std::size_t i = 0; i < c.size(); ++i) c[i] = uint16_t(i % 5);
-    std::vector<uint8_t> a;
-    segment_encode(c.data(), c.size(), a);
-    REQUIRE(a[0] == 2);
-    const std::size_t at = state_offset(a);  // state 0, little-endian: a valid one is in [2^23, 2^31)
-    const uint32_t x0 = uint32_t(a[at]) | uint32_t(a[at + 1]) << 8 | uint32_t(a[at + 2]) << 16 | uint32_t(a[at + 3]) << 24;
-    CHECK(x0 >= (1u << 23));
-    CHECK(x0 < (1u << 31));
-    std::vector<uint16_t> out(c.size());
-    segment_decode(a.data(), a.size(), c.size(), out.data());
-    REQUIRE(out == c);
-    for (const uint32_t bad : {x0 | 0x80000000u, (1u << 23) - 1, 0u, 1u << 9}) {
-        CAPTURE(bad);
-        std::vector<uint8_t> b = a;
-        for (int k = 0; k < 4; ++k) b[at + std::size_t(k)] = uint8_t(bad >> (8 * k));  // state 0
-        CHECK_THROWS_WITH_AS(segment_decode(b.data(), b.size(), c.size(), out.data()), "vlog segment: trailing or inconsistent data",
-                             std::runtime_error);
+    for (int states : {4, 16}) {
+        CAPTURE(states);
+        std::vector<uint8_t> a;
+        segment_encode(c.data(), c.size(), a, states);
+        REQUIRE(a[0] == (states == 4 ? 2 : 3));
+        const uint32_t lo = states == 4 ? 1u << 23 : 1u << 16;
+        std::vector<uint16_t> out(c.size());
+        segment_decode(a.data(), a.size(), c.size(), out.data());
+        REQUIRE(out == c);
+        const std::size_t at0 = state_offset(a);  // state 0, little-endian; state k at at0 + 4 k
+        std::vector<uint32_t> bad = {lo - 1, 0u, 1u << 9};
+        if (states == 4) bad.push_back(0x80000000u);
+        for (int k = 0; k < states; ++k) {
+            const std::size_t at = at0 + 4 * std::size_t(k);
+            const uint32_t x = uint32_t(a[at]) | uint32_t(a[at + 1]) << 8 | uint32_t(a[at + 2]) << 16 | uint32_t(a[at + 3]) << 24;
+            CHECK(x >= lo);
+            if (states == 4) CHECK(x < (1u << 31));
+            if (k == 0 && states == 4) bad.push_back(x | 0x80000000u);
+        }
+        for (int k : {0, states - 1})
+            for (const uint32_t b : bad) {
+                CAPTURE(k);
+                CAPTURE(b);
+                std::vector<uint8_t> d = a;
+                for (int j = 0; j < 4; ++j) d[at0 + 4 * std::size_t(k) + std::size_t(j)] = uint8_t(b >> (8 * j));
+                CHECK_THROWS_WITH_AS(segment_decode(d.data(), d.size(), c.size(), out.data()),
+                                     "vlog segment: trailing or inconsistent data", std::runtime_error);
+            }
     }
+}
+
+TEST_CASE("rans segments: mode 3 decodes the same on every instruction-set level, damaged segments too") {
+    // the AVX2 and AVX-512 decoders (gather, expand) against the scalar one: for valid
+    // segments of every length class, and for each with one byte flipped, the same codes
+    // or the same refusal
+    std::mt19937_64 rng(5);
+    std::geometric_distribution<int> geo(0.05);
+    const Isa before = active_isa();
+    std::vector<Isa> levels;
+    for (Isa isa : {Isa::Baseline, Isa::AVX2, Isa::AVX512})
+        if (isa_supported(isa)) levels.push_back(isa);
+    for (std::size_t n : {std::size_t(150), std::size_t(301), std::size_t(4099), std::size_t(16384)}) {
+        std::vector<uint16_t> c(n);
+        for (auto& x : c) x = uint16_t(std::min(geo(rng), 65535));
+        std::vector<uint8_t> a;
+        segment_encode(c.data(), c.size(), a);
+        REQUIRE(a[0] == 3);
+        for (int trial = 0; trial < 60; ++trial) {
+            std::vector<uint8_t> d = a;
+            if (trial > 0) d[rng() % d.size()] ^= uint8_t(1u << (rng() % 8));
+            std::vector<std::string> outcome;
+            for (Isa isa : levels) {
+                set_isa(isa);
+                std::vector<uint16_t> out(n, 0);
+                try {
+                    segment_decode(d.data(), d.size(), n, out.data());
+                    outcome.emplace_back(reinterpret_cast<const char*>(out.data()), 2 * n);
+                } catch (const std::runtime_error& e) {
+                    outcome.emplace_back(e.what());
+                }
+            }
+            for (std::size_t l = 1; l < outcome.size(); ++l) CHECK(outcome[l] == outcome[0]);
+            if (trial == 0) CHECK(outcome[0] == std::string(reinterpret_cast<const char*>(c.data()), 2 * n));
+        }
+    }
+    set_isa(before);
 }

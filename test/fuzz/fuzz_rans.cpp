@@ -1,33 +1,51 @@
 // libFuzzer target: vlog's entropy coder (codec/rans.h). First byte even: the rest is a
 // segment to decode, its code count in the next two bytes (any count up to kSegment); a
-// malformed segment must be refused with std::runtime_error, never read out of bounds.
-// First byte odd: the rest are uint16 codes; encode (with 2 rANS states when bit 1 is set,
-// else 4), decode and compare (the round trip must be exact, else abort).
+// malformed segment must be refused with std::runtime_error, never read out of bounds, and
+// every instruction-set level this CPU runs must give the same codes or the same refusal
+// (else abort). First byte odd: the rest are uint16 codes; encode (with 2 rANS states when
+// bit 1 is set, else 4 when bit 2 is, else 16), decode and compare (the round trip must be
+// exact, else abort).
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "codec/codec.h"
 #include "codec/rans.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    using namespace ckpt::codec;
     if (size < 3) return 0;
     if (data[0] & 1) {
         std::vector<uint16_t> codes((size - 1) / 2);
-        if (codes.size() > std::size_t(ckpt::codec::kSegment)) codes.resize(ckpt::codec::kSegment);
+        if (codes.size() > std::size_t(kSegment)) codes.resize(kSegment);
         for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = uint16_t(data[1 + 2 * i] | (data[2 + 2 * i] << 8));
         std::vector<uint8_t> bytes;
-        ckpt::codec::segment_encode(codes.data(), codes.size(), bytes, (data[0] & 2) ? 2 : 4);
+        segment_encode(codes.data(), codes.size(), bytes, (data[0] & 2) ? 2 : (data[0] & 4) ? 4 : 16);
         std::vector<uint16_t> back(codes.size());
-        ckpt::codec::segment_decode(bytes.data(), bytes.size(), back.size(), back.data());
+        segment_decode(bytes.data(), bytes.size(), back.size(), back.data());
         if (back != codes) abort();
         return 0;
     }
-    const std::size_t n = std::size_t(data[1] | (data[2] << 8)) % (ckpt::codec::kSegment + 1);
-    std::vector<uint16_t> out(n);
-    try {
-        ckpt::codec::segment_decode(data + 3, size - 3, n, out.data());
-    } catch (const std::runtime_error&) {
+    const std::size_t n = std::size_t(data[1] | (data[2] << 8)) % (kSegment + 1);
+    const Isa before = active_isa();
+    std::string first;
+    bool have = false;
+    for (Isa isa : {Isa::Baseline, Isa::AVX2, Isa::AVX512}) {
+        if (!isa_supported(isa)) continue;
+        set_isa(isa);
+        std::vector<uint16_t> out(n);
+        std::string outcome;
+        try {
+            segment_decode(data + 3, size - 3, n, out.data());
+            outcome.assign(reinterpret_cast<const char*>(out.data()), 2 * n);
+        } catch (const std::runtime_error& e) {
+            outcome = std::string("refused: ") + e.what();
+        }
+        if (have && outcome != first) abort();
+        first = std::move(outcome);
+        have = true;
     }
+    set_isa(before);
     return 0;
 }

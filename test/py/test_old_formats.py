@@ -1,6 +1,8 @@
 """Older container formats stay readable. data/cnn_adamw.v1.ckz.h5 was written by
 ckpt-compress before format 2 (log8, 2026-12-01); data/cnn_adamw.v2.ckz.h5 before format 3
-(vlog, two-state rANS segments: mode 0, 2026-12-02); both from data/cnn_adamw.pt. Today's
+(vlog, two-state rANS segments: mode 0, 2026-12-02); data/cnn_adamw.v3.ckz.h5 before
+format 4 (four-state byte-wise rANS segments: mode 2, 2026-12-03); all from
+data/cnn_adamw.pt. Today's
 ckpt-verify proves each against the original and ckpt-restore gives back a file stock torch
 loads, whose first real AdamW step agrees with the original's within the tolerance."""
 import os
@@ -12,7 +14,7 @@ from testlib import DATA, parse_json_stdout, require_ckptkit_bin, run_tool, torc
 import make_bad_containers as mbc  # scripts/ (testlib): reads zstd-filtered datasets without our plugin
 
 SRC = os.path.join(DATA, "cnn_adamw.pt")
-OLD = {1: ("cnn_adamw.v1.ckz.h5", "log8"), 2: ("cnn_adamw.v2.ckz.h5", "vlog")}
+OLD = {1: ("cnn_adamw.v1.ckz.h5", "log8"), 2: ("cnn_adamw.v2.ckz.h5", "vlog"), 3: ("cnn_adamw.v3.ckz.h5", "vlog")}
 
 
 def segment_modes(f):
@@ -29,24 +31,26 @@ def segment_modes(f):
 def test_old_fixture_has_its_format(version):
     with h5py.File(os.path.join(DATA, OLD[version][0]), "r") as f:
         assert int(f.attrs["format_version"]) == version
-        assert f["raw"].dtype == "u1"
+        assert f["raw"].dtype == ("<u4" if version == 3 else "u1")
         if version == 1:
             assert "moments/segments" not in f
-        else:  # two-state rANS (mode 0) and raw (mode 1) segments, never today's mode 2
+        elif version == 2:  # two-state rANS (mode 0) and raw (mode 1) segments
             assert segment_modes(f) == {0, 1}
+        else:  # four-state byte-wise rANS (mode 2) and raw segments, never today's mode 3
+            assert segment_modes(f) == {1, 2}
 
 
-def test_new_container_is_format_3(tmp_path):
-    """Four-state rANS segments (mode 2); /raw as byte-shuffled little-endian u32 holding
-    exactly the source's non-moment bytes (its `bytes` attribute), the last element padded
-    with zeros."""
+def test_new_container_is_format_4(tmp_path):
+    """Sixteen-state word-wise rANS segments (mode 3); /raw (as in format 3) as
+    byte-shuffled little-endian u32 holding exactly the source's non-moment bytes (its
+    `bytes` attribute), the last element padded with zeros."""
     b = require_ckptkit_bin()
     out = tmp_path / "new.ckz.h5"
     r = run_tool(b, "ckpt-compress", SRC, "-o", out)
     assert r.returncode == 0, r.stderr
     with h5py.File(out, "r") as f:
-        assert int(f.attrs["format_version"]) == 3
-        assert 2 in segment_modes(f) and 0 not in segment_modes(f)
+        assert int(f.attrs["format_version"]) == 4
+        assert 3 in segment_modes(f) and not segment_modes(f) & {0, 2}
         raw = f["raw"]
         plist = raw.id.get_create_plist()
         assert [plist.get_filter(i)[0] for i in range(plist.get_nfilters())] == [2, 32015]  # shuffle, zstd
