@@ -24,6 +24,9 @@ constexpr uint32_t kLow = 1u << 23;  ///< rANS state lower bound
 /// Mode 3 (format version 4): 16 states, 12-bit frequencies, 16-bit renormalisation words.
 constexpr int kLanes = 16;
 constexpr uint32_t kProbBits12 = 12, kProb12 = 1u << kProbBits12, kLow16 = 1u << 16;
+/// segment_encode's default codes a segment of at most this many codes both ways (mode 3
+/// and mode 2) and keeps the smaller.
+constexpr std::size_t kBothBelow = 4096;
 /// Segment modes: rANS with two interleaved states (format version 2), raw, rANS with four
 /// (version 3), rANS with sixteen and 16-bit words (version 4, written since).
 enum : uint8_t { kModeRans2 = 0, kModeRaw = 1, kModeRans4 = 2, kModeRans16 = 3 };
@@ -214,7 +217,20 @@ uint8_t* put_words(const uint8_t* sym, std::size_t n, const std::array<uint32_t,
 }  // namespace
 
 void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out, int states) {
-    if (states != 2 && states != 4 && states != kLanes) throw std::invalid_argument("segment_encode: states must be 2, 4 or 16");
+    if (states == 0) {  // mode 3, or mode 2 for a short segment where its 48 fewer state bytes win
+        if (n > kBothBelow) return segment_encode(codes, n, out, kLanes);
+        thread_local std::vector<uint8_t> four;
+        four.clear();
+        segment_encode(codes, n, four, 4);
+        const std::size_t at = out.size();
+        segment_encode(codes, n, out, kLanes);
+        if (four.size() < out.size() - at) {
+            out.resize(at);
+            out.insert(out.end(), four.begin(), four.end());
+        }
+        return;
+    }
+    if (states != 2 && states != 4 && states != kLanes) throw std::invalid_argument("segment_encode: states must be 0, 2, 4 or 16");
     std::array<uint64_t, kSymbols> count{};
     thread_local std::vector<uint8_t> sym_buf, extra_buf, buf, bits_buf;  // reused: one segment at a time per thread
     thread_local std::vector<uint16_t> low_buf;

@@ -40,10 +40,12 @@ inline void codes_to_bytes(const uint16_t* codes, std::size_t n, uint8_t* bytes)
 }
 
 /// Append the coded form of codes[0..n) (one segment) to out, with `states` interleaved
-/// rANS states: 16 (mode 3, written since format version 4), or 4 or 2 (the byte-wise modes
-/// of versions 3 and 2, kept for tests); std::invalid_argument for another count.
-/// Deterministic, and the same on every instruction-set level.
-void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out, int states = 16);
+/// rANS states: 16 (mode 3, format version 4), 4 or 2 (the byte-wise modes of versions 3
+/// and 2), or 0 (the writer's default): 16, except that a segment of at most 4096 codes is
+/// coded with 4 as well and the smaller form kept (mode 3's 48 more state bytes outweigh
+/// its speed there). std::invalid_argument for another count. Deterministic, and the same
+/// on every instruction-set level.
+void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out, int states = 0);
 
 /// Decode the segment held in bytes [p, p + size) into codes[0..n). Throws
 /// std::runtime_error when the bytes are not exactly one valid segment of n codes (bad

@@ -13,7 +13,7 @@
 using namespace ckpt::codec;
 
 namespace {
-std::vector<uint16_t> roundtrip(const std::vector<uint16_t>& c, std::vector<uint8_t>& bytes, int states = 16) {
+std::vector<uint16_t> roundtrip(const std::vector<uint16_t>& c, std::vector<uint8_t>& bytes, int states = 0) {
     bytes.clear();
     segment_encode(c.data(), c.size(), bytes, states);
     std::vector<uint16_t> back(c.size(), 0xffff);
@@ -52,7 +52,7 @@ TEST_CASE("rans segments round-trip exactly, near the entropy") {
                 else if (kind == 2) x = uint16_t(any(rng));
                 else x = rng() % 2 ? 65535 : 0;
             }
-            for (int states : {16, 4, 2}) {
+            for (int states : {0, 16, 4, 2}) {
                 CAPTURE(states);
                 CHECK(roundtrip(c, bytes, states) == c);
                 if (n == 16384 && kind == 0) CHECK(bytes.size() < n * 3 / 8);     // ~2.9 bits of entropy
@@ -141,7 +141,7 @@ TEST_CASE("rans segments: every code value 0..65535 round-trips through its symb
     for (uint32_t v0 = 0; v0 < 65536; v0 += 160) {
         std::vector<uint16_t> c(480);
         for (std::size_t i = 0; i < c.size(); ++i) c[i] = uint16_t(i % 3 == 2 ? v0 + i / 3 : i % 5);
-        REQUIRE(roundtrip(c, bytes) == c);
+        REQUIRE(roundtrip(c, bytes, 16) == c);
         CHECK(bytes[0] == 3);
     }
 }
@@ -165,12 +165,33 @@ TEST_CASE("rans segments: format version 2's two-state mode still decodes, byte 
     CHECK_THROWS_AS(segment_encode(c.data(), c.size(), two, 8), std::invalid_argument);
 }
 
+TEST_CASE("rans segments: the default keeps the smaller of modes 3 and 2 up to 4096 codes, mode 3 above") {
+    std::mt19937_64 rng(4);
+    std::geometric_distribution<int> geo(0.1);
+    for (std::size_t n : {std::size_t(40), std::size_t(300), std::size_t(4096), std::size_t(4097), std::size_t(16384)}) {
+        CAPTURE(n);
+        std::vector<uint16_t> c(n);
+        for (auto& x : c) x = uint16_t(geo(rng));
+        std::vector<uint8_t> d, m3, m2;
+        segment_encode(c.data(), n, d);
+        segment_encode(c.data(), n, m3, 16);
+        segment_encode(c.data(), n, m2, 4);
+        if (n > 4096) CHECK(d == m3);
+        else CHECK(d == (m2.size() < m3.size() ? m2 : m3));
+        if (n == 300) CHECK(d == m2);                            // 64 state bytes are a lot for 300 codes
+        if (n == 16384) CHECK(m3.size() < m2.size() + 64);       // and little for 16384
+        std::vector<uint16_t> back(n);
+        segment_decode(d.data(), d.size(), n, back.data());
+        CHECK(back == c);
+    }
+}
+
 TEST_CASE("rans segments: unused bits of the last raw byte must be zero") {
     // 3 codes of 12 bits (9 raw bits each): 27 raw bits, so the last byte has 5 unused bits
     std::vector<uint16_t> c(200, 0);
     for (std::size_t i = 0; i < 3; ++i) c[i] = uint16_t(2048 + 37 * i);
     std::vector<uint8_t> a;
-    segment_encode(c.data(), c.size(), a);
+    segment_encode(c.data(), c.size(), a, 16);
     REQUIRE(a[0] == 3);  // rANS mode (the zeros make it small)
     std::vector<uint16_t> out(c.size());
     segment_decode(a.data(), a.size(), c.size(), out.data());
@@ -230,7 +251,7 @@ TEST_CASE("rans segments: mode 3 decodes the same on every instruction-set level
         std::vector<uint16_t> c(n);
         for (auto& x : c) x = uint16_t(std::min(geo(rng), 65535));
         std::vector<uint8_t> a;
-        segment_encode(c.data(), c.size(), a);
+        segment_encode(c.data(), c.size(), a, 16);
         REQUIRE(a[0] == 3);
         for (int trial = 0; trial < 60; ++trial) {
             std::vector<uint8_t> d = a;

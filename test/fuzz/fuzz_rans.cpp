@@ -3,8 +3,8 @@
 // malformed segment must be refused with std::runtime_error, never read out of bounds, and
 // every instruction-set level this CPU runs must give the same codes or the same refusal
 // (else abort). First byte odd: the rest are uint16 codes; encode (with 2 rANS states when
-// bit 1 is set, else 4 when bit 2 is, else 16), decode and compare (the round trip must be
-// exact, else abort).
+// bit 1 is set, else 4 when bit 2 is, else the writer's default when bit 3 is, else 16),
+// decode and compare (the round trip must be exact, else abort).
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (codes.size() > std::size_t(kSegment)) codes.resize(kSegment);
         for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = uint16_t(data[1 + 2 * i] | (data[2 + 2 * i] << 8));
         std::vector<uint8_t> bytes;
-        segment_encode(codes.data(), codes.size(), bytes, (data[0] & 2) ? 2 : (data[0] & 4) ? 4 : 16);
+        segment_encode(codes.data(), codes.size(), bytes, (data[0] & 2) ? 2 : (data[0] & 4) ? 4 : (data[0] & 8) ? 0 : 16);
         std::vector<uint16_t> back(codes.size());
         segment_decode(bytes.data(), bytes.size(), back.size(), back.data());
         if (back != codes) abort();
