@@ -13,6 +13,15 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
+// GCC 12 warns inside its own AVX-512 headers (their _mm512_undefined_* results; GCC bug
+// 105593): off around the AVX-512 functions; clang has no such warning
+#if defined(__GNUC__) && !defined(__clang__)
+#define CKPT_AVX512_WARNINGS_OFF _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#define CKPT_AVX512_WARNINGS_ON _Pragma("GCC diagnostic pop")
+#else
+#define CKPT_AVX512_WARNINGS_OFF
+#define CKPT_AVX512_WARNINGS_ON
+#endif
 
 namespace ckpt::codec {
 
@@ -189,8 +198,7 @@ uint8_t* put_bytes(const uint8_t* sym, std::size_t n, const std::array<uint32_t,
 }
 
 #if defined(__x86_64__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // as at words_avx512
+CKPT_AVX512_WARNINGS_OFF
 /// put_words' whole rounds with AVX-512 (codes [0, full), last round first), the 16 states
 /// xs as one vector, from p down; returns the new p. Per round: each lane's fc word
 /// (f | cum << 13) by a gather; the lanes with x >= f 2^20 (x >> 20 >= f) send their low
@@ -225,7 +233,7 @@ words_encode_avx512(const uint8_t* sym, std::size_t full, const uint32_t* fc, co
     _mm512_storeu_si512(xs, X);
     return p;
 }
-#pragma GCC diagnostic pop
+CKPT_AVX512_WARNINGS_ON
 #endif
 
 /// Mode 3 (format version 4): kLanes states in [2^16, 2^32), 16-bit renormalisation words
@@ -469,8 +477,7 @@ uint32_t load32(const uint8_t* q) { return uint32_t(q[0]) | uint32_t(q[1]) << 8 
 }
 
 #if defined(__x86_64__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // as at words_avx512
+CKPT_AVX512_WARNINGS_OFF
 /// raw_bits' fast rounds with AVX-512, 16 codes a round from code 0: each code's raw bit
 /// count and base (join_body's arithmetic), its bit position (a prefix sum across the
 /// lanes, in 4 shifted adds), then one gathered 4-byte load per code at its position's
@@ -506,7 +513,7 @@ raw_bits_avx512(const uint8_t* sym, std::size_t n, const uint8_t* bp, uint64_t b
     return i;
 }
 
-#pragma GCC diagnostic pop
+CKPT_AVX512_WARNINGS_ON
 
 /// raw_bits_avx512 with AVX2: 8 codes a round (<= 104 bits), the prefix sum within each
 /// 128-bit half and then across.
@@ -699,9 +706,7 @@ std::size_t words_scalar(const uint32_t* w, uint32_t* x, const uint8_t*& r, cons
 }
 
 #if defined(__x86_64__)
-// GCC 12 warns inside its own AVX-512 headers (their _mm512_undefined_* results; GCC bug 105593)
-#pragma GCC diagnostic push  // (and at raw_bits_avx512)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+CKPT_AVX512_WARNINGS_OFF
 /// words_scalar with one AVX-512 vector of 16 states: gather, multiply, expand.
 __attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt,avx512f,avx512dq,avx512bw,avx512vl"), noinline)) std::size_t
 words_avx512(const uint32_t* w, uint32_t* x, const uint8_t*& r, const uint8_t* rend, uint8_t* sym, std::size_t n) {
@@ -726,7 +731,7 @@ words_avx512(const uint32_t* w, uint32_t* x, const uint8_t*& r, const uint8_t* r
     return i;
 }
 
-#pragma GCC diagnostic pop
+CKPT_AVX512_WARNINGS_ON
 
 /// For AVX2's expand: lane j of a mask m takes the word numbered popcount(m & (2^j - 1)).
 struct ExpandTable {
@@ -741,10 +746,10 @@ constexpr ExpandTable make_expand_table() {
 }
 constexpr ExpandTable kExpand = make_expand_table();
 
-#define CKPT_AVX2_TARGET __attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt")))
+#define CKPT_AVX2_TARGET(...) __attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt"), __VA_ARGS__))
 /// One AVX2 half-round of words_avx2: the 8 states X decode one code each and take their
 /// words from p in lane order (p advances). Returns their slot words' symbols (u32 lanes).
-CKPT_AVX2_TARGET [[gnu::always_inline]] inline __m256i words_half_avx2(const uint32_t* w, __m256i& X, const uint8_t*& p) {
+CKPT_AVX2_TARGET(always_inline) inline __m256i words_half_avx2(const uint32_t* w, __m256i& X, const uint8_t*& p) {
     const __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(w), _mm256_and_si256(X, _mm256_set1_epi32(kProb12 - 1)), 4);
     const __m256i f = _mm256_and_si256(_mm256_srli_epi32(e, 7), _mm256_set1_epi32(0x1fff));
     const __m256i y = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srli_epi32(X, kProbBits12)), _mm256_srli_epi32(e, 20));
@@ -759,7 +764,7 @@ CKPT_AVX2_TARGET [[gnu::always_inline]] inline __m256i words_half_avx2(const uin
 
 /// words_scalar with two AVX2 vectors of 8 states (lanes 0-7, then 8-15, which read their
 /// words after the first half's).
-CKPT_AVX2_TARGET [[gnu::noinline]] std::size_t words_avx2(const uint32_t* w, uint32_t* x, const uint8_t*& r, const uint8_t* rend,
+CKPT_AVX2_TARGET(noinline) std::size_t words_avx2(const uint32_t* w, uint32_t* x, const uint8_t*& r, const uint8_t* rend,
                                                           uint8_t* sym, std::size_t n) {
     static_assert(kLanes == 16);
     __m256i X0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
