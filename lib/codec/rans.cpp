@@ -695,8 +695,9 @@ std::size_t words_scalar(const uint32_t* w, uint32_t* x, const uint8_t*& r, cons
         for (int k = 0; k < kLanes; ++k) {
             const uint32_t y = step_word(w, xs[k], sym + i + std::size_t(k));
             const uint32_t c = uint32_t(y < kLow16);
-            const uint32_t fed = y << 16 | load16(p);  // read whether needed or not: no branch on the data
-            xs[k] = c ? fed : y;
+            // arithmetic, with the word read whether needed or not: GCC makes a select here
+            // a branch on the data, which mispredicts
+            xs[k] = y << (c << 4) | (load16(p) & (0u - c));
             p += 2 * c;
         }
     }
