@@ -201,16 +201,21 @@ __attribute__((always_inline)) inline void screen_linear(const GridState& g, dou
 }
 
 /// How many grid points t_k = scale mult[k] (k < grid.size) are below x (kStrict) or at
-/// most x: a prefix, since mult increases; a branch-free bisection. The same comparisons
-/// of the same doubles as the loops' domain tests, so the counts agree exactly.
+/// most x: a prefix, since mult increases (and rounding keeps the order), so a count of
+/// flags over the grid (after a test for the whole of it), which vectorises and has no
+/// dependency chain. The same
+/// comparisons of the same doubles as the loops' domain tests, so the counts agree
+/// exactly. (A bisection, measured 2026-12-03: its 9 dependent steps cost more than this
+/// loop where their branch predicted well, and mispredicted where it was a select.)
 template <bool kStrict>
 __attribute__((always_inline)) inline int count_below(const GridPoints& grid, double scale, double x) {
-    int n = 0, step = 1;
-    while (step * 2 <= grid.size) step *= 2;
-    for (; step > 0; step /= 2) {
-        const int c = n + step, k = std::min(c, grid.size) - 1;
-        const double t = scale * grid.mult[std::size_t(k)];
-        n = (c <= grid.size) & (kStrict ? t < x : t <= x) ? c : n;
+    const double* mult = grid.mult.data();
+    const double last = scale * mult[grid.size - 1];
+    if (kStrict ? last < x : last <= x) return grid.size;  // the whole grid: the common case, one compare
+    int n = 0;
+    for (int k = 0; k < grid.size; ++k) {
+        const double t = scale * mult[k];
+        n += int(kStrict ? t < x : t <= x);
     }
     return n;
 }
