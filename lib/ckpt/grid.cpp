@@ -203,10 +203,10 @@ __attribute__((always_inline)) inline void screen_linear(const GridState& g, dou
 /// How many grid points t_k = scale mult[k] (k < grid.size) are below x (kStrict) or at
 /// most x: a prefix, since mult increases (and rounding keeps the order), so a count of
 /// flags over the grid (after a test for the whole of it), which vectorises and has no
-/// dependency chain. The same
-/// comparisons of the same doubles as the loops' domain tests, so the counts agree
-/// exactly. (A bisection, measured 2026-12-03: its 9 dependent steps cost more than this
-/// loop where their branch predicted well, and mispredicted where it was a select.)
+/// dependency chain. The same comparisons of the same doubles as the loops' domain tests,
+/// so the counts agree exactly. (A bisection, measured 2026-12-03: its 9 dependent steps
+/// cost more than this loop where their branch predicted well, and mispredicted where it
+/// was a select.)
 template <bool kStrict>
 __attribute__((always_inline)) inline int count_below(const GridPoints& grid, double scale, double x) {
     const double* mult = grid.mult.data();

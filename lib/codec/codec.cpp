@@ -74,7 +74,8 @@ bool isa_supported(Isa i) {
     // LZCNT (ABM): CPUID 0x80000001, ECX bit 5 (clang's __builtin_cpu_supports lacks "lzcnt")
     unsigned a = 0, b = 0, c = 0, d = 0;
     const bool lzcnt = __get_cpuid(0x80000001u, &a, &b, &c, &d) && (c & (1u << 5)) != 0;
-    const bool bmi = __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") && lzcnt;  // isa.h: both levels use them
+    const bool bmi = __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt") &&
+                     lzcnt;  // isa.h: both levels use them
     if (i == Isa::AVX2) return bmi && __builtin_cpu_supports("avx2");
     if (i == Isa::AVX512)
         return bmi && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&

@@ -10,17 +10,21 @@
 
 // The same function compiled for each instruction-set level: `flatten` inlines every
 // call in it (block.h's loops), so all of them are compiled for that level. Selected at
-// run time (active_isa); x86-64 only. Both upper levels include BMI1/BMI2 and LZCNT (every
-// AVX2 CPU has them; isa_supported checks): one-uop variable shifts (shlx / shrx) and a
-// leading-zero count for the entropy coder, where x86's shift by %cl costs 2-3 and bsr 2.
+// run time (active_isa); x86-64 only. Both upper levels include BMI1/BMI2, LZCNT and
+// POPCNT (every AVX2 CPU has them; isa_supported checks): one-uop variable shifts (shlx /
+// shrx), a leading-zero count and a population count for the entropy coder, where x86's
+// shift by %cl costs 2-3 and bsr 2. CKPT_TARGET_AVX2 / CKPT_TARGET_AVX512 name each
+// level's instruction sets, also for functions written with intrinsics (rans.cpp).
 #if defined(__x86_64__)
+#define CKPT_TARGET_AVX2 "avx2,bmi,bmi2,lzcnt,popcnt"
+#define CKPT_TARGET_AVX512 CKPT_TARGET_AVX2 ",avx512f,avx512dq,avx512bw,avx512vl"
 #define CKPT_ISA_CLONES(name, body_fn)                                                                     \
     template <class Q, class... A>                                                                      \
-    __attribute__((target("avx2,bmi,bmi2,lzcnt"), flatten)) void name##_avx2(A&&... a) {                                \
+    __attribute__((target(CKPT_TARGET_AVX2), flatten)) void name##_avx2(A&&... a) {                                \
         body_fn<Q>(std::forward<A>(a)...);                                                              \
     }                                                                                                   \
     template <class Q, class... A>                                                                      \
-    __attribute__((target("avx2,bmi,bmi2,lzcnt,avx512f,avx512dq,avx512bw,avx512vl"), flatten)) void name##_avx512(A&&... a) { \
+    __attribute__((target(CKPT_TARGET_AVX512), flatten)) void name##_avx512(A&&... a) { \
         body_fn<Q>(std::forward<A>(a)...);                                                              \
     }                                                                                                   \
     template <class Q, class... A>                                                                      \

@@ -207,7 +207,7 @@ CKPT_AVX512_WARNINGS_OFF
 /// with rf = fl(1 / f) is within 2^-31 of x / f + 2^-20 (x < 2^32, relative errors
 /// 2^-53), and x / f is an integer or at least 1/f >= 2^-12 below one, so truncation gives
 /// x div f exactly. The same bytes as the scalar rounds (test_rans).
-__attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt,avx512f,avx512dq,avx512bw,avx512vl"), noinline)) uint8_t*
+__attribute__((target(CKPT_TARGET_AVX512), noinline)) uint8_t*
 words_encode_avx512(const uint8_t* sym, std::size_t full, const uint32_t* fc, const double* rf, uint32_t* xs, uint8_t* p) {
     static_assert(kLanes == 16);
     __m512i X = _mm512_loadu_si512(xs);
@@ -485,7 +485,7 @@ CKPT_AVX512_WARNINGS_OFF
 /// surely lie in the stream: 16 codes take <= 208 bits, and the last load ends <= 4 bytes
 /// past the last position. Returns the codes done; *pos: the bit position after them.
 /// The same codes as the scalar loop (test_rans compares the levels).
-__attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt,avx512f,avx512dq,avx512bw,avx512vl"), noinline)) std::size_t
+__attribute__((target(CKPT_TARGET_AVX512), noinline)) std::size_t
 raw_bits_avx512(const uint8_t* sym, std::size_t n, const uint8_t* bp, uint64_t bits_len, uint16_t* codes, uint64_t* pos) {
     const __m512i c32 = _mm512_set1_epi32(32), c3 = _mm512_set1_epi32(3), c4 = _mm512_set1_epi32(4),
                   c7 = _mm512_set1_epi32(7), one = _mm512_set1_epi32(1), zero = _mm512_setzero_si512();
@@ -517,7 +517,7 @@ CKPT_AVX512_WARNINGS_ON
 
 /// raw_bits_avx512 with AVX2: 8 codes a round (<= 104 bits), the prefix sum within each
 /// 128-bit half and then across.
-__attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt"), noinline)) std::size_t
+__attribute__((target(CKPT_TARGET_AVX2), noinline)) std::size_t
 raw_bits_avx2(const uint8_t* sym, std::size_t n, const uint8_t* bp, uint64_t bits_len, uint16_t* codes, uint64_t* pos) {
     const __m256i c32 = _mm256_set1_epi32(32), c3 = _mm256_set1_epi32(3), c4 = _mm256_set1_epi32(4),
                   c7 = _mm256_set1_epi32(7), c31 = _mm256_set1_epi32(31), one = _mm256_set1_epi32(1),
@@ -709,7 +709,7 @@ std::size_t words_scalar(const uint32_t* w, uint32_t* x, const uint8_t*& r, cons
 #if defined(__x86_64__)
 CKPT_AVX512_WARNINGS_OFF
 /// words_scalar with one AVX-512 vector of 16 states: gather, multiply, expand.
-__attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt,avx512f,avx512dq,avx512bw,avx512vl"), noinline)) std::size_t
+__attribute__((target(CKPT_TARGET_AVX512), noinline)) std::size_t
 words_avx512(const uint32_t* w, uint32_t* x, const uint8_t*& r, const uint8_t* rend, uint8_t* sym, std::size_t n) {
     static_assert(kLanes == 16);
     __m512i X = _mm512_loadu_si512(x);
@@ -747,7 +747,7 @@ constexpr ExpandTable make_expand_table() {
 }
 constexpr ExpandTable kExpand = make_expand_table();
 
-#define CKPT_AVX2_TARGET(...) __attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt"), __VA_ARGS__))
+#define CKPT_AVX2_TARGET(...) __attribute__((target(CKPT_TARGET_AVX2), __VA_ARGS__))
 /// One AVX2 half-round of words_avx2: the 8 states X decode one code each and take their
 /// words from p in lane order (p advances). Returns their slot words' symbols (u32 lanes).
 CKPT_AVX2_TARGET(always_inline) inline __m256i words_half_avx2(const uint32_t* w, __m256i& X, const uint8_t*& p) {
