@@ -197,34 +197,46 @@ void compare_non_moment(const ContainerReader& cr, const io::InputFile& orig, Re
     rep.checks.push_back("original: every non-moment byte identical");
 }
 
-/// The certificates of n coordinates (esc[i] != 0: escaped, not counted): adds those <=
-/// `tolerance` to `certified`, the others (NaN too) to `over`, and returns the largest
-/// certified one or `max_so_far`. Branch-free, so it vectorises: certificates are >= 0, and
-/// for doubles >= 0 the order of their bit patterns is their numeric order (a negative
-/// one, impossible, would count as certified and not change the max, as in the loop of
-/// check_moments).
+/// The certificates of n kept coordinates: adds those <= `tolerance` to `certified`, the
+/// others (NaN too) to `over`, and returns the largest certified one or `max_so_far`.
+/// Branch-free over 64-bit lanes only, so it vectorises: certificates are >= 0, and for
+/// doubles >= 0 the order of their bit patterns is their numeric order (a negative one,
+/// impossible, would count as certified and not change the max, as in check_moments'
+/// loop with the original).
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3")))
 #endif
-double certificate_stats(const double* bounds, const char* esc, std::size_t n, double tolerance, uint64_t& certified,
-                         uint64_t& over, double max_so_far) {
-    uint64_t cert = 0, bad = 0;
+double certificate_stats(const double* bounds, std::size_t n, double tolerance, uint64_t& certified, uint64_t& over,
+                         double max_so_far) {
+    uint64_t cert = 0;
     int64_t top = 0;  // bit patterns of doubles >= 0 (sign bit clear): signed order is numeric order
     for (std::size_t i = 0; i < n; ++i) {
         const double b = bounds[i];
-        const uint64_t kept = esc[i] == 0, ok = b <= tolerance;
-        cert += kept & ok;
-        bad += kept & (ok ^ 1);
+        const uint64_t ok = b <= tolerance;
+        cert += ok;
         int64_t bits;
         std::memcpy(&bits, &b, 8);
-        bits &= -int64_t(kept & ok & uint64_t(b >= 0));
+        bits &= -int64_t(ok & uint64_t(b >= 0));
         top = bits > top ? bits : top;
     }
     certified += cert;
-    over += bad;
+    over += n - cert;
     double m;
     std::memcpy(&m, &top, 8);
     return std::max(max_so_far, m);
+}
+
+/// certificate_stats over chunk coordinates [i0, i1) except the escaped ones (`escaped`:
+/// chunk-local, ascending): one call per run between escapes.
+double certificate_stats_kept(const std::vector<double>& bounds, const std::vector<uint32_t>& escaped, std::size_t i0,
+                              std::size_t i1, double tolerance, uint64_t& certified, uint64_t& over, double max_so_far) {
+    auto q = std::lower_bound(escaped.begin(), escaped.end(), uint32_t(i0));
+    for (std::size_t i = i0;; ++q) {
+        const std::size_t end = q != escaped.end() && *q < i1 ? *q : i1;
+        max_so_far = certificate_stats(bounds.data() + i, end - i, tolerance, certified, over, max_so_far);
+        if (end == i1) return max_so_far;
+        i = end + 1;
+    }
 }
 
 /// Checks 3 and 4: every coded parameter decoded; each kept coordinate's certificate
@@ -273,10 +285,11 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
                     escapes += c.escaped.size();
                     return;
                 }
-                esc.assign(c.n, 0);
-                for (uint32_t q : c.escaped) esc[q] = 1;
                 escapes += c.escaped.size();
-                if (cmp)
+                if (!cmp && c.bounds.empty()) return;  // decode-only pass (VerifyOptions::certificates off)
+                if (cmp) {
+                    esc.assign(c.n, 0);
+                    for (uint32_t q : c.escaped) esc[q] = 1;
                     for (int k = 0; k < nm; ++k) {
                         ob[k].resize(c.n * es);
                         ov[k].resize(c.n);
@@ -286,24 +299,22 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
                         for (std::size_t q = 0; q < c.escaped.size(); ++q, ++escapes_checked)
                             if (element_bits(e.dtype, ob[k].data(), c.escaped[q]) != c.escaped_bits[k][q]) ++esc_fail;
                     }
+                }
                 // per-coordinate checks, split over the CPU threads (one accumulator each)
                 struct Acc { uint64_t certified = 0, over = 0, grid_points = 0, grid_fail = 0; double max_bound = 0, max_true = 0; };
                 std::vector<Acc> acc(codec::parallel_parts(c.n));
                 codec::parallel_ranges(c.n, [&](unsigned part, std::size_t i0, std::size_t i1) {
                     Acc& a = acc[part];
-                    if (!cmp && !c.bounds.empty()) {  // certificates only: counts and max without branches
-                        a.max_bound = certificate_stats(c.bounds.data() + i0, esc.data() + i0, i1 - i0, man.tolerance,
-                                                        a.certified, a.over, a.max_bound);
+                    if (!cmp) {  // certificates only: counts and max without branches, run by run between escapes
+                        a.max_bound = certificate_stats_kept(c.bounds, c.escaped, i0, i1, man.tolerance, a.certified, a.over, 0.0);
                         return;
                     }
                     for (std::size_t i = i0; i < i1; ++i) {
                         if (esc[i]) continue;
-                        if (c.bounds.empty()) continue;  // decode-only pass (VerifyOptions::certificates off)
                         const double b = c.bounds[i];
                         if (!(b <= man.tolerance)) { ++a.over; continue; }
                         ++a.certified;
                         a.max_bound = std::max(a.max_bound, b);
-                        if (!cmp) continue;
                         double lo, hi;
                         codec::gradient_domain(e.domain, c.theta.empty() ? nullptr : c.theta.data(), i, lo, hi);
                         const double vt = nm == 3 ? c.values[2][i] : 0.0, vo = nm == 3 ? ov[2][i] : 0.0;

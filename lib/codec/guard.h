@@ -158,7 +158,10 @@ CKPT_HD double update_bound(const GuardConst& c, const GuardInput& in) { return 
 /// partition.
 CKPT_HD_FORCE double closed_bound(const GuardConst& c, const GuardInput& in, double dm, double dv, const Denom0& z) {
     const double C = c.b2 * in.v.lo;
-    const double sC = z.v0 == C ? z.sv0 : sqrt(C);  // v0 = C unless amsgrad's vmax is larger
+    // v0 = C unless amsgrad's vmax is larger; without amsgrad denom0 computed v0 as this
+    // very product, so sv0 is sqrt(C) bit for bit (NaN too), and no second root is taken
+    // (a vectorised select would compute both sides)
+    const double sC = !in.amsgrad ? z.sv0 : z.v0 == C ? z.sv0 : sqrt(C);
     const double t1 = c.b1 * dm / z.d0;
     const double t2 = 0.5 * c.sqrt_bc2 * dv * (c.b1 * fabs(in.m.dec) / (C * sC) + c.closed_g / C);
     return C > 0 ? (t1 + t2) * c.inv_bc1 : INFINITY;  // a select, not a branch (certify_closed vectorises)

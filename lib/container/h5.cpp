@@ -41,6 +41,15 @@ size_t zstd_filter(unsigned flags, size_t nelmts, const unsigned cd[], size_t nb
         *buf_size = n;
         return n;
     }
+    // an optional zstd filter is a kZstdStore dataset's: decline, so the chunk is stored as
+    // it is, unless it ends in 4 KiB of zeros: the fill of the dataset's last, partial chunk
+    // (up to 1 MiB), which zstd shrinks to a few bytes (entropy-coded bytes never hold such a run)
+    if (flags & H5Z_FLAG_OPTIONAL) {
+        const auto* p = static_cast<const unsigned char*>(*buf);
+        std::size_t zeros = 0;
+        while (zeros < nbytes && zeros < 4096 && p[nbytes - 1 - zeros] == 0) ++zeros;
+        if (zeros < 4096) return 0;
+    }
     // cd: the level, then optionally zstd's hashLog and minMatch (0: the level's own)
     const int level = nelmts > 0 ? int(cd[0]) : 3;
     const int hash_log = nelmts > 2 ? int(cd[1]) : 0, min_match = nelmts > 2 ? int(cd[2]) : 0;
@@ -204,7 +213,7 @@ Appender::Appender(hid_t file, const std::string& path, hid_t type, std::size_t 
     if (shuffle && H5Pset_shuffle(dcpl.get()) < 0) fail("cannot set the shuffle filter on " + path);
     const unsigned cd[3] = {unsigned(level), unsigned(match.hash_log), unsigned(match.min_match)};
     const bool tuned = match.hash_log != 0 || match.min_match != 0;  // else the level alone, as before
-    if (H5Pset_filter(dcpl.get(), kZstdFilter, H5Z_FLAG_MANDATORY, tuned ? 3 : 1, cd) < 0)
+    if (H5Pset_filter(dcpl.get(), kZstdFilter, level == kZstdStore ? H5Z_FLAG_OPTIONAL : H5Z_FLAG_MANDATORY, tuned ? 3 : 1, cd) < 0)
         fail("cannot set zstd filter on " + path);
     const auto slash = path.rfind('/');
     if (slash > 0) make_groups(file, path.substr(0, slash));

@@ -131,6 +131,45 @@ TEST_CASE("zstd-only datasets: the direct chunk path reads what libhdf5 reads; a
     CHECK(got[1] == (v[1] > uint32_t(INT32_MAX) ? INT32_MAX : int32_t(v[1])));
 }
 
+TEST_CASE("kZstdStore datasets: full chunks stored as they are (mask bit set), the zero-filled last one compressed") {
+    TempDir td;
+    const std::string path = (td.path / "st.h5").string();
+    std::vector<unsigned char> v(3 * 65536 + 5000);  // three whole 64 KiB chunks, a partial one
+    std::mt19937 rng(7);
+    for (auto& b : v) b = (unsigned char)rng();      // incompressible, as entropy-coded codes
+    for (std::size_t i = 65536; i < 2 * 65536; ++i) v[i] = 0;  // chunk 1 all zeros: compressed too
+    {
+        Handle f = create_file(path);
+        Appender a(f.get(), "/c", H5T_NATIVE_UINT8, 1, 65536, kZstdStore);
+        a.append(v.data(), v.size());
+        a.finish();
+    }
+    Handle f = open_file(path);
+    Handle ds(H5Dopen2(f.get(), "/c", H5P_DEFAULT), H5Dclose);
+    Handle sp(H5Dget_space(ds.get()), H5Sclose);
+    hsize_t nchunks = 0;
+    REQUIRE(H5Dget_num_chunks(ds.get(), sp.get(), &nchunks) >= 0);
+    REQUIRE(nchunks == 4);
+    const unsigned want_mask[4] = {1, 0, 1, 0};  // bit 0: the zstd filter skipped
+    const hsize_t most[4] = {65536, 100, 65536, 5000 + 100};  // stored sizes: as is, zstd frames
+    for (hsize_t c = 0; c < nchunks; ++c) {
+        hsize_t off = 0, size = 0;
+        unsigned mask = 9;
+        haddr_t addr = 0;
+        REQUIRE(H5Dget_chunk_info(ds.get(), sp.get(), c, &off, &mask, &addr, &size) >= 0);
+        CHECK(mask == want_mask[c]);
+        CHECK(size <= most[c]);
+        if (mask) CHECK(size == 65536);
+    }
+    std::vector<unsigned char> via_hdf5(v.size()), got(v.size());
+    REQUIRE(H5Dread(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, via_hdf5.data()) >= 0);
+    CHECK(via_hdf5 == v);
+    const DatasetReader r(f.get(), "/c", H5T_NATIVE_UINT8, 1);
+    r.read(0, v.size(), got.data());
+    CHECK(got == v);
+    CHECK(r.checksum_ok());
+}
+
 TEST_CASE("zstd match parameters: stored after the level, used by the compressor, not needed to read") {
     // float32-like elements (three exponents, random mantissas), shuffled: one 64 KiB
     // chunk, whose stored frame must be exactly ZSTD_compress2's under the same parameters
