@@ -220,6 +220,45 @@ __attribute__((always_inline)) inline int count_below(const GridPoints& grid, do
     return n;
 }
 
+/// Grid points inside [lo, hi], both signs (symmetric: lo = -hi <= 0), by count_below; kb,
+/// ke: a range of k holding every k whose +t or -t lies inside.
+__attribute__((always_inline)) inline uint64_t points_inside(const GridPoints& grid, double scale, double lo, double hi,
+                                                            bool symmetric, int& kb, int& ke) {
+    if (symmetric) {  // t > 0 >= lo: inside for both signs exactly when t <= hi
+        kb = 0;
+        ke = count_below<false>(grid, scale, hi);
+        return 2 * uint64_t(ke);
+    }
+    // +t inside for k in [p0, p1), -t (-hi <= t <= -lo) for k in [q0, q1)
+    const int p0 = count_below<true>(grid, scale, lo), p1 = count_below<false>(grid, scale, hi);
+    const int q0 = count_below<true>(grid, scale, -hi), q1 = count_below<false>(grid, scale, -lo);
+    const int np = std::max(0, p1 - p0), nq = std::max(0, q1 - q0);
+    kb = np == 0 ? q0 : nq == 0 ? p0 : std::min(p0, q0);
+    ke = np == 0 ? q1 : nq == 0 ? p1 : std::max(p1, q1);
+    return uint64_t(np) + uint64_t(nq);
+}
+
+/// Whether the guard's closed form (codec/guard.h certify_closed) bounds every grid point's
+/// |u - u~| / lr, as the fast loops compute it, by thr: its cells [original, decoded] hold
+/// the original state, so the exact sup over every gradient is below its closed bound. That
+/// bound carries the FP32 margin (fp32_rel, 64 float ulps of update_bound, which bounds both
+/// updates), far above the loops' double rounding (tens of double ulps of the same
+/// magnitudes); so the two states must differ (else the margin is 0), and thr is lowered
+/// by 2^-40 as the screen's. Two square roots and a few divisions per coordinate, where the
+/// screen evaluates every grid point.
+__attribute__((always_inline)) inline bool closed_form_below(const codec::GuardConst& c, bool ams, double m, double v,
+                                                            double vmax, double mt, double vt, double vmaxt, double thr) {
+    if (!codec::fp32_gate_tensor(c)) return false;
+    codec::GuardInput in;
+    in.amsgrad = ams;
+    in.m = {mt, std::min(m, mt), std::max(m, mt)};
+    in.v = {vt, std::min(v, vt), std::max(v, vt)};
+    if (ams) in.vmax = {vmaxt, std::min(vmax, vmaxt), std::max(vmax, vmaxt)};
+    const codec::ClosedStage k = codec::certify_closed(c, in);
+    const bool differ = k.dm != 0 || k.dv != 0;
+    return differ && k.gate_failed == 0 && k.closed <= thr * (1 - 0x1p-40);  // false for NaN
+}
+
 }  // namespace
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -256,23 +295,19 @@ GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, 
         if (only_above >= 0) {
             const double thr = std::min(bound / g.inv_bc1, only_above / g.inv_bc1 * (1 - 0x1p-40));
             const bool symmetric = lo == -hi && hi >= 0;
-            // the linearised screen where it holds (screen_linear), over the range of k
-            // whose +t or -t lies inside [lo, hi]; the points are counted by bisection
+            if (closed_form_below(c, ams, m, v, vmax, mt, vt, vmaxt, std::min(bound, only_above))) {
+                // nothing on the grid can be over the bound or above the known max: count the points
+                int kb = 0, ke = 0;
+                r.points = points_inside(grid, scale, lo, hi, symmetric, kb, ke);
+                full = false;
+            } else {
+            // else the linearised screen where it holds (screen_linear), over the range of
+            // k whose +t or -t lies inside [lo, hi]
             const double xm = std::fabs(g.c2 - g.c1) / g.c1;  // NaN or inf when c1 = 0
             const bool linear = factored && !ams && xm <= 0.25 && grid.size >= kLanes;  // false for NaN
             if (linear) {
                 int kb = 0, ke = 0;
-                if (symmetric) {  // t > 0 >= lo: inside for both signs exactly when t <= hi
-                    ke = count_below<false>(grid, scale, hi);
-                    r.points = 2 * uint64_t(ke);
-                } else {  // +t inside for k in [p0, p1), -t (-hi <= t <= -lo) for k in [q0, q1)
-                    const int p0 = count_below<true>(grid, scale, lo), p1 = count_below<false>(grid, scale, hi);
-                    const int q0 = count_below<true>(grid, scale, -hi), q1 = count_below<false>(grid, scale, -lo);
-                    const int np = std::max(0, p1 - p0), nq = std::max(0, q1 - q0);
-                    r.points = uint64_t(np) + uint64_t(nq);
-                    kb = np == 0 ? q0 : nq == 0 ? p0 : std::min(p0, q0);
-                    ke = np == 0 ? q1 : nq == 0 ? p1 : std::max(p1, q1);
-                }
+                r.points = points_inside(grid, scale, lo, hi, symmetric, kb, ke);
                 if (r.points > 0) {
                     if (ke - kb < kLanes) kb = std::max(0, ke - kLanes), ke = kb + kLanes;  // grid.size >= kLanes
                     screen_linear(g, scale, thr, xm, kb, ke, grid, r);
@@ -284,6 +319,7 @@ GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, 
                 factored ? grid_loop_fast<true, false, true>(g, lo, hi, scale, bound, thr, grid, r)
                          : grid_loop_fast<false, false, true>(g, lo, hi, scale, bound, thr, grid, r);
             full = r.over > 0;
+            }
         }
         if (full) {
             r = GridResult{};
