@@ -238,16 +238,11 @@ __attribute__((always_inline)) inline uint64_t points_inside(const GridPoints& g
     return uint64_t(np) + uint64_t(nq);
 }
 
-/// Whether the guard's closed form (codec/guard.h certify_closed) bounds every grid point's
-/// |u - u~| / lr, as the fast loops compute it, by thr: its cells [original, decoded] hold
-/// the original state, so the exact sup over every gradient is below its closed bound. That
-/// bound carries the FP32 margin (fp32_rel, 64 float ulps of update_bound, which bounds both
-/// updates), far above the loops' double rounding (tens of double ulps of the same
-/// magnitudes); so the two states must differ (else the margin is 0), and thr is lowered
-/// by 2^-40 as the screen's. Two square roots and a few divisions per coordinate, where the
-/// screen evaluates every grid point.
-__attribute__((always_inline)) inline bool closed_form_below(const codec::GuardConst& c, bool ams, double m, double v,
-                                                            double vmax, double mt, double vt, double vmaxt, double thr) {
+}  // namespace
+
+// grid.h says why the closed form bounds the loops' values
+bool closed_form_below(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
+                       double vmaxt, double thr) {
     if (!codec::fp32_gate_tensor(c)) return false;
     codec::GuardInput in;
     in.amsgrad = ams;
@@ -258,8 +253,6 @@ __attribute__((always_inline)) inline bool closed_form_below(const codec::GuardC
     const bool differ = k.dm != 0 || k.dv != 0;
     return differ && k.gate_failed == 0 && k.closed <= thr * (1 - 0x1p-40);  // false for NaN
 }
-
-}  // namespace
 
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx512f", "avx2", "default")))

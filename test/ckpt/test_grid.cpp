@@ -142,3 +142,30 @@ TEST_CASE("grid_check: non-finite states take the exact loop (one NaN update is 
     CHECK(both.over == 0);
     CHECK(both.max_diff == 0);
 }
+
+TEST_CASE("closed_form_below: where it holds for thr, the full loop has no point above thr; it holds for most states") {
+    // grid_check skips the screen where closed_form_below(min(bound, known max)): sound only if
+    // no grid value, as the full loop computes it, can be above that
+    std::mt19937_64 rng(20261203);
+    const codec::AdamHyper h{6e-4, 0.9, 0.95, 1e-8, 0, false, false, 300};
+    const codec::GuardConst gc = codec::make_guard_const(h, 0.01);
+    GridPoints grid(257);
+    grid.set_b2(gc.b2);
+    long held = 0, differ = 0;
+    for (int i = 0; i < 4000; ++i) {
+        const Case c = random_case(rng);
+        const double scale = std::sqrt(std::max(c.v, 1e-30));
+        const GridResult full = grid_check(gc, c.ams, c.m, c.v, c.vmax, c.mt, c.vt, c.vmaxt, c.lo, c.hi, scale, INFINITY, grid);
+        const bool same = c.m == c.mt && c.v == c.vt && (!c.ams || c.vmax == c.vmaxt);
+        differ += !same;
+        if (same) CHECK_FALSE(closed_form_below(gc, c.ams, c.m, c.v, c.vmax, c.mt, c.vt, c.vmaxt, 1.0));  // no margin
+        for (double f : {1.0, 1.5, 3.0, 10.0}) {  // thr at and above the grid's max
+            const double thr = full.max_diff * f;
+            if (!closed_form_below(gc, c.ams, c.m, c.v, c.vmax, c.mt, c.vt, c.vmaxt, thr)) continue;
+            INFO("case ", i, " thr ", thr, " max ", full.max_diff);
+            CHECK(full.max_diff <= thr * (1 - 0x1p-40));
+            held += f == 3.0;
+        }
+    }
+    CHECK(held > differ / 2);  // at 3x the grid's max the closed form settles most states
+}
