@@ -25,11 +25,15 @@ void store_bits(DType dtype, uint32_t bits, uint8_t* out, std::size_t i);
 /// one integer max gives both (it vectorises; a float max with NaN tracking did not).
 uint32_t max_abs_bits(const float* x, std::size_t n);
 
-/// v.data() with room for n elements: grown (zero-filled) when shorter, never shrunk, so a
-/// buffer reused across chunks and parameters is filled once, not per chunk.
+/// v.data() with room for n elements, whose contents the caller overwrites: when shorter,
+/// replaced by n zeros (the old contents are not copied over), never shrunk, so a buffer
+/// reused across chunks and parameters is filled once, not per chunk.
 template <class T>
 T* room(std::vector<T>& v, std::size_t n) {
-    if (v.size() < n) v.resize(n);
+    if (v.size() < n) {
+        v.clear();  // resize then relocates nothing
+        v.resize(n);
+    }
     return v.data();
 }
 
