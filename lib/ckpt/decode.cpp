@@ -261,7 +261,8 @@ codec::TensorSetup ContainerReader::setup(std::size_t j) const {
 
 void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want want, Chunk& c,
                              uint64_t& esc_row, uint64_t& esc_pos) const {
-    const bool with_bounds = want == Want::Bounds, values = want != Want::Codes;
+    const bool with_bounds = want == Want::Bounds || want == Want::Certificates,
+               values = want == Want::Values || want == Want::Bounds;
     const auto& e = man_.params[j];
     const int nm = e.moments();
     const std::size_t cb = std::size_t(codec::code_bytes(man_.codec)), pb = std::size_t(codec::params_per_block(man_.codec));
@@ -283,7 +284,7 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want 
             if (values) room(c.values[k], n);
             cp[k] = codes[k].data();
             pp[k] = params[k].data();
-            out[k] = c.values[k].data();
+            out[k] = values ? c.values[k].data() : nullptr;
         }
         c.theta.clear();
         const bool need_theta = e.domain.l2 && std::isfinite(e.domain.grad_bound) && e.theta_storage >= 0;
@@ -299,7 +300,7 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want 
         // every coordinate's bound is written by the decode (no zero-fill per chunk)
         if (with_bounds) c.bounds.resize(n);
         else c.bounds.clear();
-        if (values)
+        if (values || with_bounds)
             gpu::decode_chunk_on(gpu::decode_device(), setup(j), cp, pp, n, out, c.theta.empty() ? nullptr : c.theta.data(),
                                  with_bounds ? c.bounds.data() : nullptr);
         // escapes of this chunk

@@ -69,12 +69,14 @@ public:
 
     /// What a chunk read decodes: the codes only (entropy decoding and row prediction
     /// undone: compress's self-check compares them with what it encoded), the values too
-    /// (restore), or also every coordinate's re-derived certificate (verify).
-    enum class Want { Codes, Values, Bounds };
+    /// (restore), the values and every coordinate's re-derived certificate (verify with the
+    /// original), or the certificates without the values (verify alone: no value is stored).
+    enum class Want { Codes, Values, Bounds, Certificates };
     /// One decoded chunk of parameter j, coordinates [begin, begin + n): codes per role
-    /// (code_bytes per value, escaped coordinates 0), values per role (escapes applied; not
-    /// with Want::Codes), the chunk's escaped coordinates (chunk-local) with their exact
-    /// bits, and with Want::Bounds the re-derived certificate of every coordinate. codes[k]
+    /// (code_bytes per value, escaped coordinates 0), values per role (escapes applied; with
+    /// Want::Values and Want::Bounds), the chunk's escaped coordinates (chunk-local) with
+    /// their exact bits, and with Want::Bounds / Certificates the re-derived certificate of
+    /// every coordinate. codes[k]
     /// and values[k] are valid up to n: their buffers only grow, so they may be longer.
     struct Chunk {
         uint64_t begin = 0;

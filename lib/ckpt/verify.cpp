@@ -254,7 +254,7 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
         fail("self-check: " + std::to_string(o.code_hashes->size()) + " parameters encoded, " +
              std::to_string(man.params.size()) + " in the container");
     const bool codes_only = !o.certificates && !cmp && o.code_hashes && o.code_hashes->size() == man.params.size();
-    const Want want = o.certificates || cmp ? Want::Bounds : codes_only ? Want::Codes : Want::Values;
+    const Want want = cmp ? Want::Bounds : o.certificates ? Want::Certificates : codes_only ? Want::Codes : Want::Values;
     uint64_t certified = 0, grid_points = 0, escapes_checked = 0;
     double max_true = 0;
     GridPoints grid(o.grid);
