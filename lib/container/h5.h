@@ -57,10 +57,11 @@ double get_attr_double(hid_t obj, const std::string& name);
 uint64_t get_attr_u64(hid_t obj, const std::string& name);
 
 /// Appender's `level` for data zstd cannot shrink (entropy-coded codes): the dataset's zstd
-/// filter is declared optional and declines each full chunk, so libhdf5 stores it as it is
-/// and sets the filter's bit in the chunk's filter mask (every HDF5 reader honours it). A
-/// zstd frame of incompressible bytes is only larger, and trying costs a compressor pass.
-/// The last chunk, zero-filled past the data, is still compressed (zstd's default level).
+/// filter is declared optional and declines a chunk, so libhdf5 stores it as it is and sets
+/// the filter's bit in the chunk's filter mask (every HDF5 reader honours it). A zstd frame
+/// of incompressible bytes is only larger, and trying costs a compressor pass. A chunk that
+/// ends in at least 4 KiB of zeros (the last one, zero-filled past the data, as a rule) is
+/// compressed (zstd's default level).
 constexpr int kZstdStore = 0;
 
 /// zstd match-finder parameters (ZSTD_c_hashLog, ZSTD_c_minMatch); 0 keeps the level's.
