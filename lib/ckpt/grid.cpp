@@ -271,8 +271,9 @@ GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, 
     // D >= sqrt(w(t0)) >= 2^-150 (isb >= 1); w >= 0 on the whole grid (c >= 0, e2 >= 0).
     const double t0 = scale * grid.mult[0], tn = scale * grid.mult[std::size_t(grid.size - 1)];
     const double big = 0x1p200;
-    const double w_hi = std::max(g.c1, g.c2) + g.e2 * tn * tn, x_hi = std::max(g.x1, g.x2);
-    const bool d_ok = g.c1 >= 0 && g.c2 >= 0 && g.e2 >= 0 && w_hi <= 0x1p300 && x_hi <= 0x1p300 && g.isb >= 1 &&
+    const double w_hi = std::max(g.c1, g.c2) + g.e2 * tn * tn;
+    // (x1 and x2 each: std::max would drop a NaN decoded max_exp_avg_sq, which only the exact loop counts)
+    const bool d_ok = g.c1 >= 0 && g.c2 >= 0 && g.e2 >= 0 && w_hi <= 0x1p300 && g.x1 <= 0x1p300 && g.x2 <= 0x1p300 && g.isb >= 1 &&
                       g.isb <= 0x1p40 && g.eps >= 0 && g.eps <= 0x1p100 &&
                       (g.eps >= 0x1p-200 || std::min(g.c1, g.c2) + g.e2 * t0 * t0 >= 0x1p-300);
     const bool fast = fast_paths && d_ok && std::fabs(g.a1) <= big && std::fabs(g.a2) <= big && std::fabs(g.e1 * tn) <= big &&

@@ -141,6 +141,13 @@ TEST_CASE("grid_check: non-finite states take the exact loop (one NaN update is 
     const GridResult both = grid_check(gc, false, NAN, v, 0, NAN, v, 0, -1, 1, s, 1.0, grid);
     CHECK(both.over == 0);
     CHECK(both.max_diff == 0);
+    // amsgrad with a NaN decoded max_exp_avg_sq: every decoded update is NaN, the original's
+    // not: every point is over, in the fast paths' gate as in the exact loop
+    for (double known : {-1.0, 1.0}) {
+        const GridResult vx = grid_check(gc, true, 1e-3, v, v, 1e-3, v, NAN, -1, 1, s, 1.0, grid, true, known);
+        CHECK(vx.points > 0);
+        CHECK(vx.over == vx.points);
+    }
 }
 
 TEST_CASE("closed_form_below: where it holds for thr, the full loop has no point above thr; it holds for most states") {
