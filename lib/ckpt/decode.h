@@ -74,10 +74,10 @@ public:
     enum class Want { Codes, Values, Bounds, Certificates };
     /// One decoded chunk of parameter j, coordinates [begin, begin + n): codes per role
     /// (code_bytes per value, escaped coordinates 0), values per role (escapes applied; with
-    /// Want::Values and Want::Bounds), the chunk's escaped coordinates (chunk-local) with
-    /// their exact bits, and with Want::Bounds / Certificates the re-derived certificate of
-    /// every coordinate. codes[k]
-    /// and values[k] are valid up to n: their buffers only grow, so they may be longer.
+    /// Want::Values and Want::Bounds only), the chunk's escaped coordinates (chunk-local)
+    /// with their exact bits, and with Want::Bounds / Certificates the re-derived certificate
+    /// of every coordinate. codes[k] and values[k] (where decoded) are valid up to n: their
+    /// buffers only grow, so they may be longer.
     struct Chunk {
         uint64_t begin = 0;
         std::size_t n = 0;

@@ -289,31 +289,29 @@ GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, 
         if (only_above >= 0) {
             const double thr = std::min(bound / g.inv_bc1, only_above / g.inv_bc1 * (1 - 0x1p-40));
             const bool symmetric = lo == -hi && hi >= 0;
+            int kb = 0, ke = 0;
             if (closed_form_below(c, ams, m, v, vmax, mt, vt, vmaxt, std::min(bound, only_above))) {
                 // nothing on the grid can be over the bound or above the known max: count the points
-                int kb = 0, ke = 0;
                 r.points = points_inside(grid, scale, lo, hi, symmetric, kb, ke);
-                full = false;
             } else {
-            // else the linearised screen where it holds (screen_linear), over the range of
-            // k whose +t or -t lies inside [lo, hi]
-            const double xm = std::fabs(g.c2 - g.c1) / g.c1;  // NaN or inf when c1 = 0
-            const bool linear = factored && !ams && xm <= 0.25 && grid.size >= kLanes;  // false for NaN
-            if (linear) {
-                int kb = 0, ke = 0;
-                r.points = points_inside(grid, scale, lo, hi, symmetric, kb, ke);
-                if (r.points > 0) {
-                    if (ke - kb < kLanes) kb = std::max(0, ke - kLanes), ke = kb + kLanes;  // grid.size >= kLanes
-                    screen_linear(g, scale, thr, xm, kb, ke, grid, r);
-                }
-            } else if (symmetric)
-                factored ? grid_loop_fast<true, true, true>(g, lo, hi, scale, bound, thr, grid, r)
-                         : grid_loop_fast<false, true, true>(g, lo, hi, scale, bound, thr, grid, r);
-            else
-                factored ? grid_loop_fast<true, false, true>(g, lo, hi, scale, bound, thr, grid, r)
-                         : grid_loop_fast<false, false, true>(g, lo, hi, scale, bound, thr, grid, r);
-            full = r.over > 0;
+                // the linearised screen where it holds (screen_linear), over the range of k
+                // whose +t or -t lies inside [lo, hi]; else the screen loops
+                const double xm = std::fabs(g.c2 - g.c1) / g.c1;  // NaN or inf when c1 = 0
+                const bool linear = factored && !ams && xm <= 0.25 && grid.size >= kLanes;  // false for NaN
+                if (linear) {
+                    r.points = points_inside(grid, scale, lo, hi, symmetric, kb, ke);
+                    if (r.points > 0) {
+                        if (ke - kb < kLanes) kb = std::max(0, ke - kLanes), ke = kb + kLanes;  // grid.size >= kLanes
+                        screen_linear(g, scale, thr, xm, kb, ke, grid, r);
+                    }
+                } else if (symmetric)
+                    factored ? grid_loop_fast<true, true, true>(g, lo, hi, scale, bound, thr, grid, r)
+                             : grid_loop_fast<false, true, true>(g, lo, hi, scale, bound, thr, grid, r);
+                else
+                    factored ? grid_loop_fast<true, false, true>(g, lo, hi, scale, bound, thr, grid, r)
+                             : grid_loop_fast<false, false, true>(g, lo, hi, scale, bound, thr, grid, r);
             }
+            full = r.over > 0;
         }
         if (full) {
             r = GridResult{};

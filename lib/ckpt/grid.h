@@ -98,13 +98,13 @@ GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, 
                       bool fast_paths = true, double only_above = -1);
 
 /// Whether the guard's closed form (codec/guard.h certify_closed) bounds every grid point's
-/// |u - u~| / lr, as the fast loops compute it, by thr (arguments as grid_check's): its
-/// cells [original, decoded] hold the original state, so the exact sup over every gradient is below its closed bound. That
-/// bound carries the FP32 margin (fp32_rel, 64 float ulps of update_bound, which bounds both
-/// updates), far above the loops' double rounding (tens of double ulps of the same
-/// magnitudes); so the two states must differ (else the margin is 0), and thr is lowered
-/// by 2^-40 as the screen's. Two square roots and a few divisions per coordinate, where the
-/// screen evaluates every grid point.
+/// |u - u~| / lr, as the fast loops compute it, by thr (arguments as grid_check's). Its
+/// cells [original, decoded] hold the original state, so the exact sup over every gradient
+/// is below its closed bound. That bound carries the FP32 margin (fp32_rel, 64 float ulps
+/// of update_bound, which bounds both updates), far above the loops' double rounding (tens
+/// of double ulps of the same magnitudes); so the two states must differ (else the margin
+/// is 0), and thr is lowered by 2^-40 as the screen's. Two square roots and a few divisions
+/// per coordinate, where the screen evaluates every grid point.
 bool closed_form_below(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
                        double vmaxt, double thr);
 

@@ -42,8 +42,8 @@ size_t zstd_filter(unsigned flags, size_t nelmts, const unsigned cd[], size_t nb
         return n;
     }
     // an optional zstd filter is a kZstdStore dataset's: decline, so the chunk is stored as
-    // it is, unless it ends in 4 KiB of zeros: the fill of the dataset's last, partial chunk
-    // (up to 1 MiB), which zstd shrinks to a few bytes (entropy-coded bytes never hold such a run)
+    // it is, unless it ends in 4 KiB of zeros: as a rule the fill of the dataset's last,
+    // partial chunk (up to 1 MiB), which zstd shrinks to a few bytes
     if (flags & H5Z_FLAG_OPTIONAL) {
         const auto* p = static_cast<const unsigned char*>(*buf);
         std::size_t zeros = 0;
@@ -365,7 +365,7 @@ const std::vector<unsigned char>& DatasetReader::chunk_bytes(uint64_t c) const {
         fail("dataset " + path_ + " cannot be read (damaged chunk?)");
     }
     if (unshuffle) unshuffle_bytes(p, chunk_buf_.data(), nbytes, elem_);
-    else if (p != chunk_buf_.data()) std::memcpy(chunk_buf_.data(), p, nbytes);
+    else if (p != chunk_buf_.data()) chunk_buf_.swap(stored_);  // stored as it is: the buffers trade places, no copy
     cached_ = c;
     return chunk_buf_;
 }
