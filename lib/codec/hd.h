@@ -18,8 +18,10 @@
 #include <cstring>
 #if !defined(__CUDACC__)
 namespace ckpt::codec {
+using std::fabs;  // float overloads too (block.h vlog_sens<float>)
 using std::isfinite;
 using std::signbit;
+using std::sqrt;
 }  // namespace ckpt::codec
 #endif
 

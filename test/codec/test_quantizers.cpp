@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 
 #include "codec/bf16.h"
@@ -257,6 +258,47 @@ TEST_CASE("vlog escapes much less than log8 on a 12-decade exp_avg_sq block, and
     }
     CHECK(esc[0] > n / 10);
     CHECK(esc[1] <= n / 200);  // <= 0.5 %
+}
+
+TEST_CASE("vlog plan: float sensitivities, double for a block where float overflows") {
+    // vlog_sens<float> rounds A and B differently from double; where b1 |m| / sqrt(b2 v)
+    // overflows a float (B = +inf), vlog_plan must repeat the block in double.
+    std::mt19937_64 rng(23);
+    std::uniform_real_distribution<double> U(0, 1);
+    TensorSetup s;
+    s.kind = Kind::VLog;
+    s.hyper.step = 1000;
+    const GuardConst gc = make_guard_const(s.hyper, s.tolerance);
+    std::vector<float> m(kBlock), v(kBlock);
+    for (int j = 0; j < kBlock; ++j) {
+        v[std::size_t(j)] = float(std::pow(10, -12 + 6 * U(rng)));
+        m[std::size_t(j)] = float((U(rng) - 0.5) * std::sqrt(double(v[std::size_t(j)])));
+    }
+    const float* src[3] = {m.data(), v.data(), nullptr};
+    auto w = std::make_unique<BlockWork<VLog>>(), ref = std::make_unique<BlockWork<VLog>>();
+    for (int overflow = 0; overflow < 2; ++overflow) {
+        CAPTURE(overflow);
+        if (overflow) {  // |m| / sqrt(v) = 1e45: above float's range, not double's
+            m[9] = 1e30f;
+            v[9] = 1e-30f;
+        }
+        double dm = 0, delta = 0;
+        REQUIRE(vlog_plan(s, gc, src, 0, kBlock, 0.9 * s.tolerance, *w, dm, delta));
+        CHECK((dm > 0 && dm < INFINITY && delta > 0 && delta < INFINITY));
+        // what the plan's sensitivities must be: float's, or double's after an overflow
+        REQUIRE(vlog_sens<float>(gc, src, 0, kBlock, *ref));
+        CHECK((ref->sens[1][9] == INFINITY) == (overflow == 1));
+        if (overflow) vlog_sens<double>(gc, src, 0, kBlock, *ref);
+        int live = 0;
+        for (int j = 0; j < kBlock; ++j) {
+            if (!w->live[j]) continue;  // dropped by the plan: zeroed
+            ++live;
+            CHECK(w->sens[0][j] == ref->sens[0][j]);
+            CHECK(w->sens[1][j] == ref->sens[1][j]);
+            CHECK(std::isfinite(w->sens[1][j]));
+        }
+        CHECK(live >= kBlock - 4);  // the plan drops at most 4 coordinates
+    }
 }
 
 TEST_CASE("vlog decoded() is cell().dec for every code kind") {
