@@ -6,11 +6,13 @@
 
 #include "ckpt/folder.h"
 #include "ckpt/pipeline.h"
+#include "container/h5.h"
 #include "cli.h"
 #include "folder_cli.h"
 #include "gpu_codec.h"
 
 int main(int argc, char** argv) {
+    ckpt::container::enable_direct_chunk_writes();  // before any other HDF5 call (container/h5.h says why)
     ckpt::app::Cli cli("ckpt-compress", "Compress the Adam/AdamW moments of a PyTorch or safetensors "
                        "checkpoint with a guarded variable-rate codec (vlog; log8, bf16, blockwise8 on request); every "
                        "other byte is kept exactly. Reduction is counted against 4 bytes per moment value. "

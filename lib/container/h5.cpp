@@ -3,6 +3,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -23,6 +24,33 @@ struct ZstdContexts {
     }
 };
 thread_local ZstdContexts zstd_ctx;
+
+/// An optional zstd filter is a kZstdStore dataset's: it declines, so the chunk is stored
+/// as it is, unless the chunk ends in 4 KiB of zeros: as a rule the fill of the dataset's
+/// last, partial chunk (up to 1 MiB), which zstd shrinks to a few bytes.
+bool store_declines(const void* chunk, std::size_t nbytes) {
+    const auto* p = static_cast<const unsigned char*>(chunk);
+    std::size_t zeros = 0;
+    while (zeros < nbytes && zeros < 4096 && p[nbytes - 1 - zeros] == 0) ++zeros;
+    return zeros < 4096;
+}
+
+/// Appender's direct chunk writes (enable_direct_chunk_writes).
+std::atomic<bool> direct_writes{false};
+
+/// One zstd frame of src[0, n) into dst (capacity cap) at `level` with `match` (zeros: the
+/// level's own), as the filter writes it; returns its size, 0 on failure.
+std::size_t zstd_compress_chunk(const void* src, std::size_t n, int level, ZstdMatch match, void* dst, std::size_t cap) {
+    ZSTD_CCtx* c = zstd_ctx.c;
+    if (!c) return 0;
+    ZSTD_CCtx_reset(c, ZSTD_reset_session_and_parameters);
+    if (ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_hashLog, match.hash_log)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_minMatch, match.min_match)))
+        return 0;
+    const std::size_t r = ZSTD_compress2(c, dst, cap, src, n);
+    return ZSTD_isError(r) ? 0 : r;
+}
 }  // namespace
 
 /// Filter callback: the HDF5Plugin-Zstandard chunk format (one zstd frame per chunk).
@@ -41,32 +69,15 @@ size_t zstd_filter(unsigned flags, size_t nelmts, const unsigned cd[], size_t nb
         *buf_size = n;
         return n;
     }
-    // an optional zstd filter is a kZstdStore dataset's: decline, so the chunk is stored as
-    // it is, unless it ends in 4 KiB of zeros: as a rule the fill of the dataset's last,
-    // partial chunk (up to 1 MiB), which zstd shrinks to a few bytes
-    if (flags & H5Z_FLAG_OPTIONAL) {
-        const auto* p = static_cast<const unsigned char*>(*buf);
-        std::size_t zeros = 0;
-        while (zeros < nbytes && zeros < 4096 && p[nbytes - 1 - zeros] == 0) ++zeros;
-        if (zeros < 4096) return 0;
-    }
+    if ((flags & H5Z_FLAG_OPTIONAL) && store_declines(*buf, nbytes)) return 0;
     // cd: the level, then optionally zstd's hashLog and minMatch (0: the level's own)
     const int level = nelmts > 0 ? int(cd[0]) : 3;
-    const int hash_log = nelmts > 2 ? int(cd[1]) : 0, min_match = nelmts > 2 ? int(cd[2]) : 0;
-    ZSTD_CCtx* c = zstd_ctx.c;
-    if (!c) return 0;
+    const ZstdMatch match{nelmts > 2 ? int(cd[1]) : 0, nelmts > 2 ? int(cd[2]) : 0};
     const size_t cap = ZSTD_compressBound(nbytes);
     void* out = H5allocate_memory(cap, false);
     if (!out) return 0;
-    ZSTD_CCtx_reset(c, ZSTD_reset_session_and_parameters);
-    if (ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level)) ||
-        ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_hashLog, hash_log)) ||
-        ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_minMatch, min_match))) {
-        H5free_memory(out);
-        return 0;
-    }
-    const size_t r = ZSTD_compress2(c, out, cap, *buf, nbytes);
-    if (ZSTD_isError(r)) { H5free_memory(out); return 0; }
+    const size_t r = zstd_compress_chunk(*buf, nbytes, level, match, out, cap);
+    if (r == 0) { H5free_memory(out); return 0; }
     H5free_memory(*buf);
     *buf = out;
     *buf_size = cap;
@@ -80,6 +91,14 @@ namespace {
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
 
 }  // namespace
+
+bool enable_direct_chunk_writes() {
+    if (H5dont_atexit() < 0) return false;
+    direct_writes = true;
+    return true;
+}
+
+void set_direct_chunk_writes(bool on) { direct_writes = on; }
 
 void register_zstd_filter() {
     static std::once_flag once;
@@ -204,7 +223,8 @@ uint64_t get_attr_u64(hid_t obj, const std::string& name) {
 
 Appender::Appender(hid_t file, const std::string& path, hid_t type, std::size_t elem,
                    std::size_t chunk_bytes, int level, bool shuffle, ZstdMatch match)
-    : type_(type), elem_(elem), chunk_elems_(std::max<std::size_t>(1, chunk_bytes / elem)) {
+    : type_(type), elem_(elem), chunk_elems_(std::max<std::size_t>(1, chunk_bytes / elem)), level_(level),
+      match_(match), shuffle_(shuffle), direct_(direct_writes) {
     const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = chunk_elems_;
     Handle sp(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
     Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
@@ -254,6 +274,31 @@ void Appender::flush() {
     if (buf_.empty()) return;
     const hsize_t n = buf_.size() / elem_, start = written_, total = written_ + n;
     if (H5Dset_extent(ds_.get(), &total) < 0) fail("cannot extend dataset");
+    if (direct_) {  // the pipeline's bytes: the chunk zero-filled past the data, filtered whole
+        const std::size_t chunk_bytes = chunk_elems_ * elem_;
+        buf_.resize(chunk_bytes, 0);
+        const unsigned char* data = buf_.data();
+        std::size_t size = chunk_bytes;
+        uint32_t mask = 0;
+        if (level_ == kZstdStore && store_declines(data, size)) {
+            mask = 1;  // the optional zstd filter (the only one) skipped, as libhdf5 marks it
+        } else {
+            if (shuffle_) {
+                shuffled_.resize(chunk_bytes);
+                shuffle_bytes(data, shuffled_.data(), chunk_bytes, elem_);
+                data = shuffled_.data();
+            }
+            packed_.resize(ZSTD_compressBound(chunk_bytes));
+            size = zstd_compress_chunk(data, chunk_bytes, level_, match_, packed_.data(), packed_.size());
+            if (size == 0) fail("cannot compress a chunk of dataset");
+            data = packed_.data();
+        }
+        if (H5Dwrite_chunk(ds_.get(), H5P_DEFAULT, mask, &start, size, data) < 0)
+            fail("cannot write dataset (disk full or file-size limit?)");
+        written_ = total;
+        buf_.clear();
+        return;
+    }
     Handle fs(H5Dget_space(ds_.get()), H5Sclose);
     H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr);
     Handle ms(H5Screate_simple(1, &n, nullptr), H5Sclose);

@@ -18,6 +18,19 @@ constexpr H5Z_filter_t kZstdFilter = 32015;
 
 /// Register our zstd filter implementation (idempotent; libzstd does the work).
 void register_zstd_filter();
+
+/// Let Appender write its chunks itself (H5Dwrite_chunk after shuffle_bytes and zstd:
+/// libhdf5's own byte-shuffle loop ran at ~1.4 GB/s, ~3% of a compress, and its pipeline
+/// copies and zero-fills each chunk). After a failed H5Dwrite_chunk (a file-size limit, a full disk) libhdf5 1.10
+/// can no longer close the file, and its exit handler then crashes the program; so this
+/// calls H5dont_atexit() and turns direct writes on only when that took effect, which
+/// needs it to come before any other HDF5 call (first thing in main). A program that turns
+/// it on closes its HDF5 files itself (ckpt-compress does; a failed one is deleted).
+/// Returns whether direct writes are on; otherwise libhdf5's pipeline writes, as before.
+bool enable_direct_chunk_writes();
+/// Direct writes on or off without the exit-handler change: for tests that never fail a
+/// write (the two paths write the same chunk bytes).
+void set_direct_chunk_writes(bool on);
 /// The filter class, also exported by the h5zstd plugin (HDF5_PLUGIN_PATH) for h5py.
 extern const H5Z_class2_t kZstdClass;
 
@@ -77,8 +90,10 @@ public:
     /// type: H5T_NATIVE_UINT8 / INT32 / UINT32 / UINT64 ...; elem: its size in bytes.
     /// shuffle: HDF5's byte-shuffle filter (built into libhdf5) before zstd, which groups
     /// the i-th byte of every element (FP32 exponents together: smaller and faster).
-    /// Writes go through libhdf5's pipeline: after a failed H5Dwrite_chunk (a file-size
-    /// limit) libhdf5 1.10 crashes closing the file at exit; DatasetReader reads directly.
+    /// Chunks are shuffled, compressed (or stored, kZstdStore) and written here when
+    /// enable_direct_chunk_writes() is on: the bytes and filter masks libhdf5's pipeline
+    /// writes (a partial last chunk zero-filled, then filtered whole); otherwise through
+    /// libhdf5's pipeline. DatasetReader reads directly.
     /// match: zstd's hashLog and minMatch for this dataset (stored after the level in the
     /// filter's parameters; decompression needs neither); zeros: the level's own.
     Appender(hid_t file, const std::string& path, hid_t type, std::size_t elem,
@@ -101,8 +116,11 @@ private:
     Handle ds_;
     hid_t type_;
     std::size_t elem_, chunk_elems_;
-    std::vector<unsigned char> buf_;
+    std::vector<unsigned char> buf_, shuffled_, packed_;  ///< a chunk; its shuffle and zstd frame (direct writes)
     uint64_t count_ = 0, written_ = 0, bytes_ = 0;
+    int level_;
+    ZstdMatch match_;
+    bool shuffle_, direct_;
     bool byte_mode_ = false;
     Xxh3State hash_;
 public:

@@ -2,8 +2,8 @@
 // libhdf5 does not let a program replace a predefined filter, and its byte-at-a-time loop
 // ran at ~1.4 GB/s (~10% of a restore once /raw was shuffled, container format 3), so
 // DatasetReader (h5.h) reads shuffled chunks with H5Dread_chunk and undoes zstd and the
-// shuffle itself. Writes keep libhdf5's pipeline (h5.h Appender says why); other readers
-// (h5py, h5dump) use libhdf5's filter on the same chunks.
+// shuffle itself; Appender writes them so when enable_direct_chunk_writes() is on (h5.h
+// says when). Other readers (h5py, h5dump) use libhdf5's filter on the same chunks.
 #pragma once
 #include <cstddef>
 

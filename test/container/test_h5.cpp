@@ -93,6 +93,60 @@ TEST_CASE("shuffled datasets: Appender's bytes back through libhdf5 and through 
     }
 }
 
+TEST_CASE("direct chunk writes: the chunks and filter masks libhdf5's pipeline writes, bit for bit") {
+    struct Kind { const char* name; hid_t type; std::size_t elem; int level; bool shuffle; ZstdMatch match; };
+    const Kind kinds[3] = {{"raw", H5T_STD_U32LE, 4, 1, true, ZstdMatch{8, 7}},  // /raw's
+                           {"codes", H5T_NATIVE_UINT8, 1, kZstdStore, false, ZstdMatch{}},  // vlog codes'
+                           {"params", H5T_NATIVE_INT16, 2, 3, false, ZstdMatch{}}};
+    for (const Kind& k : kinds) {
+        CAPTURE(k.name);
+        TempDir td;
+        const std::string path = (td.path / "d.h5").string();
+        // five whole chunks and a partial one; kZstdStore's has over 4 KiB of zero fill, so
+        // the pipeline compresses it
+        const std::size_t chunk = k.level == kZstdStore ? 16384 : 4096;
+        std::vector<unsigned char> bytes(5 * chunk + 1232);
+        std::mt19937 rng(8);
+        for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = (unsigned char)(i % 4 == 3 ? 0x3f : rng() % 16);
+        const char* names[2] = {"/pipeline", "/direct"};
+        {
+            Handle f = create_file(path);
+            for (int direct = 0; direct < 2; ++direct) {
+                set_direct_chunk_writes(direct == 1);
+                Appender a(f.get(), names[direct], k.type, k.elem, chunk, k.level, k.shuffle, k.match);
+                for (std::size_t off = 0; off < bytes.size(); off += 1000)
+                    a.append_bytes(bytes.data() + off, std::min<std::size_t>(1000, bytes.size() - off));
+                a.finish();
+            }
+            set_direct_chunk_writes(false);
+        }
+        Handle f = open_file(path);
+        Handle p(H5Dopen2(f.get(), names[0], H5P_DEFAULT), H5Dclose), d(H5Dopen2(f.get(), names[1], H5P_DEFAULT), H5Dclose);
+        const hsize_t per_chunk = chunk / k.elem;
+        for (hsize_t c = 0; c < 6; ++c) {
+            CAPTURE(c);
+            const hsize_t off = c * per_chunk;
+            hsize_t np = 0, nd = 0;
+            REQUIRE(H5Dget_chunk_storage_size(p.get(), &off, &np) >= 0);
+            REQUIRE(H5Dget_chunk_storage_size(d.get(), &off, &nd) >= 0);
+            REQUIRE(np == nd);
+            REQUIRE(np > 0);
+            std::vector<unsigned char> bp(np), bd(nd);
+            uint32_t mp = 9, md = 9;
+            REQUIRE(H5Dread_chunk(p.get(), H5P_DEFAULT, &off, &mp, bp.data()) >= 0);
+            REQUIRE(H5Dread_chunk(d.get(), H5P_DEFAULT, &off, &md, bd.data()) >= 0);
+            CHECK(md == mp);
+            CHECK(md == (k.level == kZstdStore && c < 5 ? 1u : 0u));  // stored as they are: the zstd bit set
+            CHECK(bp == bd);
+        }
+        const DatasetReader r(f.get(), names[1], k.type, k.elem);  // and the data reads back
+        std::vector<unsigned char> got(bytes.size());
+        r.read_bytes(0, bytes.size(), got.data());
+        CHECK(got == bytes);
+        CHECK(r.checksum_ok());
+    }
+}
+
 TEST_CASE("zstd-only datasets: the direct chunk path reads what libhdf5 reads; another memory type goes through libhdf5") {
     TempDir td;
     const std::string path = (td.path / "z.h5").string();
