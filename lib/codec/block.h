@@ -284,10 +284,11 @@ CKPT_HD const BlockTrial<Q>& encode_block(const TensorSetup& s, const GuardConst
 /// and its roots and divisions are cheaper (lm10m: the plan 17.5 -> 13 TSC cycles per
 /// coordinate); the plan only picks the steps, each coordinate's certificate then checks
 /// them. float rounds A and B differently, which moves a step in about 1 block in 20,000.
-/// Returns false (nothing written) when a constant is not a finite float, or a0 is 0;
-/// then A and B are finite, except B = +inf where b1 |m| / sqrt(b2 v) overflows (> 2^128,
-/// which real states never reach): vlog_plan repeats such a block in double, which holds
-/// every float ratio. Every ISA level and the device compute the same IEEE operations.
+/// In float, returns false (nothing written) when a constant is not a finite float, or a0
+/// is 0 (double always writes, true). Otherwise a live coordinate's A and B are > 0 and
+/// finite, except B = +inf where b1 |m| / sqrt(b2 v) overflows (> 2^128, which real states
+/// never reach) and 0 where a constant underflowed: vlog_plan repeats such a block in
+/// double. Every ISA level and the device compute the same IEEE operations.
 template <class T, class Q>
 CKPT_HD_FORCE bool vlog_sens(const GuardConst& gc, const float* const* src, std::size_t i0, int bn, BlockWork<Q>& w) {
     double* A = w.sens[0];
@@ -296,8 +297,10 @@ CKPT_HD_FORCE bool vlog_sens(const GuardConst& gc, const float* const* src, std:
     const double sb2 = sqrt(gc.b2);
     const T ka = T(0.5 * gc.b1 * gc.inv_bc1), kb = T(0.5 * gc.sqrt_bc2 * gc.inv_bc1), eps = T(gc.eps);
     const T a0 = T(sb2 / gc.sqrt_bc2), b1s = T(gc.b1 / sb2), closed_g = T(gc.closed_g);
-    const T big = T(INFINITY);
-    if (!((ka < big) & (kb < big) & (eps < big) & (a0 < big) & (b1s < big) & (closed_g < big) & (a0 > 0))) return false;
+    if constexpr (std::is_same<T, float>::value) {  // double always computes (the old code's bits)
+        const T big = T(INFINITY);
+        if (!((ka < big) & (kb < big) & (eps < big) & (a0 < big) & (b1s < big) & (closed_g < big) & (a0 > 0))) return false;
+    }
     for (int j = 0; j < bn; ++j) {  // branch-free (see vlog_plan)
         const T m = T(src[0][i0 + j]), v = T(src[1][i0 + j]);
         const bool live = (int(isfinite(m)) & int(isfinite(v)) & int(v > 0)) != 0;
@@ -352,7 +355,8 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     const int bn8 = (bn + 7) / 8 * 8;
     for (int j = bn; j < bn8; ++j) A[j] = B[j] = 0;
     double amax = block_max(A, bn8), bmax = block_max(B, bn8);
-    if (nm == 2 && !(amax < INFINITY && bmax < INFINITY)) {  // float overflowed: double (padding stays 0)
+    // float overflowed or underflowed (live coordinates have both > 0): double (the padding stays 0)
+    if (nm == 2 && !(amax < INFINITY && bmax < INFINITY && (amax > 0) == (bmax > 0))) {
         vlog_sens<double>(gc, src, i0, bn, w);
         amax = block_max(A, bn8);
         bmax = block_max(B, bn8);

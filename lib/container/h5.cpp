@@ -93,9 +93,10 @@ namespace {
 }  // namespace
 
 bool enable_direct_chunk_writes() {
-    if (H5dont_atexit() < 0) return false;
-    direct_writes = true;
-    return true;
+    // H5dont_atexit fails once libhdf5 is initialised (it registers its handler then), or
+    // when called before: direct writes then stay as they are
+    if (H5dont_atexit() >= 0) direct_writes = true;
+    return direct_writes;
 }
 
 void set_direct_chunk_writes(bool on) { direct_writes = on; }
@@ -224,7 +225,7 @@ uint64_t get_attr_u64(hid_t obj, const std::string& name) {
 Appender::Appender(hid_t file, const std::string& path, hid_t type, std::size_t elem,
                    std::size_t chunk_bytes, int level, bool shuffle, ZstdMatch match)
     : type_(type), elem_(elem), chunk_elems_(std::max<std::size_t>(1, chunk_bytes / elem)), level_(level),
-      match_(match), shuffle_(shuffle), direct_(direct_writes) {
+      match_(match), shuffle_(shuffle), direct_(direct_writes && !(shuffle && level == kZstdStore)) {
     const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = chunk_elems_;
     Handle sp(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
     Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);

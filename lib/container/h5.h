@@ -24,9 +24,10 @@ void register_zstd_filter();
 /// copies and zero-fills each chunk). After a failed H5Dwrite_chunk (a file-size limit, a full disk) libhdf5 1.10
 /// can no longer close the file, and its exit handler then crashes the program; so this
 /// calls H5dont_atexit() and turns direct writes on only when that took effect, which
-/// needs it to come before any other HDF5 call (first thing in main). A program that turns
-/// it on closes its HDF5 files itself (ckpt-compress does; a failed one is deleted).
-/// Returns whether direct writes are on; otherwise libhdf5's pipeline writes, as before.
+/// needs it to come before any other HDF5 call (first thing in main: libhdf5 registers its
+/// handler when it initialises, and H5dont_atexit then fails). A program that turns it on
+/// closes its HDF5 files itself (ckpt-compress does; a failed one is deleted). Returns
+/// whether direct writes are on; otherwise libhdf5's pipeline writes, as before.
 bool enable_direct_chunk_writes();
 /// Direct writes on or off without the exit-handler change: for tests that never fail a
 /// write (the two paths write the same chunk bytes).
@@ -92,8 +93,9 @@ public:
     /// the i-th byte of every element (FP32 exponents together: smaller and faster).
     /// Chunks are shuffled, compressed (or stored, kZstdStore) and written here when
     /// enable_direct_chunk_writes() is on: the bytes and filter masks libhdf5's pipeline
-    /// writes (a partial last chunk zero-filled, then filtered whole); otherwise through
-    /// libhdf5's pipeline. DatasetReader reads directly.
+    /// writes (a partial last chunk zero-filled, then filtered whole); otherwise, and for
+    /// a shuffled kZstdStore dataset (none exists), through libhdf5's pipeline.
+    /// DatasetReader reads directly.
     /// match: zstd's hashLog and minMatch for this dataset (stored after the level in the
     /// filter's parameters; decompression needs neither); zeros: the level's own.
     Appender(hid_t file, const std::string& path, hid_t type, std::size_t elem,
@@ -107,6 +109,8 @@ public:
     /// stored (compressed) bytes.
     uint64_t finish();
     uint64_t count() const { return count_; }
+    /// Whether this dataset's chunks are written directly (enable_direct_chunk_writes).
+    bool direct() const { return direct_; }
     /// xxh3 of the elements appended so far (after finish(): the `xxh3` attribute's value).
     uint64_t xxh3() const { return XXH3_64bits_digest(hash_.get()); }
 

@@ -301,6 +301,38 @@ TEST_CASE("vlog plan: float sensitivities, double for a block where float overfl
     }
 }
 
+TEST_CASE("vlog plan: a tensor whose constants are no floats (beta2 = 0) is planned in double, from nothing stale") {
+    std::mt19937_64 rng(29);
+    std::uniform_real_distribution<double> U(0, 1);
+    TensorSetup s;
+    s.kind = Kind::VLog;
+    s.hyper.step = 10;
+    s.hyper.beta2 = 0;  // legal in torch: b1 / sqrt(b2) is inf, so float refuses and double plans
+    const GuardConst gc = make_guard_const(s.hyper, s.tolerance);
+    std::vector<float> m(kBlock), v(kBlock);
+    for (int j = 0; j < kBlock; ++j) {
+        v[std::size_t(j)] = float(std::pow(10, -12 + 6 * U(rng)));
+        m[std::size_t(j)] = float((U(rng) - 0.5) * std::sqrt(double(v[std::size_t(j)])));
+    }
+    const float* src[3] = {m.data(), v.data(), nullptr};
+    auto w = std::make_unique<BlockWork<VLog>>();
+    CHECK(!vlog_sens<float>(gc, src, 0, kBlock, *w));
+    double dm[2], delta[2];
+    bool ok[2], live[2][kBlock];
+    for (int fill = 0; fill < 2; ++fill) {  // whatever the scratch held before, the same plan
+        for (int j = 0; j < kBlock; ++j) {
+            w->sens[0][j] = w->sens[1][j] = fill ? std::nan("") : 1.0;
+            w->live[j] = fill == 0;
+        }
+        ok[fill] = vlog_plan(s, gc, src, 0, kBlock, 0.9 * s.tolerance, *w, dm[fill], delta[fill]);
+        std::copy(w->live, w->live + kBlock, live[fill]);
+    }
+    CHECK(ok[0] == ok[1]);
+    CHECK(std::memcmp(&dm[0], &dm[1], sizeof(double)) == 0);
+    CHECK(std::memcmp(&delta[0], &delta[1], sizeof(double)) == 0);
+    CHECK(std::equal(live[0], live[0] + kBlock, live[1]));
+}
+
 TEST_CASE("vlog decoded() is cell().dec for every code kind") {
     const int16_t pv[2] = {-20 * 64, 37}, pm[2] = {-6 * 1024, 0};
     for (uint32_t c = 0; c <= 65535; c += 7) {

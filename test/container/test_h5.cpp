@@ -111,14 +111,17 @@ TEST_CASE("direct chunk writes: the chunks and filter masks libhdf5's pipeline w
         const char* names[2] = {"/pipeline", "/direct"};
         {
             Handle f = create_file(path);
+            struct Off {  // whatever happens, direct writes end off
+                ~Off() { set_direct_chunk_writes(false); }
+            } off;
             for (int direct = 0; direct < 2; ++direct) {
                 set_direct_chunk_writes(direct == 1);
                 Appender a(f.get(), names[direct], k.type, k.elem, chunk, k.level, k.shuffle, k.match);
+                REQUIRE(a.direct() == (direct == 1));
                 for (std::size_t off = 0; off < bytes.size(); off += 1000)
                     a.append_bytes(bytes.data() + off, std::min<std::size_t>(1000, bytes.size() - off));
                 a.finish();
             }
-            set_direct_chunk_writes(false);
         }
         Handle f = open_file(path);
         Handle p(H5Dopen2(f.get(), names[0], H5P_DEFAULT), H5Dclose), d(H5Dopen2(f.get(), names[1], H5P_DEFAULT), H5Dclose);
