@@ -281,7 +281,7 @@ CKPT_HD const BlockTrial<Q>& encode_block(const TensorSetup& s, const GuardConst
 /// vlog_plan's sensitivities A[j], B[j] and w.live of a block's first bn coordinates
 /// without max_exp_avg_sq (see vlog_plan), in arithmetic of type T. With vmax = 0,
 /// sqrt(C) = sqrt(b2) sqrt(v): one root and two divisions. float first: twice the lanes,
-/// and its roots and divisions are cheaper (lm10m: the plan 17.5 -> 13 TSC cycles per
+/// and its roots and divisions are cheaper (lm10m: the plan 21.5 -> 17 TSC cycles per
 /// coordinate); the plan only picks the steps, each coordinate's certificate then checks
 /// them. float rounds A and B differently, which moves a step in about 1 block in 20,000.
 /// In float, returns false (nothing written) when a constant is not a finite float, or a0

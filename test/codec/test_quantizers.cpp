@@ -260,20 +260,30 @@ TEST_CASE("vlog escapes much less than log8 on a 12-decade exp_avg_sq block, and
     CHECK(esc[1] <= n / 200);  // <= 0.5 %
 }
 
+namespace {
+/// One block of Adam-like moments (seeded): exp_avg_sq over six decades, |exp_avg| below
+/// sqrt(exp_avg_sq) / 2.
+void adam_like_block(uint64_t seed, std::vector<float>& m, std::vector<float>& v) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> U(0, 1);
+    m.resize(kBlock);
+    v.resize(kBlock);
+    for (std::size_t j = 0; j < std::size_t(kBlock); ++j) {
+        v[j] = float(std::pow(10, -12 + 6 * U(rng)));
+        m[j] = float((U(rng) - 0.5) * std::sqrt(double(v[j])));
+    }
+}
+}  // namespace
+
 TEST_CASE("vlog plan: float sensitivities, double for a block where float overflows") {
     // vlog_sens<float> rounds A and B differently from double; where b1 |m| / sqrt(b2 v)
     // overflows a float (B = +inf), vlog_plan must repeat the block in double.
-    std::mt19937_64 rng(23);
-    std::uniform_real_distribution<double> U(0, 1);
     TensorSetup s;
     s.kind = Kind::VLog;
     s.hyper.step = 1000;
     const GuardConst gc = make_guard_const(s.hyper, s.tolerance);
-    std::vector<float> m(kBlock), v(kBlock);
-    for (int j = 0; j < kBlock; ++j) {
-        v[std::size_t(j)] = float(std::pow(10, -12 + 6 * U(rng)));
-        m[std::size_t(j)] = float((U(rng) - 0.5) * std::sqrt(double(v[std::size_t(j)])));
-    }
+    std::vector<float> m, v;
+    adam_like_block(23, m, v);
     const float* src[3] = {m.data(), v.data(), nullptr};
     auto w = std::make_unique<BlockWork<VLog>>(), ref = std::make_unique<BlockWork<VLog>>();
     for (int overflow = 0; overflow < 2; ++overflow) {
@@ -302,18 +312,13 @@ TEST_CASE("vlog plan: float sensitivities, double for a block where float overfl
 }
 
 TEST_CASE("vlog plan: a tensor whose constants are no floats (beta2 = 0) is planned in double, from nothing stale") {
-    std::mt19937_64 rng(29);
-    std::uniform_real_distribution<double> U(0, 1);
     TensorSetup s;
     s.kind = Kind::VLog;
     s.hyper.step = 10;
     s.hyper.beta2 = 0;  // legal in torch: b1 / sqrt(b2) is inf, so float refuses and double plans
     const GuardConst gc = make_guard_const(s.hyper, s.tolerance);
-    std::vector<float> m(kBlock), v(kBlock);
-    for (int j = 0; j < kBlock; ++j) {
-        v[std::size_t(j)] = float(std::pow(10, -12 + 6 * U(rng)));
-        m[std::size_t(j)] = float((U(rng) - 0.5) * std::sqrt(double(v[std::size_t(j)])));
-    }
+    std::vector<float> m, v;
+    adam_like_block(29, m, v);
     const float* src[3] = {m.data(), v.data(), nullptr};
     auto w = std::make_unique<BlockWork<VLog>>();
     CHECK(!vlog_sens<float>(gc, src, 0, kBlock, *w));
