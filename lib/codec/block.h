@@ -419,39 +419,38 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
 /// exp_avg_sq's grid p relative to code1's index) for the first bn coordinates of a block;
 /// lg[j] = log2_hd(x[j]) where x[j] > 0 is finite. keep[j] drops the coordinates without a
 /// code (those already dropped get garbage codes and cells, never read). The same codes
-/// and cells as VLog::encode_v per value, in two passes: a branch-free one (it vectorises)
-/// takes each value's first guess and at most one step to the nearest cell, as encode_v's
-/// loop does first; the values it leaves unsettled (a second step, a range end, +0, no
+/// and cells as VLog::encode_v per value (cells partition the line, so the nearest code is
+/// the one whose cell holds the value, whatever the guess), in two passes: a branch-free
+/// one (it vectorises) guesses the index whose cell holds the value and checks it; the
+/// values it leaves unsettled (a guess off by one near a cell end, a range end, +0, no
 /// positive finite value) then go through VLog::encode / encode_v themselves.
 CKPT_HD_FORCE void vlog_code_v_block(MomentType type, const float* x, const double* lg, const int16_t* p, int bn,
                                      int k, const uint16_t* code1, bool* keep, uint16_t* code, BlockCells& cells,
                                      double* settled) {
-    // Doubles throughout: flags are flag_hd values, selects are blends with them, the
-    // first guess is rounded with the 1.5 * 2^52 trick and clamped (NaN to a bound) before
-    // any conversion to int. A blend of an infinite grid value gives NaN, which leaves the
-    // value unsettled: encode_v decides it. Every value is an exact integer where it
-    // stands for one (|e| < 2^31).
+    // Doubles throughout: flags are flag_hd values, the guess is rounded with the
+    // 1.5 * 2^52 trick and clamped (NaN to a bound) before any conversion to int. Every
+    // value is an exact integer where it stands for one (|e| < 2^31).
+    // The guess: the cell of index j ends at the midpoint of 2^(e/1024) and 2^((e+st)/1024),
+    // at u = j + cb on the scale u = (log2 x * 1024 - a16) / st of the indices, with
+    // cb = 1024 log2((1 + 2^(st/1024)) / 2) / st in (1/2, 1); so x lies in cell
+    // ceil(u - cb) = nearest(u - (cb - 1/2)). Errors of log2_poly (< 1e-5 octave) and the
+    // table's float rounding move the guess only for values within ~0.02/st of a cell end:
+    // those fail the check and are left unsettled.
     const int32_t st = p[1];
-    const double a16 = double(int32_t(p[0]) * 16), sd = double(st);
+    const double a16 = double(int32_t(p[0]) * 16), sd = double(st), inv_sd = 1 / sd;
+    const double off = 1024 * log2_hd((1 + VLog::value32(st)) / 2) * inv_sd - 0.5;
     constexpr double kMax = VLog::kMaxIndex;
     for (int j = 0; j < bn; ++j) {
         const double a = x[j];
-        const double est = (lg[j] * 1024 - a16) / sd;  // encode_v's first guess
+        const double est = (lg[j] * 1024 - a16) * inv_sd - off;
         const double inr = flag_hd(est > -kMax - 2) * flag_hd(est < kMax + 2) * flag_hd(a > 0) * flag_hd(a < INFINITY);
         const double jd = fmin_hd(fmax_hd((est + 0x1.8p52) - 0x1.8p52, -kMax), kMax);
         const double e0d = a16 + jd * sd;
         const int32_t e0 = int32_t(e0d);
-        const double vm = VLog::value32(e0 - st), v0 = VLog::value32(e0), vp = VLog::value32(e0 + st);
-        const double up = flag_hd(a > (v0 + vp) / 2) * flag_hd(jd < kMax);  // encode_v's loop, once
-        const double dn = (1 - up) * flag_hd(a <= (v0 + vm) / 2) * flag_hd(jd > -kMax);
-        const double stay = 1 - up - dn;
-        const double v2 = VLog::value32(int32_t(e0d + (2 * up - 1) * 2 * sd));  // the new neighbour
-        const double xj = up * vp + dn * vm + stay * v0;
-        const double hi = (xj + (up * v2 + dn * v0 + stay * vp)) / 2;
-        const double lo = (xj + (up * v0 + dn * v2 + stay * vm)) / 2;
-        const double jj = jd + up - dn;
+        const double xj = VLog::value32(e0);
+        const double lo = (xj + VLog::value32(e0 - st)) / 2, hi = (xj + VLog::value32(e0 + st)) / 2;
         settled[j] = inr * flag_hd(xj > 0) * flag_hd(hi < INFINITY) * flag_hd(a > lo) * flag_hd(a <= hi);
-        code[j] = uint16_t(int32_t(1 + (jj >= 0 ? 2 * jj : -2 * jj - 1)));  // 1 + zigzag(jj)
+        code[j] = uint16_t(int32_t(1 + (jd >= 0 ? 2 * jd : -2 * jd - 1)));  // 1 + zigzag(jd)
         cells.dec[j] = xj;
         cells.lo[j] = lo;
         cells.hi[j] = hi;
@@ -491,6 +490,8 @@ CKPT_HD_FORCE void vlog_code_m_block(MomentType type, const float* x, double uni
         const double d = unit * scale[j];
         const double xd = x[j], a = fabs(xd);
         const double neg = flag_hd(copysign(1.0, xd) < 0);  // signbit: -0.0 keeps its sign
+        // the guess in float (a division of 16 lanes, not 8; relative error < 2^-23, so off by
+        // at most one step below 2^22): the step check below settles the code exactly
         const double qf = a / d;
         const double inr = flag_hd(d > 0) * flag_hd(d < INFINITY) * flag_hd(qf < kMax + 0.5);  // 0 for NaN qf
         const double q0 = fmin_hd(fmax_hd((qf + 0x1p52) - 0x1p52, 0.0), kMax + 1);  // a first guess, as encode_m's (NaN: 0)
