@@ -108,6 +108,8 @@ CKPT_HD GuardInput guard_input(const TensorSetup& s, const Cell* c, const float*
 /// exp_avg_sq, or max(exp_avg_sq, max_exp_avg_sq) with amsgrad.
 CKPT_HD double m_scale(double v, double vmax) { return sqrt(v > vmax ? v : vmax); }
 
+static_assert(kBlock <= 64, "VLog::anchor buffers one block of at most 64 values");
+
 /// One parameter trial of a block: params per moment, codes, which coordinates keep
 /// their codes and their certificates.
 template <class Q>
@@ -480,18 +482,18 @@ CKPT_HD_FORCE void vlog_code_v_block(MomentType type, const float* x, const doub
 
 /// vlog exp_avg codes and cells of a block's first bn coordinates in units
 /// d[j] = unit * scale[j], for the coordinates still kept (keep[j] drops those without a
-/// code). The same as VLog::encode_m_value and m_cell per value, in two passes as
-/// vlog_code_v_block: a branch-free first guess and one step, then encode_m_value itself
-/// for what that leaves (non-finite values or units, range ends, more steps).
+/// code). The same as VLog::encode_m_value and m_cell per value, in two passes: a
+/// branch-free first guess and at most one step to the nearest cell, then encode_m_value
+/// itself for what that leaves (non-finite values or units, range ends, more steps).
 CKPT_HD_FORCE void vlog_code_m_block(MomentType type, const float* x, double unit, const double* scale, int bn,
                                      bool* keep, uint16_t* code, BlockCells& cells, double* settled) {
-    constexpr double kMax = VLog::kMaxIndex;  // doubles, flags and blends, as vlog_code_v_block
+    // Doubles throughout, flags are flag_hd values, selects are blends with them (a blend
+    // with an infinite value gives NaN, which leaves the value unsettled)
+    constexpr double kMax = VLog::kMaxIndex;
     for (int j = 0; j < bn; ++j) {
         const double d = unit * scale[j];
         const double xd = x[j], a = fabs(xd);
         const double neg = flag_hd(copysign(1.0, xd) < 0);  // signbit: -0.0 keeps its sign
-        // the guess in float (a division of 16 lanes, not 8; relative error < 2^-23, so off by
-        // at most one step below 2^22): the step check below settles the code exactly
         const double qf = a / d;
         const double inr = flag_hd(d > 0) * flag_hd(d < INFINITY) * flag_hd(qf < kMax + 0.5);  // 0 for NaN qf
         const double q0 = fmin_hd(fmax_hd((qf + 0x1p52) - 0x1p52, 0.0), kMax + 1);  // a first guess, as encode_m's (NaN: 0)
@@ -541,7 +543,7 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
     for (int trial = 0; trial < 3; ++trial, scale *= 0.7) {
         t->p[0][0] = VLog::m_step(dm * scale);
         t->p[0][1] = 0;
-        t->p[1][0] = VLog::anchor(src[1] + i0, w.lg[1], bn);
+        t->p[1][0] = VLog::anchor(src[1] + i0, w.lg[1], bn);  // (bn <= kBlock <= 64: its lane buffer)
         t->p[1][1] = VLog::v_step(delta * scale);
         if (nm == 3) t->p[2][0] = t->p[2][1] = 0;  // max_exp_avg_sq uses exp_avg_sq's grid
         for (int j = 0; j < bn; ++j) t->keep[j] = true;

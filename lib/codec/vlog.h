@@ -213,7 +213,7 @@ struct VLog {
     /// selects come first, in a loop of their own: GCC 12.2 at -O3 vectorised the masked
     /// sum and the count fused in the 8-lane loop wrongly (test_codec checks the anchor).
     CKPT_HD static int16_t anchor(const float* x, const double* lg, int n) {
-        double v[64];  // kBlock (codec.h, host-only)
+        double v[64];  // codec.h kBlock (block.h asserts kBlock <= 64; this header does not include codec.h)
         int cnt = 0;
         for (int i = 0; i < n; ++i) {
             const bool ok = (x[i] > 0) & (x[i] < INFINITY);
