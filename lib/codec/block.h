@@ -539,11 +539,12 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
     // 90%: the rest covers the FP32 margin and the cells' asymmetry (a larger share makes
     // more blocks fail and re-code finer: measured worse at 1.2x and 1.6x)
     const bool constrained = vlog_plan(s, gc, src, i0, bn, 0.9 * s.tolerance, w, dm, delta);
+    const int16_t anchor = VLog::anchor(src[1] + i0, w.lg[1], bn);  // the same in every trial (bn <= kBlock <= 64)
     double scale = 1;
     for (int trial = 0; trial < 3; ++trial, scale *= 0.7) {
         t->p[0][0] = VLog::m_step(dm * scale);
         t->p[0][1] = 0;
-        t->p[1][0] = VLog::anchor(src[1] + i0, w.lg[1], bn);  // (bn <= kBlock <= 64: its lane buffer)
+        t->p[1][0] = anchor;
         t->p[1][1] = VLog::v_step(delta * scale);
         if (nm == 3) t->p[2][0] = t->p[2][1] = 0;  // max_exp_avg_sq uses exp_avg_sq's grid
         for (int j = 0; j < bn; ++j) t->keep[j] = true;

@@ -24,9 +24,8 @@ void register_zstd_filter();
 /// copies and zero-fills each chunk). After a failed H5Dwrite_chunk (a file-size limit, a
 /// full disk) libhdf5 1.10 can no longer close the file, and its exit handler then crashes
 /// the program; so this calls H5dont_atexit() and turns direct writes on only when that
-/// took effect, which
-/// needs it to come before any other HDF5 call (first thing in main: libhdf5 registers its
-/// handler when it initialises, and H5dont_atexit then fails). A program that turns it on
+/// took effect, which needs it to come before any other HDF5 call (first thing in main:
+/// libhdf5 registers its handler when it initialises, and H5dont_atexit then fails). A program that turns it on
 /// closes its HDF5 files itself (ckpt-compress does; a failed one is deleted). Returns
 /// whether direct writes are on; otherwise libhdf5's pipeline writes, as before.
 bool enable_direct_chunk_writes();
