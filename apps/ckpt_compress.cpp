@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
     app.add_option("--weight-decay", o.hyper.weight_decay, "override weight decay");
     app.add_option("--amsgrad", o.hyper.amsgrad, "override amsgrad (true/false)");
     app.add_option("--maximize", o.hyper.maximize, "override maximize (true/false)");
-    app.add_option("--chunk", o.chunk, "coordinates per chunk (memory bound; rounded down to a multiple of 64)")->capture_default_str()
+    app.add_option("--chunk", o.chunk, "coordinates per chunk (memory bound; rounded down to a multiple of 64; default " +
+                   std::to_string(ckpt::kCpuChunk) + " on the CPU, " + std::to_string(ckpt::kDeviceChunk) + " on a CUDA device)")
         ->check(CLI::Range(std::size_t(64), std::size_t(1) << 30));
     app.add_option("--max-header-bytes", o.limits.max_header_bytes, "safetensors header limit")->capture_default_str();
     app.add_option("--max-pickle-bytes", o.limits.max_pickle_bytes, "data.pkl / legacy pickle limit")->capture_default_str();

@@ -191,7 +191,8 @@ std::pair<std::vector<CodeHashes>, uint64_t> write_container(const std::string& 
     write_raw(out, f, man, prog);
     out.begin_moments(man);
     const std::size_t unit = codec::entropy_coded(o.codec) ? codec::kSegment : codec::kBlock;  // chunks start on segments
-    const std::size_t chunk = std::max<std::size_t>(unit, o.chunk / unit * unit);
+    const std::size_t want = o.chunk ? o.chunk : device == gpu::Device::Cuda ? kDeviceChunk : kCpuChunk;
+    const std::size_t chunk = std::max<std::size_t>(unit, want / unit * unit);
     std::vector<CodeHashes> hashes;
     ChunkBuffers buf;
     for (auto& e : man.params) {

@@ -15,6 +15,11 @@
 
 namespace ckpt {
 
+/// Compress's default chunks: on the CPU one chunk's values, codes and streams (~2 MiB)
+/// stay in L2 between the read, the encoder and the entropy coder, and are paged in once;
+/// a device wants large transfers.
+constexpr std::size_t kCpuChunk = std::size_t(1) << 16, kDeviceChunk = std::size_t(1) << 20;
+
 struct CompressOptions {
     double tolerance = 0.01;          ///< tau, in units of lr
     double grad_bound = 1.0;          ///< G per coordinate, may be +inf
@@ -22,7 +27,10 @@ struct CompressOptions {
     std::string optimizer = "auto";   ///< auto | adam | adamw
     std::optional<double> param_bound;  ///< |theta| bound for L2 when theta is absent
     HyperOverrides hyper;
-    std::size_t chunk = 1 << 20;      ///< coordinates per chunk (bounded memory)
+    /// Coordinates per chunk (bounded memory); 0: kCpuChunk on the CPU, kDeviceChunk on a
+    /// CUDA device. Any value gives the same datasets (codes, escapes, segments); only
+    /// where HDF5 places their chunks in the file follows the order of the appends.
+    std::size_t chunk = 0;
     bool progress = false;            ///< progress line on stderr
     Limits limits;                    ///< reader limits (header, pickle, memo sizes)
     std::string device = "auto";      ///< cpu | cuda | auto (cuda when a device is present)

@@ -38,6 +38,22 @@ bool store_declines(const void* chunk, std::size_t nbytes) {
 /// Appender's direct chunk writes (enable_direct_chunk_writes).
 std::atomic<bool> direct_writes{false};
 
+/// Appender::flush's working buffers, shared by every Appender of a thread (a container has
+/// a dozen datasets, most of a few KiB): `pad` holds a partial last chunk zero-filled to a
+/// whole one, and is all zeros again after each use, so a small dataset neither zeroes nor
+/// pages in a chunk of its own; `shuffled` and `packed` hold its shuffle and zstd frame.
+struct FlushScratch {
+    std::vector<unsigned char> pad, shuffled, packed;
+};
+thread_local FlushScratch flush_scratch;
+
+/// DatasetReader::chunk_bytes's working buffers, shared by every reader of a thread in the
+/// same way: a chunk as stored, and its zstd frame decompressed before the unshuffle.
+struct ReadScratch {
+    std::vector<unsigned char> stored, plain;
+};
+thread_local ReadScratch read_scratch;
+
 /// One zstd frame of src[0, n) into dst (capacity cap) at `level` with `match` (zeros: the
 /// level's own), as the filter writes it; returns its size, 0 on failure.
 std::size_t zstd_compress_chunk(const void* src, std::size_t n, int level, ZstdMatch match, void* dst, std::size_t cap) {
@@ -276,23 +292,33 @@ void Appender::flush() {
     const hsize_t n = buf_.size() / elem_, start = written_, total = written_ + n;
     if (H5Dset_extent(ds_.get(), &total) < 0) fail("cannot extend dataset");
     if (direct_) {  // the pipeline's bytes: the chunk zero-filled past the data, filtered whole
-        const std::size_t chunk_bytes = chunk_elems_ * elem_;
-        buf_.resize(chunk_bytes, 0);
+        const std::size_t chunk_bytes = chunk_elems_ * elem_, used = buf_.size();
+        FlushScratch& s = flush_scratch;
         const unsigned char* data = buf_.data();
+        if (used < chunk_bytes) {  // the last, partial chunk: padded in the shared zeros
+            if (s.pad.size() < chunk_bytes) s.pad.resize(chunk_bytes, 0);
+            std::memcpy(s.pad.data(), buf_.data(), used);
+            data = s.pad.data();
+        }
+        struct Rezero {  // pad is all zeros again on every way out, a throw included
+            std::vector<unsigned char>& pad;
+            std::size_t n;
+            ~Rezero() { std::memset(pad.data(), 0, n); }
+        } rezero{s.pad, used < chunk_bytes ? used : 0};
         std::size_t size = chunk_bytes;
         uint32_t mask = 0;
         if (level_ == kZstdStore && store_declines(data, size)) {
             mask = 1;  // the optional zstd filter (the only one) skipped, as libhdf5 marks it
         } else {
             if (shuffle_) {
-                shuffled_.resize(chunk_bytes);
-                shuffle_bytes(data, shuffled_.data(), chunk_bytes, elem_);
-                data = shuffled_.data();
+                if (s.shuffled.size() < chunk_bytes) s.shuffled.resize(chunk_bytes);
+                shuffle_bytes(data, s.shuffled.data(), chunk_bytes, elem_);
+                data = s.shuffled.data();
             }
-            packed_.resize(ZSTD_compressBound(chunk_bytes));
-            size = zstd_compress_chunk(data, chunk_bytes, level_, match_, packed_.data(), packed_.size());
+            if (s.packed.size() < ZSTD_compressBound(chunk_bytes)) s.packed.resize(ZSTD_compressBound(chunk_bytes));
+            size = zstd_compress_chunk(data, chunk_bytes, level_, match_, s.packed.data(), s.packed.size());
             if (size == 0) fail("cannot compress a chunk of dataset");
-            data = packed_.data();
+            data = s.packed.data();
         }
         if (H5Dwrite_chunk(ds_.get(), H5P_DEFAULT, mask, &start, size, data) < 0)
             fail("cannot write dataset (disk full or file-size limit?)");
@@ -394,24 +420,25 @@ const std::vector<unsigned char>& DatasetReader::chunk_bytes(uint64_t c) const {
         return chunk_buf_;
     }
     if (size > most_) fail("dataset " + path_ + " has a damaged chunk");
-    stored_.resize(std::size_t(size));  // the buffers live as long as the reader: no allocation per chunk
+    std::vector<unsigned char>& stored = read_scratch.stored;  // grown once per thread: no allocation per chunk
+    stored.resize(std::size_t(size));
     uint32_t mask = 0;
-    if (H5Dread_chunk(ds_.get(), H5P_DEFAULT, &off, &mask, stored_.data()) < 0)
+    if (H5Dread_chunk(ds_.get(), H5P_DEFAULT, &off, &mask, stored.data()) < 0)
         fail("dataset " + path_ + " cannot be read (damaged chunk?)");
     const bool unshuffle = shuffled_ && !(mask & 1);  // shuffle applied (filter 0)
-    const unsigned char* p = stored_.data();
+    const unsigned char* p = stored.data();
     if (!(mask & (shuffled_ ? 2u : 1u))) {  // zstd applied (the last filter): into chunk_buf_ unless unshuffled after
-        if (unshuffle) plain_.resize(nbytes);
-        unsigned char* dst = unshuffle ? plain_.data() : chunk_buf_.data();
-        const unsigned long long n = ZSTD_getFrameContentSize(stored_.data(), stored_.size());
-        if (n != nbytes || ZSTD_decompressDCtx(zstd_ctx.d, dst, nbytes, stored_.data(), stored_.size()) != nbytes)
+        if (unshuffle) read_scratch.plain.resize(nbytes);
+        unsigned char* dst = unshuffle ? read_scratch.plain.data() : chunk_buf_.data();
+        const unsigned long long n = ZSTD_getFrameContentSize(stored.data(), stored.size());
+        if (n != nbytes || ZSTD_decompressDCtx(zstd_ctx.d, dst, nbytes, stored.data(), stored.size()) != nbytes)
             fail("dataset " + path_ + " cannot be read (damaged chunk?)");
         p = dst;
-    } else if (stored_.size() != nbytes) {
+    } else if (stored.size() != nbytes) {
         fail("dataset " + path_ + " cannot be read (damaged chunk?)");
     }
     if (unshuffle) unshuffle_bytes(p, chunk_buf_.data(), nbytes, elem_);
-    else if (p != chunk_buf_.data()) chunk_buf_.swap(stored_);  // stored as it is: the buffers trade places, no copy
+    else if (p != chunk_buf_.data()) chunk_buf_.swap(stored);  // stored as it is: the buffers trade places, no copy
     cached_ = c;
     return chunk_buf_;
 }

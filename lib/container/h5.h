@@ -120,7 +120,7 @@ private:
     Handle ds_;
     hid_t type_;
     std::size_t elem_, chunk_elems_;
-    std::vector<unsigned char> buf_, shuffled_, packed_;  ///< a chunk; its shuffle and zstd frame (direct writes)
+    std::vector<unsigned char> buf_;  ///< a chunk (its shuffle and zstd frame: h5.cpp's FlushScratch)
     uint64_t count_ = 0, written_ = 0, bytes_ = 0;
     int level_;
     ZstdMatch match_;
@@ -170,7 +170,7 @@ private:
     uint64_t chunk_ = 0, most_ = 0;
     bool shuffled_ = false;
     mutable uint64_t cached_ = UINT64_MAX;
-    mutable std::vector<unsigned char> chunk_buf_, stored_, plain_;  ///< decoded, as stored, unzstd'ed
+    mutable std::vector<unsigned char> chunk_buf_;  ///< decoded (as stored, unzstd'ed: h5.cpp's ReadScratch)
     /// checksum_ok's running hash of the bytes [0, hashed_) read so far in order; stale
     /// when a read skipped ahead (in_order_ false).
     mutable Xxh3State running_ = make_xxh3();
