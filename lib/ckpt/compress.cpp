@@ -14,6 +14,7 @@
 #include "ckpt/layout.h"
 #include "ckpt/pipeline.h"
 #include "ckpt/values.h"
+#include "common/chunk_buffer.h"
 #include "common/error.h"
 #include "common/file.h"
 #include "common/xxh3.h"
@@ -32,7 +33,7 @@ namespace ct = container;
 /// Phase 2: every byte outside moment storages into /raw, in file order; hashes of the
 /// non-moment storages into the manifest.
 void write_raw(ct::ContainerWriter& out, const io::InputFile& f, ct::Manifest& man, Progress& prog) {
-    std::vector<uint8_t> buf(1 << 20);
+    ChunkVector<uint8_t> buf(1 << 20);
     const Xxh3State h = make_xxh3();
     for (const ct::SourceSpan& sp : ct::source_spans(man)) {
         if (sp.moment) continue;
@@ -191,7 +192,7 @@ std::pair<std::vector<CodeHashes>, uint64_t> write_container(const std::string& 
     write_raw(out, f, man, prog);
     out.begin_moments(man);
     const std::size_t unit = codec::entropy_coded(o.codec) ? codec::kSegment : codec::kBlock;  // chunks start on segments
-    const std::size_t want = o.chunk ? o.chunk : device == gpu::Device::Cuda ? kDeviceChunk : kCpuChunk;
+    const std::size_t want = o.chunk ? o.chunk : default_chunk(device == gpu::Device::Cuda);
     const std::size_t chunk = std::max<std::size_t>(unit, want / unit * unit);
     std::vector<CodeHashes> hashes;
     ChunkBuffers buf;

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "ckpt/values.h"
+#include "common/chunk_buffer.h"
 #include "common/error.h"
 
 namespace ckpt {
@@ -20,7 +21,8 @@ std::string basename_of(const std::string& p) {
     return s == std::string::npos ? p : p.substr(s + 1);
 }
 
-/// max |theta| over whole-storage float tensors, read in 1 MiB pieces.
+/// max |theta| over whole-storage float tensors, read in 1 MiB pieces (F32 straight into
+/// the values, a chunk block).
 double max_abs(const Checkpoint& ck, const io::InputFile& f, int tensor) {
     const TensorInfo& t = ck.tensors[std::size_t(tensor)];
     const StorageInfo& st = ck.storages[t.storage];
@@ -29,14 +31,14 @@ double max_abs(const Checkpoint& ck, const io::InputFile& f, int tensor) {
     if (es == 0) throw BadInput(f.path(), "parameter " + t.path + " is not FP32/F16/BF16; pass --param-bound B");
     double m = 0;
     std::vector<uint8_t> b;
-    std::vector<float> v;
+    ChunkVector<float> v;
     for (uint64_t i = 0; i < st.numel;) {  // the whole storage bounds any view of it
         const std::size_t n = std::size_t(std::min<uint64_t>(1 << 18, st.numel - i));
-        b.resize(n * es);
-        v.resize(n);
-        f.read_at(st.file_offset + i * es, b.data(), n * es, "parameter storage");
-        bytes_to_float(dt, b.data(), n, v.data());
-        const uint32_t top = max_abs_bits(v.data(), n);
+        float* vals = room(v, n);
+        uint8_t* raw = element_bytes(dt, vals, n, b);
+        f.read_at(st.file_offset + i * es, raw, n * es, "parameter storage");
+        if (dt != DType::F32) bytes_to_float(dt, raw, n, vals);
+        const uint32_t top = max_abs_bits(vals, n);
         if (top > 0x7f800000u) return NAN;  // a NaN: no finite bound
         float mx;
         std::memcpy(&mx, &top, 4);

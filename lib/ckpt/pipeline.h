@@ -15,10 +15,11 @@
 
 namespace ckpt {
 
-/// Compress's default chunks: on the CPU one chunk's values, codes and streams (~2 MiB)
-/// stay in L2 between the read, the encoder and the entropy coder, and are paged in once;
-/// a device wants large transfers.
+/// Coordinates per chunk, every tool's default: on the CPU one chunk's values, codes and
+/// streams (~2 MiB) stay in L2 between the passes over them (read, encode or decode,
+/// entropy coding, write), and are paged in once; a device wants large transfers.
 constexpr std::size_t kCpuChunk = std::size_t(1) << 16, kDeviceChunk = std::size_t(1) << 20;
+constexpr std::size_t default_chunk(bool device) { return device ? kDeviceChunk : kCpuChunk; }
 
 struct CompressOptions {
     double tolerance = 0.01;          ///< tau, in units of lr

@@ -43,14 +43,14 @@ std::atomic<bool> direct_writes{false};
 /// whole one, and is all zeros again after each use, so a small dataset neither zeroes nor
 /// pages in a chunk of its own; `shuffled` and `packed` hold its shuffle and zstd frame.
 struct FlushScratch {
-    std::vector<unsigned char> pad, shuffled, packed;
+    ChunkVector<unsigned char> pad, shuffled, packed;
 };
 thread_local FlushScratch flush_scratch;
 
 /// DatasetReader::chunk_bytes's working buffers, shared by every reader of a thread in the
 /// same way: a chunk as stored, and its zstd frame decompressed before the unshuffle.
 struct ReadScratch {
-    std::vector<unsigned char> stored, plain;
+    ChunkVector<unsigned char> stored, plain;
 };
 thread_local ReadScratch read_scratch;
 
@@ -257,7 +257,6 @@ Appender::Appender(hid_t file, const std::string& path, hid_t type, std::size_t 
     ds_ = Handle(H5Dcreate2(file, path.c_str(), type, sp.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
     if (!ds_) fail("cannot create dataset " + path);
     hash_ = make_xxh3();
-    buf_.reserve(chunk_elems_ * elem_);
 }
 
 Appender::~Appender() = default;
@@ -274,12 +273,17 @@ void Appender::append_bytes(const void* data, std::size_t n) {
     count_ = (bytes_ + elem_ - 1) / elem_;
 }
 
+/// Appender's buffer before its dataset outgrows it (then a whole chunk).
+constexpr std::size_t kFirstBuffer = 1 << 16;
+
 void Appender::push(const void* data, std::size_t n) {
     const auto* p = static_cast<const unsigned char*>(data);
     XXH3_64bits_update(hash_.get(), p, n);
     const std::size_t chunk_bytes = chunk_elems_ * elem_;
     while (n > 0) {  // one chunk buffered at a time (whole elements: appends come in elements or bytes, never both)
         const std::size_t take = std::min(chunk_bytes - buf_.size(), n);
+        if (buf_.capacity() < buf_.size() + take)  // 64 KiB first: a small dataset holds no whole chunk
+            buf_.reserve(buf_.size() + take <= kFirstBuffer ? kFirstBuffer : chunk_bytes);
         buf_.insert(buf_.end(), p, p + take);
         p += take;
         n -= take;
@@ -301,7 +305,7 @@ void Appender::flush() {
             data = s.pad.data();
         }
         struct Rezero {  // pad is all zeros again on every way out, a throw included
-            std::vector<unsigned char>& pad;
+            ChunkVector<unsigned char>& pad;
             std::size_t n;
             ~Rezero() { std::memset(pad.data(), 0, n); }
         } rezero{s.pad, used < chunk_bytes ? used : 0};
@@ -407,7 +411,7 @@ DatasetReader::DatasetReader(hid_t file, const std::string& path, hid_t type, st
     }
 }
 
-const std::vector<unsigned char>& DatasetReader::chunk_bytes(uint64_t c) const {
+const ChunkVector<unsigned char>& DatasetReader::chunk_bytes(uint64_t c) const {
     if (c == cached_) return chunk_buf_;
     const std::size_t nbytes = std::size_t(chunk_ * elem_);
     cached_ = UINT64_MAX;
@@ -420,7 +424,7 @@ const std::vector<unsigned char>& DatasetReader::chunk_bytes(uint64_t c) const {
         return chunk_buf_;
     }
     if (size > most_) fail("dataset " + path_ + " has a damaged chunk");
-    std::vector<unsigned char>& stored = read_scratch.stored;  // grown once per thread: no allocation per chunk
+    ChunkVector<unsigned char>& stored = read_scratch.stored;  // grown once per thread: no allocation per chunk
     stored.resize(std::size_t(size));
     uint32_t mask = 0;
     if (H5Dread_chunk(ds_.get(), H5P_DEFAULT, &off, &mask, stored.data()) < 0)
