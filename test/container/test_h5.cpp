@@ -1,18 +1,22 @@
 // The HDF5 + zstd layer (lib/container/h5.h, shuffle.h): the byte shuffle against libhdf5's
 // definition, and shuffled datasets read by DatasetReader's direct chunk path against what
-// libhdf5's own shuffle filter wrote and reads.
+// libhdf5's own shuffle filter wrote and reads; the chunk buffers' pooled blocks
+// (common/chunk_buffer.h).
 #include <doctest/doctest.h>
 
 #include <hdf5.h>
 #include <zstd.h>
 
 #include <cstdint>
+#include <cstring>
 #include <random>
+#include <set>
 #include <utility>
 #include <string>
 #include <vector>
 
 #include "../temp_dir.h"
+#include "common/chunk_buffer.h"
 #include "container/h5.h"
 #include "container/shuffle.h"
 
@@ -328,4 +332,41 @@ TEST_CASE("checksum_ok: reads in order are hashed on the way; the rest, padding 
             CHECK_FALSE(bad2.checksum_ok());  // read by checksum_ok
         }
     }
+}
+
+TEST_CASE("chunk blocks: 2 MiB-aligned, a freed 2 MiB block taken again (newest first), at most kPoolBlocks kept") {
+    using ckpt::chunk_block_alloc;
+    using ckpt::chunk_block_free;
+    using ckpt::kPoolBlocks;
+    constexpr std::size_t kMiB = std::size_t(1) << 20;
+    std::vector<void*> drained;  // whatever earlier tests left in the pool
+    for (std::size_t i = 0; i < kPoolBlocks; ++i) drained.push_back(chunk_block_alloc(kMiB));
+    std::vector<void*> blocks;
+    for (std::size_t i = 0; i < kPoolBlocks + 3; ++i) {
+        blocks.push_back(chunk_block_alloc(i % 2 ? kMiB : 2 * kMiB));  // both round to one 2 MiB block
+        CHECK(reinterpret_cast<std::uintptr_t>(blocks.back()) % (2 * kMiB) == 0);
+        std::memset(blocks.back(), int(i), 2 * kMiB);  // the whole block is ours
+    }
+    for (void* b : blocks) chunk_block_free(b, kMiB);  // the first kPoolBlocks are kept, 3 freed
+    blocks.resize(kPoolBlocks);
+    for (std::size_t i = kPoolBlocks; i-- > 0;) {
+        void* b = chunk_block_alloc(kMiB + 1);
+        CHECK(b == blocks[i]);
+        CHECK(static_cast<unsigned char*>(b)[2 * kMiB - 1] == (unsigned char)(i));  // kept as it was
+        chunk_block_free(b, kMiB + 1);
+        CHECK(chunk_block_alloc(kMiB) == b);  // and again (held in blocks[i])
+    }
+    // larger blocks: aligned, never kept
+    void* big = chunk_block_alloc(3 * kMiB);
+    CHECK(reinterpret_cast<std::uintptr_t>(big) % (2 * kMiB) == 0);
+    std::memset(big, 7, 4 * kMiB);
+    chunk_block_free(big, 3 * kMiB);
+    // ChunkVector: below 1 MiB plain memory, from 1 MiB a block
+    ckpt::ChunkVector<uint32_t> v(kMiB / 4, 5);
+    CHECK(reinterpret_cast<std::uintptr_t>(v.data()) % (2 * kMiB) == 0);
+    v.resize(3 * kMiB / 4, 6);
+    CHECK(v[kMiB / 4 - 1] == 5);
+    CHECK(v.back() == 6);
+    for (void* b : blocks) chunk_block_free(b, kMiB);
+    for (void* b : drained) chunk_block_free(b, kMiB);
 }
