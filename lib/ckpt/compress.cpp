@@ -33,7 +33,7 @@ namespace ct = container;
 /// Phase 2: every byte outside moment storages into /raw, in file order; hashes of the
 /// non-moment storages into the manifest.
 void write_raw(ct::ContainerWriter& out, const io::InputFile& f, ct::Manifest& man, Progress& prog) {
-    ChunkVector<uint8_t> buf(1 << 20);
+    ChunkBuffer buf(1 << 20);
     const Xxh3State h = make_xxh3();
     for (const ct::SourceSpan& sp : ct::source_spans(man)) {
         if (sp.moment) continue;

@@ -132,7 +132,7 @@ private:
     mutable uint64_t buf_begin_ = 0;
     mutable std::vector<uint64_t> buf_idx_;
     mutable std::array<std::vector<uint32_t>, 3> buf_bits_;
-    mutable ChunkVector<uint8_t> raw_buf_;   ///< for_each_raw_piece's piece
+    mutable ChunkBuffer raw_buf_;   ///< for_each_raw_piece's piece
     void load_escapes(uint64_t row, uint64_t end_row, int moments) const;
 };
 

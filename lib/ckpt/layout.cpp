@@ -31,10 +31,11 @@ double max_abs(const Checkpoint& ck, const io::InputFile& f, int tensor) {
     if (es == 0) throw BadInput(f.path(), "parameter " + t.path + " is not FP32/F16/BF16; pass --param-bound B");
     double m = 0;
     std::vector<uint8_t> b;
-    ChunkVector<float> v;
+    ChunkBuffer v;
     for (uint64_t i = 0; i < st.numel;) {  // the whole storage bounds any view of it
         const std::size_t n = std::size_t(std::min<uint64_t>(1 << 18, st.numel - i));
-        float* vals = room(v, n);
+        v.resize(n * sizeof(float));
+        float* vals = reinterpret_cast<float*>(v.data());
         uint8_t* raw = element_bytes(dt, vals, n, b);
         f.read_at(st.file_offset + i * es, raw, n * es, "parameter storage");
         if (dt != DType::F32) bytes_to_float(dt, raw, n, vals);

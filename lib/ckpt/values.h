@@ -28,8 +28,8 @@ uint32_t max_abs_bits(const float* x, std::size_t n);
 /// v.data() with room for n elements, whose contents the caller overwrites: when shorter,
 /// replaced by n zeros (the old contents are not copied over), never shrunk, so a buffer
 /// reused across chunks and parameters is filled once, not per chunk.
-template <class T, class A>
-T* room(std::vector<T, A>& v, std::size_t n) {
+template <class T>
+T* room(std::vector<T>& v, std::size_t n) {
     if (v.size() < n) {
         v.clear();  // resize then relocates nothing
         v.resize(n);

@@ -2,8 +2,12 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <new>
+#include <vector>
 
 namespace ckpt {
 
@@ -57,6 +61,28 @@ void chunk_block_free(void* b, std::size_t bytes) noexcept {
         }
     }
     std::free(b);
+}
+
+void ChunkBuffer::release(unsigned char* p, std::size_t cap) noexcept {
+    if (!p) return;
+    if (cap < kChunkBlockMin) ::operator delete(p);
+    else chunk_block_free(p, cap);
+}
+
+void ChunkBuffer::reserve(std::size_t n) {
+    if (n <= cap_) return;
+    if (n > std::size_t(-1) / 4) throw std::bad_alloc();
+    auto* q = static_cast<unsigned char*>(n < kChunkBlockMin ? ::operator new(n) : chunk_block_alloc(n));
+    if (size_) std::memcpy(q, p_, size_);
+    release(p_, cap_);
+    p_ = q;
+    cap_ = n;
+}
+
+void ChunkBuffer::append(const void* src, std::size_t n) {
+    if (size_ + n > cap_) reserve(std::max(size_ + n, 2 * size_));
+    if (n) std::memcpy(p_ + size_, src, n);
+    size_ += n;
 }
 
 }  // namespace ckpt

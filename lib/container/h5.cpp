@@ -43,14 +43,14 @@ std::atomic<bool> direct_writes{false};
 /// whole one, and is all zeros again after each use, so a small dataset neither zeroes nor
 /// pages in a chunk of its own; `shuffled` and `packed` hold its shuffle and zstd frame.
 struct FlushScratch {
-    ChunkVector<unsigned char> pad, shuffled, packed;
+    ChunkBuffer pad, shuffled, packed;
 };
 thread_local FlushScratch flush_scratch;
 
 /// DatasetReader::chunk_bytes's working buffers, shared by every reader of a thread in the
 /// same way: a chunk as stored, and its zstd frame decompressed before the unshuffle.
 struct ReadScratch {
-    ChunkVector<unsigned char> stored, plain;
+    ChunkBuffer stored, plain;
 };
 thread_local ReadScratch read_scratch;
 
@@ -284,7 +284,7 @@ void Appender::push(const void* data, std::size_t n) {
         const std::size_t take = std::min(chunk_bytes - buf_.size(), n);
         if (buf_.capacity() < buf_.size() + take)  // 64 KiB first: a small dataset holds no whole chunk
             buf_.reserve(buf_.size() + take <= kFirstBuffer ? kFirstBuffer : chunk_bytes);
-        buf_.insert(buf_.end(), p, p + take);
+        buf_.append(p, take);
         p += take;
         n -= take;
         if (buf_.size() == chunk_bytes) flush();
@@ -300,12 +300,16 @@ void Appender::flush() {
         FlushScratch& s = flush_scratch;
         const unsigned char* data = buf_.data();
         if (used < chunk_bytes) {  // the last, partial chunk: padded in the shared zeros
-            if (s.pad.size() < chunk_bytes) s.pad.resize(chunk_bytes, 0);
+            if (s.pad.size() < chunk_bytes) {  // zeros past what it held
+                const std::size_t had = s.pad.size();
+                s.pad.resize(chunk_bytes);
+                std::memset(s.pad.data() + had, 0, chunk_bytes - had);
+            }
             std::memcpy(s.pad.data(), buf_.data(), used);
             data = s.pad.data();
         }
         struct Rezero {  // pad is all zeros again on every way out, a throw included
-            ChunkVector<unsigned char>& pad;
+            ChunkBuffer& pad;
             std::size_t n;
             ~Rezero() { std::memset(pad.data(), 0, n); }
         } rezero{s.pad, used < chunk_bytes ? used : 0};
@@ -343,7 +347,7 @@ uint64_t Appender::finish() {
     if (byte_mode_ && buf_.size() % elem_) {  // zero-pad the last element (hashed as stored)
         static constexpr unsigned char zeros[16] = {};
         const std::size_t pad = elem_ - buf_.size() % elem_;
-        buf_.insert(buf_.end(), zeros, zeros + pad);
+        buf_.append(zeros, pad);
         XXH3_64bits_update(hash_.get(), zeros, pad);
     }
     flush();
@@ -411,7 +415,7 @@ DatasetReader::DatasetReader(hid_t file, const std::string& path, hid_t type, st
     }
 }
 
-const ChunkVector<unsigned char>& DatasetReader::chunk_bytes(uint64_t c) const {
+const ChunkBuffer& DatasetReader::chunk_bytes(uint64_t c) const {
     if (c == cached_) return chunk_buf_;
     const std::size_t nbytes = std::size_t(chunk_ * elem_);
     cached_ = UINT64_MAX;
@@ -419,12 +423,12 @@ const ChunkVector<unsigned char>& DatasetReader::chunk_bytes(uint64_t c) const {
     const hsize_t off = c * chunk_;
     hsize_t size = 0;
     if (H5Dget_chunk_storage_size(ds_.get(), &off, &size) < 0 || size == 0) {
-        std::fill(chunk_buf_.begin(), chunk_buf_.end(), 0);  // never written: the fill value, as in libhdf5
+        std::memset(chunk_buf_.data(), 0, nbytes);  // never written: the fill value, as in libhdf5
         cached_ = c;
         return chunk_buf_;
     }
     if (size > most_) fail("dataset " + path_ + " has a damaged chunk");
-    ChunkVector<unsigned char>& stored = read_scratch.stored;  // grown once per thread: no allocation per chunk
+    ChunkBuffer& stored = read_scratch.stored;  // grown once per thread: no allocation per chunk
     stored.resize(std::size_t(size));
     uint32_t mask = 0;
     if (H5Dread_chunk(ds_.get(), H5P_DEFAULT, &off, &mask, stored.data()) < 0)

@@ -121,7 +121,7 @@ private:
     Handle ds_;
     hid_t type_;
     std::size_t elem_, chunk_elems_;
-    ChunkVector<unsigned char> buf_;  ///< a chunk (its shuffle and zstd frame: h5.cpp's FlushScratch)
+    ChunkBuffer buf_;  ///< a chunk (its shuffle and zstd frame: h5.cpp's FlushScratch)
     uint64_t count_ = 0, written_ = 0, bytes_ = 0;
     int level_;
     ZstdMatch match_;
@@ -171,7 +171,7 @@ private:
     uint64_t chunk_ = 0, most_ = 0;
     bool shuffled_ = false;
     mutable uint64_t cached_ = UINT64_MAX;
-    mutable ChunkVector<unsigned char> chunk_buf_;  ///< decoded (as stored, unzstd'ed: h5.cpp's ReadScratch)
+    mutable ChunkBuffer chunk_buf_;  ///< decoded (as stored, unzstd'ed: h5.cpp's ReadScratch)
     /// checksum_ok's running hash of the bytes [0, hashed_) read so far in order; stale
     /// when a read skipped ahead (in_order_ false).
     mutable Xxh3State running_ = make_xxh3();
@@ -180,7 +180,7 @@ private:
     /// Hash what a read returned: bytes [byte_offset, byte_offset + n) at p.
     void note_read(uint64_t byte_offset, const void* p, uint64_t n) const;
     /// Chunk c's elements as bytes (zeros for a chunk never written); throws when damaged.
-    const ChunkVector<unsigned char>& chunk_bytes(uint64_t c) const;
+    const ChunkBuffer& chunk_bytes(uint64_t c) const;
     /// Bytes [byte_offset, byte_offset + n) of a shuffled dataset, chunk by chunk.
     void read_chunked(uint64_t byte_offset, uint64_t n, unsigned char* out) const;
 };

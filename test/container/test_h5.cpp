@@ -334,7 +334,7 @@ TEST_CASE("checksum_ok: reads in order are hashed on the way; the rest, padding 
     }
 }
 
-TEST_CASE("chunk blocks: 2 MiB-aligned, a freed 2 MiB block taken again (newest first), at most kPoolBlocks kept") {
+TEST_CASE("chunk blocks: 2 MiB-aligned, a freed 2 MiB block taken again (newest first), at most kPoolBlocks kept; ChunkBuffer") {
     using ckpt::chunk_block_alloc;
     using ckpt::chunk_block_free;
     using ckpt::kPoolBlocks;
@@ -361,12 +361,30 @@ TEST_CASE("chunk blocks: 2 MiB-aligned, a freed 2 MiB block taken again (newest 
     CHECK(reinterpret_cast<std::uintptr_t>(big) % (2 * kMiB) == 0);
     std::memset(big, 7, 4 * kMiB);
     chunk_block_free(big, 3 * kMiB);
-    // ChunkVector: below 1 MiB plain memory, from 1 MiB a block
-    ckpt::ChunkVector<uint32_t> v(kMiB / 4, 5);
+    // ChunkBuffer: below 1 MiB plain memory, from 1 MiB a block; contents kept as it grows
+    ckpt::ChunkBuffer v;
+    std::vector<unsigned char> want;
+    for (int i = 0; i < 3000; ++i) {
+        const std::vector<unsigned char> piece(std::size_t(i) % 1500, (unsigned char)(i));
+        v.append(piece.data(), piece.size());
+        want.insert(want.end(), piece.begin(), piece.end());
+    }
+    REQUIRE(v.size() == want.size());
+    CHECK(v.size() > kMiB);
+    CHECK(v.capacity() >= v.size());
+    CHECK(std::memcmp(v.data(), want.data(), want.size()) == 0);
     CHECK(reinterpret_cast<std::uintptr_t>(v.data()) % (2 * kMiB) == 0);
-    v.resize(3 * kMiB / 4, 6);
-    CHECK(v[kMiB / 4 - 1] == 5);
-    CHECK(v.back() == 6);
+    ckpt::ChunkBuffer w(100);
+    w.swap(v);
+    CHECK(w.size() == want.size());
+    CHECK(v.size() == 100);
+    v = std::move(w);
+    CHECK(v.size() == want.size());
+    CHECK(std::memcmp(v.data(), want.data(), want.size()) == 0);
+    v.resize(10);
+    CHECK(v.data()[9] == want[9]);
+    v.clear();
+    CHECK(v.empty());
     for (void* b : blocks) chunk_block_free(b, kMiB);
     for (void* b : drained) chunk_block_free(b, kMiB);
 }
