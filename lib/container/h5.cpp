@@ -311,7 +311,9 @@ void Appender::flush() {
         struct Rezero {  // pad is all zeros again on every way out, a throw included
             ChunkBuffer& pad;
             std::size_t n;
-            ~Rezero() { std::memset(pad.data(), 0, n); }
+            ~Rezero() {
+                if (n) std::memset(pad.data(), 0, n);
+            }
         } rezero{s.pad, used < chunk_bytes ? used : 0};
         std::size_t size = chunk_bytes;
         uint32_t mask = 0;
