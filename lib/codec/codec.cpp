@@ -8,11 +8,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <type_traits>
@@ -119,28 +122,95 @@ void gradient_domain(const DomainRule& d, const float* theta, std::size_t i, dou
 
 namespace {
 
+/// Threads kept for for_block_ranges and woken per call: spawning them per call cost
+/// ~50-100 us each, and with a call per 64Ki-coordinate chunk (ckpt/pipeline.h's
+/// kCpuChunk) --threads 2 was no faster than 1 (docs/benchmarks.md, round 16).
+class WorkerPool {
+public:
+    /// fn(p) for p in [0, parts): part 0 on the caller, the others on kept threads; returns
+    /// when every part has (fn must not throw). A call while another runs (from another
+    /// thread, or from inside fn) runs its parts on its caller, one after another.
+    void run(unsigned parts, const std::function<void(unsigned)>& fn) {
+        std::unique_lock<std::mutex> busy(run_m_, std::try_to_lock);
+        if (!busy || parts <= 1) {
+            for (unsigned p = 0; p < parts; ++p) fn(p);
+            return;
+        }
+        {
+            std::lock_guard<std::mutex> lk(m_);
+            while (threads_.size() + 1 < parts) {  // started before gen_ moves: they take this job
+                const unsigned id = unsigned(threads_.size()) + 1;
+                threads_.emplace_back([this, id, seen = gen_] { loop(id, seen); });
+            }
+            job_ = &fn;
+            parts_ = parts;
+            pending_ = parts - 1;
+            ++gen_;
+        }
+        cv_.notify_all();
+        fn(0);
+        std::unique_lock<std::mutex> lk(m_);
+        done_.wait(lk, [&] { return pending_ == 0; });
+        job_ = nullptr;
+    }
+    ~WorkerPool() {
+        {
+            std::lock_guard<std::mutex> lk(m_);
+            stop_ = true;
+            ++gen_;
+        }
+        cv_.notify_all();
+        for (auto& t : threads_) t.join();
+    }
+
+private:
+    void loop(unsigned id, uint64_t seen) {
+        std::unique_lock<std::mutex> lk(m_);
+        for (;;) {
+            cv_.wait(lk, [&] { return gen_ != seen; });
+            seen = gen_;
+            if (stop_) return;
+            if (id >= parts_) continue;
+            const auto* job = job_;
+            lk.unlock();
+            (*job)(id);
+            lk.lock();
+            if (--pending_ == 0) done_.notify_one();
+        }
+    }
+    std::mutex run_m_, m_;
+    std::condition_variable cv_, done_;
+    std::vector<std::thread> threads_;
+    const std::function<void(unsigned)>* job_ = nullptr;
+    unsigned parts_ = 0, pending_ = 0;
+    uint64_t gen_ = 0;
+    bool stop_ = false;
+};
+
+/// The process's one WorkerPool.
+WorkerPool& worker_pool() {
+    static WorkerPool pool;
+    return pool;
+}
+
 /// Run fn(part, first_block, end_block) over `parts` contiguous ranges of `blocks` blocks,
-/// part 0 on the calling thread; rethrows the first exception.
+/// part 0 on the calling thread, the others on worker_pool()'s; rethrows the first exception.
 template <class Fn>
 void for_block_ranges(std::size_t blocks, unsigned parts, Fn fn) {
     std::vector<std::exception_ptr> err(parts);
-    auto run = [&](unsigned p) {
+    worker_pool().run(parts, [&](unsigned p) {
         try {
             fn(p, blocks * p / parts, blocks * (p + 1) / parts);
         } catch (...) {
             err[p] = std::current_exception();
         }
-    };
-    std::vector<std::thread> pool;
-    for (unsigned p = 1; p < parts; ++p) pool.emplace_back(run, p);
-    run(0);
-    for (auto& t : pool) t.join();
+    });
     for (auto& e : err)
         if (e) std::rethrow_exception(e);
 }
 
-/// Threads for a chunk of n coordinates: one per 16k coordinates at most (spawning a
-/// thread costs ~50 us; a 16k-coordinate range takes ~1-2 ms).
+/// Threads for a chunk of n coordinates: one per 16k coordinates at most (waking a kept
+/// thread costs ~10-50 us; a 16k-coordinate range takes ~0.2-2 ms).
 unsigned parts_for(std::size_t n) {
     const std::size_t most = std::max<std::size_t>(1, n / 16384);
     return unsigned(std::min<std::size_t>(cpu_threads(), most));
