@@ -46,19 +46,20 @@ n=$(grep -c "ckpt-compress: error: .*zero_pp_rank_2_mp_rank_00_optim_states.pt" 
 [ "$n" = "$RANKS" ] || { echo "FAIL: $n of $RANKS ranks named the bad shard"; cat "$T/bad.err"; exit 1; }
 [ ! -e "$T/bad_out" ] || { echo "FAIL: partial output folder left"; exit 1; }
 ls -a "$T" | grep -q '^\.bad_out\.tmp' && { echo "FAIL: temporary folder left"; exit 1; }
-# SIGKILL one rank mid-run (a larger folder, so the run lasts about a second): mpirun ends
-# the others; no output folder is left, and with --force the previous one stays whole.
+# SIGKILL one rank mid-run (a larger folder, one thread a rank, killed as soon as the
+# temporary folder appears: each rank's share takes ~0.2 s, and a rank killed after it had
+# finished let the run commit): mpirun ends the others; no output folder is left, and with
+# --force the previous one stays whole.
 /usr/bin/python3 "$(dirname "$0")/make_folders.py" "$T/big" --only ds --width 2048 --steps 2 >/dev/null
 for existing in no yes; do
   force=""
   if [ $existing = yes ]; then "$B/ckpt-compress" "$T/big/ds4" -o "$T/kill_out" >/dev/null; force=--force; fi
   [ $existing = yes ] && cp "$T/kill_out/ckptkit-folder.json" "$T/before.json"
   rm -rf "$T"/.kill_out.tmp-*   # what the killed run of the first round left
-  $MPIRUN "$B/ckpt-compress" "$T/big/ds4" -o "$T/kill_out" $force >/dev/null 2>&1 &
+  $MPIRUN "$B/ckpt-compress" "$T/big/ds4" -o "$T/kill_out" $force --threads 1 >/dev/null 2>&1 &
   mp=$!
   i=0
   while ! ls -a "$T" | grep -q '^\.kill_out\.tmp-' && [ $i -lt 3000 ]; do sleep 0.01; i=$((i + 1)); done
-  sleep 0.1
   victim=""
   for p in $(ps -o pid= --ppid $mp); do
     [ "$(ps -o comm= -p "$p")" = ckpt-compress ] && victim=$p
