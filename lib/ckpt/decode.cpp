@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 
+#include "ckpt/pipeline.h"
 #include "ckpt/values.h"
 #include "codec/rans.h"
 #include "codec/vlog.h"
@@ -13,6 +14,10 @@
 #include "gpu_codec.h"
 
 namespace ckpt {
+
+std::size_t ContainerReader::default_decode_chunk() {
+    return default_chunk(gpu::decode_device() == gpu::Device::Cuda);
+}
 
 namespace ct = container;
 

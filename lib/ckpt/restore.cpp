@@ -12,7 +12,6 @@
 #include "ckpt/values.h"
 #include "common/error.h"
 #include "common/file.h"
-#include "gpu_codec.h"
 #include "io/file.h"
 
 namespace ckpt {
@@ -76,7 +75,7 @@ void restore_moments(const ContainerReader& cr, FileWriter& w, Progress& prog) {
                 prog.advance(c.n * es);
             }
         };
-        cr.for_each_chunk(j, default_chunk(gpu::decode_device() == gpu::Device::Cuda), ContainerReader::Want::Values, write, &chunk);
+        cr.for_each_chunk(j, ContainerReader::default_decode_chunk(), ContainerReader::Want::Values, write, &chunk);
         for (int k = 0; k < e.moments(); ++k) {
             const uint32_t v = uint32_t(crc[k]);
             const uint8_t le[4] = {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)};

@@ -24,7 +24,6 @@
 #include "ckpt/pipeline.h"
 #include "ckpt/values.h"
 #include "common/error.h"
-#include "gpu_codec.h"
 #include "io/file.h"
 
 namespace ckpt {
@@ -279,7 +278,7 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
         const Xxh3State hash[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
         XXH3_state_t* hs[3] = {hash[0].get(), hash[1].get(), hash[2].get()};
         try {
-            cr.for_each_chunk(j, default_chunk(gpu::decode_device() == gpu::Device::Cuda), want, [&](const ContainerReader::Chunk& c) {
+            cr.for_each_chunk(j, ContainerReader::default_decode_chunk(), want, [&](const ContainerReader::Chunk& c) {
                 prog.advance(c.n * uint64_t(nm) * es);
                 if (codes_only) {  // self-check: the decoded codes hashed (hs[] serves the original otherwise)
                     for (int k = 0; k < nm; ++k) XXH3_64bits_update(hs[k], c.codes[k].data(), c.n * code_bytes);
