@@ -276,18 +276,59 @@ __attribute__((always_inline)) inline uint64_t points_inside(const GridPoints& g
 
 }  // namespace
 
-// grid.h says why the closed form bounds the loops' values
-bool closed_form_below(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
-                       double vmaxt, double thr) {
-    if (!codec::fp32_gate_tensor(c)) return false;
+namespace {
+
+/// closed_form_value's per-coordinate part (the tensor's FP32 gate checked by the caller):
+/// selects only, so closed_form_values' loop vectorises.
+__attribute__((always_inline)) inline double closed_value_coord(const codec::GuardConst& c, bool ams, double m, double v,
+                                                                double vmax, double mt, double vt, double vmaxt) {
     codec::GuardInput in;
     in.amsgrad = ams;
-    in.m = {mt, std::min(m, mt), std::max(m, mt)};
+    in.m = {mt, std::min(m, mt), std::max(m, mt)};  // (a NaN original stays in its cell: no bound)
     in.v = {vt, std::min(v, vt), std::max(v, vt)};
     if (ams) in.vmax = {vmaxt, std::min(vmax, vmaxt), std::max(vmax, vmaxt)};
     const codec::ClosedStage k = codec::certify_closed(c, in);
-    const bool differ = k.dm != 0 || k.dv != 0;
-    return differ && k.gate_failed == 0 && k.closed <= thr * (1 - 0x1p-40);  // false for NaN
+    // equal states carry no FP32 margin: nothing to settle there
+    // (flags as doubles and one select: codec/hd.h flag_hd)
+    const double usable = codec::flag_hd((k.dm != 0) | (k.dv != 0)) * (1 - k.gate_failed) * codec::flag_hd(k.closed == k.closed);
+    return usable != 0 ? k.closed : INFINITY;
+}
+
+template <bool kAms>
+__attribute__((always_inline)) inline void closed_values_loop(const codec::GuardConst& c, const float* m, const float* v,
+                                                              const float* vmax, const float* mt, const float* vt,
+                                                              const float* vmaxt, std::size_t n, double* out) {
+    // a local copy: a field of gc read only under a condition is a load that may trap for
+    // the if-converter, which then leaves the loop scalar (codec/block.h closed_stage_block)
+    const codec::GuardConst cc = c;
+    for (std::size_t i = 0; i < n; ++i)
+        out[i] = closed_value_coord(cc, kAms, m[i], v[i], kAms ? vmax[i] : 0.0, mt[i], vt[i], kAms ? vmaxt[i] : 0.0);
+}
+
+}  // namespace
+
+// grid.h says why the closed form bounds the loops' values
+double closed_form_value(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
+                         double vmaxt) {
+    return codec::fp32_gate_tensor(c) ? closed_value_coord(c, ams, m, v, vmax, mt, vt, vmaxt) : INFINITY;
+}
+
+bool closed_form_below(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
+                       double vmaxt, double thr) {
+    return closed_form_value(c, ams, m, v, vmax, mt, vt, vmaxt) <= thr * (1 - 0x1p-40);  // false for NaN
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void closed_form_values(const codec::GuardConst& c, bool ams, const float* m, const float* v, const float* vmax,
+                        const float* mt, const float* vt, const float* vmaxt, std::size_t n, double* out) {
+    if (!codec::fp32_gate_tensor(c)) {
+        std::fill(out, out + n, INFINITY);
+        return;
+    }
+    ams ? closed_values_loop<true>(c, m, v, vmax, mt, vt, vmaxt, n, out)
+        : closed_values_loop<false>(c, m, v, vmax, mt, vt, vmaxt, n, out);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -295,7 +336,7 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
                       double vmaxt, double lo, double hi, double scale, double bound, const GridPoints& grid,
-                      bool fast_paths, double only_above) {
+                      bool fast_paths, double only_above, double closed) {
     const GridState g{c.b1 * m, c.b1 * mt, c.b2 * v, c.b2 * vt, 1 - c.b1, 1 - c.b2,
                       ams ? vmax : -INFINITY, ams ? vmaxt : -INFINITY, ams ? std::sqrt(vmax) : -INFINITY,
                       1 / c.sqrt_bc2, c.inv_bc1, c.eps};
@@ -327,7 +368,8 @@ GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, 
             const double thr = std::min(bound / g.inv_bc1, only_above / g.inv_bc1 * (1 - 0x1p-40));
             const bool symmetric = lo == -hi && hi >= 0;
             int kb = 0, ke = 0;
-            if (closed_form_below(c, ams, m, v, vmax, mt, vt, vmaxt, std::min(bound, only_above))) {
+            if (closed != closed) closed = closed_form_value(c, ams, m, v, vmax, mt, vt, vmaxt);
+            if (closed <= std::min(bound, only_above) * (1 - 0x1p-40)) {  // closed_form_below
                 // nothing on the grid can be over the bound or above the known max: count the points
                 r.points = points_inside(grid, scale, lo, hi, symmetric, kb, ke);
                 settled = true;

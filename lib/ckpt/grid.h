@@ -88,14 +88,16 @@ struct GridResult { double max_diff = 0; uint64_t points = 0, over = 0; };
 /// margin (grid.cpp, LinearScreen), since the square root bounded the screen's speed.
 ///
 /// Before the screen, closed_form_below: where it holds for min(bound, only_above), no grid
-/// point can matter, and only the points are counted.
+/// point (nor the domain's ends) can matter, and only the points are counted. `closed`:
+/// the coordinate's closed_form_value when the caller has it (closed_form_values, a
+/// vectorised pass over a chunk), NaN to compute it here.
 ///
 /// (m, v, vmax) is the original state, (mt, vt, vmaxt) the decoded one (vmax* read only when
 /// `ams`); the grid is +-scale * grid.mult[k] (scale = sqrt(v) in verify); `fast_paths` false
 /// forces the exact loop everywhere (test/ckpt/test_grid.cpp compares the two).
 GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
                       double vmaxt, double lo, double hi, double scale, double bound, const GridPoints& grid,
-                      bool fast_paths = true, double only_above = -1);
+                      bool fast_paths = true, double only_above = -1, double closed = NAN);
 
 /// Whether the guard's closed form (codec/guard.h certify_closed) bounds every grid point's
 /// |u - u~| / lr, as the fast loops compute it, by thr (arguments as grid_check's). Its
@@ -107,5 +109,18 @@ GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, 
 /// per coordinate, where the screen evaluates every grid point.
 bool closed_form_below(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
                        double vmaxt, double thr);
+
+/// The closed bound closed_form_below compares with thr (1 - 2^-40): certify_closed's
+/// `closed` on the cells [original, decoded], or +inf where it settles nothing (the
+/// tensor's FP32 gate or the coordinate's gate fails, the states are equal, NaN).
+double closed_form_value(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
+                         double vmaxt);
+
+/// closed_form_value of coordinates [0, n) of one tensor, into out[0, n): the same
+/// doubles (the same IEEE operations in the same order, vectorised; target_clones picks
+/// the ISA). Original state m, v, vmax; decoded mt, vt, vmaxt (vmax, vmaxt read only when
+/// `ams`).
+void closed_form_values(const codec::GuardConst& c, bool ams, const float* m, const float* v, const float* vmax,
+                        const float* mt, const float* vt, const float* vmaxt, std::size_t n, double* out);
 
 }  // namespace ckpt

@@ -5,7 +5,9 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <vector>
 
 #include "ckpt/grid.h"
 
@@ -175,4 +177,34 @@ TEST_CASE("closed_form_below: where it holds for thr, the full loop has no point
         }
     }
     CHECK(held > differ / 2);  // at 3x the grid's max the closed form settles most states
+}
+
+TEST_CASE("closed_form_values: the vectorised pass gives closed_form_value's doubles, bit for bit") {
+    // verify --original takes the closed form of a whole chunk from closed_form_values and
+    // compares it as grid_check would have compared its own closed_form_value
+    std::mt19937_64 rng(20261204);
+    const codec::AdamHyper h{6e-4, 0.9, 0.95, 1e-8, 0, false, false, 300};
+    const codec::GuardConst gc = codec::make_guard_const(h, 0.01);
+    for (bool ams : {false, true}) {
+        const std::size_t n = 1003;  // not a multiple of any vector width
+        std::vector<float> m(n), v(n), vmax(n), mt(n), vt(n), vmaxt(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            const Case c = random_case(rng);
+            m[i] = float(c.m), v[i] = float(c.v), vmax[i] = float(c.vmax);
+            mt[i] = float(c.mt), vt[i] = float(c.vt), vmaxt[i] = float(c.vmaxt);
+            if (i % 97 == 5) m[i] = NAN;                 // a NaN original settles nothing
+            if (i % 89 == 7) mt[i] = m[i], vt[i] = v[i], vmaxt[i] = vmax[i];  // equal states
+        }
+        std::vector<double> out(n, -1);
+        closed_form_values(gc, ams, m.data(), v.data(), vmax.data(), mt.data(), vt.data(), vmaxt.data(), n, out.data());
+        long finite = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+            const double one = closed_form_value(gc, ams, m[i], v[i], vmax[i], mt[i], vt[i], vmaxt[i]);
+            INFO("ams ", ams, " i ", i);
+            CHECK(std::memcmp(&one, &out[i], sizeof one) == 0);
+            if (i % 97 == 5 || (i % 89 == 7 && !std::isnan(m[i]))) CHECK(out[i] == INFINITY);
+            finite += out[i] < INFINITY;
+        }
+        CHECK(finite > long(n) / 2);
+    }
 }
