@@ -23,6 +23,7 @@
 #include <string>
 
 #include "codec/codec.h"
+#include "common/cleanup.h"
 #include "common/error.h"
 #include "common/file.h"
 
@@ -79,6 +80,16 @@ public:
             json = json || json_requested(argc, argv);
             return usage(e.what(), "");
         }
+        // Ctrl-C, kill and crashes remove the temporaries being written (common/cleanup.h);
+        // a crash exits 2 with the usual error line and object
+        install_signal_cleanup([&](const char* signame) {
+            const std::string what = std::string("fatal signal ") + signame +
+                                     " while processing it (a malformed container can crash libhdf5); no output was written";
+            FatalMessages m;
+            m.err = file.empty() ? fmt::format("{}: error: {}\n", tool_, what) : fmt::format("{}: error: {}: {}\n", tool_, file, what);
+            if (json) m.out = json_text(file, what, kExitBadInput) + "\n";
+            return m;
+        });
         try {
             return body();
         } catch (const UsageError& e) {
@@ -117,10 +128,13 @@ private:
             if (std::strcmp(argv[i], "--json") == 0) return true;
         return false;
     }
-    void print_json(const std::string& file, const std::string& what, int code) const {
+    std::string json_text(const std::string& file, const std::string& what, int code) const {
         nlohmann::json j{{"ok", false}, {"tool", tool_}, {"error", one_line(what)}, {"exit_code", code}};
         if (!file.empty()) j["file"] = file;
-        std::cout << j.dump() << std::endl;
+        return j.dump();
+    }
+    void print_json(const std::string& file, const std::string& what, int code) const {
+        std::cout << json_text(file, what, code) << std::endl;
     }
     int usage(const std::string& what, const std::string& file) const {
         return error("", what + " (run '" + tool_ + " --help')", kExitBadInput, file);

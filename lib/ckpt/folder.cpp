@@ -18,6 +18,7 @@
 
 #include "ckpt/folder_dcp.h"
 #include "ckpt/folder_files.h"
+#include "common/cleanup.h"
 #include "common/error.h"
 #include "common/file.h"
 #include "common/json_num.h"
@@ -336,7 +337,11 @@ void fill_from(FileRow& r, const Report& rep, const std::string& in, const std::
 /// Create `tmp` and every sub-folder of the tree in it.
 void make_dirs(const std::string& tmp, const std::vector<std::string>& dirs) {
     std::error_code ec;
-    if (!fs::create_directory(tmp, ec) || ec) throw BadInput(tmp, "cannot create the temporary folder: " + ec.message());
+    temp_note(tmp, true);  // removed if a signal ends the process (common/cleanup.h); noted before it exists
+    if (!fs::create_directory(tmp, ec) || ec) {
+        temp_forget(tmp);
+        throw BadInput(tmp, "cannot create the temporary folder: " + ec.message());
+    }
     for (const auto& d : dirs)
         if (fs::create_directories(join(tmp, d), ec); ec) throw BadInput(join(tmp, d), "cannot create folder: " + ec.message());
 }
@@ -344,6 +349,7 @@ void make_dirs(const std::string& tmp, const std::vector<std::string>& dirs) {
 void remove_tree(const std::string& p) {
     std::error_code ec;
     fs::remove_all(p, ec);
+    temp_forget(p);
 }
 
 std::string folder_name(const std::string& p) {
@@ -716,6 +722,7 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
             // the gathered moments of a DCP folder: gather them again from the original
             scratch = (fs::temp_directory_path() / fmt::format("ckptkit-verify-{}-{}", ::getpid(), i)).string();
             remove_tree(scratch);
+            temp_note(scratch, true);
             fs::create_directories(scratch);
             orig = join(scratch, base_of(e.path));
             try {

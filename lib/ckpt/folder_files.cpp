@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/cleanup.h"
 #include "common/error.h"
 #include "common/file.h"
 #include "common/xxh3.h"
@@ -204,6 +205,7 @@ void commit_folder(const std::string& tmp, const std::string& out) {
         } else if (::rename(tmp.c_str(), out.c_str()) != 0) {
             throw std::runtime_error(std::strerror(errno));
         }
+        temp_forget(tmp);  // (after the exchange, tmp held the old output: removed above)
         const fs::path parent = fs::path(out).lexically_normal().parent_path();
         fsync_path(parent.empty() ? "." : parent.string());
     } catch (const std::exception& e) {

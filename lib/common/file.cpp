@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/cleanup.h"
 #include "common/error.h"
 
 namespace ckpt {
@@ -98,10 +99,12 @@ AtomicOutput::AtomicOutput(std::string path) : path_(std::move(path)) {
     const std::string dir = s == std::string::npos ? "" : path_.substr(0, s + 1);
     const std::string base = s == std::string::npos ? path_ : path_.substr(s + 1);
     temp_ = dir + "." + base + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    temp_note(temp_, false);  // removed if a signal ends the process first (common/cleanup.h)
 }
 
 AtomicOutput::~AtomicOutput() {
     if (!done_) ::unlink(temp_.c_str());
+    temp_forget(temp_);
 }
 
 void AtomicOutput::commit() {
@@ -109,6 +112,7 @@ void AtomicOutput::commit() {
     if (::rename(temp_.c_str(), path_.c_str()) != 0)
         throw std::runtime_error(path_ + ": cannot rename output into place: " + errtext());
     done_ = true;
+    temp_forget(temp_);
     fsync_path(dir_of(path_));
 }
 

@@ -9,7 +9,8 @@
   * crash-safe outputs: ckpt-compress and ckpt-restore killed with SIGKILL at seeded random
     moments (24 times each): the output path holds either nothing / the complete previous
     file, or a complete new one; RLIMIT_FSIZE (ulimit -f) makes both exit 2 with one line
-    and leave no partial output;
+    and leave no partial output; SIGINT / SIGTERM / SIGSEGV sent while a temporary exists
+    remove it (common/cleanup.h): the signal's own exit, or exit 2 with one line for SIGSEGV;
   * --max-header-bytes / --max-pickle-bytes / --max-memo-entries on ckpt-compress.
 
 Binaries come from $CKPTKIT_BIN (FAIL, never skip, when unset).
@@ -359,6 +360,91 @@ def test_kill_restore(good, tmp_path):
                          complete, 11, "ckpt-restore", str(tmp_path))
     record("kill_restore", stats)
     assert stats["killed"] >= KILLS // 2, stats
+
+
+# Signals (common/cleanup.h): Ctrl-C, kill and hang-up remove the temporaries and let the
+# signal end the process; a crash (here SIGSEGV sent from outside, as a crash inside libhdf5
+# would raise it) removes them and exits 2 with one error line. The sanitizer build
+# (scripts/test_sanitize.sh sets ASAN_OPTIONS) keeps ASan's own crash report instead: exit 99.
+SANITIZED = "ASAN_OPTIONS" in os.environ
+SIGNAL_TRIALS = 4
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """A 48 MiB generated checkpoint (scripts/gen_checkpoint.py; long enough a run to
+    interrupt), its container, and a folder holding it and a small file."""
+    d = tmp_path_factory.mktemp("big")
+    src = str(d / "big.pt")
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_checkpoint.py"), "--gib", "0.047", "-o", src],
+                   check=True, capture_output=True)
+    folder = d / "ckpt"
+    folder.mkdir()
+    shutil.copyfile(src, folder / "optimizer.pt")
+    (folder / "config.json").write_text('{"hidden": 8}\n')
+    ct = str(d / "big.ckz.h5")
+    assert run("ckpt-compress", src, "-o", ct).returncode == 0
+    return {"src": src, "container": ct, "folder": str(folder)}
+
+
+def _interrupt(cmd, where, sig):
+    """Start cmd; send sig as soon as a temporary (".tmp-") appears in folder `where` (or
+    when the run has ended). Returns (exit status, stderr, temporaries left)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while p.poll() is None and time.monotonic() - t0 < 60:
+        if any(".tmp-" in f for f in os.listdir(where)):
+            break
+        time.sleep(0.002)
+    if p.poll() is None:
+        p.send_signal(sig)
+    _, err = p.communicate(timeout=300)
+    return p.returncode, err, [f for f in os.listdir(where) if ".tmp-" in f]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGSEGV], ids=lambda s: s.name)
+@pytest.mark.parametrize("job", ["compress", "restore", "compress-folder"])
+def test_signal_removes_temporaries(job, sig, big, tmp_path):
+    where = tmp_path / "out"
+    where.mkdir()
+    out = str(where / {"compress": "x.ckz.h5", "restore": "r.pt", "compress-folder": "ckz"}[job])
+    name = "ckpt-restore" if job == "restore" else "ckpt-compress"
+    src = {"compress": big["src"], "restore": big["container"], "compress-folder": big["folder"]}[job]
+    cmd = [tool(name), src, "-o", out, "--force"]
+    fatal = sig == signal.SIGSEGV
+    interrupted = 0
+    for trial in range(SIGNAL_TRIALS):
+        shutil.rmtree(where)
+        where.mkdir()
+        had_prev = trial % 2 == 1
+        if had_prev:  # a previous output of another kind, which must survive intact
+            if job == "compress-folder":
+                os.mkdir(out)
+                shutil.copyfile(OTHER, os.path.join(out, "previous.pt"))
+            else:
+                shutil.copyfile(OTHER, out)
+        rc, err, left = _interrupt(cmd, str(where), sig)
+        what = f"{job} {sig.name} trial {trial}: exit {rc}, stderr {err[-300:]!r}"
+        if rc == 0:  # finished before the signal: a complete output
+            assert not left, what
+            continue
+        interrupted += 1
+        if fatal and SANITIZED:
+            assert rc == 99 and "AddressSanitizer" in err, what
+            continue
+        if fatal:
+            assert rc == 2, what
+            lines = err.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith(f"{name}: error: {src}: fatal signal SIGSEGV"), what
+        else:
+            assert rc == -sig, what
+        assert not left, what  # the temporary (file or folder) was removed
+        if had_prev:
+            prev = os.path.join(out, "previous.pt") if job == "compress-folder" else out
+            assert digest(prev) == digest(OTHER), what
+        else:
+            assert not os.path.exists(out), what
+    assert interrupted >= SIGNAL_TRIALS // 2, f"{job} {sig.name}: only {interrupted} runs interrupted"
 
 
 def _fsize_limit(nbytes):
