@@ -3,7 +3,9 @@
 # run, --threads 1: compress / `zstd -3 -T1` of the raw FP32 moments; restore / (`zstd -d
 # -T1` of them + `cp` of a file as large as the other bytes); verify / restore; verify
 # --original / compress. Each command runs REPS times, interleaved with the others (a drift
-# of the machine's speed hits all alike), and the median is taken.
+# of the machine's speed hits all alike), and the median is taken. Below the table, one line
+# per checkpoint: compress's and restore's ratios of user seconds alone, and the system
+# seconds (median total - median user) of each.
 # Usage: scripts/bench_ratios.sh [REPS=7] CKPT...   (default CKPTs: the two cached bench
 # models, scripts/train_bench_models.py); needs build/apps (or CKPTKIT_BIN), zstd, /usr/bin/time.
 set -euo pipefail
@@ -18,6 +20,7 @@ cpu() {  # cpu CMD...: CPU seconds of one run (after a sync: no run pays for ano
   sync
   /usr/bin/time -f "%U %S" -o "$W/t" "$@" >/dev/null 2>&1
   awk '{print $1 + $2}' "$W/t"
+  awk '{print $1}' "$W/t" >> "$W/user"   # (the user part alone, for the second table)
 }
 median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 echo "| checkpoint | compress / zstd -3 | restore / (zstd -d + cp) | verify / restore | verify --original / compress | compress s | restore s | verify s | verify --original s |"
@@ -29,11 +32,12 @@ for ck in "$@"; do
   zstd -3 -T1 -q -f "$W/m.raw" -o "$W/m.zst"
   "$B/ckpt-compress" "$ck" -o "$W/c.h5" --force --threads 1 >/dev/null
   : > "$W/c" ; : > "$W/z" ; : > "$W/r" ; : > "$W/d" ; : > "$W/v" ; : > "$W/o"
+  : > "$W/cu" ; : > "$W/zu" ; : > "$W/ru" ; : > "$W/du"
   for _ in $(seq "$REPS"); do
-    cpu "$B/ckpt-compress" "$ck" -o "$W/c2.h5" --force --threads 1 >> "$W/c"
-    cpu zstd -3 -T1 -q -f "$W/m.raw" -o "$W/z.zst" >> "$W/z"
-    cpu "$B/ckpt-restore" "$W/c.h5" -o "$W/r.pt" --force --threads 1 >> "$W/r"
-    cpu sh -c "zstd -d -T1 -q -f '$W/m.zst' -o '$W/d.raw' && cp '$W/other.bin' '$W/d.other'" >> "$W/d"
+    cpu "$B/ckpt-compress" "$ck" -o "$W/c2.h5" --force --threads 1 >> "$W/c"; tail -1 "$W/user" >> "$W/cu"
+    cpu zstd -3 -T1 -q -f "$W/m.raw" -o "$W/z.zst" >> "$W/z"; tail -1 "$W/user" >> "$W/zu"
+    cpu "$B/ckpt-restore" "$W/c.h5" -o "$W/r.pt" --force --threads 1 >> "$W/r"; tail -1 "$W/user" >> "$W/ru"
+    cpu sh -c "zstd -d -T1 -q -f '$W/m.zst' -o '$W/d.raw' && cp '$W/other.bin' '$W/d.other'" >> "$W/d"; tail -1 "$W/user" >> "$W/du"
     cpu "$B/ckpt-verify" "$W/c.h5" --threads 1 >> "$W/v"
     cpu "$B/ckpt-verify" "$W/c.h5" --original "$ck" --threads 1 >> "$W/o"
   done
@@ -42,7 +46,16 @@ for ck in "$@"; do
   awk -v n="$(basename "$ck")" -v c="$c" -v z="$z" -v r="$r" -v d="$d" -v v="$v" -v o="$o" '
     function ratio(a, b) { return b > 0 ? sprintf("%.2fx", a / b) : "n/a (too fast to time)" }
     BEGIN { printf "| `%s` | %s | %s | %s | %s | %.3f | %.3f | %.3f | %.3f |\n", n, ratio(c, z), ratio(r, d), ratio(v, r), ratio(o, c), c, r, v, o }'
+  # user seconds alone: the system part (page cache, page faults, fsync) swings from run to
+  # run on a VM (docs/benchmarks.md, round 17), the user part is the tools' own work
+  awk -v n="$(basename "$ck")" -v c="$(median < "$W/cu")" -v z="$(median < "$W/zu")" -v r="$(median < "$W/ru")" \
+      -v d="$(median < "$W/du")" -v ca="$c" -v za="$z" -v ra="$r" -v da="$d" '
+    function ratio(a, b) { return b > 0 ? sprintf("%.2fx", a / b) : "n/a" }
+    BEGIN { printf "user %s: compress / zstd -3 %s; restore / (zstd -d + cp) %s; system s (approx.): compress %.2f, zstd -3 %.2f, restore %.2f, zstd -d + cp %.2f\n",
+            n, ratio(c, z), ratio(r, d), ca - c, za - z, ra - r, da - d }' >> "$W/users"
   rm -f "$W"/*.h5 "$W"/*.pt "$W"/*.raw "$W"/*.zst "$W"/d.* "$W/other.bin"
 done
+echo
+cat "$W/users"
 echo
 echo "Targets: compress <= 1.0x zstd -3; restore <= 1.0x (zstd -d + cp); verify <= 1.5x restore; verify --original <= 3x compress."
