@@ -7,7 +7,6 @@
 #include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace ckpt {
@@ -59,17 +58,16 @@ bool remove_at(int dirfd, const char* name, int depth) {
     bool ok = true;
     for (int pass = 0; pass < 8; ++pass) {
         bool removed = false, more = false;
-        alignas(8) char buf[4096];
+        alignas(struct dirent64) char buf[4096];
         for (;;) {
-            const long n = ::syscall(SYS_getdents64, fd, buf, sizeof buf);
+            const ssize_t n = ::getdents64(fd, buf, sizeof buf);  // (glibc's thin system-call wrapper)
             if (n <= 0) break;
-            for (long off = 0; off < n;) {
-                struct Dirent64 { uint64_t ino; int64_t off; unsigned short reclen; unsigned char type; char name[1]; };
-                const auto* d = reinterpret_cast<const Dirent64*>(buf + off);
-                off += d->reclen;
-                if (std::strcmp(d->name, ".") == 0 || std::strcmp(d->name, "..") == 0) continue;
+            for (ssize_t off = 0; off < n;) {
+                const auto* d = reinterpret_cast<const struct dirent64*>(buf + off);
+                off += d->d_reclen;
+                if (std::strcmp(d->d_name, ".") == 0 || std::strcmp(d->d_name, "..") == 0) continue;
                 more = true;
-                if (remove_at(fd, d->name, depth + 1)) removed = true;
+                if (remove_at(fd, d->d_name, depth + 1)) removed = true;
                 else ok = false;
             }
         }
