@@ -8,8 +8,9 @@ name to its description. Every variant must make ckpt-verify and ckpt-restore ex
 with one clear line (never a crash, never exit 0): wrong dataset sizes (with their `count`
 and `xxh3` attributes recomputed, so only the size is wrong), wrong dtypes and ranks,
 missing datasets and attributes, a missing/garbage/mistyped `/manifest` dataset, and
-manifest fields out of range (each a single edit of the real manifest), and a kept tensor's
-bytes changed in /raw with /raw's checksum recomputed.
+manifest fields out of range (each a single edit of the real manifest), a kept tensor's
+bytes changed in /raw with /raw's checksum recomputed, and two object-header bytes that
+crash libhdf5 itself.
 Nothing big is committed: the test builds GOOD from data/lm_adamw.pt at test time.
 """
 import json
@@ -325,7 +326,36 @@ def variants():
 
     v["raw_kept_tensor_edited"] = (kept_tensor_edited, "a byte of the second kept tensor flipped in /raw "
                                    "(its checksum recomputed)")
+    # ---- malformed object headers that crash libhdf5 (SIGFPE in its chunk-index setup when
+    # the dataset is opened, Debian's 1.10.8; found by mutating a container, 2026-12-04): the
+    # tools must still exit 2 with one line and write nothing (common/cleanup.h)
+    v["hdf5_layout_rank_0"] = (_layout_patch("manifest", 2, 0), "/manifest's chunked layout message: dimensionality 0")
+    v["hdf5_layout_version_1"] = (_layout_patch("manifest", 0, 1), "/manifest's chunked layout message: version 1")
     return v
+
+
+def _layout_patch(path, at, value):
+    """A raw-bytes edit (make() passes the file's path): in the object header of dataset
+    `path`, the chunked layout message (version 3, class 2, dimensionality rank + 1, the
+    chunk index address, then the chunk's dimensions and the element size as 4-byte
+    little-endian numbers) gets byte `at` of the message set to `value`."""
+    import re
+
+    def edit(file_path):
+        with h5py.File(file_path, "r") as f:
+            ds = f[path]
+            addr = h5py.h5o.get_info(ds.id).addr
+            dims = list(ds.chunks) + [ds.dtype.itemsize]
+        with open(file_path, "r+b") as fh:
+            fh.seek(addr)
+            header = fh.read(1024)
+            body = b"".join(int(d).to_bytes(4, "little") for d in dims)
+            m = re.search(re.escape(bytes([3, 2, len(dims)])) + b".{8}" + re.escape(body), header, re.DOTALL)
+            assert m, f"no chunked layout message found for {path}"
+            fh.seek(addr + m.start() + at)
+            fh.write(bytes([value]))
+    edit.raw_bytes = True
+    return edit
 
 
 def make(good, outdir):
@@ -337,8 +367,11 @@ def make(good, outdir):
     for name, (edit, what) in variants().items():
         path = os.path.join(outdir, name + ".ckz.h5")
         shutil.copyfile(good, path)
-        with h5py.File(path, "r+") as f:
-            edit(f)
+        if getattr(edit, "raw_bytes", False):
+            edit(path)
+        else:
+            with h5py.File(path, "r+") as f:
+                edit(f)
         out[name] = what
     with open(os.path.join(outdir, "expected.json"), "w") as f:
         json.dump(out, f, indent=1, sort_keys=True)
