@@ -398,7 +398,11 @@ def big(tmp_path_factory):
 def _interrupt(cmd, where, sig):
     """Start cmd; send sig as soon as a temporary (".tmp-") appears in folder `where` (or
     when the run has ended). Returns (exit status, stderr, temporaries left)."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def default_signals():  # a shell's background job or nohup starts us with some ignored;
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the tools keep an ignored one so
+            signal.signal(s, signal.SIG_DFL)
+
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     t0 = time.monotonic()
     while p.poll() is None and time.monotonic() - t0 < 60:
         if any(".tmp-" in f for f in os.listdir(where)):
