@@ -48,14 +48,13 @@ void write_all(int fd, const std::string& s) {
 // Remove `name` (relative to dirfd) and, when it is a folder, everything under it, depth
 // first: openat + getdents64 + unlinkat only (async-signal-safe; no opendir, which
 // allocates). A folder is read again from its start until a pass removes nothing, since
-// removing entries while reading can make getdents64 skip some.
+// removing entries while reading can make getdents64 skip some. True when `name` is gone.
 bool remove_at(int dirfd, const char* name, int depth) {
     if (::unlinkat(dirfd, name, 0) == 0 || errno == ENOENT) return true;
     if (errno != EISDIR && errno != EPERM) return false;  // (EPERM: some systems say so for a folder)
     if (depth > 64) return false;
     const int fd = ::openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return errno == ENOENT;
-    bool ok = true;
     for (int pass = 0; pass < 8; ++pass) {
         bool removed = false, more = false;
         alignas(struct dirent64) char buf[4096];
@@ -67,15 +66,14 @@ bool remove_at(int dirfd, const char* name, int depth) {
                 off += d->d_reclen;
                 if (std::strcmp(d->d_name, ".") == 0 || std::strcmp(d->d_name, "..") == 0) continue;
                 more = true;
-                if (remove_at(fd, d->d_name, depth + 1)) removed = true;
-                else ok = false;
+                removed = remove_at(fd, d->d_name, depth + 1) || removed;
             }
         }
         if (!more || !removed) break;
         ::lseek(fd, 0, SEEK_SET);
     }
     ::close(fd);
-    return ::unlinkat(dirfd, name, AT_REMOVEDIR) == 0 || errno == ENOENT ? ok : false;
+    return ::unlinkat(dirfd, name, AT_REMOVEDIR) == 0 || errno == ENOENT;  // gone exactly when empty
 }
 
 void remove_noted() {
