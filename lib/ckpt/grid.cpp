@@ -274,9 +274,8 @@ __attribute__((always_inline)) inline uint64_t points_inside(const GridPoints& g
     return uint64_t(np) + uint64_t(nq);
 }
 
-}  // namespace
-
-namespace {
+/// closed_form_below's test of a closed_form_value against thr, lowered by 2^-40 (grid.h).
+inline bool closed_settles(double closed, double thr) { return closed <= thr * (1 - 0x1p-40); }  // false for NaN
 
 /// closed_form_value's per-coordinate part (the tensor's FP32 gate checked by the caller):
 /// selects only, so closed_form_values' loop vectorises.
@@ -315,7 +314,7 @@ double closed_form_value(const codec::GuardConst& c, bool ams, double m, double 
 
 bool closed_form_below(const codec::GuardConst& c, bool ams, double m, double v, double vmax, double mt, double vt,
                        double vmaxt, double thr) {
-    return closed_form_value(c, ams, m, v, vmax, mt, vt, vmaxt) <= thr * (1 - 0x1p-40);  // false for NaN
+    return closed_settles(closed_form_value(c, ams, m, v, vmax, mt, vt, vmaxt), thr);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -369,7 +368,7 @@ GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, 
             const bool symmetric = lo == -hi && hi >= 0;
             int kb = 0, ke = 0;
             if (closed != closed) closed = closed_form_value(c, ams, m, v, vmax, mt, vt, vmaxt);
-            if (closed <= std::min(bound, only_above) * (1 - 0x1p-40)) {  // closed_form_below
+            if (closed_settles(closed, std::min(bound, only_above))) {  // closed_form_below
                 // nothing on the grid can be over the bound or above the known max: count the points
                 r.points = points_inside(grid, scale, lo, hi, symmetric, kb, ke);
                 settled = true;
