@@ -6,19 +6,36 @@
 # of the machine's speed hits all alike), and the median is taken. Below the table, one line
 # per checkpoint: compress's and restore's ratios of user seconds alone, and the system
 # seconds (median total - median user) of each.
+# Every command runs pinned to one CPU (CKPTKIT_BENCH_CPU, default 0): on a VM one virtual
+# CPU can run 30% slower than the other for minutes (host contention; measured 2026-12-04),
+# and unpinned commands land on either, which skews a ratio of two of them either way.
 # Usage: scripts/bench_ratios.sh [REPS=7] CKPT...   (default CKPTs: the two cached bench
-# models, scripts/train_bench_models.py); needs build/apps (or CKPTKIT_BIN), zstd, /usr/bin/time.
+# models, scripts/train_bench_models.py); needs build/apps (or CKPTKIT_BIN), zstd, /usr/bin/time, taskset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=7
 if [[ $# -gt 0 && $1 =~ ^[0-9]+$ ]]; then REPS=$1; shift; fi
 B=${CKPTKIT_BIN:-build/apps}
+CPU=${CKPTKIT_BENCH_CPU:-0}
 CACHE=${CKPTKIT_BENCH_DIR:-$HOME/.cache/ckptkit-bench}
 [ $# -gt 0 ] || set -- "$CACHE/lm10m_adamw.pt" "$CACHE/resnet18_adamw.pt"
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+# warm: fill and free WARM_MIB of tmpfs (untimed), so that every command finds free pages
+# the host backs. On a VM with free page reporting (virtio-balloon: /sys/module/page_reporting)
+# the host takes back pages the guest left free for ~2 s, and whichever command touches them
+# first pays their refault as system time: 0.2-1.5 s per GiB written, measured 2026-12-04,
+# landing on one command or the other by chance.
+WARM_MIB=$(awk '/MemAvailable/ {m = int($2 / 1024 / 4); print (m < 2048 ? m : 2048)}' /proc/meminfo)
+warm() {
+  if [ -d /dev/shm ] && [ -w /dev/shm ]; then
+    dd if=/dev/zero of=/dev/shm/ckptkit-bench-warm bs=1M count="$WARM_MIB" status=none 2>/dev/null || true
+    rm -f /dev/shm/ckptkit-bench-warm
+  fi
+}
 cpu() {  # cpu CMD...: CPU seconds of one run (after a sync: no run pays for another's writeback)
   sync
-  /usr/bin/time -f "%U %S" -o "$W/t" "$@" >/dev/null 2>&1
+  warm
+  /usr/bin/time -f "%U %S" -o "$W/t" taskset -c "$CPU" "$@" >/dev/null 2>&1
   awk '{print $1 + $2}' "$W/t"
   awk '{print $1}' "$W/t" >> "$W/user"   # (the user part alone, for the second table)
 }
@@ -34,10 +51,14 @@ for ck in "$@"; do
   : > "$W/c" ; : > "$W/z" ; : > "$W/r" ; : > "$W/d" ; : > "$W/v" ; : > "$W/o"
   : > "$W/cu" ; : > "$W/zu" ; : > "$W/ru" ; : > "$W/du"
   for _ in $(seq "$REPS"); do
-    cpu "$B/ckpt-compress" "$ck" -o "$W/c2.h5" --force --threads 1 >> "$W/c"; tail -1 "$W/user" >> "$W/cu"
-    cpu zstd -3 -T1 -q -f "$W/m.raw" -o "$W/z.zst" >> "$W/z"; tail -1 "$W/user" >> "$W/zu"
-    cpu "$B/ckpt-restore" "$W/c.h5" -o "$W/r.pt" --force --threads 1 >> "$W/r"; tail -1 "$W/user" >> "$W/ru"
-    cpu sh -c "zstd -d -T1 -q -f '$W/m.zst' -o '$W/d.raw' && cp '$W/other.bin' '$W/d.other'" >> "$W/d"; tail -1 "$W/user" >> "$W/du"
+    # each output is removed (untimed) before the command that writes it: overwriting it
+    # instead favours a tool that truncates (it refills the page-cache pages it just freed)
+    # over one that writes a temporary and renames (ours: fresh pages, which on a VM with
+    # free page reporting the host may have to fault in again; measured 2026-12-04)
+    rm -f "$W/c2.h5"; cpu "$B/ckpt-compress" "$ck" -o "$W/c2.h5" --threads 1 >> "$W/c"; tail -1 "$W/user" >> "$W/cu"
+    rm -f "$W/z.zst"; cpu zstd -3 -T1 -q -f "$W/m.raw" -o "$W/z.zst" >> "$W/z"; tail -1 "$W/user" >> "$W/zu"
+    rm -f "$W/r.pt"; cpu "$B/ckpt-restore" "$W/c.h5" -o "$W/r.pt" --threads 1 >> "$W/r"; tail -1 "$W/user" >> "$W/ru"
+    rm -f "$W"/d.*; cpu sh -c "zstd -d -T1 -q -f '$W/m.zst' -o '$W/d.raw' && cp '$W/other.bin' '$W/d.other'" >> "$W/d"; tail -1 "$W/user" >> "$W/du"
     cpu "$B/ckpt-verify" "$W/c.h5" --threads 1 >> "$W/v"
     cpu "$B/ckpt-verify" "$W/c.h5" --original "$ck" --threads 1 >> "$W/o"
   done
