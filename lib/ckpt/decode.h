@@ -119,7 +119,7 @@ private:
     /// segment, validated ascending and ending at the dataset's size.
     std::vector<std::vector<uint64_t>> seg_end_;
     mutable std::vector<uint8_t> seg_buf_;
-    mutable std::vector<uint16_t> seg_codes_;
+    mutable std::vector<uint16_t> seg_codes_[2];
     /// Stored bytes of parameter j's segments, all roles (its share of /moments/codes).
     uint64_t coded_bytes(std::size_t j) const;
     /// Decode role k's codes of parameter e's coordinates [begin, begin + n) (begin a

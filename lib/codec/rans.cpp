@@ -708,27 +708,54 @@ std::size_t words_scalar(const uint32_t* w, uint32_t* x, const uint8_t*& r, cons
 
 #if defined(__x86_64__)
 CKPT_AVX512_WARNINGS_OFF
-/// words_scalar with one AVX-512 vector of 16 states: gather, multiply, expand.
+/// One round of words_scalar with one AVX-512 vector of 16 states X: gather, multiply,
+/// expand; the 16 symbols into sym[0..16), the words from p (p advances; it must have 32
+/// bytes left).
+__attribute__((target(CKPT_TARGET_AVX512), always_inline)) inline void words_round_avx512(const uint32_t* w, __m512i& X,
+                                                                                          const uint8_t*& p, uint8_t* sym) {
+    const __m512i e = _mm512_i32gather_epi32(_mm512_and_si512(X, _mm512_set1_epi32(kProb12 - 1)), w, 4);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(sym), _mm512_cvtepi32_epi8(_mm512_and_si512(e, _mm512_set1_epi32(127))));
+    const __m512i f = _mm512_and_si512(_mm512_srli_epi32(e, 7), _mm512_set1_epi32(0x1fff));
+    const __m512i y = _mm512_add_epi32(_mm512_mullo_epi32(f, _mm512_srli_epi32(X, kProbBits12)), _mm512_srli_epi32(e, 20));
+    const __mmask16 m = _mm512_cmplt_epu32_mask(y, _mm512_set1_epi32(int(kLow16)));
+    const __m512i words = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    X = _mm512_mask_or_epi32(y, m, _mm512_slli_epi32(y, 16), _mm512_maskz_expand_epi32(m, words));
+    p += 2 * __builtin_popcount(m);
+}
+
+/// words_scalar with one AVX-512 vector of 16 states (words_round_avx512).
 __attribute__((target(CKPT_TARGET_AVX512), noinline)) std::size_t
 words_avx512(const uint32_t* w, uint32_t* x, const uint8_t*& r, const uint8_t* rend, uint8_t* sym, std::size_t n) {
     static_assert(kLanes == 16);
     __m512i X = _mm512_loadu_si512(x);
-    const __m512i slot_mask = _mm512_set1_epi32(kProb12 - 1), freq_mask = _mm512_set1_epi32(0x1fff),
-                  sym_mask = _mm512_set1_epi32(127), low = _mm512_set1_epi32(int(kLow16));
     const uint8_t* p = r;
     std::size_t i = 0;
-    for (; n - i >= 16 && rend - p >= 32; i += 16) {
-        const __m512i e = _mm512_i32gather_epi32(_mm512_and_si512(X, slot_mask), w, 4);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(sym + i), _mm512_cvtepi32_epi8(_mm512_and_si512(e, sym_mask)));
-        const __m512i f = _mm512_and_si512(_mm512_srli_epi32(e, 7), freq_mask);
-        const __m512i y = _mm512_add_epi32(_mm512_mullo_epi32(f, _mm512_srli_epi32(X, kProbBits12)), _mm512_srli_epi32(e, 20));
-        const __mmask16 m = _mm512_cmplt_epu32_mask(y, low);
-        const __m512i words = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-        X = _mm512_mask_or_epi32(y, m, _mm512_slli_epi32(y, 16), _mm512_maskz_expand_epi32(m, words));
-        p += 2 * __builtin_popcount(m);
-    }
+    for (; n - i >= 16 && rend - p >= 32; i += 16) words_round_avx512(w, X, p, sym + i);
     _mm512_storeu_si512(x, X);
     r = p;
+    return i;
+}
+
+/// words_avx512 over two segments at once (a = 0, 1: tables w[a], states x[a], words from
+/// r[a] up to rend[a], symbols into sym[a]), a round of each in turn while both have a
+/// whole round of their first n codes left: a round is one chain of dependent operations
+/// (gather, multiply, compare, expand) through the 16 states, and the two segments' chains
+/// overlap. The same symbols, states and pointers as words_avx512 on each (the same
+/// rounds). Returns the codes decoded in each.
+__attribute__((target(CKPT_TARGET_AVX512), noinline)) std::size_t
+words_avx512_x2(const uint32_t* const* w, uint32_t (*x)[kLanes], const uint8_t** r, const uint8_t* const* rend,
+                uint8_t* const* sym, std::size_t n) {
+    __m512i X0 = _mm512_loadu_si512(x[0]), X1 = _mm512_loadu_si512(x[1]);
+    const uint8_t *p0 = r[0], *p1 = r[1];
+    std::size_t i = 0;
+    for (; n - i >= 16 && rend[0] - p0 >= 32 && rend[1] - p1 >= 32; i += 16) {
+        words_round_avx512(w[0], X0, p0, sym[0] + i);
+        words_round_avx512(w[1], X1, p1, sym[1] + i);
+    }
+    _mm512_storeu_si512(x[0], X0);
+    _mm512_storeu_si512(x[1], X1);
+    r[0] = p0;
+    r[1] = p1;
     return i;
 }
 
@@ -787,29 +814,51 @@ CKPT_AVX2_TARGET(noinline) std::size_t words_avx2(const uint32_t* w, uint32_t* x
 #undef CKPT_AVX2_TARGET
 #endif
 
-/// Mode 3's pass 1 (format version 4): the initial states (each must be in [2^16, 2^32),
-/// as every encoder's are), the fast rounds for the active instruction set, the rest
-/// checked word by word, the final-state checks; then raw_bits.
+/// Mode 3's initial states into x (each must be in [2^16, 2^32), as every encoder's are:
+/// no encoder writes a smaller one, step_word); false when one is not.
+bool words_init(const Parsed& h, uint32_t* x) {
+    bool ok = true;
+    for (int k = 0; k < kLanes; ++k) {
+        x[k] = load32(h.rp + 4 * k);
+        ok = ok && x[k] >= kLow16;
+    }
+    return ok;
+}
+
+/// The fast rounds of mode 3 for the active instruction set, from code i (a multiple of
+/// kLanes) on: the codes decoded.
+std::size_t words_fast(const Tables& t, uint32_t* x, const uint8_t*& r, const uint8_t* rend, uint8_t* sym, std::size_t n,
+                       std::size_t i) {
+#if defined(__x86_64__)
+    switch (active_isa()) {
+        case Isa::AVX512: return words_avx512(t.w, x, r, rend, sym + i, n - i);
+        case Isa::AVX2: return words_avx2(t.w, x, r, rend, sym + i, n - i);
+        case Isa::Baseline: break;
+    }
+#endif
+    return words_scalar(t.w, x, r, rend, sym + i, n - i);
+}
+
+void words_finish(const Parsed& h, const Tables& t, std::size_t n, uint16_t* codes, uint32_t* x, const uint8_t* r,
+                  std::size_t i, uint8_t* sym);
+
+/// Mode 3's pass 1 (format version 4): the initial states (words_init), the fast rounds
+/// (words_fast), then words_finish.
 void decode_words(const Parsed& h, const Tables& t, std::size_t n, uint16_t* codes) {
     thread_local std::vector<uint8_t> sym_buf;
     sym_buf.resize(n);
     uint8_t* const sym = sym_buf.data();
     alignas(64) uint32_t x[kLanes];
-    for (int k = 0; k < kLanes; ++k) {
-        x[k] = load32(h.rp + 4 * k);
-        if (x[k] < kLow16) Cursor::bad("trailing or inconsistent data");  // no encoder writes it (step_word)
-    }
+    if (!words_init(h, x)) Cursor::bad("trailing or inconsistent data");
     const uint8_t* r = h.rp + 4 * kLanes;
-    std::size_t i = 0;
-#if defined(__x86_64__)
-    switch (active_isa()) {
-        case Isa::AVX512: i = words_avx512(t.w, x, r, h.rend, sym, n); break;
-        case Isa::AVX2: i = words_avx2(t.w, x, r, h.rend, sym, n); break;
-        case Isa::Baseline: i = words_scalar(t.w, x, r, h.rend, sym, n); break;
-    }
-#else
-    i = words_scalar(t.w, x, r, h.rend, sym, n);
-#endif
+    const std::size_t i = words_fast(t, x, r, h.rend, sym, n, 0);
+    words_finish(h, t, n, codes, x, r, i, sym);
+}
+
+/// Mode 3's pass 1 from code i on (after the fast rounds: states x, words from r), checked
+/// word by word; the final-state checks; then raw_bits.
+void words_finish(const Parsed& h, const Tables& t, std::size_t n, uint16_t* codes, uint32_t* x, const uint8_t* r,
+                  std::size_t i, uint8_t* sym) {
     for (; i < n; i += kLanes)
         for (int k = 0; k < kLanes && i + std::size_t(k) < n; ++k) {
             uint32_t y = step_word(t.w, x[k], sym + i + std::size_t(k));
@@ -826,6 +875,13 @@ void decode_words(const Parsed& h, const Tables& t, std::size_t n, uint16_t* cod
     raw_bits(h, sym, n, codes);
 }
 
+/// A parsed rANS segment's pass 1 and 2 (decode_body after parse).
+void decode_parsed(const Parsed& h, const Tables& t, std::size_t n, uint16_t* codes) {
+    if (h.S == 2) decode_rans<2>(h, t, n, codes);
+    else if (h.S == 4) decode_rans<4>(h, t, n, codes);
+    else decode_words(h, t, n, codes);
+}
+
 /// segment_decode's body, compiled for each instruction-set level (decode_isa below):
 /// integer code, the same codes on every level.
 template <class>
@@ -833,18 +889,61 @@ void decode_body(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* co
     thread_local Tables t;
     Parsed h;
     if (!parse(p, size, n, codes, t, h)) return;  // raw: decoded
-    if (h.S == 2) decode_rans<2>(h, t, n, codes);
-    else if (h.S == 4) decode_rans<4>(h, t, n, codes);
-    else decode_words(h, t, n, codes);
+    decode_parsed(h, t, n, codes);
+}
+
+/// segment_decode2's body (decode_body for two segments): both parsed, then, when both
+/// are mode 3 on AVX-512, their fast rounds interleaved (words_avx512_x2) before each is
+/// finished on its own; otherwise one after the other. Either way the same codes, and the
+/// same first error, as decode_body on segment 0 and then on segment 1.
+template <class>
+void decode_pair_body(const uint8_t* const* p, const std::size_t* size, const std::size_t* n, uint16_t* const* codes) {
+    thread_local Tables t[2];
+    Parsed h[2];
+    const bool coded0 = parse(p[0], size[0], n[0], codes[0], t[0], h[0]);  // its error first
+    bool coded1;
+    try {
+        coded1 = parse(p[1], size[1], n[1], codes[1], t[1], h[1]);
+    } catch (...) {  // segment 0's own errors come first
+        if (coded0) decode_parsed(h[0], t[0], n[0], codes[0]);
+        throw;
+    }
+    alignas(64) uint32_t x[2][kLanes];
+    const bool pair = coded0 && coded1 && h[0].S == kLanes && h[1].S == kLanes && active_isa() == Isa::AVX512 &&
+                      words_init(h[0], x[0]) && words_init(h[1], x[1]);
+    if (!pair) {
+        if (coded0) decode_parsed(h[0], t[0], n[0], codes[0]);
+        if (coded1) decode_parsed(h[1], t[1], n[1], codes[1]);
+        return;
+    }
+#if defined(__x86_64__)
+    thread_local std::vector<uint8_t> sym_buf[2];
+    sym_buf[0].resize(n[0]);
+    sym_buf[1].resize(n[1]);
+    uint8_t* const sym[2] = {sym_buf[0].data(), sym_buf[1].data()};
+    const uint32_t* const w[2] = {t[0].w, t[1].w};
+    const uint8_t* r[2] = {h[0].rp + 4 * kLanes, h[1].rp + 4 * kLanes};
+    const uint8_t* const rend[2] = {h[0].rend, h[1].rend};
+    const std::size_t both = words_avx512_x2(w, x, r, rend, sym, std::min(n[0], n[1]));
+    for (int a = 0; a < 2; ++a) {
+        const std::size_t i = both + words_fast(t[a], x[a], r[a], h[a].rend, sym[a], n[a], both);
+        words_finish(h[a], t[a], n[a], codes[a], x[a], r[a], i, sym[a]);
+    }
+#endif
 }
 
 struct RansTag {};  ///< CKPT_ISA_CLONES' template argument
 CKPT_ISA_CLONES(decode_isa, decode_body)
+CKPT_ISA_CLONES(decode_pair_isa, decode_pair_body)
 
 }  // namespace
 
 void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* codes) {
     decode_isa<RansTag>(p, size, n, codes);
+}
+
+void segment_decode2(const uint8_t* const p[2], const std::size_t size[2], const std::size_t n[2], uint16_t* const codes[2]) {
+    decode_pair_isa<RansTag>(p, size, n, codes);
 }
 
 }  // namespace ckpt::codec

@@ -52,4 +52,10 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
 /// table, truncated or trailing bytes, a final rANS state other than the initial one).
 void segment_decode(const uint8_t* p, std::size_t size, std::size_t n, uint16_t* codes);
 
+/// segment_decode of two segments (a = 0, 1: bytes [p[a], p[a] + size[a]), n[a] codes into
+/// codes[a]): the same codes, and the same first error, as segment_decode on segment 0 and
+/// then on segment 1. With AVX-512 the two segments' rANS rounds run interleaved, so their
+/// dependency chains overlap.
+void segment_decode2(const uint8_t* const p[2], const std::size_t size[2], const std::size_t n[2], uint16_t* const codes[2]);
+
 }  // namespace ckpt::codec

@@ -275,6 +275,83 @@ TEST_CASE("rans segments: mode 3 decodes the same on every instruction-set level
     set_isa(before);
 }
 
+TEST_CASE("rans segments: segment_decode2 gives two segment_decode calls' codes and first error") {
+    // pairs of every mode (16 states, 4, raw) and length class (unequal lengths: one
+    // segment's rounds go on alone), each valid, then with a byte flipped in one or both:
+    // the same codes, or the same error, as segment_decode on segment 0 and then 1; on
+    // every instruction-set level (AVX-512 interleaves the two)
+    std::mt19937_64 rng(8);
+    std::geometric_distribution<int> geo(0.05);
+    const Isa before = active_isa();
+    struct Seg { std::vector<uint16_t> codes; std::vector<uint8_t> bytes; };
+    std::vector<Seg> segs;
+    for (int states : {16, 4, 16})
+        for (std::size_t n : {std::size_t(40), std::size_t(4099), std::size_t(16384)}) {
+            Seg s;
+            s.codes.resize(n);
+            for (auto& x : s.codes) x = uint16_t(std::min(geo(rng), 65535));
+            segment_encode(s.codes.data(), n, s.bytes, states);
+            segs.push_back(s);
+        }
+    Seg raw;  // a few random 16-bit codes: the rANS form (tables, 16 states) is larger, stored raw
+    raw.codes.resize(40);
+    for (auto& x : raw.codes) x = uint16_t(rng() & 0xffff);
+    segment_encode(raw.codes.data(), raw.codes.size(), raw.bytes);
+    REQUIRE(raw.bytes[0] == 1);
+    segs.push_back(raw);
+    auto single = [](const std::vector<uint8_t>* b, const std::size_t* n) {
+        std::string r;
+        try {
+            for (int a = 0; a < 2; ++a) {
+                std::vector<uint16_t> out(n[a], 0);
+                segment_decode(b[a].data(), b[a].size(), n[a], out.data());
+                r.append(reinterpret_cast<const char*>(out.data()), 2 * n[a]);
+            }
+        } catch (const std::runtime_error& e) {
+            r = e.what();
+        }
+        return r;
+    };
+    auto pair = [](const std::vector<uint8_t>* b, const std::size_t* n) {
+        std::vector<uint16_t> out[2] = {std::vector<uint16_t>(n[0], 0), std::vector<uint16_t>(n[1], 0)};
+        const uint8_t* p[2] = {b[0].data(), b[1].data()};
+        const std::size_t size[2] = {b[0].size(), b[1].size()};
+        uint16_t* codes[2] = {out[0].data(), out[1].data()};
+        try {
+            segment_decode2(p, size, n, codes);
+        } catch (const std::runtime_error& e) {
+            return std::string(e.what());
+        }
+        return std::string(reinterpret_cast<const char*>(out[0].data()), 2 * n[0]) +
+               std::string(reinterpret_cast<const char*>(out[1].data()), 2 * n[1]);
+    };
+    int refused = 0, checked = 0;
+    for (Isa isa : {Isa::Baseline, Isa::AVX2, Isa::AVX512}) {
+        if (!isa_supported(isa)) continue;
+        set_isa(isa);
+        for (std::size_t i = 0; i < segs.size(); ++i)
+            for (std::size_t j = 0; j < segs.size(); ++j)
+                for (int damage = 0; damage < 4; ++damage) {  // none, segment 0, segment 1, both
+                    std::vector<uint8_t> b[2] = {segs[i].bytes, segs[j].bytes};
+                    for (int a = 0; a < 2; ++a)
+                        if (damage & (1 << a)) b[a][rng() % b[a].size()] ^= uint8_t(1u << (rng() % 8));
+                    const std::size_t n[2] = {segs[i].codes.size(), segs[j].codes.size()};
+                    CAPTURE(i);
+                    CAPTURE(j);
+                    CAPTURE(damage);
+                    const std::string want = single(b, n);
+                    CHECK(pair(b, n) == want);
+                    if (damage == 0)
+                        CHECK(want == std::string(reinterpret_cast<const char*>(segs[i].codes.data()), 2 * n[0]) +
+                                          std::string(reinterpret_cast<const char*>(segs[j].codes.data()), 2 * n[1]));
+                    refused += want.rfind("vlog segment:", 0) == 0;
+                    ++checked;
+                }
+    }
+    set_isa(before);
+    CHECK(refused > checked / 4);  // the damaged pairs mostly refused: the error paths ran
+}
+
 TEST_CASE("rans segments: segment_encode writes the same bytes on every instruction-set level") {
     // the AVX-512 rounds (gathers, compressed word stores, quotients from doubles) against
     // the scalar ones: lengths around whole rounds, one symbol only (frequency 2^12),
