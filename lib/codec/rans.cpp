@@ -199,39 +199,69 @@ uint8_t* put_bytes(const uint8_t* sym, std::size_t n, const std::array<uint32_t,
 
 #if defined(__x86_64__)
 CKPT_AVX512_WARNINGS_OFF
-/// put_words' whole rounds with AVX-512 (codes [0, full), last round first), the 16 states
-/// xs as one vector, from p down; returns the new p. Per round: each lane's fc word
+/// One of put_words' whole rounds with AVX-512 (codes sym[0..16)), the 16 states X as one
+/// vector, its words below p (p moves down). Each lane's fc word
 /// (f | cum << 13) by a gather; the lanes with x >= f 2^20 (x >> 20 >= f) send their low
 /// words, compressed into lane order and stored below p with a masked 16-bit store;
 /// then x' = x + cum + q (2^12 - f) with q = x div f from doubles: fl(fl(x rf) + 2^-20)
 /// with rf = fl(1 / f) is within 2^-31 of x / f + 2^-20 (x < 2^32, relative errors
 /// 2^-53), and x / f is an integer or at least 1/f >= 2^-12 below one, so truncation gives
 /// x div f exactly. The same bytes as the scalar rounds (test_rans).
+__attribute__((target(CKPT_TARGET_AVX512), always_inline)) inline void
+words_encode_round_avx512(const uint8_t* sym, const uint32_t* fc, const double* rf, __m512i& X, uint8_t*& p) {
+    static_assert(kLanes == 16);
+    const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sym)));
+    const __m512i e = _mm512_i32gather_epi32(s, fc, 4);
+    const __m512i f = _mm512_and_si512(e, _mm512_set1_epi32(0x1fff));
+    const __mmask16 m = _mm512_cmpge_epu32_mask(_mm512_srli_epi32(X, 20), f);
+    const unsigned cnt = unsigned(__builtin_popcount(m));
+    p -= 2 * cnt;
+    _mm512_mask_cvtepi32_storeu_epi16(p, __mmask16((1u << cnt) - 1), _mm512_maskz_compress_epi32(m, X));
+    X = _mm512_mask_srli_epi32(X, m, X, 16);
+    const __m512d nudge = _mm512_set1_pd(0x1p-20);
+    const __m512d r_lo = _mm512_i32gather_pd(_mm512_castsi512_si256(s), rf, 8);
+    const __m512d r_hi = _mm512_i32gather_pd(_mm512_extracti64x4_epi64(s, 1), rf, 8);
+    const __m256i q_lo = _mm512_cvttpd_epu32(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtepu32_pd(_mm512_castsi512_si256(X)), r_lo), nudge));
+    const __m256i q_hi = _mm512_cvttpd_epu32(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtepu32_pd(_mm512_extracti64x4_epi64(X, 1)), r_hi), nudge));
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q_lo), q_hi, 1);
+    X = _mm512_add_epi32(_mm512_add_epi32(X, _mm512_srli_epi32(e, 13)), _mm512_mullo_epi32(q, _mm512_sub_epi32(_mm512_set1_epi32(int(kProb12)), f)));
+}
+
+/// put_words' whole rounds with AVX-512 (words_encode_round_avx512, above).
 __attribute__((target(CKPT_TARGET_AVX512), noinline)) uint8_t*
 words_encode_avx512(const uint8_t* sym, std::size_t full, const uint32_t* fc, const double* rf, uint32_t* xs, uint8_t* p) {
-    static_assert(kLanes == 16);
     __m512i X = _mm512_loadu_si512(xs);
-    const __m512i f_mask = _mm512_set1_epi32(0x1fff), prob = _mm512_set1_epi32(int(kProb12));
-    const __m512d nudge = _mm512_set1_pd(0x1p-20);
     for (std::size_t i = full; i > 0;) {
         i -= 16;
-        const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sym + i)));
-        const __m512i e = _mm512_i32gather_epi32(s, fc, 4);
-        const __m512i f = _mm512_and_si512(e, f_mask);
-        const __mmask16 m = _mm512_cmpge_epu32_mask(_mm512_srli_epi32(X, 20), f);
-        const unsigned cnt = unsigned(__builtin_popcount(m));
-        p -= 2 * cnt;
-        _mm512_mask_cvtepi32_storeu_epi16(p, __mmask16((1u << cnt) - 1), _mm512_maskz_compress_epi32(m, X));
-        X = _mm512_mask_srli_epi32(X, m, X, 16);
-        const __m512d r_lo = _mm512_i32gather_pd(_mm512_castsi512_si256(s), rf, 8);
-        const __m512d r_hi = _mm512_i32gather_pd(_mm512_extracti64x4_epi64(s, 1), rf, 8);
-        const __m256i q_lo = _mm512_cvttpd_epu32(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtepu32_pd(_mm512_castsi512_si256(X)), r_lo), nudge));
-        const __m256i q_hi = _mm512_cvttpd_epu32(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtepu32_pd(_mm512_extracti64x4_epi64(X, 1)), r_hi), nudge));
-        const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q_lo), q_hi, 1);
-        X = _mm512_add_epi32(_mm512_add_epi32(X, _mm512_srli_epi32(e, 13)), _mm512_mullo_epi32(q, _mm512_sub_epi32(prob, f)));
+        words_encode_round_avx512(sym + i, fc, rf, X, p);
     }
     _mm512_storeu_si512(xs, X);
     return p;
+}
+
+/// words_encode_avx512 over two segments (a = 0, 1: symbols sym[a], whole rounds
+/// full[a], tables fc[a] / rf[a], states xs[a], output below p[a]), a round of each in
+/// turn while both have rounds left, then the rest of the longer: a round is one chain of
+/// dependent operations through the 16 states, and the two segments' chains overlap. The
+/// same rounds, so the same bytes, as words_encode_avx512 on each.
+__attribute__((target(CKPT_TARGET_AVX512), noinline)) void
+words_encode_avx512_x2(const uint8_t* const* sym, const std::size_t* full, const uint32_t* const* fc,
+                       const double* const* rf, uint32_t* const* xs, uint8_t** p) {
+    __m512i X0 = _mm512_loadu_si512(xs[0]), X1 = _mm512_loadu_si512(xs[1]);
+    std::size_t i0 = full[0], i1 = full[1];
+    uint8_t *p0 = p[0], *p1 = p[1];
+    for (; i0 > 0 && i1 > 0;) {
+        i0 -= 16;
+        words_encode_round_avx512(sym[0] + i0, fc[0], rf[0], X0, p0);
+        i1 -= 16;
+        words_encode_round_avx512(sym[1] + i1, fc[1], rf[1], X1, p1);
+    }
+    for (; i0 > 0;) i0 -= 16, words_encode_round_avx512(sym[0] + i0, fc[0], rf[0], X0, p0);
+    for (; i1 > 0;) i1 -= 16, words_encode_round_avx512(sym[1] + i1, fc[1], rf[1], X1, p1);
+    _mm512_storeu_si512(xs[0], X0);
+    _mm512_storeu_si512(xs[1], X1);
+    p[0] = p0;
+    p[1] = p1;
 }
 CKPT_AVX512_WARNINGS_ON
 #endif
@@ -244,19 +274,25 @@ CKPT_AVX512_WARNINGS_ON
 /// Kaser & Kurz 2019, "Faster remainder by direct computation", Theorem 1: 64 >= 32 +
 /// log2 f); for f = 1, m = 2^64 - 1 gives x - 1 and the bias gains 2^12 - 1 to match (as
 /// RansEncSymbolInit does).
-uint8_t* put_words(const uint8_t* sym, std::size_t n, const std::array<uint32_t, kSymbols>& f,
-                   const std::array<uint32_t, kSymbols>& cum, uint8_t* end) {
+struct WordsTables {
     struct Enc { uint64_t m, xmax; uint32_t bias, cmpl; };
     std::array<Enc, kSymbols> enc{};
-    for (int s = 0; s < kSymbols; ++s) {
-        if (!f[s]) continue;
-        Enc& e = enc[s];
-        e.xmax = uint64_t(f[s]) << 20;  // ((2^16 >> 12) << 16) f; 2^32 for f = 2^12: never
-        e.cmpl = kProb12 - f[s];
-        e.m = f[s] == 1 ? ~uint64_t(0) : ~uint64_t(0) / f[s] + 1;
-        e.bias = cum[s] + (f[s] == 1 ? kProb12 - 1 : 0);
+    alignas(64) uint32_t fc[kSymbols];  ///< the AVX-512 rounds' tables: f | cum << 13, and 1 / f
+    alignas(64) double rf[kSymbols];
+    WordsTables(const std::array<uint32_t, kSymbols>& f, const std::array<uint32_t, kSymbols>& cum) {
+        for (int s = 0; s < kSymbols; ++s) {
+            fc[s] = f[s] | cum[s] << 13;
+            rf[s] = f[s] ? 1.0 / double(f[s]) : 0.0;
+            if (!f[s]) continue;
+            Enc& e = enc[s];
+            e.xmax = uint64_t(f[s]) << 20;  // ((2^16 >> 12) << 16) f; 2^32 for f = 2^12: never
+            e.cmpl = kProb12 - f[s];
+            e.m = f[s] == 1 ? ~uint64_t(0) : ~uint64_t(0) / f[s] + 1;
+            e.bias = cum[s] + (f[s] == 1 ? kProb12 - 1 : 0);
+        }
     }
-    auto put = [&](uint32_t& x, uint8_t sy, uint8_t*& p) {
+    /// One code of symbol sy through state x, its word (if any) below p.
+    void put(uint32_t& x, uint8_t sy, uint8_t*& p) const {
         const Enc& e = enc[sy];
         const uint32_t c = uint32_t(x >= e.xmax);
         p[-2] = uint8_t(x);
@@ -265,24 +301,138 @@ uint8_t* put_words(const uint8_t* sym, std::size_t n, const std::array<uint32_t,
         x >>= 16 * c;
         const uint32_t q = uint32_t((static_cast<unsigned __int128>(x) * e.m) >> 64);
         x = x + e.bias + q * e.cmpl;
-    };
-#if defined(__x86_64__)
-    if (active_isa() == Isa::AVX512) {
-        alignas(64) uint32_t fc[kSymbols];
-        alignas(64) double rf[kSymbols];
-        for (int s = 0; s < kSymbols; ++s) {
-            fc[s] = f[s] | cum[s] << 13;
-            rf[s] = f[s] ? 1.0 / double(f[s]) : 0.0;
-        }
-        return put_states<kLanes, kLow16>(sym, n, end, put, [&](uint32_t* xs, std::size_t full, uint8_t*& p) {
-            p = words_encode_avx512(sym, full, fc, rf, xs, p);
-        });
     }
+};
+
+uint8_t* put_words(const uint8_t* sym, std::size_t n, const std::array<uint32_t, kSymbols>& f,
+                   const std::array<uint32_t, kSymbols>& cum, uint8_t* end) {
+    const WordsTables t(f, cum);
+    auto put = [&](uint32_t& x, uint8_t sy, uint8_t*& p) { t.put(x, sy, p); };
+#if defined(__x86_64__)
+    if (active_isa() == Isa::AVX512)
+        return put_states<kLanes, kLow16>(sym, n, end, put, [&](uint32_t* xs, std::size_t full, uint8_t*& p) {
+            p = words_encode_avx512(sym, full, t.fc, t.rf, xs, p);
+        });
 #endif
     return put_states<kLanes, kLow16>(sym, n, end, put);
 }
 
+#if defined(__x86_64__)
+/// put_words of two segments (a = 0, 1) with AVX-512, their whole rounds interleaved
+/// (words_encode_avx512_x2): segment 1's put_states runs inside segment 0's rounds step,
+/// which changes only when each segment's own steps run, not what they write. Returns
+/// each stream's first byte in first[a].
+void put_words_x2(const uint8_t* const* sym, const std::size_t* n, const std::array<uint32_t, kSymbols>* f,
+                  const std::array<uint32_t, kSymbols>* cum, uint8_t* const* end, uint8_t** first) {
+    const WordsTables t0(f[0], cum[0]), t1(f[1], cum[1]);
+    auto put0 = [&](uint32_t& x, uint8_t sy, uint8_t*& p) { t0.put(x, sy, p); };
+    auto put1 = [&](uint32_t& x, uint8_t sy, uint8_t*& p) { t1.put(x, sy, p); };
+    first[0] = put_states<kLanes, kLow16>(sym[0], n[0], end[0], put0, [&](uint32_t* xs0, std::size_t full0, uint8_t*& p0) {
+        first[1] = put_states<kLanes, kLow16>(sym[1], n[1], end[1], put1, [&](uint32_t* xs1, std::size_t full1, uint8_t*& p1) {
+            const std::size_t full[2] = {full0, full1};
+            const uint32_t* const fc[2] = {t0.fc, t1.fc};
+            const double* const rf[2] = {t0.rf, t1.rf};
+            uint32_t* const xs[2] = {xs0, xs1};
+            uint8_t* p[2] = {p0, p1};
+            words_encode_avx512_x2(sym, full, fc, rf, xs, p);
+            p0 = p[0];
+            p1 = p[1];
+        });
+    });
+}
+#endif
+
+/// segment_encode's work on one segment of n > 0 codes: its symbols, raw bits and
+/// frequencies (prepare), then, once a put_* wrote the rANS stream to end at end(), its
+/// bytes (emit). Buffers reused from segment to segment.
+struct SegmentCoder {
+    std::vector<uint8_t> sym, extra, buf, bits;
+    std::vector<uint16_t> low;
+    std::size_t n = 0, nbits = 0;
+    std::array<uint32_t, kSymbols> f{}, cum{};
+    uint8_t* end() { return buf.data() + buf.size(); }
+    void prepare(const uint16_t* codes, std::size_t n, int states);
+    void emit(const uint16_t* codes, int states, const uint8_t* ptr, std::vector<uint8_t>& out);
+};
+
 }  // namespace
+
+void SegmentCoder::prepare(const uint16_t* codes, std::size_t count_n, int states) {
+    n = count_n;
+    const std::size_t n4 = (n + 3) / 4 * 4;
+    sym.resize(n4);
+    extra.resize(n4);
+    low.resize(n4);
+    bits.resize(2 * n + 16);
+    // pass 1a (vectorised): symbols, raw bit counts and raw bits; the padding to whole
+    // groups of 4 has no raw bits
+    split_isa<SplitTag>(codes, n, sym.data(), extra.data(), low.data());
+    for (std::size_t i = n; i < n4; ++i) extra[i] = 0, low[i] = 0;
+    // pass 1b: the counts, in four histograms (code i into i mod 4: consecutive equal
+    // symbols do not wait on each other's increment; summed below), four codes a round
+    uint32_t count4[4][kSymbols] = {};
+    {
+        const uint8_t* sy = sym.data();
+        std::size_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            ++count4[0][sy[i]];
+            ++count4[1][sy[i + 1]];
+            ++count4[2][sy[i + 2]];
+            ++count4[3][sy[i + 3]];
+        }
+        for (; i < n; ++i) ++count4[i & 3][sy[i]];
+    }
+    // pass 1c: the raw bits, LSB first, four codes (<= 52 bits) at a time. The writer is
+    // branch-free: all 8 bytes of the accumulator are stored at the first byte not yet
+    // complete, then the whole bytes are dropped (fewer than 8 bits stay pending).
+    nbits = 0;
+    {
+        const uint8_t* ex = extra.data();
+        const uint16_t* lo = low.data();
+        uint8_t* bp = bits.data();
+        uint64_t acc = 0;
+        uint32_t have = 0;
+        for (std::size_t i = 0; i < n4; i += 4) {
+            const uint32_t e0 = ex[i], e01 = e0 + ex[i + 1], e012 = e01 + ex[i + 2];
+            acc |= (uint64_t(lo[i]) | uint64_t(lo[i + 1]) << e0 | uint64_t(lo[i + 2]) << e01 | uint64_t(lo[i + 3]) << e012)
+                   << have;
+            have += e012 + ex[i + 3];
+            std::memcpy(bp + nbits, &acc, 8);  // little-endian: byte b holds bits 8b..8b+7
+            nbits += std::size_t(have >> 3);
+            acc >>= (have & ~7u);
+            have &= 7;
+        }
+        if (have > 0) bp[nbits++] = uint8_t(acc);
+    }
+    std::array<uint64_t, kSymbols> count{};
+    for (int s = 0; s < kSymbols; ++s) count[s] = uint64_t(count4[0][s]) + count4[1][s] + count4[2][s] + count4[3][s];
+    f = normalise(count, n, states == kLanes ? kProb12 : kProb);
+    cum = {};
+    for (int s = 1; s < kSymbols; ++s) cum[s] = cum[s - 1] + f[s - 1];
+    buf.resize(2 * n + 4 * kLanes + 8);  // <= 2 bytes per code (<= 14 bits, or one word), the states, put's slack
+}
+
+void SegmentCoder::emit(const uint16_t* codes, int states, const uint8_t* ptr, std::vector<uint8_t>& out) {
+    const std::size_t rans_len = std::size_t(end() - ptr);
+    std::vector<uint8_t> h;
+    h.push_back(states == kLanes ? kModeRans16 : states == 2 ? kModeRans2 : kModeRans4);
+    put_varint(h, rans_len);
+    put_varint(h, nbits);
+    int used = kSymbols;
+    while (used > 0 && f[used - 1] == 0) --used;
+    put_varint(h, uint64_t(used));
+    for (int s = 0; s < used; ++s) put_varint(h, f[s]);
+    if (h.size() + rans_len + nbits >= 1 + 2 * n) {  // raw is no larger
+        out.push_back(kModeRaw);
+        const std::size_t at = out.size();
+        out.resize(at + 2 * n);
+        codes_to_bytes(codes, n, out.data() + at);
+        return;
+    }
+    out.insert(out.end(), h.begin(), h.end());
+    out.insert(out.end(), ptr, ptr + rans_len);
+    out.insert(out.end(), bits.data(), bits.data() + nbits);
+}
 
 void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out, int states) {
     if (states == 0) {  // mode 3, or mode 2 for a short segment where its 48 fewer state bytes win
@@ -299,83 +449,30 @@ void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& 
         return;
     }
     if (states != 2 && states != 4 && states != kLanes) throw std::invalid_argument("segment_encode: states must be 0, 2, 4 or 16");
-    std::array<uint64_t, kSymbols> count{};
-    thread_local std::vector<uint8_t> sym_buf, extra_buf, buf, bits_buf;  // reused: one segment at a time per thread
-    thread_local std::vector<uint16_t> low_buf;
-    const std::size_t n4 = (n + 3) / 4 * 4;
-    sym_buf.resize(n4);
-    extra_buf.resize(n4);
-    low_buf.resize(n4);
-    bits_buf.resize(2 * n + 16);
-    uint8_t* sym = sym_buf.data();
-    uint8_t* bits = bits_buf.data();
-    // pass 1a (vectorised): symbols, raw bit counts and raw bits; the padding to whole
-    // groups of 4 has no raw bits
-    split_isa<SplitTag>(codes, n, sym, extra_buf.data(), low_buf.data());
-    for (std::size_t i = n; i < n4; ++i) extra_buf[i] = 0, low_buf[i] = 0;
-    // pass 1b: the counts, in four histograms (code i into i mod 4: consecutive equal
-    // symbols do not wait on each other's increment; summed below), four codes a round
-    uint32_t count4[4][kSymbols] = {};
-    {
-        std::size_t i = 0;
-        for (; i + 4 <= n; i += 4) {
-            ++count4[0][sym[i]];
-            ++count4[1][sym[i + 1]];
-            ++count4[2][sym[i + 2]];
-            ++count4[3][sym[i + 3]];
-        }
-        for (; i < n; ++i) ++count4[i & 3][sym[i]];
-    }
-    // pass 1c: the raw bits, LSB first, four codes (<= 52 bits) at a time. The writer is
-    // branch-free: all 8 bytes of the accumulator are stored at the first byte not yet
-    // complete, then the whole bytes are dropped (fewer than 8 bits stay pending).
-    std::size_t nbits = 0;
-    {
-        const uint8_t* ex = extra_buf.data();
-        const uint16_t* lo = low_buf.data();
-        uint64_t acc = 0;
-        uint32_t have = 0;
-        for (std::size_t i = 0; i < n4; i += 4) {
-            const uint32_t e0 = ex[i], e01 = e0 + ex[i + 1], e012 = e01 + ex[i + 2];
-            acc |= (uint64_t(lo[i]) | uint64_t(lo[i + 1]) << e0 | uint64_t(lo[i + 2]) << e01 | uint64_t(lo[i + 3]) << e012)
-                   << have;
-            have += e012 + ex[i + 3];
-            std::memcpy(bits + nbits, &acc, 8);  // little-endian: byte b holds bits 8b..8b+7
-            nbits += std::size_t(have >> 3);
-            acc >>= (have & ~7u);
-            have &= 7;
-        }
-        if (have > 0) bits[nbits++] = uint8_t(acc);
-    }
-    for (int s = 0; s < kSymbols; ++s) count[s] = uint64_t(count4[0][s]) + count4[1][s] + count4[2][s] + count4[3][s];
     if (n == 0) { out.push_back(kModeRaw); return; }
-    const bool words = states == kLanes;
-    const auto f = normalise(count, n, words ? kProb12 : kProb);
-    std::array<uint32_t, kSymbols> cum{};
-    for (int s = 1; s < kSymbols; ++s) cum[s] = cum[s - 1] + f[s - 1];
-    buf.resize(2 * n + 4 * kLanes + 8);  // <= 2 bytes per code (<= 14 bits, or one word), the states, put's slack
-    uint8_t* const end = buf.data() + buf.size();
-    uint8_t* const ptr = words ? put_words(sym, n, f, cum, end) : states == 2 ? put_bytes<2>(sym, n, f, cum, end)
-                                                                             : put_bytes<4>(sym, n, f, cum, end);
-    const std::size_t rans_len = std::size_t(end - ptr);
-    std::vector<uint8_t> head;
-    head.push_back(words ? kModeRans16 : states == 2 ? kModeRans2 : kModeRans4);
-    put_varint(head, rans_len);
-    put_varint(head, nbits);
-    int used = kSymbols;
-    while (used > 0 && f[used - 1] == 0) --used;
-    put_varint(head, uint64_t(used));
-    for (int s = 0; s < used; ++s) put_varint(head, f[s]);
-    if (head.size() + rans_len + nbits >= 1 + 2 * n) {  // raw is no larger
-        out.push_back(kModeRaw);
-        const std::size_t at = out.size();
-        out.resize(at + 2 * n);
-        codes_to_bytes(codes, n, out.data() + at);
+    thread_local SegmentCoder c;  // reused: one segment at a time per thread
+    c.prepare(codes, n, states);
+    const uint8_t* ptr = states == kLanes ? put_words(c.sym.data(), n, c.f, c.cum, c.end())
+                         : states == 2    ? put_bytes<2>(c.sym.data(), n, c.f, c.cum, c.end())
+                                          : put_bytes<4>(c.sym.data(), n, c.f, c.cum, c.end());
+    c.emit(codes, states, ptr, out);
+}
+
+void segment_encode2(const uint16_t* const codes[2], const std::size_t n[2], std::vector<uint8_t>* const out[2]) {
+#if defined(__x86_64__)
+    if (n[0] > kBothBelow && n[1] > kBothBelow && active_isa() == Isa::AVX512) {  // both mode 3
+        thread_local SegmentCoder c[2];
+        for (int a = 0; a < 2; ++a) c[a].prepare(codes[a], n[a], kLanes);
+        const uint8_t* const sym[2] = {c[0].sym.data(), c[1].sym.data()};
+        const std::array<uint32_t, kSymbols> f[2] = {c[0].f, c[1].f}, cum[2] = {c[0].cum, c[1].cum};
+        uint8_t* const end[2] = {c[0].end(), c[1].end()};
+        uint8_t* first[2];
+        put_words_x2(sym, n, f, cum, end, first);
+        for (int a = 0; a < 2; ++a) c[a].emit(codes[a], kLanes, first[a], *out[a]);
         return;
     }
-    out.insert(out.end(), head.begin(), head.end());
-    out.insert(out.end(), ptr, ptr + rans_len);
-    out.insert(out.end(), bits, bits + nbits);
+#endif
+    for (int a = 0; a < 2; ++a) segment_encode(codes[a], n[a], *out[a]);
 }
 
 namespace {

@@ -47,6 +47,12 @@ inline void codes_to_bytes(const uint16_t* codes, std::size_t n, uint8_t* bytes)
 /// on every instruction-set level.
 void segment_encode(const uint16_t* codes, std::size_t n, std::vector<uint8_t>& out, int states = 0);
 
+/// segment_encode (default states) of two segments (a = 0, 1: codes[a][0..n[a]) appended
+/// to *out[a]): the same bytes as two segment_encode calls. With AVX-512 and both longer
+/// than 4096 codes, the two segments' rANS rounds run interleaved, so their dependency
+/// chains overlap.
+void segment_encode2(const uint16_t* const codes[2], const std::size_t n[2], std::vector<uint8_t>* const out[2]);
+
 /// Decode the segment held in bytes [p, p + size) into codes[0..n). Throws
 /// std::runtime_error when the bytes are not exactly one valid segment of n codes (bad
 /// table, truncated or trailing bytes, a final rANS state other than the initial one).

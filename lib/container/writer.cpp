@@ -100,29 +100,51 @@ void ContainerWriter::append_segments(int k, uint64_t i0, const uint8_t* codes, 
     const uint64_t seg = codec::kSegment;
     if (i0 % seg != 0 || (n % seg != 0 && i0 + n != cur_->numel))
         throw std::logic_error("entropy-coded chunk not aligned to segments");
-    for (std::size_t s0 = 0; s0 < n; s0 += seg) {
-        const std::size_t len = std::min<std::size_t>(seg, n - s0);
-        seg_codes_.resize(len);
-        codec::codes_from_bytes(codes + 2 * s0, len, seg_codes_.data());
-        seg_bytes_.clear();
+    for (std::size_t s0 = 0; s0 < n;) {
         const int16_t* sp = params + 2 * (s0 / codec::kBlock);
         if (k == 1 && i0 + s0 == 0 && row_length(*cur_) > 0) {
             // the parameter's first exp_avg_sq segment decides, coded both ways, the smaller wins
-            codec::segment_encode(seg_codes_.data(), len, seg_bytes_);
-            std::vector<uint16_t> pred = seg_codes_;
+            const std::size_t len = std::min<std::size_t>(seg, n - s0);
+            seg_codes_[0].resize(len);
+            codec::codes_from_bytes(codes + 2 * s0, len, seg_codes_[0].data());
+            seg_bytes_[0].clear();
+            codec::segment_encode(seg_codes_[0].data(), len, seg_bytes_[0]);
+            std::vector<uint16_t> pred = seg_codes_[0];
             codec::vlog_rows(pred.data(), len, sp, std::size_t(row_length(*cur_)), true);
             std::vector<uint8_t> alt;
             codec::segment_encode(pred.data(), len, alt);
-            cur_->row_predict = alt.size() < seg_bytes_.size();
-            if (cur_->row_predict) seg_bytes_.swap(alt);
-        } else {
-            if (k == 1) codec::vlog_rows(seg_codes_.data(), len, sp, std::size_t(vlog_row(*cur_)), true);
-            codec::segment_encode(seg_codes_.data(), len, seg_bytes_);
+            cur_->row_predict = alt.size() < seg_bytes_[0].size();
+            if (cur_->row_predict) seg_bytes_[0].swap(alt);
+            put_segment(k, seg_bytes_[0]);
+            s0 += len;
+            continue;
         }
-        codes_[std::size_t(k)]->append(seg_bytes_.data(), seg_bytes_.size());
-        const uint64_t end = codes_[std::size_t(k)]->count();
-        segs_[std::size_t(k)]->append(&end, 1);
+        // two segments at a time (codec::segment_encode2: their rANS rounds overlap)
+        const int cnt = s0 + seg < n ? 2 : 1;
+        const uint16_t* sc[2];
+        std::size_t len[2];
+        std::vector<uint8_t>* out[2] = {&seg_bytes_[0], &seg_bytes_[1]};
+        for (int a = 0; a < cnt; ++a) {
+            const std::size_t sa = s0 + std::size_t(a) * seg;
+            len[a] = std::min<std::size_t>(seg, n - sa);
+            seg_codes_[a].resize(len[a]);
+            codec::codes_from_bytes(codes + 2 * sa, len[a], seg_codes_[a].data());
+            if (k == 1)
+                codec::vlog_rows(seg_codes_[a].data(), len[a], params + 2 * (sa / codec::kBlock), std::size_t(vlog_row(*cur_)), true);
+            sc[a] = seg_codes_[a].data();
+            out[a]->clear();
+        }
+        if (cnt == 2) codec::segment_encode2(sc, len, out);
+        else codec::segment_encode(sc[0], len[0], *out[0]);
+        for (int a = 0; a < cnt; ++a) put_segment(k, *out[a]);
+        s0 += len[0] + (cnt == 2 ? len[1] : 0);
     }
+}
+
+void ContainerWriter::put_segment(int k, const std::vector<uint8_t>& bytes) {
+    codes_[std::size_t(k)]->append(bytes.data(), bytes.size());
+    const uint64_t end = codes_[std::size_t(k)]->count();
+    segs_[std::size_t(k)]->append(&end, 1);
 }
 
 uint64_t ContainerWriter::finish(const Manifest& m) {

@@ -55,12 +55,15 @@ private:
     std::vector<std::unique_ptr<Appender>> codes_, params_, escv_;   ///< per role
     std::vector<std::unique_ptr<Appender>> segs_;                    ///< per role, entropy-coded codecs
     bool segmented_ = false;
-    std::vector<uint16_t> seg_codes_;
-    std::vector<uint8_t> seg_bytes_;
+    std::vector<uint16_t> seg_codes_[2];
+    std::vector<uint8_t> seg_bytes_[2];
     /// Entropy-code role k's n codes (little-endian bytes, from coordinate i0, a multiple of
     /// kSegment; `params` the chunk's block parameters of role k) segment by segment into
-    /// /moments/codes and /moments/segments; exp_avg_sq row-predicted (codec::vlog_rows).
+    /// /moments/codes and /moments/segments, two at a time (codec::segment_encode2);
+    /// exp_avg_sq row-predicted (codec::vlog_rows).
     void append_segments(int k, uint64_t i0, const uint8_t* codes, std::size_t n, const int16_t* params);
+    /// One coded segment of role k into /moments/codes, its end into /moments/segments.
+    void put_segment(int k, const std::vector<uint8_t>& bytes);
     std::unique_ptr<Appender> escidx_;
     int code_bytes_ = 1, params_per_block_ = 0;
     ParamEntry* cur_ = nullptr;

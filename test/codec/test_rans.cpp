@@ -352,6 +352,40 @@ TEST_CASE("rans segments: segment_decode2 gives two segment_decode calls' codes 
     CHECK(refused > checked / 4);  // the damaged pairs mostly refused: the error paths ran
 }
 
+TEST_CASE("rans segments: segment_encode2 writes two segment_encode calls' bytes") {
+    // lengths at and around the interleaving's condition (both > 4096 codes) and unequal
+    // (one segment's rounds go on alone, from either side), codes of several shapes; on
+    // every instruction-set level (AVX-512 interleaves); appended after existing bytes
+    std::mt19937_64 rng(9);
+    std::geometric_distribution<int> geo(0.05);
+    const Isa before = active_isa();
+    const std::size_t lens[] = {1, 4096, 4097, 5003, 16384};
+    for (Isa isa : {Isa::Baseline, Isa::AVX2, Isa::AVX512}) {
+        if (!isa_supported(isa)) continue;
+        set_isa(isa);
+        for (std::size_t n0 : lens)
+            for (std::size_t n1 : lens) {
+                std::vector<uint16_t> c[2] = {std::vector<uint16_t>(n0), std::vector<uint16_t>(n1)};
+                for (int a = 0; a < 2; ++a)
+                    for (auto& x : c[a]) x = uint16_t(a == 0 ? std::min(geo(rng), 65535) : int(rng() % 40));
+                std::vector<uint8_t> want[2] = {{7}, {7, 7}}, got[2] = {{7}, {7, 7}};
+                for (int a = 0; a < 2; ++a) segment_encode(c[a].data(), c[a].size(), want[a]);
+                const uint16_t* codes[2] = {c[0].data(), c[1].data()};
+                const std::size_t n[2] = {n0, n1};
+                std::vector<uint8_t>* out[2] = {&got[0], &got[1]};
+                segment_encode2(codes, n, out);
+                CAPTURE(n0);
+                CAPTURE(n1);
+                CHECK(got[0] == want[0]);
+                CHECK(got[1] == want[1]);
+                std::vector<uint16_t> back(n1);
+                segment_decode(got[1].data() + 2, got[1].size() - 2, n1, back.data());
+                CHECK(back == c[1]);
+            }
+    }
+    set_isa(before);
+}
+
 TEST_CASE("rans segments: segment_encode writes the same bytes on every instruction-set level") {
     // the AVX-512 rounds (gathers, compressed word stores, quotients from doubles) against
     // the scalar ones: lengths around whole rounds, one symbol only (frequency 2^12),
