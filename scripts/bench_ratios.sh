@@ -10,7 +10,7 @@
 # CPU can run 30% slower than the other for minutes (host contention; measured 2026-12-04),
 # and unpinned commands land on either, which skews a ratio of two of them either way.
 # Usage: scripts/bench_ratios.sh [REPS=7] CKPT...   (default CKPTs: the two cached bench
-# models, scripts/train_bench_models.py); needs build/apps (or CKPTKIT_BIN), zstd, /usr/bin/time, taskset.
+# models, scripts/train_bench_models.py); needs build/apps (or CKPTKIT_BIN), zstd, taskset, /usr/bin/python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=7
@@ -35,7 +35,12 @@ warm() {
 cpu() {  # cpu CMD...: CPU seconds of one run (after a sync: no run pays for another's writeback)
   sync
   warm
-  /usr/bin/time -f "%U %S" -o "$W/t" taskset -c "$CPU" "$@" >/dev/null 2>&1
+  # user and system seconds of the command from getrusage (microseconds; /usr/bin/time
+  # prints hundredths, too coarse for the 0.15 s restores of the bench models)
+  /usr/bin/python3 -c 'import resource, subprocess, sys
+subprocess.run(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+u = resource.getrusage(resource.RUSAGE_CHILDREN)
+open(sys.argv[1], "w").write("%.6f %.6f\n" % (u.ru_utime, u.ru_stime))' "$W/t" taskset -c "$CPU" "$@"
   awk '{print $1 + $2}' "$W/t"
   awk '{print $1}' "$W/t" >> "$W/user"   # (the user part alone, for the second table)
 }
