@@ -266,14 +266,9 @@ words_encode_avx512_x2(const uint8_t* const* sym, const std::size_t* full, const
 CKPT_AVX512_WARNINGS_ON
 #endif
 
-/// Mode 3 (format version 4): kLanes states in [2^16, 2^32), 16-bit renormalisation words
-/// (little-endian), 12-bit frequencies: x' = (x / f) 2^12 + x mod f + cum. A state at or
-/// above f 2^20 sends its low word first, so at most one word per code, and the decoder
-/// reads one exactly when its state falls below 2^16 (ryg_rans's rans_word_sse41). The
-/// division is a multiplication by m = ceil(2^64 / f), exact for every 32-bit x (Lemire,
-/// Kaser & Kurz 2019, "Faster remainder by direct computation", Theorem 1: 64 >= 32 +
-/// log2 f); for f = 1, m = 2^64 - 1 gives x - 1 and the bias gains 2^12 - 1 to match (as
-/// RansEncSymbolInit does).
+/// put_words' tables for one segment's frequencies f and starts cum: the scalar coder's
+/// per symbol (the reciprocal m = ceil(2^64 / f), the renormalisation bound, bias and
+/// complement; see put_words) and the AVX-512 rounds' (fc, rf).
 struct WordsTables {
     struct Enc { uint64_t m, xmax; uint32_t bias, cmpl; };
     std::array<Enc, kSymbols> enc{};
@@ -304,6 +299,14 @@ struct WordsTables {
     }
 };
 
+/// Mode 3 (format version 4): kLanes states in [2^16, 2^32), 16-bit renormalisation words
+/// (little-endian), 12-bit frequencies: x' = (x / f) 2^12 + x mod f + cum. A state at or
+/// above f 2^20 sends its low word first, so at most one word per code, and the decoder
+/// reads one exactly when its state falls below 2^16 (ryg_rans's rans_word_sse41). The
+/// division is a multiplication by m = ceil(2^64 / f), exact for every 32-bit x (Lemire,
+/// Kaser & Kurz 2019, "Faster remainder by direct computation", Theorem 1: 64 >= 32 +
+/// log2 f); for f = 1, m = 2^64 - 1 gives x - 1 and the bias gains 2^12 - 1 to match (as
+/// RansEncSymbolInit does).
 uint8_t* put_words(const uint8_t* sym, std::size_t n, const std::array<uint32_t, kSymbols>& f,
                    const std::array<uint32_t, kSymbols>& cum, uint8_t* end) {
     const WordsTables t(f, cum);
