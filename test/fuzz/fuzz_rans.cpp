@@ -2,7 +2,8 @@
 // segment to decode, its code count in the next two bytes (any count up to kSegment); a
 // malformed segment must be refused with std::runtime_error, never read out of bounds, and
 // every instruction-set level this CPU runs must give the same codes or the same refusal
-// (else abort). First byte odd: the rest are uint16 codes; encode (with 2 rANS states when
+// (else abort); so must segment_decode2 on the segment paired with itself (the same codes
+// twice, or the same refusal: at AVX-512 the two run interleaved). First byte odd: the rest are uint16 codes; encode (with 2 rANS states when
 // bit 1 is set, else 4 when bit 2 is, else the writer's default when bit 3 is, else 16),
 // decode and compare (the round trip must be exact, else abort).
 #include <cstdlib>
@@ -43,6 +44,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             outcome = std::string("refused: ") + e.what();
         }
         if (have && outcome != first) abort();
+        std::vector<uint16_t> o0(n), o1(n);
+        const uint8_t* p[2] = {data + 3, data + 3};
+        const std::size_t sz[2] = {size - 3, size - 3}, nn[2] = {n, n};
+        uint16_t* codes[2] = {o0.data(), o1.data()};
+        std::string pair;
+        try {
+            segment_decode2(p, sz, nn, codes);
+            pair.assign(reinterpret_cast<const char*>(o0.data()), 2 * n);
+            pair.append(reinterpret_cast<const char*>(o1.data()), 2 * n);
+        } catch (const std::runtime_error& e) {
+            pair = std::string("refused: ") + e.what();
+        }
+        if (pair != (outcome.rfind("refused: ", 0) == 0 ? outcome : outcome + outcome)) abort();
         first = std::move(outcome);
         have = true;
     }
