@@ -1,7 +1,8 @@
 // ckpt-compress in four phases: plan (layout.h: which storages become codes, under which
 // guarantee), /raw (every other byte, in file order, hashed), the moment streams (each
-// compressible parameter chunk by chunk through the codec; memory bounded by the chunk),
-// and a self-check: the written container must pass ckpt-verify (hence restore) before it
+// compressible parameter chunk by chunk through the codec; memory bounded by the chunk;
+// phases 2 and 3 interleave, so that a parameter's theta is read once for both), and a
+// self-check: the written container must pass ckpt-verify (hence restore) before it
 // is renamed into place, so no container this tool calls ok fails to restore.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -30,25 +31,67 @@ namespace {
 
 namespace ct = container;
 
-/// Phase 2: every byte outside moment storages into /raw, in file order; hashes of the
-/// non-moment storages into the manifest.
-void write_raw(ct::ContainerWriter& out, const io::InputFile& f, ct::Manifest& man, Progress& prog) {
-    ChunkBuffer buf(1 << 20);
-    const Xxh3State h = make_xxh3();
-    for (const ct::SourceSpan& sp : ct::source_spans(man)) {
-        if (sp.moment) continue;
-        XXH3_64bits_reset(h.get());
-        for (uint64_t off = sp.begin; off < sp.end;) {
-            const uint64_t n = std::min<uint64_t>(buf.size(), sp.end - off);
-            f.read_at(off, buf.data(), n, "raw bytes");
-            out.append_raw(buf.data(), n);
-            if (sp.storage >= 0) XXH3_64bits_update(h.get(), buf.data(), n);
-            off += n;
-            prog.advance(n);
-        }
-        if (sp.storage >= 0) man.storages[std::size_t(sp.storage)].xxh3 = XXH3_64bits_digest(h.get());
+/// Phase 2: every byte outside moment storages into /raw, in file order, and the hashes of
+/// the non-moment storages into the manifest, span by span as phase 3 reaches them. A
+/// parameter's theta storage (read by phase 3 for the Adam L2 gradient domain) that is
+/// still to come in file order is read once: take() copies the spans before it, and phase
+/// 3 appends the theta bytes it reads (ThetaToRaw).
+class RawWriter {
+public:
+    RawWriter(ct::ContainerWriter& out, const io::InputFile& f, ct::Manifest& man, Progress& prog)
+        : out_(out), f_(f), man_(man), prog_(prog), spans_(ct::source_spans(man)), span_of_(man.storages.size()) {
+        for (std::size_t i = 0; i < spans_.size(); ++i)
+            if (spans_[i].storage >= 0) span_of_[std::size_t(spans_[i].storage)] = i;
     }
-}
+    /// Whether storage s (not a moment) is exactly `nbytes` long and not yet copied; then
+    /// every span before it is copied, and its bytes are the caller's to append, in order.
+    bool take(int64_t s, uint64_t nbytes) {
+        const std::size_t i = span_of_[std::size_t(s)];
+        if (i < next_ || spans_[i].moment || spans_[i].size() != nbytes) return false;
+        copy_before(i);
+        next_ = i + 1;
+        return true;
+    }
+    /// Copy every span not yet copied and close /raw.
+    void finish() {
+        copy_before(spans_.size());
+        out_.end_raw();
+    }
+
+private:
+    void copy_before(std::size_t end) {
+        for (; next_ < end; ++next_) {
+            const ct::SourceSpan& sp = spans_[next_];
+            if (sp.moment) continue;
+            XXH3_64bits_reset(h_.get());
+            for (uint64_t off = sp.begin; off < sp.end;) {
+                const uint64_t n = std::min<uint64_t>(buf_.size(), sp.end - off);
+                f_.read_at(off, buf_.data(), n, "raw bytes");
+                out_.append_raw(buf_.data(), n);
+                if (sp.storage >= 0) XXH3_64bits_update(h_.get(), buf_.data(), n);
+                off += n;
+                prog_.advance(n);
+            }
+            if (sp.storage >= 0) man_.storages[std::size_t(sp.storage)].xxh3 = XXH3_64bits_digest(h_.get());
+        }
+    }
+    ct::ContainerWriter& out_;
+    const io::InputFile& f_;
+    ct::Manifest& man_;
+    Progress& prog_;
+    std::vector<ct::SourceSpan> spans_;
+    std::vector<std::size_t> span_of_;  ///< storage index -> its span
+    std::size_t next_ = 0;              ///< the first span not yet copied
+    ChunkBuffer buf_{1 << 20};
+    Xxh3State h_ = make_xxh3();
+};
+
+/// Where phase 3 puts the theta bytes it reads when RawWriter::take gave them to it: /raw
+/// and the hash of the theta storage.
+struct ThetaToRaw {
+    ct::ContainerWriter* out = nullptr;
+    XXH3_state_t* hash = nullptr;
+};
 
 /// Buffers of one chunk's moment and parameter bytes and values, reused across chunks and
 /// parameters: they only grow (no zero-fill per chunk). F32 bytes are read straight into
@@ -72,9 +115,11 @@ const uint8_t* read_floats(const io::InputFile& f, uint64_t off, DType dtype, st
 }
 
 /// Read coordinates [i0, i0+n) of parameter e (moments, and theta when its domain needs
-/// it) from the source; hashes the moment bytes into hs and counts progress when given.
+/// it) from the source; hashes the moment bytes into hs and counts progress when given;
+/// appends the theta bytes to /raw when `raw` is given (chunks in order: RawWriter::take).
 codec::ChunkIn read_chunk(const io::InputFile& f, const ct::Manifest& man, const ct::ParamEntry& e, uint64_t i0,
-                          std::size_t n, ChunkBuffers& b, const Xxh3State* hs, Progress* prog) {
+                          std::size_t n, ChunkBuffers& b, const Xxh3State* hs, Progress* prog,
+                          const ThetaToRaw* raw = nullptr) {
     const std::size_t es = float_dtype_size(e.dtype);
     const int nm = e.moments();
     codec::ChunkIn ci;
@@ -92,8 +137,13 @@ codec::ChunkIn read_chunk(const io::InputFile& f, const ct::Manifest& man, const
         const auto& st = man.storages[std::size_t(e.theta_storage)];
         const DType td = e.theta_dtype.value_or(DType::F32);
         const std::size_t ts = float_dtype_size(td);
-        read_floats(f, st.offset + i0 * ts, td, n, b.theta, b.tbytes, "parameter storage");
+        const uint8_t* tb = read_floats(f, st.offset + i0 * ts, td, n, b.theta, b.tbytes, "parameter storage");
         ci.theta = b.theta.data();
+        if (raw) {
+            raw->out->append_raw(tb, n * ts);
+            XXH3_64bits_update(raw->hash, tb, n * ts);
+            if (prog) prog->advance(n * ts);
+        }
     }
     return ci;
 }
@@ -151,19 +201,24 @@ void warn_escapes(const io::InputFile& f, const ct::Manifest& man, const Report&
 using CodeHashes = std::array<uint64_t, 3>;
 
 /// Phase 3: encode parameter e chunk by chunk into the moment streams; the hashes of its
-/// moment storages into the manifest (buf: the reused chunk buffers). Returns the hashes
-/// of its codes.
+/// moment storages into the manifest (buf: the reused chunk buffers). Its theta storage,
+/// when it has one that `raw` has not copied yet, goes into /raw as it is read. Returns
+/// the hashes of its codes.
 CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntry& e, const codec::TensorSetup& setup,
-                        const gpu::Device device, std::size_t chunk, ct::ContainerWriter& out, Progress& prog,
-                        ChunkBuffers& buf) {
+                        const gpu::Device device, std::size_t chunk, ct::ContainerWriter& out, RawWriter& raw,
+                        Progress& prog, ChunkBuffers& buf) {
     const int nm = e.moments();
+    const Xxh3State ht = make_xxh3();
+    ThetaToRaw to_raw{&out, ht.get()};
+    const bool fused = e.theta_storage >= 0 &&
+                       raw.take(e.theta_storage, e.numel * float_dtype_size(e.theta_dtype.value_or(DType::F32)));
     out.begin_param(e);
     const Xxh3State hs[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
     const Xxh3State hc[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
     std::array<std::vector<uint32_t>, 3> bits;   // exact bits of the escaped values, per role
     for (uint64_t i0 = 0; i0 < e.numel; i0 += chunk) {
         const std::size_t n = std::size_t(std::min<uint64_t>(chunk, e.numel - i0));
-        const codec::ChunkIn ci = read_chunk(f, man, e, i0, n, buf, hs, &prog);
+        const codec::ChunkIn ci = read_chunk(f, man, e, i0, n, buf, hs, &prog, fused ? &to_raw : nullptr);
         const codec::ChunkOut co = gpu::encode_chunk_on(device, setup, ci);
         for (int k = 0; k < nm; ++k) {
             XXH3_64bits_update(hc[k].get(), co.codes[k].data(), co.codes[k].size());
@@ -177,10 +232,11 @@ CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntr
         man.storages[std::size_t(e.storage[k])].xxh3 = XXH3_64bits_digest(hs[k].get());
         h[std::size_t(k)] = XXH3_64bits_digest(hc[k].get());
     }
+    if (fused) man.storages[std::size_t(e.theta_storage)].xxh3 = XXH3_64bits_digest(ht.get());
     return h;
 }
 
-/// Phases 2 and 3 into the container at `path`: /raw, the moment streams (filling the
+/// Phases 2 and 3 into the container at `path`: /raw and the moment streams (filling the
 /// manifest's hashes, stream offsets, escapes and bounds), then the manifest itself.
 /// Returns the hashes of every parameter's codes and of the manifest's text (for the
 /// self-check: VerifyOptions::code_hashes, manifest_xxh3).
@@ -189,17 +245,18 @@ std::pair<std::vector<CodeHashes>, uint64_t> write_container(const std::string& 
                                                              gpu::Device device) {
     ct::ContainerWriter out(path);
     Progress prog(o.progress, "ckpt-compress", f.size(), man.params.size());
-    write_raw(out, f, man, prog);
     out.begin_moments(man);
+    RawWriter raw(out, f, man, prog);
     const std::size_t unit = codec::entropy_coded(o.codec) ? codec::kSegment : codec::kBlock;  // chunks start on segments
     const std::size_t want = o.chunk ? o.chunk : default_chunk(device == gpu::Device::Cuda);
     const std::size_t chunk = std::max<std::size_t>(unit, want / unit * unit);
     std::vector<CodeHashes> hashes;
     ChunkBuffers buf;
     for (auto& e : man.params) {
-        hashes.push_back(encode_param(f, man, e, ct::tensor_setup(e, o.codec, o.tolerance), device, chunk, out, prog, buf));
+        hashes.push_back(encode_param(f, man, e, ct::tensor_setup(e, o.codec, o.tolerance), device, chunk, out, raw, prog, buf));
         prog.item_done();
     }
+    raw.finish();
     const uint64_t manifest_xxh3 = out.finish(man);
     return {std::move(hashes), manifest_xxh3};
 }

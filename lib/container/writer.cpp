@@ -26,11 +26,20 @@ ContainerWriter::ContainerWriter(const std::string& path) : file_(create_file(pa
 
 ContainerWriter::~ContainerWriter() = default;
 
-void ContainerWriter::append_raw(const void* data, std::size_t n) { raw_->append_bytes(data, n); }
+void ContainerWriter::append_raw(const void* data, std::size_t n) {
+    if (!raw_) throw std::logic_error("/raw appended after end_raw");
+    raw_->append_bytes(data, n);
+}
 
-uint64_t ContainerWriter::begin_moments(const Manifest& m) {
+uint64_t ContainerWriter::end_raw() {
+    if (!raw_) throw std::logic_error("/raw closed twice");
     const uint64_t stored = raw_->finish();
     raw_.reset();
+    return stored;
+}
+
+void ContainerWriter::begin_moments(const Manifest& m) {
+    if (escidx_) throw std::logic_error("moment streams begun twice");
     const int roles = std::any_of(m.params.begin(), m.params.end(), [](const ParamEntry& p) { return p.hyper.amsgrad; }) ? 3 : 2;
     code_bytes_ = codec::code_bytes(m.codec);
     params_per_block_ = codec::params_per_block(m.codec);
@@ -49,7 +58,6 @@ uint64_t ContainerWriter::begin_moments(const Manifest& m) {
         if (segmented_)
             segs_.push_back(std::make_unique<Appender>(file_.get(), segments_path(r), H5T_NATIVE_UINT64, 8, kTableChunk));
     }
-    return stored;
 }
 
 void ContainerWriter::begin_param(ParamEntry& e) {
@@ -148,7 +156,8 @@ void ContainerWriter::put_segment(int k, const std::vector<uint8_t>& bytes) {
 }
 
 uint64_t ContainerWriter::finish(const Manifest& m) {
-    if (raw_) begin_moments(m);  // no moments written: the streams still exist, empty
+    if (raw_) end_raw();
+    if (!escidx_) begin_moments(m);  // no moments written: the streams still exist, empty
     for (std::size_t r = 0; r < codes_.size(); ++r) {
         codes_[r]->finish();
         params_[r]->finish();

@@ -1,9 +1,9 @@
 // Writing a container (formats/container.md), the counterpart of ckpt::ContainerReader
-// (lib/ckpt/decode.h): /raw (the source bytes outside moment storages, in file order), then
-// the moment streams of every role (codes, block parameters, escape rows, escape index)
-// with each parameter's stream offsets, then the manifest and the root attributes. The
-// calls come in that order; the datasets are created in it, so the same input gives the
-// same container bytes. Errors: std::runtime_error from HDF5 (the caller names the output).
+// (lib/ckpt/decode.h): /raw (the source bytes outside moment storages, in file order), the
+// moment streams of every role (codes, block parameters, escape rows, escape index) with
+// each parameter's stream offsets, then the manifest and the root attributes. /raw may
+// still grow while parameters are encoded (their chunks then interleave in the file); the
+// datasets are created in a fixed order, so the same calls give the same container bytes. Errors: std::runtime_error from HDF5 (the caller names the output).
 #pragma once
 #include <array>
 #include <memory>
@@ -24,11 +24,14 @@ public:
     ContainerWriter(const ContainerWriter&) = delete;
     ContainerWriter& operator=(const ContainerWriter&) = delete;
 
-    /// Append n source bytes to /raw (only before begin_moments).
+    /// Append n source bytes to /raw (until end_raw; before or after begin_moments: compress
+    /// appends a parameter's theta storage to /raw while it encodes that parameter).
     void append_raw(const void* data, std::size_t n);
-    /// Close /raw and create the moment streams: 3 roles when any parameter of `m` keeps
-    /// max_exp_avg_sq (amsgrad), else 2, for m.codec. Returns /raw's stored bytes.
-    uint64_t begin_moments(const Manifest& m);
+    /// Close /raw (finish() does when not called); returns its stored bytes.
+    uint64_t end_raw();
+    /// Create the moment streams: 3 roles when any parameter of `m` keeps max_exp_avg_sq
+    /// (amsgrad), else 2, for m.codec. Once, before the first begin_param.
+    void begin_moments(const Manifest& m);
     /// Start parameter e: its code_offset (values; segments for an entropy-coded codec),
     /// block_offset (blocks; 0 for codecs
     /// without block parameters) and escape_offset (rows) become the streams' current ends;

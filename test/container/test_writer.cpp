@@ -77,12 +77,20 @@ TEST_CASE("ContainerWriter -> ContainerReader: raw bytes, streams, offsets and e
     std::vector<std::vector<int16_t>> params_written[2];
     {
         ContainerWriter w(path);
-        for (const SourceSpan& sp : source_spans(m)) {
-            if (sp.moment) continue;
-            w.append_raw(src.data() + sp.begin, sp.size());
-            if (sp.storage >= 0) m.storages[std::size_t(sp.storage)].xxh3 = XXH3_64bits(src.data() + sp.begin, sp.size());
-        }
-        CHECK(w.begin_moments(m) > 0);
+        const std::vector<SourceSpan> spans = source_spans(m);
+        auto put_raw = [&](std::size_t a, std::size_t b) {  // spans [a, b) that are not moments
+            for (std::size_t i = a; i < b && i < spans.size(); ++i) {
+                const SourceSpan& sp = spans[i];
+                if (sp.moment) continue;
+                w.append_raw(src.data() + sp.begin, sp.size());
+                if (sp.storage >= 0) m.storages[std::size_t(sp.storage)].xxh3 = XXH3_64bits(src.data() + sp.begin, sp.size());
+            }
+        };
+        // /raw grows before the moment streams exist, between them and after the parameters
+        // (compress appends a theta storage while it encodes the parameter)
+        put_raw(0, 1);
+        w.begin_moments(m);
+        put_raw(1, 3);
         for (int j = 0; j < 2; ++j) {
             ParamEntry& e = m.params[std::size_t(j)];
             const int nm = e.moments();
@@ -117,7 +125,11 @@ TEST_CASE("ContainerWriter -> ContainerReader: raw bytes, streams, offsets and e
                 }
                 w.append_chunk(i0, co, bits);
             }
+            if (j == 0) put_raw(3, 5);
         }
+        put_raw(5, spans.size());
+        CHECK(w.end_raw() > 0);
+        CHECK_THROWS_AS(w.append_raw(src.data(), 1), std::logic_error);
         w.finish(m);
     }
     // offsets, escapes and bounds filled in by the writer
