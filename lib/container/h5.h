@@ -80,9 +80,14 @@ uint64_t get_attr_u64(hid_t obj, const std::string& name);
 constexpr int kZstdStore = 0;
 
 /// zstd match-finder parameters (ZSTD_c_hashLog, ZSTD_c_minMatch); 0 keeps the level's.
+/// planes > 1: the chunk is that many byte planes of equal size (HDF5's shuffle of
+/// planes-byte elements); the leading planes that a sample shows incompressible (the low
+/// mantissa bytes of float weights) go into the frame as raw blocks, and zstd compresses
+/// only the rest (zstd_compress_chunk). The frame is an ordinary zstd frame to readers.
 struct ZstdMatch {
     int hash_log = 0;
     int min_match = 0;
+    int planes = 0;
 };
 
 /// Appends elements of one native type to a new extendible 1-D dataset.

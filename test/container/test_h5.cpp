@@ -287,6 +287,91 @@ TEST_CASE("zstd match parameters: stored after the level, used by the compressor
     CHECK(sizes[1] != sizes[0]);
 }
 
+TEST_CASE("byte planes: the leading incompressible planes go into the zstd frame as raw blocks, on both write paths") {
+    // 256 KiB chunks of 4-byte elements (64 KiB planes); three datasets: planes 0-2 random
+    // and an exponent-like plane 3 (raw, raw, raw, compressed), every plane random (a frame
+    // of raw blocks only), and a compressible plane 0 (no raw block: zstd's own frame)
+    struct Case { const char* name; int raw_planes; };
+    const Case cases[3] = {{"/mixed", 3}, {"/random", 4}, {"/plain", 0}};
+    const std::size_t chunk = 1 << 18, plane = chunk / 4;
+    TempDir td;
+    const std::string path = (td.path / "p.h5").string();
+    std::vector<std::vector<unsigned char>> data(3);
+    std::mt19937 rng(11);
+    for (int c = 0; c < 3; ++c) {
+        data[std::size_t(c)].resize(3 * chunk + 5000);
+        for (std::size_t i = 0; i < data[std::size_t(c)].size(); ++i) {
+            const std::size_t b = i % 4;
+            const unsigned r = rng();
+            data[std::size_t(c)][i] = (unsigned char)(c == 1 || (b < 3 && !(c == 2 && b == 0)) ? r : 0x3c + r % 3);
+        }
+    }
+    {
+        Handle f = create_file(path);
+        struct Off {
+            ~Off() { set_direct_chunk_writes(false); }
+        } off;
+        for (int direct = 0; direct < 2; ++direct) {
+            set_direct_chunk_writes(direct == 1);
+            for (int c = 0; c < 3; ++c) {
+                Appender a(f.get(), std::string(cases[c].name) + (direct ? "_direct" : ""), H5T_STD_U32LE, 4, chunk, 1, true,
+                           ZstdMatch{6, 7, 4});
+                a.append_bytes(data[std::size_t(c)].data(), data[std::size_t(c)].size());
+                a.finish();
+            }
+        }
+    }
+    Handle f = open_file(path);
+    for (int c = 0; c < 3; ++c) {
+        CAPTURE(cases[c].name);
+        const auto& bytes = data[std::size_t(c)];
+        Handle p(H5Dopen2(f.get(), cases[c].name, H5P_DEFAULT), H5Dclose);
+        Handle d(H5Dopen2(f.get(), (std::string(cases[c].name) + "_direct").c_str(), H5P_DEFAULT), H5Dclose);
+        const hsize_t off = 0;  // the first, whole chunk
+        hsize_t np = 0, nd = 0;
+        REQUIRE(H5Dget_chunk_storage_size(p.get(), &off, &np) >= 0);
+        REQUIRE(H5Dget_chunk_storage_size(d.get(), &off, &nd) >= 0);
+        std::vector<unsigned char> bp(np), bd(nd);
+        uint32_t mp = 9, md = 9;
+        REQUIRE(H5Dread_chunk(p.get(), H5P_DEFAULT, &off, &mp, bp.data()) >= 0);
+        REQUIRE(H5Dread_chunk(d.get(), H5P_DEFAULT, &off, &md, bd.data()) >= 0);
+        CHECK(bp == bd);  // the pipeline's filter and the direct writes: the same frame
+        // plain libzstd decodes the frame to the shuffled chunk
+        std::vector<unsigned char> sh(chunk), out(chunk);
+        shuffle_bytes(bytes.data(), sh.data(), chunk, 4);
+        REQUIRE(ZSTD_getFrameContentSize(bd.data(), bd.size()) == chunk);
+        CHECK(ZSTD_decompress(out.data(), out.size(), bd.data(), bd.size()) == chunk);
+        CHECK(out == sh);
+        // the frame's leading raw blocks (RFC 8878: 3-byte headers, type in bits 1-2) hold
+        // exactly the incompressible planes, byte for byte
+        std::size_t at = cases[c].raw_planes ? 9 : 0, raw = 0;
+        while (cases[c].raw_planes && at + 3 <= bd.size() && ((bd[at] >> 1) & 3) == 0) {
+            const std::size_t len = (bd[at] | bd[at + 1] << 8 | bd[at + 2] << 16) >> 3;
+            CHECK(std::memcmp(bd.data() + at + 3, sh.data() + raw, len) == 0);
+            raw += len;
+            at += 3 + len;
+        }
+        CHECK(raw == std::size_t(cases[c].raw_planes) * plane);
+        if (cases[c].raw_planes == 4) CHECK(bd.size() == 9 + 3 * 2 + chunk);  // two raw blocks of 128 KiB
+        if (cases[c].raw_planes == 0) {  // zstd's own frame, as without planes
+            std::vector<unsigned char> want(ZSTD_compressBound(chunk));
+            ZSTD_CCtx* z = ZSTD_createCCtx();
+            ZSTD_CCtx_setParameter(z, ZSTD_c_compressionLevel, 1);
+            ZSTD_CCtx_setParameter(z, ZSTD_c_hashLog, 6);
+            ZSTD_CCtx_setParameter(z, ZSTD_c_minMatch, 7);
+            want.resize(ZSTD_compress2(z, want.data(), want.size(), sh.data(), sh.size()));
+            ZSTD_freeCCtx(z);
+            CHECK(bd == want);
+        }
+        if (cases[c].raw_planes == 3) CHECK(bd.size() < chunk * 7 / 8);  // the exponent plane shrank
+        const DatasetReader r(f.get(), (std::string(cases[c].name) + "_direct").c_str(), H5T_STD_U32LE, 4);
+        std::vector<unsigned char> got(bytes.size());
+        r.read_bytes(0, bytes.size(), got.data());
+        CHECK(got == bytes);
+        CHECK(r.checksum_ok());
+    }
+}
+
 TEST_CASE("checksum_ok: reads in order are hashed on the way; the rest, padding included, read once") {
     TempDir td;
     const std::string path = (td.path / "c.h5").string();
