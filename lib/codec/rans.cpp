@@ -945,22 +945,6 @@ std::size_t words_fast(const Tables& t, uint32_t* x, const uint8_t*& r, const ui
     return words_scalar(t.w, x, r, rend, sym + i, n - i);
 }
 
-void words_finish(const Parsed& h, const Tables& t, std::size_t n, uint16_t* codes, uint32_t* x, const uint8_t* r,
-                  std::size_t i, uint8_t* sym);
-
-/// Mode 3's pass 1 (format version 4): the initial states (words_init), the fast rounds
-/// (words_fast), then words_finish.
-void decode_words(const Parsed& h, const Tables& t, std::size_t n, uint16_t* codes) {
-    thread_local std::vector<uint8_t> sym_buf;
-    sym_buf.resize(n);
-    uint8_t* const sym = sym_buf.data();
-    alignas(64) uint32_t x[kLanes];
-    if (!words_init(h, x)) Cursor::bad("trailing or inconsistent data");
-    const uint8_t* r = h.rp + 4 * kLanes;
-    const std::size_t i = words_fast(t, x, r, h.rend, sym, n, 0);
-    words_finish(h, t, n, codes, x, r, i, sym);
-}
-
 /// Mode 3's pass 1 from code i on (after the fast rounds: states x, words from r), checked
 /// word by word; the final-state checks; then raw_bits.
 void words_finish(const Parsed& h, const Tables& t, std::size_t n, uint16_t* codes, uint32_t* x, const uint8_t* r,
@@ -979,6 +963,19 @@ void words_finish(const Parsed& h, const Tables& t, std::size_t n, uint16_t* cod
         if (x[k] != kLow16) Cursor::bad("trailing or inconsistent data");
     if (r != h.rend) Cursor::bad("trailing or inconsistent data");
     raw_bits(h, sym, n, codes);
+}
+
+/// Mode 3's pass 1 (format version 4): the initial states (words_init), the fast rounds
+/// (words_fast), then words_finish.
+void decode_words(const Parsed& h, const Tables& t, std::size_t n, uint16_t* codes) {
+    thread_local std::vector<uint8_t> sym_buf;
+    sym_buf.resize(n);
+    uint8_t* const sym = sym_buf.data();
+    alignas(64) uint32_t x[kLanes];
+    if (!words_init(h, x)) Cursor::bad("trailing or inconsistent data");
+    const uint8_t* r = h.rp + 4 * kLanes;
+    const std::size_t i = words_fast(t, x, r, h.rend, sym, n, 0);
+    words_finish(h, t, n, codes, x, r, i, sym);
 }
 
 /// A parsed rANS segment's pass 1 and 2 (decode_body after parse).

@@ -112,7 +112,6 @@ void ContainerWriter::append_segments(int k, uint64_t i0, const uint8_t* codes, 
     if (i0 % seg != 0 || (n % seg != 0 && i0 + n != cur_->numel))
         throw std::logic_error("entropy-coded chunk not aligned to segments");
     for (std::size_t s0 = 0; s0 < n;) {
-        const int16_t* sp = params + 2 * (s0 / codec::kBlock);
         if (k == 1 && i0 + s0 == 0 && row_length(*cur_) > 0) {
             // the parameter's first exp_avg_sq segment decides, coded both ways, the smaller wins
             const std::size_t len = std::min<std::size_t>(seg, n - s0);
@@ -121,7 +120,7 @@ void ContainerWriter::append_segments(int k, uint64_t i0, const uint8_t* codes, 
             seg_bytes_[0].clear();
             codec::segment_encode(seg_codes_[0].data(), len, seg_bytes_[0]);
             std::vector<uint16_t> pred = seg_codes_[0];
-            codec::vlog_rows(pred.data(), len, sp, std::size_t(row_length(*cur_)), true);
+            codec::vlog_rows(pred.data(), len, params, std::size_t(row_length(*cur_)), true);  // s0 = 0
             std::vector<uint8_t> alt;
             codec::segment_encode(pred.data(), len, alt);
             cur_->row_predict = alt.size() < seg_bytes_[0].size();
