@@ -88,8 +88,8 @@ std::size_t zstd_header_size(const unsigned char* f, std::size_t n) {
 /// blocks (a single-segment frame with a 4-byte content size, then raw blocks of <= 128
 /// KiB, RFC 8878 3.1.1.2), followed by the blocks of zstd's own frame of the rest (its
 /// header dropped, no checksum; its matches and tables refer only to its own blocks, and
-/// raw blocks leave the decoder's state as a new frame has it). On gen1g's weights
-/// (2026-12-04) planes 0-2 are raw: 0.39 s per GiB of chunks instead of 0.54, the same size.
+/// raw blocks leave the decoder's state as a new frame has it). Where the raw frame does
+/// not fit `cap` or zstd fails on the rest, the chunk gets zstd's own frame of it all.
 std::size_t zstd_compress_chunk(const void* src, std::size_t n, int level, ZstdMatch match, void* dst, std::size_t cap) {
     ZSTD_CCtx* c = zstd_ctx.c;
     if (!c) return 0;
@@ -104,13 +104,13 @@ std::size_t zstd_compress_chunk(const void* src, std::size_t n, int level, ZstdM
         const std::size_t pn = n / std::size_t(match.planes);
         while (raw < n && plane_incompressible(s + raw, pn)) raw += pn;
     }
-    if (raw == 0) {
+    auto whole = [&] {  // zstd's own frame of the whole chunk
         const std::size_t r = ZSTD_compress2(c, dst, cap, src, n);
         return ZSTD_isError(r) ? 0 : r;
-    }
+    };
     constexpr std::size_t kMaxBlock = 128 * 1024;
     const std::size_t blocks = (raw + kMaxBlock - 1) / kMaxBlock, head = 9 + 3 * blocks + raw;
-    if (cap < head) return 0;
+    if (raw == 0 || cap < head) return whole();
     auto* d = static_cast<unsigned char*>(dst);
     auto le = [](unsigned char* p, uint64_t v, int bytes) {
         for (int i = 0; i < bytes; ++i) p[i] = (unsigned char)(v >> (8 * i));
@@ -131,9 +131,11 @@ std::size_t zstd_compress_chunk(const void* src, std::size_t n, int level, ZstdM
         ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 0)))
         return 0;
     const std::size_t r = ZSTD_compress2(c, d + at, cap - at, s + raw, n - raw);
-    if (ZSTD_isError(r)) return 0;
-    const std::size_t h = zstd_header_size(d + at, r);
-    if (h == 0 || h >= r) return 0;
+    const std::size_t h = ZSTD_isError(r) ? 0 : zstd_header_size(d + at, r);
+    if (h == 0 || h >= r) {
+        ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 1);  // back to the level's frame
+        return whole();
+    }
     std::memmove(d + at, d + at + h, r - h);
     return at + r - h;
 }

@@ -3,7 +3,8 @@
 // moment streams of every role (codes, block parameters, escape rows, escape index) with
 // each parameter's stream offsets, then the manifest and the root attributes. /raw may
 // still grow while parameters are encoded (their chunks then interleave in the file); the
-// datasets are created in a fixed order, so the same calls give the same container bytes. Errors: std::runtime_error from HDF5 (the caller names the output).
+// datasets are created in a fixed order, so the same calls give the same container bytes.
+// Errors: std::runtime_error from HDF5 (the caller names the output).
 #pragma once
 #include <array>
 #include <memory>
