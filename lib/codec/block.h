@@ -365,22 +365,30 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     }
     if (!(amax > 0) || !(bmax > 0)) return false;
     const double r0 = bmax / amax;
-    // worst (largest) constraint at ratio r over the live coordinates; also its index (the
-    // first that reaches it) and the runner-up (the largest of the others), as one serial
-    // scan with strict compares from 0 gives them; w.settled as scratch (the quantisers
-    // write it before they read it)
-    auto worst = [&](double r, int& at, double& second) {
+    // worst (largest) constraint at ratio r over the live coordinates, and the runner-up
+    // (the largest of the others: w1 again when two reach it), as one serial scan with
+    // strict compares from 0 gives them; w.settled holds the constraints (the quantisers
+    // write it before they read it), so worst_at finds the first that reaches w1. Loops
+    // without branches: a search loop per call cost 2% of the encoder.
+    auto worst = [&](double r, double& second) {
         double* c = w.settled;
+        double below[kBlock];
         for (int j = 0; j < bn8; ++j) c[j] = A[j] * r + B[j];
         const double w1 = block_max(c, bn8);
-        at = -1;
         second = 0;
         if (!(w1 > 0)) return 0.0;
-        at = 0;
-        while (!(c[at] == w1)) ++at;
-        c[at] = 0;
-        second = block_max(c, bn8);
+        int ties = 0;
+        for (int j = 0; j < bn8; ++j) {
+            ties += int(c[j] == w1);
+            below[j] = c[j] < w1 ? c[j] : 0.0;
+        }
+        second = ties > 1 ? w1 : block_max(below, bn8);
         return w1;
+    };
+    auto worst_at = [&](double w1) {
+        int at = 0;
+        while (!(w.settled[at] == w1)) ++at;
+        return at;
     };
     auto best_ratio = [&]() {  // r / worst(r)^2 is unimodal in r (worst is convex): 5 points, one pass
         const double mult[5] = {0.5, 0.7071067811865476, 1.0, 1.4142135623730951, 2.0};
@@ -397,19 +405,19 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     double r = best_ratio();
     const double escape_bits = 32.0 * nm + 16;
     bool dropped = false;
-    int at;
     double sec, w1 = 0;
     for (int drop = 0; drop < 4; ++drop) {
-        w1 = worst(r, at, sec);
-        if (at < 0 || !(sec > 0)) break;
+        w1 = worst(r, sec);
+        if (!(w1 > 0) || !(sec > 0)) break;
         if (!(nm * bn * log2_hd(w1 / sec) > escape_bits)) break;  // narrowing for it costs more than its escape
+        const int at = worst_at(w1);
         w.live[at] = false;
         A[at] = B[at] = 0;
         dropped = true;
     }
     if (dropped) {  // else w1 is already the worst constraint at r
         r = best_ratio();
-        w1 = worst(r, at, sec);
+        w1 = worst(r, sec);
     }
     const double L = budget / w1;
     dm = L * r;
