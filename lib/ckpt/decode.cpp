@@ -89,11 +89,23 @@ ContainerReader::ContainerReader(const std::string& path, const ct::Manifest* wr
     }
 }
 
+uint64_t ContainerReader::raw_offset(uint64_t off) const {
+    // the moment storages that start before `off` are not in /raw
+    const auto k = std::lower_bound(moment_at_.begin(), moment_at_.end(), off) - moment_at_.begin();
+    return off - (k == 0 ? 0 : moment_through_[std::size_t(k - 1)]);
+}
+
 void ContainerReader::read_raw(uint64_t off, uint64_t n, void* out) const {
     try {
-        // the moment storages that start before `off` are not in /raw
-        const auto k = std::lower_bound(moment_at_.begin(), moment_at_.end(), off) - moment_at_.begin();
-        raw_->read_bytes(off - (k == 0 ? 0 : moment_through_[std::size_t(k - 1)]), n, out);
+        raw_->read_bytes(raw_offset(off), n, out);
+    } catch (const std::exception& e) {
+        throw BadInput(path_, std::string("container: ") + e.what());
+    }
+}
+
+const void* ContainerReader::raw_view(uint64_t at, std::size_t n) const {
+    try {
+        return raw_->view_bytes(at, n);
     } catch (const std::exception& e) {
         throw BadInput(path_, std::string("container: ") + e.what());
     }

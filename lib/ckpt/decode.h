@@ -30,7 +30,9 @@ public:
     void read_raw(uint64_t off, uint64_t n, void* out) const;
     /// Stream source bytes [from, to) that lie outside moment storages (a span of
     /// container::source_spans that is not a moment) from /raw, in pieces of at most 1 MiB:
-    /// fn(uint64_t source_offset, const uint8_t* bytes, std::size_t n). Throws BadInput.
+    /// fn(uint64_t source_offset, const uint8_t* bytes, std::size_t n), each piece inside
+    /// one /raw chunk and handed over in place (no copy; 0.04 s a GiB), or copied where
+    /// /raw has no direct chunk path. Throws BadInput.
     template <class Fn>
     void for_each_raw_piece(uint64_t from, uint64_t to, Fn fn) const;
     /// What scan_source found in /raw.
@@ -135,7 +137,11 @@ private:
     mutable uint64_t buf_begin_ = 0;
     mutable std::vector<uint64_t> buf_idx_;
     mutable std::array<std::vector<uint32_t>, 3> buf_bits_;
-    mutable ChunkBuffer raw_buf_;   ///< for_each_raw_piece's piece
+    mutable ChunkBuffer raw_buf_;   ///< for_each_raw_piece's piece where /raw cannot be viewed
+    /// /raw's byte offset of source offset `off` (outside moment storages).
+    uint64_t raw_offset(uint64_t off) const;
+    /// raw_->view_bytes(at, n), its errors as read_raw's (BadInput naming the container).
+    const void* raw_view(uint64_t at, std::size_t n) const;
     void load_escapes(uint64_t row, uint64_t end_row, int moments) const;
 };
 
@@ -173,11 +179,18 @@ ContainerReader::SourceScan ContainerReader::scan_source(Piece piece, Hole hole)
 
 template <class Fn>
 void ContainerReader::for_each_raw_piece(uint64_t from, uint64_t to, Fn fn) const {
-    raw_buf_.resize(1 << 20);
+    constexpr uint64_t kPiece = 1 << 20;
     for (uint64_t off = from; off < to;) {
-        const std::size_t n = std::size_t(std::min<uint64_t>(raw_buf_.size(), to - off));
-        read_raw(off, n, raw_buf_.data());
-        fn(off, static_cast<const uint8_t*>(raw_buf_.data()), n);
+        const uint64_t at = raw_offset(off);  // the span is outside moments: contiguous in /raw
+        const uint64_t in_chunk = raw_->bytes_to_chunk_end(at);
+        const std::size_t n = std::size_t(std::min({kPiece, to - off, in_chunk ? in_chunk : kPiece}));
+        const void* p = raw_view(at, n);
+        if (!p) {
+            raw_buf_.resize(n);
+            read_raw(off, n, raw_buf_.data());
+            p = raw_buf_.data();
+        }
+        fn(off, static_cast<const uint8_t*>(p), n);
         off += n;
     }
 }

@@ -574,6 +574,16 @@ const void* DatasetReader::view(uint64_t offset, uint64_t n) const {
     return p;
 }
 
+const void* DatasetReader::view_bytes(uint64_t offset, uint64_t n) const {
+    if (offset > bytes_ || n > bytes_ - offset) fail("read past the end of dataset " + path_);
+    if (!chunk_ || n == 0) return nullptr;
+    const uint64_t cb = chunk_ * elem_, c = offset / cb;
+    if ((offset + n - 1) / cb != c) return nullptr;  // across a chunk end
+    const unsigned char* p = chunk_bytes(c).data() + (offset - c * cb);
+    note_read(offset, p, n);
+    return p;
+}
+
 void DatasetReader::read_bytes(uint64_t offset, uint64_t n, void* out) const {
     if (offset > bytes_ || n > bytes_ - offset) fail("read past the end of dataset " + path_);
     if (n == 0) return;

@@ -154,6 +154,13 @@ public:
     uint64_t bytes() const { return bytes_; }
     /// Read bytes [offset, offset + n) of such a dataset; throws when out of range.
     void read_bytes(uint64_t offset, uint64_t n, void* out) const;
+    /// Those bytes in place, without a copy, when they lie inside one chunk of the direct
+    /// chunk path (valid until this reader's next read), else null (then use read_bytes);
+    /// hashed on the way as read_bytes'. Throws as read_bytes.
+    const void* view_bytes(uint64_t offset, uint64_t n) const;
+    /// Bytes from `offset` to the end of its chunk (the most view_bytes can return there);
+    /// 0 without the direct chunk path.
+    uint64_t bytes_to_chunk_end(uint64_t offset) const { return chunk_ ? chunk_ * elem_ - offset % (chunk_ * elem_) : 0; }
     /// Whether the dataset matches its `xxh3` attribute. Reads (read, read_bytes) hash what
     /// they return on the way while they come in order (a re-read of hashed bytes is
     /// skipped, a gap stops it): checksum_ok reads only what they left (after a gap, all).
