@@ -7,6 +7,7 @@
 #include <hdf5.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -190,6 +191,51 @@ TEST_CASE("zstd-only datasets: the direct chunk path reads what libhdf5 reads; a
     REQUIRE(H5Dread(ds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, via_hdf5.data()) >= 0);
     CHECK(got == via_hdf5);
     CHECK(got[1] == (v[1] > uint32_t(INT32_MAX) ? INT32_MAX : int32_t(v[1])));
+}
+
+TEST_CASE("view_bytes: a shuffled dataset of bytes in place inside one chunk, null across a chunk end, hashed as read") {
+    // /raw's layout: 4-byte elements, shuffled, zstd; bytes appended in odd amounts, so the
+    // last element is zero-padded and `bytes` is not a multiple of 4
+    TempDir td;
+    const std::string path = (td.path / "vb.h5").string();
+    std::vector<unsigned char> bytes(3 * 4096 + 1234 + 3);
+    std::mt19937 rng(11);
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = (unsigned char)(i % 4 == 3 ? 0x3f : rng() % 16);
+    {
+        Handle f = create_file(path);
+        struct Off {
+            ~Off() { set_direct_chunk_writes(false); }
+        } off;
+        set_direct_chunk_writes(true);
+        Appender a(f.get(), "/raw", H5T_STD_U32LE, 4, 4096, 1, true);  // 1024 elements a chunk
+        for (std::size_t o = 0; o < bytes.size(); o += 777) a.append_bytes(bytes.data() + o, std::min<std::size_t>(777, bytes.size() - o));
+        a.finish();
+    }
+    Handle f = open_file(path);
+    {  // in order, a piece per call up to each chunk end: every byte, and the checksum holds
+        const DatasetReader r(f.get(), "/raw", H5T_STD_U32LE, 4);
+        REQUIRE(r.bytes() == bytes.size());
+        CHECK(r.bytes_to_chunk_end(0) == 4096);
+        CHECK(r.bytes_to_chunk_end(4095) == 1);
+        CHECK(r.bytes_to_chunk_end(4097) == 4095);
+        std::vector<unsigned char> got;
+        for (uint64_t o = 0; o < bytes.size();) {
+            const uint64_t n = std::min<uint64_t>({uint64_t(1000), uint64_t(bytes.size() - o), r.bytes_to_chunk_end(o)});
+            const auto* p = static_cast<const unsigned char*>(r.view_bytes(o, n));
+            REQUIRE(p != nullptr);
+            got.insert(got.end(), p, p + n);
+            o += n;
+        }
+        CHECK(got == bytes);
+        CHECK(r.checksum_ok());
+    }
+    const DatasetReader r(f.get(), "/raw", H5T_STD_U32LE, 4);
+    CHECK(r.view_bytes(4000, 200) == nullptr);  // across the first chunk end
+    CHECK(r.view_bytes(10, 0) == nullptr);
+    CHECK_THROWS_AS(r.view_bytes(bytes.size() - 2, 3), std::runtime_error);  // past `bytes`, inside the padding
+    const auto* p = static_cast<const unsigned char*>(r.view_bytes(4096 + 5, 3000));
+    REQUIRE(p != nullptr);
+    CHECK(std::equal(p, p + 3000, bytes.begin() + 4096 + 5));
 }
 
 TEST_CASE("kZstdStore datasets: full chunks stored as they are (mask bit set), the zero-filled last one compressed") {
