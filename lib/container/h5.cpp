@@ -127,11 +127,10 @@ std::size_t zstd_compress_chunk(const void* src, std::size_t n, int level, ZstdM
         at += 3 + len;
     }
     if (raw == n) return at;
-    if (ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 0)) ||
-        ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 0)))
-        return 0;
-    const std::size_t r = ZSTD_compress2(c, d + at, cap - at, s + raw, n - raw);
-    const std::size_t h = ZSTD_isError(r) ? 0 : zstd_header_size(d + at, r);
+    const bool set = !ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 0)) &&
+                     !ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 0));
+    const std::size_t r = set ? ZSTD_compress2(c, d + at, cap - at, s + raw, n - raw) : 0;
+    const std::size_t h = !set || ZSTD_isError(r) ? 0 : zstd_header_size(d + at, r);
     if (h == 0 || h >= r) {
         ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 1);  // back to the level's frame
         return whole();
@@ -564,24 +563,23 @@ void DatasetReader::read(uint64_t offset, uint64_t n, void* out) const {
     note_read(offset * elem_, out, n * elem_);
 }
 
+const void* DatasetReader::view_at(uint64_t b, uint64_t nb) const {
+    if (!chunk_ || nb == 0) return nullptr;
+    const uint64_t cb = chunk_ * elem_, c = b / cb;
+    if ((b + nb - 1) / cb != c) return nullptr;  // across a chunk end
+    const unsigned char* p = chunk_bytes(c).data() + (b - c * cb);
+    note_read(b, p, nb);
+    return p;
+}
+
 const void* DatasetReader::view(uint64_t offset, uint64_t n) const {
     if (offset > count_ || n > count_ - offset) fail("read past the end of dataset " + path_);
-    if (!chunk_ || n == 0) return nullptr;
-    const uint64_t cb = chunk_ * elem_, b = offset * elem_, c = b / cb;
-    if ((b + n * elem_ - 1) / cb != c) return nullptr;  // across a chunk end
-    const unsigned char* p = chunk_bytes(c).data() + (b - c * cb);
-    note_read(b, p, n * elem_);
-    return p;
+    return view_at(offset * elem_, n * elem_);
 }
 
 const void* DatasetReader::view_bytes(uint64_t offset, uint64_t n) const {
     if (offset > bytes_ || n > bytes_ - offset) fail("read past the end of dataset " + path_);
-    if (!chunk_ || n == 0) return nullptr;
-    const uint64_t cb = chunk_ * elem_, c = offset / cb;
-    if ((offset + n - 1) / cb != c) return nullptr;  // across a chunk end
-    const unsigned char* p = chunk_bytes(c).data() + (offset - c * cb);
-    note_read(offset, p, n);
-    return p;
+    return view_at(offset, n);
 }
 
 void DatasetReader::read_bytes(uint64_t offset, uint64_t n, void* out) const {

@@ -195,6 +195,9 @@ private:
     const ChunkBuffer& chunk_bytes(uint64_t c) const;
     /// Bytes [byte_offset, byte_offset + n) of a shuffled dataset, chunk by chunk.
     void read_chunked(uint64_t byte_offset, uint64_t n, unsigned char* out) const;
+    /// view / view_bytes after their range checks: bytes [b, b + nb) in place, hashed, or
+    /// null (no direct chunk path, nothing asked, or across a chunk end).
+    const void* view_at(uint64_t b, uint64_t nb) const;
 };
 
 }  // namespace ckpt::container
