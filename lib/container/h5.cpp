@@ -54,21 +54,48 @@ struct ReadScratch {
 };
 thread_local ReadScratch read_scratch;
 
-/// Whether byte plane p[0, n) looks incompressible to zstd, whose gain on such bytes is its
-/// Huffman coding of literals: over 64 runs of 64 bytes spread across the plane, the sum of
-/// the squared byte counts is within 1.1x of a uniform source's expectation N + N^2/256
-/// (N = 4096): a collision (Renyi) entropy of at least ~7.86 bits a byte, which bounds the
-/// Shannon entropy from below, so Huffman coding could save under 2%. Integers only (the
-/// same verdict on every machine); planes under 16 KiB are left to zstd.
+/// log2(c) for an integer c >= 1 in 16-bit fixed point (within 2^-15 of the true value):
+/// the bit length, then the fraction bit by bit from repeated squaring of the mantissa
+/// (Turner, "Binary logarithm", IEEE Signal Processing Magazine 2010). Integers only, so
+/// every machine gets the same value.
+uint64_t log2_q16(uint32_t c) {
+    const int e = 31 - __builtin_clz(c);
+    uint64_t x = e <= 30 ? uint64_t(c) << (30 - e) : uint64_t(c) >> 1;  // the mantissa in [2^30, 2^31): Q30
+    uint64_t r = uint64_t(e) << 16;
+    for (int b = 15; b >= 0; --b) {
+        x = (x * x) >> 30;  // < 2^62 before the shift
+        if (x >= (uint64_t(1) << 31)) {
+            x >>= 1;
+            r |= uint64_t(1) << b;
+        }
+    }
+    return r;
+}
+
+/// Whether zstd would store byte plane p[0, n) raw anyway, judged from a sample. Without
+/// matches (none in mantissa bytes) zstd's only gain is its Huffman coding of literals,
+/// which it keeps only when it saves more than 1/64 of the block (ZSTD_minGain: srcSize >> 6,
+/// plus 2 bytes; else the literals, and the block, go raw). A Huffman code is never shorter
+/// than the entropy, so a plane of at least 8 - 8/64 = 7.875 bits a byte is stored raw.
+/// The entropy is estimated over 256 runs of 64 bytes spread across the plane (N = 16384),
+/// plug-in plus the Miller-Madow correction (m - 1) / (2 N ln 2) for its bias (m: the byte
+/// values seen), in integers only (log2_q16), so every machine gives the same verdict.
+/// Planes under 64 KiB are left to zstd.
 bool plane_incompressible(const unsigned char* p, std::size_t n) {
-    constexpr std::size_t kRuns = 64, kRun = 64, kN = kRuns * kRun;
+    constexpr std::size_t kRuns = 256, kRun = 64, kN = kRuns * kRun;  // kN = 2^14
     if (n < 4 * kN) return false;
     uint32_t count[256] = {};
     for (std::size_t r = 0; r < kRuns; ++r)
         for (std::size_t i = 0; i < kRun; ++i) ++count[p[r * (n / kRuns) + i]];
-    uint64_t sq = 0;
-    for (const uint32_t c : count) sq += uint64_t(c) * c;
-    return sq * 256 * 10 <= 11 * (kN * 256 + kN * kN);
+    // N H 2^16 = N log2(N) 2^16 - sum c log2(c) 2^16, plus (m - 1) 2^16 / (2 ln 2)
+    uint64_t sum = 0, seen = 0;
+    for (const uint32_t c : count) {
+        if (c == 0) continue;
+        sum += uint64_t(c) * log2_q16(c);
+        ++seen;
+    }
+    const uint64_t nh = (uint64_t(kN) * 14 << 16) - sum + (seen - 1) * 47274;  // 2^16 / (2 ln 2) = 47274.7
+    return nh >= (uint64_t(kN) * 63 << 16) / 8;  // H >= 63/8 bits
 }
 
 /// Size of the zstd frame header at f[0, n) (RFC 8878 3.1.1.1: magic, descriptor, window
