@@ -7,7 +7,9 @@ Writes `{"model": OrderedDict, "optimizer": {"state", "param_groups"}, "epoch": 
 torch 1.13 layout: 0-d float `step` = 200, exp_avg, exp_avg_sq; lr 1e-3, betas (0.9, 0.95), weight decay 0.1 as
 the LM recipes) as an uncompressed ZIP64 archive
 with `FILE-stem/data.pkl`, `data/<key>` and `version`, the same entries torch.save writes, so
-`torch.load` and ckpt-compress read it. Values are generated chunk by chunk (4 Mi floats at a
+`torch.load` and ckpt-compress read it. Every entry's data starts on a 64-byte boundary, padded
+with an "FB" extra field as torch.save's writer pads it (caffe2/serialize/inline_container.cc,
+kFieldAlignment; every real torch file in data/ has it). Values are generated chunk by chunk (4 Mi floats at a
 time) and never held whole: parameters ~ N(0, 0.02), exp_avg_sq log-normal around
 3e-7 * s^2 (sigma 1.5 in ln), exp_avg = sqrt(exp_avg_sq) * clip(N(0, 0.2^2), -0.6, 0.6) (m and v
 of a coordinate drawn from the same stream; median v and |m|/sqrt(v) as in data/lm_adamw.pt)
@@ -20,6 +22,7 @@ import collections
 import io
 import os
 import pickle
+import struct
 import zipfile
 
 import numpy as np
@@ -58,6 +61,18 @@ class _Pickler(pickle.Pickler):
         if isinstance(obj, _StorageRef):
             return ("storage", torch.FloatStorage, obj.key, "cpu", obj.numel)
         return None
+
+
+def aligned_entry(zf, name, zip64):
+    """ZipInfo for entry `name`, about to be written at zf's position, whose data starts on a
+    64-byte boundary: an "FB" extra field of 'Z' bytes after the fixed header (30 bytes), the
+    name and, for a ZIP64 entry, the zip64 extra field that zipfile adds (20 bytes)."""
+    zi = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    zi.compress_type = zipfile.ZIP_STORED
+    start = zf.fp.tell() + 30 + len(name.encode()) + (20 if zip64 else 0) + 4
+    pad = -start % 64
+    zi.extra = b"FB" + struct.pack("<H", pad) + b"Z" * pad
+    return zi
 
 
 def plan(gib, per_tensor):
@@ -106,11 +121,11 @@ def main():
     tmp = a.output + ".tmp"
     scale = np.random.default_rng(a.seed).uniform(-1, 1, len(shapes))
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-        zf.writestr(f"{prefix}/data.pkl", buf.getvalue())
+        zf.writestr(aligned_entry(zf, f"{prefix}/data.pkl", False), buf.getvalue())
         for key, numel, kind, idx in storages:
             rng = np.random.default_rng([a.seed, idx])  # m and v of a param share the stream
             s = 10.0 ** scale[idx]
-            with zf.open(f"{prefix}/data/{key}", "w", force_zip64=True) as f:
+            with zf.open(aligned_entry(zf, f"{prefix}/data/{key}", True), "w", force_zip64=True) as f:
                 if kind == "step":
                     f.write(np.array([200.0], "<f4").tobytes())
                     continue
@@ -128,7 +143,7 @@ def main():
                                                  * np.float32(0.2), -0.6, 0.6)
                         x = m if kind == "m" else v
                     f.write(x.astype("<f4", copy=False).tobytes())
-        zf.writestr(f"{prefix}/version", "3\n")
+        zf.writestr(aligned_entry(zf, f"{prefix}/version", False), "3\n")
     os.replace(tmp, a.output)
     print(f"{a.output}: {os.path.getsize(a.output)} bytes, {len(shapes)} parameters "
           f"({sum(int(np.prod(s)) for s in shapes)} values each for weight/exp_avg/exp_avg_sq)")
