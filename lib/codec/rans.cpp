@@ -345,6 +345,59 @@ void put_words_x2(const uint8_t* const* sym, const std::size_t* n, const std::ar
 }
 #endif
 
+/// The raw-bit stream's writer (LSB first), branch-free: put() ORs a group of len <= 56
+/// bits in above the pending ones, stores all 8 bytes of the accumulator at the first byte
+/// not yet complete, then drops the whole bytes (fewer than 8 bits stay pending). The
+/// buffer needs 8 bytes of room past the last byte written.
+struct BitSink {
+    uint8_t* bp;
+    uint64_t acc = 0;
+    uint32_t have = 0;
+    std::size_t nbytes = 0;
+    void put(uint64_t group, uint32_t len) {
+        acc |= group << have;
+        have += len;
+        std::memcpy(bp + nbytes, &acc, 8);  // little-endian: byte b holds bits 8b..8b+7
+        nbytes += std::size_t(have >> 3);
+        acc >>= (have & ~7u);
+        have &= 7;
+    }
+};
+
+#if defined(__x86_64__)
+CKPT_AVX512_WARNINGS_OFF
+/// SegmentCoder::prepare's raw bits of codes [0, n4) (whole groups of 4: raw bit counts ex,
+/// low bits lo), 16 codes a round with AVX-512: the four groups of a round are put
+/// together in vector lanes (pairs in 64-bit lanes, then pairs of pairs), and only their
+/// sink.put calls stay serial. Returns the codes done (a multiple of 16); the same groups,
+/// so the same bytes, as the scalar loop (test_rans compares the levels).
+__attribute__((target(CKPT_TARGET_AVX512), noinline)) std::size_t
+raw_groups_avx512(const uint8_t* ex, const uint16_t* lo, std::size_t n4, BitSink& sink) {
+    const __m512i low32 = _mm512_set1_epi64(0xffffffff);
+    BitSink s = sink;  // a local: its fields stay in registers
+    alignas(64) uint64_t g[8], len[8];
+    std::size_t i = 0;
+    for (; n4 - i >= 16; i += 16) {
+        const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ex + i)));
+        const __m512i l = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + i)));
+        // codes 2j and 2j + 1 in 64-bit lane j: lo[2j] | lo[2j + 1] << ex[2j], ex[2j] + ex[2j + 1] bits
+        const __m512i e0 = _mm512_and_si512(e, low32);
+        const __m512i p = _mm512_or_si512(_mm512_and_si512(l, low32), _mm512_sllv_epi64(_mm512_srli_epi64(l, 32), e0));
+        const __m512i pl = _mm512_add_epi64(e0, _mm512_srli_epi64(e, 32));
+        // pairs 2q and 2q + 1 in 64-bit lane 2q (unpackhi: lane 2q + 1 of each 128-bit half)
+        _mm512_store_si512(g, _mm512_or_si512(p, _mm512_sllv_epi64(_mm512_unpackhi_epi64(p, p), pl)));
+        _mm512_store_si512(len, _mm512_add_epi64(pl, _mm512_unpackhi_epi64(pl, pl)));
+        s.put(g[0], uint32_t(len[0]));
+        s.put(g[2], uint32_t(len[2]));
+        s.put(g[4], uint32_t(len[4]));
+        s.put(g[6], uint32_t(len[6]));
+    }
+    sink = s;
+    return i;
+}
+CKPT_AVX512_WARNINGS_ON
+#endif
+
 /// segment_encode's work on one segment of n > 0 codes: its symbols, raw bits and
 /// frequencies (prepare), then, once a put_* wrote the rANS stream to end at end(), its
 /// bytes (emit). Buffers reused from segment to segment.
@@ -385,27 +438,22 @@ void SegmentCoder::prepare(const uint16_t* codes, std::size_t count_n, int state
         }
         for (; i < n; ++i) ++count4[i & 3][sy[i]];
     }
-    // pass 1c: the raw bits, LSB first, four codes (<= 52 bits) at a time. The writer is
-    // branch-free: all 8 bytes of the accumulator are stored at the first byte not yet
-    // complete, then the whole bytes are dropped (fewer than 8 bits stay pending).
-    nbits = 0;
+    // pass 1c: the raw bits, LSB first, four codes (<= 52 bits) a group (BitSink)
     {
         const uint8_t* ex = extra.data();
         const uint16_t* lo = low.data();
-        uint8_t* bp = bits.data();
-        uint64_t acc = 0;
-        uint32_t have = 0;
-        for (std::size_t i = 0; i < n4; i += 4) {
+        BitSink sink{bits.data()};
+        std::size_t i = 0;
+#if defined(__x86_64__)
+        if (active_isa() == Isa::AVX512) i = raw_groups_avx512(ex, lo, n4, sink);
+#endif
+        for (; i < n4; i += 4) {
             const uint32_t e0 = ex[i], e01 = e0 + ex[i + 1], e012 = e01 + ex[i + 2];
-            acc |= (uint64_t(lo[i]) | uint64_t(lo[i + 1]) << e0 | uint64_t(lo[i + 2]) << e01 | uint64_t(lo[i + 3]) << e012)
-                   << have;
-            have += e012 + ex[i + 3];
-            std::memcpy(bp + nbits, &acc, 8);  // little-endian: byte b holds bits 8b..8b+7
-            nbits += std::size_t(have >> 3);
-            acc >>= (have & ~7u);
-            have &= 7;
+            sink.put(uint64_t(lo[i]) | uint64_t(lo[i + 1]) << e0 | uint64_t(lo[i + 2]) << e01 | uint64_t(lo[i + 3]) << e012,
+                     e012 + ex[i + 3]);
         }
-        if (have > 0) bp[nbits++] = uint8_t(acc);
+        if (sink.have > 0) sink.bp[sink.nbytes++] = uint8_t(sink.acc);
+        nbits = sink.nbytes;
     }
     std::array<uint64_t, kSymbols> count{};
     for (int s = 0; s < kSymbols; ++s) count[s] = uint64_t(count4[0][s]) + count4[1][s] + count4[2][s] + count4[3][s];
