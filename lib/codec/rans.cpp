@@ -197,11 +197,46 @@ uint8_t* put_bytes(const uint8_t* sym, std::size_t n, const std::array<uint32_t,
     });
 }
 
+/// The AVX-512 rounds' per-symbol tables hold kTable >= kSymbols entries (zeros past
+/// kSymbols): whole vectors, 16 words or 8 doubles each.
+constexpr int kTable = 80;
+static_assert(kTable >= kSymbols && kTable == 80);
+
 #if defined(__x86_64__)
 CKPT_AVX512_WARNINGS_OFF
+/// Which range of 16 symbols each of 16 lanes' symbols s falls in: ge[r] = lanes with
+/// s >= 16 (r + 1), r = 0..3 (the table lookups' blends).
+struct SymbolRanges {
+    __mmask16 ge[4];
+};
+
+/// rf[s] for the 8 symbols s8 (lanes 8h..8h+7 of the round, ranges r.ge >> 8h) without a
+/// gather: each 16-double range of the table by a two-vector permute (index bits 0-3),
+/// then blended in by range. Zen 4 runs two gathers of 8 doubles slower than these ten
+/// permutes and blends (2026-12-05).
+__attribute__((target(CKPT_TARGET_AVX512), always_inline)) inline __m512d
+rf_lookup(const double* rf, __m256i s8, const SymbolRanges& r, int h) {
+    const __m512i idx = _mm512_cvtepu32_epi64(s8);
+    __m512d v = _mm512_permutex2var_pd(_mm512_load_pd(rf), idx, _mm512_load_pd(rf + 8));
+    for (int k = 0; k < 4; ++k)
+        v = _mm512_mask_blend_pd(__mmask8(r.ge[k] >> (8 * h)), v,
+                                 _mm512_permutex2var_pd(_mm512_load_pd(rf + 16 * (k + 1)), idx, _mm512_load_pd(rf + 16 * (k + 1) + 8)));
+    return v;
+}
+
+/// fc[s] for the 16 symbols s of a round without a gather: 32-word ranges by two-vector
+/// permutes (index bits 0-4), the last 16 by a one-vector permute, blended by range.
+__attribute__((target(CKPT_TARGET_AVX512), always_inline)) inline __m512i
+fc_lookup(const uint32_t* fc, __m512i s, const SymbolRanges& r) {
+    const __m512i lo = _mm512_permutex2var_epi32(_mm512_load_si512(fc), s, _mm512_load_si512(fc + 16));
+    const __m512i mid = _mm512_permutex2var_epi32(_mm512_load_si512(fc + 32), s, _mm512_load_si512(fc + 48));
+    const __m512i top = _mm512_permutexvar_epi32(s, _mm512_load_si512(fc + 64));
+    return _mm512_mask_blend_epi32(r.ge[3], _mm512_mask_blend_epi32(r.ge[1], lo, mid), top);
+}
+
 /// One of put_words' whole rounds with AVX-512 (codes sym[0..16)), the 16 states X as one
-/// vector, its words below p (p moves down). Each lane's fc word
-/// (f | cum << 13) by a gather; the lanes with x >= f 2^20 (x >> 20 >= f) send their low
+/// vector, its words below p (p moves down). Each lane's fc word (f | cum << 13) and rf
+/// (fc_lookup, rf_lookup); the lanes with x >= f 2^20 (x >> 20 >= f) send their low
 /// words, compressed into lane order and stored below p with a masked 16-bit store;
 /// then x' = x + cum + q (2^12 - f) with q = x div f from doubles: fl(fl(x rf) + 2^-20)
 /// with rf = fl(1 / f) is within 2^-31 of x / f + 2^-20 (x < 2^32, relative errors
@@ -211,7 +246,9 @@ __attribute__((target(CKPT_TARGET_AVX512), always_inline)) inline void
 words_encode_round_avx512(const uint8_t* sym, const uint32_t* fc, const double* rf, __m512i& X, uint8_t*& p) {
     static_assert(kLanes == 16);
     const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sym)));
-    const __m512i e = _mm512_i32gather_epi32(s, fc, 4);
+    SymbolRanges r;
+    for (int k = 0; k < 4; ++k) r.ge[k] = _mm512_cmpge_epu32_mask(s, _mm512_set1_epi32(16 * (k + 1)));
+    const __m512i e = fc_lookup(fc, s, r);
     const __m512i f = _mm512_and_si512(e, _mm512_set1_epi32(0x1fff));
     const __mmask16 m = _mm512_cmpge_epu32_mask(_mm512_srli_epi32(X, 20), f);
     const unsigned cnt = unsigned(__builtin_popcount(m));
@@ -219,8 +256,8 @@ words_encode_round_avx512(const uint8_t* sym, const uint32_t* fc, const double* 
     _mm512_mask_cvtepi32_storeu_epi16(p, __mmask16((1u << cnt) - 1), _mm512_maskz_compress_epi32(m, X));
     X = _mm512_mask_srli_epi32(X, m, X, 16);
     const __m512d nudge = _mm512_set1_pd(0x1p-20);
-    const __m512d r_lo = _mm512_i32gather_pd(_mm512_castsi512_si256(s), rf, 8);
-    const __m512d r_hi = _mm512_i32gather_pd(_mm512_extracti64x4_epi64(s, 1), rf, 8);
+    const __m512d r_lo = rf_lookup(rf, _mm512_castsi512_si256(s), r, 0);
+    const __m512d r_hi = rf_lookup(rf, _mm512_extracti64x4_epi64(s, 1), r, 1);
     const __m256i q_lo = _mm512_cvttpd_epu32(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtepu32_pd(_mm512_castsi512_si256(X)), r_lo), nudge));
     const __m256i q_hi = _mm512_cvttpd_epu32(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtepu32_pd(_mm512_extracti64x4_epi64(X, 1)), r_hi), nudge));
     const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q_lo), q_hi, 1);
@@ -272,8 +309,8 @@ CKPT_AVX512_WARNINGS_ON
 struct WordsTables {
     struct Enc { uint64_t m, xmax; uint32_t bias, cmpl; };
     std::array<Enc, kSymbols> enc{};
-    alignas(64) uint32_t fc[kSymbols];  ///< the AVX-512 rounds' tables: f | cum << 13, and 1 / f
-    alignas(64) double rf[kSymbols];
+    alignas(64) uint32_t fc[kTable] = {};  ///< the AVX-512 rounds' tables: f | cum << 13, and 1 / f
+    alignas(64) double rf[kTable] = {};
     WordsTables(const std::array<uint32_t, kSymbols>& f, const std::array<uint32_t, kSymbols>& cum) {
         for (int s = 0; s < kSymbols; ++s) {
             fc[s] = f[s] | cum[s] << 13;
