@@ -403,21 +403,31 @@ struct BitSink {
 
 #if defined(__x86_64__)
 CKPT_AVX512_WARNINGS_OFF
-/// SegmentCoder::prepare's raw bits of codes [0, n4) (whole groups of 4: raw bit counts ex,
-/// low bits lo), 16 codes a round with AVX-512: the four groups of a round are put
-/// together in vector lanes (pairs in 64-bit lanes, then pairs of pairs), and only their
-/// sink.put calls stay serial. Returns the codes done (a multiple of 16); the same groups,
-/// so the same bytes, as the scalar loop (test_rans compares the levels).
+/// SegmentCoder::prepare's passes 1a and 1c fused, 16 codes a round with AVX-512: split_body's
+/// symbols (stored in sym), raw bit counts and raw bits (kept in the vector), and the four
+/// groups of the round put together in vector lanes (pairs in 64-bit lanes, then pairs of
+/// pairs); only their sink.put calls stay serial. Returns the codes done (a multiple of 16,
+/// at most n); the same symbols and groups, so the same bytes, as the scalar passes
+/// (test_rans compares the levels).
 __attribute__((target(CKPT_TARGET_AVX512), noinline)) std::size_t
-raw_groups_avx512(const uint8_t* ex, const uint16_t* lo, std::size_t n4, BitSink& sink) {
-    const __m512i low32 = _mm512_set1_epi64(0xffffffff);
+split_groups_avx512(const uint16_t* codes, std::size_t n, uint8_t* sym, BitSink& sink) {
+    const __m512i low32 = _mm512_set1_epi64(0xffffffff), c32 = _mm512_set1_epi32(32), c3 = _mm512_set1_epi32(3),
+                  one = _mm512_set1_epi32(1);
     BitSink s = sink;  // a local: its fields stay in registers
     alignas(64) uint64_t g[8], len[8];
     std::size_t i = 0;
-    for (; n4 - i >= 16; i += 16) {
-        const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ex + i)));
-        const __m512i l = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + i)));
-        // codes 2j and 2j + 1 in 64-bit lane j: lo[2j] | lo[2j + 1] << ex[2j], ex[2j] + ex[2j + 1] bits
+    for (; n - i >= 16; i += 16) {
+        const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i)));
+        const __mmask16 big = _mm512_cmpge_epu32_mask(x, c32);
+        // split_body: nb = the bit length of x | 32 from its float exponent
+        const __m512i fb = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_or_si512(x, c32)));
+        const __m512i nb3 = _mm512_sub_epi32(_mm512_srli_epi32(fb, 23), _mm512_set1_epi32(129));  // nb - 3
+        const __m512i e = _mm512_maskz_mov_epi32(big, nb3);
+        const __m512i s_big = _mm512_add_epi32(_mm512_add_epi32(c32, _mm512_slli_epi32(_mm512_sub_epi32(nb3, c3), 2)),
+                                               _mm512_and_si512(_mm512_srlv_epi32(x, nb3), c3));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(sym + i), _mm512_cvtepi32_epi8(_mm512_mask_mov_epi32(x, big, s_big)));
+        const __m512i l = _mm512_and_si512(x, _mm512_sub_epi32(_mm512_sllv_epi32(one, e), one));
+        // codes 2j and 2j + 1 in 64-bit lane j: l[2j] | l[2j + 1] << e[2j], e[2j] + e[2j + 1] bits
         const __m512i e0 = _mm512_and_si512(e, low32);
         const __m512i p = _mm512_or_si512(_mm512_and_si512(l, low32), _mm512_sllv_epi64(_mm512_srli_epi64(l, 32), e0));
         const __m512i pl = _mm512_add_epi64(e0, _mm512_srli_epi64(e, 32));
@@ -457,9 +467,14 @@ void SegmentCoder::prepare(const uint16_t* codes, std::size_t count_n, int state
     extra.resize(n4);
     low.resize(n4);
     bits.resize(2 * n + 16);
-    // pass 1a (vectorised): symbols, raw bit counts and raw bits; the padding to whole
-    // groups of 4 has no raw bits
-    split_isa<SplitTag>(codes, n, sym.data(), extra.data(), low.data());
+    BitSink sink{bits.data()};  // pass 1c's writer (LSB first, four codes a group)
+    std::size_t done = 0;       // codes whose symbols and raw bits the fused rounds wrote
+#if defined(__x86_64__)
+    if (active_isa() == Isa::AVX512) done = split_groups_avx512(codes, n, sym.data(), sink);
+#endif
+    // pass 1a (vectorised): the other codes' symbols, raw bit counts and raw bits; the
+    // padding to whole groups of 4 has no raw bits
+    split_isa<SplitTag>(codes + done, n - done, sym.data() + done, extra.data() + done, low.data() + done);
     for (std::size_t i = n; i < n4; ++i) extra[i] = 0, low[i] = 0;
     // pass 1b: the counts, in four histograms (code i into i mod 4: consecutive equal
     // symbols do not wait on each other's increment; summed below), four codes a round
@@ -475,16 +490,11 @@ void SegmentCoder::prepare(const uint16_t* codes, std::size_t count_n, int state
         }
         for (; i < n; ++i) ++count4[i & 3][sy[i]];
     }
-    // pass 1c: the raw bits, LSB first, four codes (<= 52 bits) a group (BitSink)
+    // pass 1c: the other codes' raw bits, a group of four codes (<= 52 bits) at a time
     {
         const uint8_t* ex = extra.data();
         const uint16_t* lo = low.data();
-        BitSink sink{bits.data()};
-        std::size_t i = 0;
-#if defined(__x86_64__)
-        if (active_isa() == Isa::AVX512) i = raw_groups_avx512(ex, lo, n4, sink);
-#endif
-        for (; i < n4; i += 4) {
+        for (std::size_t i = done; i < n4; i += 4) {
             const uint32_t e0 = ex[i], e01 = e0 + ex[i + 1], e012 = e01 + ex[i + 2];
             sink.put(uint64_t(lo[i]) | uint64_t(lo[i + 1]) << e0 | uint64_t(lo[i + 2]) << e01 | uint64_t(lo[i + 3]) << e012,
                      e012 + ex[i + 3]);
