@@ -23,7 +23,8 @@ ContainerWriter::ContainerWriter(const std::string& path) : file_(create_file(pa
     // time; 2^5 or a minimum match of 4 gave 84.0-84.2% at twice the time.
     // The low mantissa planes of float weights are incompressible: stored as zstd raw blocks
     // without a compressor pass (ZstdMatch::planes; gen1g's weights 2026-12-04: planes 0-2,
-    // 0.39 s per GiB instead of 0.54, the same size).
+    // 0.39 s per GiB instead of 0.54, the same size), where their entropy says zstd would
+    // store them raw anyway (container/h5.cpp plane_incompressible; since 2026-12-05).
     raw_ = std::make_unique<Appender>(file_.get(), kRaw, H5T_STD_U32LE, 4, 1 << 20, 1, true, ZstdMatch{6, 7, 4});
 }
 
