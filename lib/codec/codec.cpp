@@ -253,8 +253,8 @@ void encode_blocks(const TensorSetup& s, const GuardConst& gc, const float* cons
         // a whole block (all but a chunk's last) gets its own inlined copy of encode_block
         // with bn the constant kBlock: its loops then have a fixed trip count (no remainder
         // code); the same operations, so the same codes
-        const BlockTrial<Q>& best = bn == int(kBlock) ? encode_block<Q>(s, gc, src, in.theta, i0, int(kBlock), *w)
-                                                      : encode_block<Q>(s, gc, src, in.theta, i0, bn, *w);
+        const BlockTrial<Q>& best = bn == kBlock ? encode_block<Q>(s, gc, src, in.theta, i0, kBlock, *w)
+                                            : encode_block<Q>(s, gc, src, in.theta, i0, bn, *w);
         for (int k = 0; k < nm; ++k)
             std::copy(best.p[k], best.p[k] + Q::kParams, out.params[k].data() + b * Q::kParams);
         if (best.escapes == 0) {  // the common block: every coordinate keeps its codes (no branch per coordinate)

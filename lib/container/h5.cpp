@@ -82,7 +82,8 @@ uint64_t log2_q16(uint32_t c) {
 /// values seen), in integers only (log2_q16), so every machine gives the same verdict.
 /// Planes under 64 KiB are left to zstd.
 bool plane_incompressible(const unsigned char* p, std::size_t n) {
-    constexpr std::size_t kRuns = 256, kRun = 64, kN = kRuns * kRun;  // kN = 2^14
+    constexpr std::size_t kRuns = 256, kRun = 64, kN = kRuns * kRun;
+    static_assert(kN == 1 << 14, "log2(N) = 14 below");
     if (n < 4 * kN) return false;
     uint32_t count[256] = {};
     for (std::size_t r = 0; r < kRuns; ++r)
