@@ -58,19 +58,29 @@ thread_local ReadScratch read_scratch;
 /// the bit length, then the fraction bit by bit from repeated squaring of the mantissa
 /// (Turner, "Binary logarithm", IEEE Signal Processing Magazine 2010). Integers only, so
 /// every machine gets the same value.
-uint64_t log2_q16(uint32_t c) {
+constexpr uint32_t log2_fixed(uint32_t c) {
     const int e = 31 - __builtin_clz(c);
     uint64_t x = e <= 30 ? uint64_t(c) << (30 - e) : uint64_t(c) >> 1;  // the mantissa in [2^30, 2^31): Q30
-    uint64_t r = uint64_t(e) << 16;
+    uint32_t r = uint32_t(e) << 16;
     for (int b = 15; b >= 0; --b) {
         x = (x * x) >> 30;  // < 2^62 before the shift
         if (x >= (uint64_t(1) << 31)) {
             x >>= 1;
-            r |= uint64_t(1) << b;
+            r |= uint32_t(1) << b;
         }
     }
     return r;
 }
+/// log2_fixed of the counts below 1024 (a sample's counts, as a rule), computed once by
+/// the compiler.
+struct Log2Small {
+    uint32_t v[1024] = {};
+    constexpr Log2Small() {
+        for (uint32_t c = 1; c < 1024; ++c) v[c] = log2_fixed(c);
+    }
+};
+constexpr Log2Small kLog2Small{};
+uint64_t log2_q16(uint32_t c) { return c < 1024 ? kLog2Small.v[c] : log2_fixed(c); }
 
 /// Whether zstd would store byte plane p[0, n) raw anyway, judged from a sample. Without
 /// matches (none in mantissa bytes) zstd's only gain is its Huffman coding of literals,
