@@ -58,7 +58,7 @@ thread_local ReadScratch read_scratch;
 /// the bit length, then the fraction bit by bit from repeated squaring of the mantissa
 /// (Turner, "Binary logarithm", IEEE Signal Processing Magazine 2010). Integers only, so
 /// every machine gets the same value.
-constexpr uint32_t log2_fixed(uint32_t c) {
+constexpr uint32_t log2_q16(uint32_t c) {
     const int e = 31 - __builtin_clz(c);
     uint64_t x = e <= 30 ? uint64_t(c) << (30 - e) : uint64_t(c) >> 1;  // the mantissa in [2^30, 2^31): Q30
     uint32_t r = uint32_t(e) << 16;
@@ -71,16 +71,17 @@ constexpr uint32_t log2_fixed(uint32_t c) {
     }
     return r;
 }
-/// log2_fixed of the counts below 1024 (a sample's counts, as a rule), computed once by
+/// log2_q16 of the counts below 1024 (a sample's counts, as a rule), computed once by
 /// the compiler.
 struct Log2Small {
     uint32_t v[1024] = {};
     constexpr Log2Small() {
-        for (uint32_t c = 1; c < 1024; ++c) v[c] = log2_fixed(c);
+        for (uint32_t c = 1; c < 1024; ++c) v[c] = log2_q16(c);
     }
 };
 constexpr Log2Small kLog2Small{};
-uint64_t log2_q16(uint32_t c) { return c < 1024 ? kLog2Small.v[c] : log2_fixed(c); }
+/// log2_q16 of a sample's count c >= 1: the table's, or computed.
+uint32_t log2_count(uint32_t c) { return c < 1024 ? kLog2Small.v[c] : log2_q16(c); }
 
 /// Whether zstd would store byte plane p[0, n) raw anyway, judged from a sample. Without
 /// matches (none in mantissa bytes) zstd's only gain is its Huffman coding of literals,
@@ -89,7 +90,7 @@ uint64_t log2_q16(uint32_t c) { return c < 1024 ? kLog2Small.v[c] : log2_fixed(c
 /// than the entropy, so a plane of at least 8 - 8/64 = 7.875 bits a byte is stored raw.
 /// The entropy is estimated over 256 runs of 64 bytes spread across the plane (N = 16384),
 /// plug-in plus the Miller-Madow correction (m - 1) / (2 N ln 2) for its bias (m: the byte
-/// values seen), in integers only (log2_q16), so every machine gives the same verdict.
+/// values seen), in integers only (log2_count), so every machine gives the same verdict.
 /// Planes under 64 KiB are left to zstd.
 bool plane_incompressible(const unsigned char* p, std::size_t n) {
     constexpr std::size_t kRuns = 256, kRun = 64, kN = kRuns * kRun;
@@ -102,7 +103,7 @@ bool plane_incompressible(const unsigned char* p, std::size_t n) {
     uint64_t sum = 0, seen = 0;
     for (const uint32_t c : count) {
         if (c == 0) continue;
-        sum += uint64_t(c) * log2_q16(c);
+        sum += uint64_t(c) * log2_count(c);
         ++seen;
     }
     const uint64_t nh = (uint64_t(kN) * 14 << 16) - sum + (seen - 1) * 47274;  // 2^16 / (2 ln 2) = 47274.7
