@@ -73,7 +73,7 @@ for ck in "$@"; do
     function ratio(a, b) { return b > 0 ? sprintf("%.2fx", a / b) : "n/a (too fast to time)" }
     BEGIN { printf "| `%s` | %s | %s | %s | %s | %.3f | %.3f | %.3f | %.3f |\n", n, ratio(c, z), ratio(r, d), ratio(v, r), ratio(o, c), c, r, v, o }'
   # user seconds alone: the system part (page cache, page faults, fsync) swings from run to
-  # run on a VM (docs/benchmarks.md, round 17), the user part is the tools' own work
+  # run on a VM (docs/history/benchmarks-rounds.md, round 17), the user part is the tools' own work
   awk -v n="$(basename "$ck")" -v c="$(median < "$W/cu")" -v z="$(median < "$W/zu")" -v r="$(median < "$W/ru")" \
       -v d="$(median < "$W/du")" -v ca="$c" -v za="$z" -v ra="$r" -v da="$d" '
     function ratio(a, b) { return b > 0 ? sprintf("%.2fx", a / b) : "n/a" }
