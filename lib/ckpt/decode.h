@@ -31,7 +31,7 @@ public:
     /// Stream source bytes [from, to) that lie outside moment storages (a span of
     /// container::source_spans that is not a moment) from /raw, in pieces of at most 1 MiB:
     /// fn(uint64_t source_offset, const uint8_t* bytes, std::size_t n), each piece inside
-    /// one /raw chunk and handed over in place (no copy; 0.04 s a GiB), or copied where
+    /// one /raw chunk and handed over in place (no copy), or copied where
     /// /raw has no direct chunk path. Throws BadInput.
     template <class Fn>
     void for_each_raw_piece(uint64_t from, uint64_t to, Fn fn) const;

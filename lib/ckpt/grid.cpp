@@ -214,12 +214,11 @@ __attribute__((always_inline)) inline double log2_bits(double x) {
 /// geometry (mult[k] = 10^(-3 + 7k / (size - 1))) places x within a window of 5 points, and
 /// the count is the window's start plus its flags: the same comparisons of the same doubles
 /// as the loops' domain tests, so the counts agree exactly. lg2_scale is log2_bits(scale).
-/// (Measured 2026-12-03 on verify --original of ResNet-18: a flag count over the whole
-/// grid cost 14%, stepping one point at a time from the guess mispredicted; a bisection,
-/// measured before: its 9 dependent steps cost more than the flag count. 2026-12-04 on a
-/// 1 GiB generated checkpoint, where every domain is finite: the guess from the two
-/// logarithms, without dividing x by scale, and a window of fixed length took ~40% off
-/// this function.) Any other scale (0, inf, NaN) counts the flags.
+/// (Measured on verify --original: a flag count over the whole grid, stepping one point at
+/// a time from the guess (it mispredicts) and a bisection (9 dependent steps) are slower;
+/// so is a guess that divides x by scale instead of taking the difference of the two
+/// logarithms: docs/benchmarks.md, "Measurements behind the code's choices".)
+/// Any other scale (0, inf, NaN) counts the flags.
 template <bool kStrict>
 __attribute__((always_inline)) inline int count_below(const GridPoints& grid, double scale, double lg2_scale, double x) {
     const double* mult = grid.mult.data();

@@ -28,7 +28,7 @@ using std::sqrt;
 namespace ckpt::codec {
 
 /// fmax / fmin with their NaN rule (a NaN operand gives the other one), inline: without
-/// -ffinite-math-only the compiler calls libm's for std::fmax (measured 1.6% of compress).
+/// -ffinite-math-only the compiler calls libm's for std::fmax (a call per value).
 /// One select on an OR of two compares (a select between booleans does not vectorise).
 CKPT_HD_FORCE double fmax_hd(double a, double b) { return ((a > b) | (b != b)) ? a : b; }
 CKPT_HD_FORCE double fmin_hd(double a, double b) { return ((a < b) | (b != b)) ? a : b; }
@@ -62,15 +62,15 @@ CKPT_HD_FORCE double pow2i(int q) {
     return d;
 }
 
-/// Block reductions the CPU compiler leaves scalar when written as plain loops: GCC 12
-/// turns `c > m ? c : m` into scalar compares and moves, even over arrays of lane maxima
-/// (measured: 6.7% of a compress on AVX2), as it may not treat the select as a max (NaN
-/// rules). On the host these run on GCC vector types of 4 doubles (one ymm register under
-/// the AVX2 / AVX-512 clones, two SSE registers at baseline), on the device as scalar
-/// loops. Each lane does the same IEEE operations as the scalar loop (no FMA: built with
-/// -ffp-contract=off), and the maximum of a set does not depend on the order it is taken
-/// in (a NaN never wins a strict compare; every result is >= +0), so both give the same
-/// values bit for bit.
+/// Block reductions the CPU compiler leaves scalar when written as plain loops: GCC 12 turns
+/// `c > m ? c : m` into scalar compares and moves, even over arrays of lane maxima
+/// (docs/benchmarks.md, "Measurements behind the code's choices"), as it may not treat the
+/// select as a max (NaN rules). On the host these run on GCC vector types of 4 doubles (one
+/// ymm register under the AVX2 / AVX-512 clones, two SSE registers at baseline), on the
+/// device as scalar loops. Each lane does the same IEEE operations as the scalar loop (no
+/// FMA: built with -ffp-contract=off), and the maximum of a set does not depend on the order
+/// it is taken in (a NaN never wins a strict compare; every result is >= +0), so both give
+/// the same values bit for bit.
 #if !defined(__CUDACC__)
 typedef double Vec4d __attribute__((vector_size(32)));
 #endif
@@ -86,8 +86,8 @@ CKPT_HD_FORCE void lanes_max(const double (&acc)[R][4], double m0, double* out) 
 }
 
 /// The largest x[j] over j < n (n a multiple of 4), or +0 when none is larger (NaN ignored).
-/// Four accumulators: one compare-and-select chain through a block cost ~5 cycles a step
-/// (the vlog plan takes four maxima a block).
+/// Four accumulators: one compare-and-select chain through a block is a serial dependency,
+/// each step waiting on the one before (the vlog plan takes four maxima a block).
 CKPT_HD_FORCE double block_max(const double* x, int n) {
 #if !defined(__CUDACC__)
     Vec4d acc[4] = {};

@@ -212,8 +212,8 @@ struct SymbolRanges {
 
 /// rf[s] for the 8 symbols s8 (lanes 8h..8h+7 of the round, ranges r.ge >> 8h) without a
 /// gather: each 16-double range of the table by a two-vector permute (index bits 0-3),
-/// then blended in by range. Zen 4 runs two gathers of 8 doubles slower than these ten
-/// permutes and blends (2026-12-05).
+/// then blended in by range. On Zen 4 these ten permutes and blends beat two gathers of 8
+/// doubles (docs/benchmarks.md, "Measurements behind the code's choices").
 __attribute__((target(CKPT_TARGET_AVX512), always_inline)) inline __m512d
 rf_lookup(const double* rf, __m256i s8, const SymbolRanges& r, int h) {
     const __m512i idx = _mm512_cvtepu32_epi64(s8);
@@ -679,7 +679,8 @@ CKPT_AVX512_WARNINGS_OFF
 /// per round at the round's first 32-bit word: each lane permutes in the word that holds
 /// its position and the next one, and funnel-shifts them (<= 13 bits at a shift <= 31;
 /// a shift by 32 gives 0). A round spans <= 31 + 15 * 13 + 13 bits: words 0..8 of the
-/// window. Permutes instead of a gather: 0.5x the time of the gather's rounds (2026-12-04).
+/// window. Permutes instead of a gather, which was slower
+/// (docs/benchmarks.md, "Measurements behind the code's choices").
 /// Runs while the window lies in the stream. Returns the codes done; *pos: the bit
 /// position after them. The same codes as the scalar loop (test_rans compares the levels).
 __attribute__((target(CKPT_TARGET_AVX512), noinline)) std::size_t
@@ -829,7 +830,7 @@ void finish_bytes(const Tables& t, const Parsed& h, uint8_t* sym, std::size_t n,
 /// The states and byte pointer are locals indexed by constants (scalars after unrolling,
 /// so in registers: the byte stores to sym could alias anything whose address escapes). A
 /// segment's states form one serial chain (each state's bytes start where the state before
-/// it stopped); interleaving two segments' rounds was measured (2026-12-02) and lost: 8
+/// it stopped); interleaving two segments' rounds was measured and lost: 8
 /// states do not fit x86-64's 16 registers, and the spilled states cost more than the
 /// overlap gained.
 template <int S>

@@ -208,7 +208,7 @@ struct VLog {
     /// Block anchor of exp_avg_sq values x[0..n) (n <= 64, codec.h kBlock) with
     /// lg[i] = log2_hd(x[i]): the mean of log2 over the positive finite values, in 1/64
     /// octaves (0 when there are none). The sum runs in 8 lanes (lane l adds i = l mod 8 in order), then pairwise: one
-    /// serial chain of n additions cost 4 TSC cycles per value. Any anchor decodes (it is
+    /// serial chain of n additions waits on each add's latency. Any anchor decodes (it is
     /// stored); every host and device add in this order, so containers stay identical. The
     /// selects come first, in a loop of their own: GCC 12.2 at -O3 vectorised the masked
     /// sum and the count fused in the 8-lane loop wrongly (test_codec checks the anchor).

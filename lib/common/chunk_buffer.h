@@ -1,11 +1,11 @@
-// Buffers of a whole HDF5 chunk (1 MiB) or more, written soon after they are allocated.
-// A dozen live at once (a container writer's or reader's, one per dataset), and the
-// pages a process touches first cost it a fault and a clear each; on the bench machine,
-// a VM, those were ~10% of compress and restore (docs/benchmarks.md, round 16). So these
+// Buffers of a whole HDF5 chunk (1 MiB) or more, written soon after they are allocated. A
+// dozen live at once (a container writer's or reader's, one per dataset), and the pages a
+// process touches first cost it a fault and a clear each, a visible part of compress and
+// restore on a VM (docs/benchmarks.md, "Measurements behind the code's choices"). So these
 // buffers are whole 2 MiB blocks advised as transparent huge pages (one fault per block
-// where THP is "madvise", Debian's default, or "always"; elsewhere plain pages), and a
-// freed block is kept for the next one (the self-check's readers take the writer's), up
-// to kPoolBlocks. Smaller requests go to operator new as usual.
+// where THP is "madvise", Debian's default, or "always"; elsewhere plain pages), and a freed
+// block is kept for the next one (the self-check's readers take the writer's), up to
+// kPoolBlocks. Smaller requests go to operator new as usual.
 #pragma once
 #include <cstddef>
 #include <utility>
@@ -23,7 +23,7 @@ constexpr std::size_t kPoolBlocks = 32;
 
 /// A growable byte buffer: from kChunkBlockMin bytes on, in a block (below, operator new).
 /// Bytes are copied with memcpy (a std::vector with a custom allocator constructs them one
-/// by one: 4% of compress). Move-only.
+/// by one). Move-only.
 class ChunkBuffer {
 public:
     ChunkBuffer() = default;

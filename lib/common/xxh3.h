@@ -1,7 +1,7 @@
 // RAII owner of an XXH3-64 streaming state (xxHash), so every error path frees it. On
 // x86-64, XXH3_64bits and XXH3_64bits_update are libxxhash's run-time dispatched forms
 // (xxh_x86dispatch.h: AVX2 / AVX-512 where the CPU has them; Debian builds the plain ones
-// for SSE2): the same hashes, ~2x faster. Include this header, not <xxhash.h>.
+// for SSE2): the same hashes, faster. Include this header, not <xxhash.h>.
 #pragma once
 #include <xxhash.h>
 #if defined(__x86_64__)

@@ -21,14 +21,15 @@ constexpr H5Z_filter_t kZstdFilter = 32015;
 void register_zstd_filter();
 
 /// Let Appender write its chunks itself (H5Dwrite_chunk after shuffle_bytes and zstd:
-/// libhdf5's own byte-shuffle loop ran at ~1.4 GB/s, ~3% of a compress, and its pipeline
-/// copies and zero-fills each chunk). After a failed H5Dwrite_chunk (a file-size limit, a
-/// full disk) libhdf5 1.10 can no longer close the file, and its exit handler then crashes
-/// the program; so this calls H5dont_atexit() and turns direct writes on only when that
-/// took effect, which needs it to come before any other HDF5 call (first thing in main:
-/// libhdf5 registers its handler when it initialises, and H5dont_atexit then fails). A program that turns it on
-/// closes its HDF5 files itself (ckpt-compress does; a failed one is deleted). Returns
-/// whether direct writes are on; otherwise libhdf5's pipeline writes, as before.
+/// libhdf5's own byte-shuffle loop is slow, and its pipeline copies and zero-fills each
+/// chunk: docs/benchmarks.md, "Measurements behind the code's choices"). After a failed
+/// H5Dwrite_chunk (a file-size limit, a full disk) libhdf5 1.10 can no longer close the
+/// file, and its exit handler then crashes the program; so this calls H5dont_atexit() and
+/// turns direct writes on only when that took effect, which needs it to come before any
+/// other HDF5 call (first thing in main: libhdf5 registers its handler when it initialises,
+/// and H5dont_atexit then fails). A program that turns it on closes its HDF5 files itself
+/// (ckpt-compress does; a failed one is deleted). Returns whether direct writes are on;
+/// otherwise libhdf5's pipeline writes, as before.
 bool enable_direct_chunk_writes();
 /// Direct writes on or off without the exit-handler change: for tests that never fail a
 /// write (the two paths write the same chunk bytes).

@@ -146,7 +146,7 @@ uint64_t write_manifest(hid_t file, const Manifest&);
 /// `written`: the manifest the caller wrote there itself (compress's self-check), and
 /// `written_xxh3` the xxh3 of that text (write_manifest's): when the stored text hashes to
 /// it, it is validated and returned without a parse (from_json(m.to_json()) is m; the
-/// parse's indexes take ~5x the text: 0.5 GB at 10^5 tensors); any other text is parsed
+/// parse's indexes are several times the text: docs/design.md §3); any other text is parsed
 /// as usual. `sizes`, when given, gets /manifest's stored (compressed) and text bytes.
 /// Throws std::runtime_error with the reason.
 struct ManifestSizes { uint64_t stored = 0, text = 0; };

@@ -10,21 +10,16 @@ namespace ckpt::container {
 
 ContainerWriter::ContainerWriter(const std::string& path) : file_(create_file(path)) {
     // The raw bytes (weights, buffers, the pickle) as little-endian 4-byte elements,
-    // byte-shuffled before zstd level 1 (format 3): FP32 exponent bytes then sit together.
-    // lm10m_adamw.pt's FP32 weights: 84.1% of their size in 0.05 s, where zstd -1 on the
-    // bytes as they are gave 92.3% in 0.08 s (and decompresses 3x slower); level 3 is no
-    // smaller than level 1 either way. Matches shorter than 7 bytes are refused and the
-    // hash table has 2^6 entries (fits L1): in the mantissa bytes short matches are noise
-    // that costs more than the literals, so this is smaller and faster. 1 MiB chunks of the
-    // two bench models' shuffled weights (2026-12-03): 83.4% / 83.2% of their size instead
-    // of 84.1% / 84.0%, compressed in 0.64x / 0.61x the time, decompressed in 0.72x / 0.69x
-    // (with 2^8 entries). 2^6 (2026-12-04): as small (lm10m's weights 83.33% against
-    // 83.36%, generated N(0, 0.02) floats 83.49% against 83.52%), compressed in ~0.9x the
-    // time; 2^5 or a minimum match of 4 gave 84.0-84.2% at twice the time.
-    // The low mantissa planes of float weights are incompressible: stored as zstd raw blocks
-    // without a compressor pass (ZstdMatch::planes; gen1g's weights 2026-12-04: planes 0-2,
-    // 0.39 s per GiB instead of 0.54, the same size), where their entropy says zstd would
-    // store them raw anyway (container/h5.cpp plane_incompressible; since 2026-12-05).
+    // byte-shuffled before zstd level 1 (format 3): FP32 exponent bytes then sit together,
+    // smaller and faster both ways than the bytes as they are; level 3 is no smaller than
+    // level 1 either way. Matches shorter than 7 bytes are refused and the hash table has
+    // 2^6 entries (fits L1): in the mantissa bytes short matches are noise that costs more
+    // than the literals, so this is smaller and faster (a smaller table or shorter matches
+    // were larger and slower). The low mantissa planes of float weights are incompressible:
+    // stored as zstd raw blocks without a compressor pass (ZstdMatch::planes), where their
+    // entropy says zstd would store them raw anyway (container/h5.cpp plane_incompressible).
+    // Each measured on the bench models' and a generated checkpoint's weights:
+    // docs/benchmarks.md, "Measurements behind the code's choices".
     raw_ = std::make_unique<Appender>(file_.get(), kRaw, H5T_STD_U32LE, 4, 1 << 20, 1, true, ZstdMatch{6, 7, 4});
 }
 
@@ -53,8 +48,8 @@ void ContainerWriter::begin_moments(const Manifest& m) {
     constexpr std::size_t kTableChunk = 1 << 16;
     escidx_ = std::make_unique<Appender>(file_.get(), kEscapeIndex, H5T_NATIVE_UINT64, 8, kTableChunk);
     for (int r = 0; r < roles; ++r) {
-        // entropy-coded codes are incompressible: stored as they are (kZstdStore); lm10m's
-        // 53 MB of codes had cost zstd level 1 0.04 s (5% of a compress) to frame them
+        // entropy-coded codes are incompressible: stored as they are (kZstdStore), not
+        // framed by zstd for nothing (docs/benchmarks.md, "Measurements behind the code's choices")
         codes_.push_back(std::make_unique<Appender>(file_.get(), codes_path(r), H5T_NATIVE_UINT8, 1, 1 << 20,
                                                     segmented_ ? kZstdStore : 3));
         params_.push_back(std::make_unique<Appender>(file_.get(), params_path(r), H5T_NATIVE_INT16, 2));

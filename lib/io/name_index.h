@@ -10,12 +10,12 @@
 
 namespace ckpt::io {
 
-/// Open addressing with linear probing over std::hash<std::string_view>, slots of
-/// (hash, position + 1) in one array at most half full. A std::unordered_map spends a heap
-/// node per name, and on files of 10^5 tensors each lookup then costs cache and TLB misses
-/// (measured: 7.8x the time for 4x the names); here a lookup reads one slot run and the
-/// one name it compares. `name_of(i)` gives the caller's name at position i. Not
-/// thread-safe.
+/// Open addressing with linear probing over std::hash<std::string_view>, slots of (hash,
+/// position + 1) in one array at most half full. A std::unordered_map spends a heap node per
+/// name, and on files of 10^5 tensors each lookup then costs cache and TLB misses (the time
+/// grew faster than the count: docs/benchmarks.md, "Measurements behind the code's
+/// choices"); here a lookup reads one slot run and the one name it compares. `name_of(i)`
+/// gives the caller's name at position i. Not thread-safe.
 class NameIndex {
 public:
     static constexpr std::size_t npos = ~std::size_t(0);

@@ -413,7 +413,7 @@ private:
     }
     Value::Dict convert_pairs(const std::vector<std::size_t>& kv, int depth) {
         Value::Dict d;
-        d.reserve(kv.size() / 2);  // no regrowth: a state_dict of 10^5 entries would copy and fault ~2x over
+        d.reserve(kv.size() / 2);  // no regrowth: a large state_dict would be copied and faulted again
         for (std::size_t k = 0; k + 1 < kv.size(); k += 2)
             d.emplace_back(convert(kv[k], depth + 1), convert(kv[k + 1], depth + 1));
         return d;

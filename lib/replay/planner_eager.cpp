@@ -8,7 +8,8 @@
 // P_i the held prefix before segment i; one greedy step changes H_i and W_i, i.e. adds
 // dH to every P_j (j > i) and the total, and dW to P_i + W_i: a range add + point add on a
 // max segment tree, O(log n) per step, O(n log n) for the whole order instead of the seed's
-// O(n) evaluation per step (61 s at 10^5 segments).
+// O(n) evaluation per step (quadratic in all:
+// docs/benchmarks.md, "Measurements behind the code's choices").
 #include <algorithm>
 #include <cstdint>
 
