@@ -77,9 +77,9 @@ int main(int argc, char** argv) {
             }, fo);
         }
         ckpt::check_outputs({in}, {out}, cli.force);
-        o.progress = !cli.json;
+        o.progress = cli.progress();
         const ckpt::Report r = ckpt::compress(in, out, o);
-        std::cout << (cli.json ? r.json() + "\n" : r.table());
+        cli.print_report(r);
         return r.ok ? 0 : cli.check_failed(in, r.failures.empty() ? "a check failed" : r.failures.front(), cli.json);
     });
 }

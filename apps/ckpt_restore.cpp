@@ -38,9 +38,9 @@ int main(int argc, char** argv) {
             return ckpt::app::run_folder(cli, [&](const ckpt::folder::FolderOptions& fo) {
                 return ckpt::folder::restore_folder(in, out, o, fo);
             });
-        o.progress = !cli.json;
+        o.progress = cli.progress();
         const ckpt::Report r = ckpt::restore(in, out, o);
-        std::cout << (cli.json ? r.json() + "\n" : r.table());
+        cli.print_report(r);
         return 0;
     });
 }

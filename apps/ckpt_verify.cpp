@@ -31,9 +31,9 @@ int main(int argc, char** argv) {
             });
         ckpt::app::require_container(in, "pass the container (.ckz.h5), and the checkpoint with --original");
         if (og->count()) o.original = orig;
-        o.progress = !cli.json;
+        o.progress = cli.progress();
         const ckpt::Report r = ckpt::verify(in, o);
-        std::cout << (cli.json ? r.json() + "\n" : r.table());
+        cli.print_report(r);
         return r.ok ? 0 : cli.check_failed(in, r.failures.empty() ? "a check failed" : r.failures.front(), cli.json);
     });
 }

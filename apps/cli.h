@@ -1,8 +1,9 @@
 // What every front end shares (ckpt-compress, ckpt-verify, ckpt-restore, replay-plan):
-// --version, --json, --force; exit codes 0 ok, 1 a check failed, 2 bad input or bad usage
+// --version, --json, --quiet, --force; exit codes 0 ok, 1 a check failed, 2 bad input or bad usage
 // (every CLI11 parse error included); one stderr line per error, "TOOL: error: FILE: reason"
 // (usage errors end with "(run 'TOOL --help')"); under --json one object on stdout, also on
-// failure: {"ok": false, "tool", "file", "error", "exit_code"}. Also --grad-bound "inf",
+// failure: {"ok": false, "tool", "file", "error", "exit_code"}; under --quiet nothing else
+// (no table, warning or progress line: silent on success). Also --grad-bound "inf",
 // --tolerance in (0, 1], --threads and the container check of verify and restore.
 #pragma once
 #include <CLI/CLI.hpp>
@@ -46,6 +47,7 @@ class Cli {
 public:
     CLI::App app;  ///< add the tool's own options here
     bool json = false;   ///< --json given
+    bool quiet = false;  ///< -q/--quiet given: errors and the --json object only
     bool force = false;  ///< --force given (after add_force)
 
     /// `tool` is the program name used in every message.
@@ -53,6 +55,21 @@ public:
         app.set_version_flag("--version", std::string(tool) + " ckptkit " CKPTKIT_VERSION,
                              "print the version and exit");
         app.add_flag("--json", json, "print one JSON object on stdout (also on failure)");
+        app.add_flag("-q,--quiet", quiet, "print nothing on success (no table, warnings or progress); "
+                     "errors stay one line on stderr, --json still prints its object");
+    }
+
+    /// A progress line is wanted (neither --json nor --quiet; common/progress.h also needs a
+    /// terminal).
+    bool progress() const { return !json && !quiet; }
+
+    /// Print a finished report `r` (anything with json() and table()): its JSON object under
+    /// --json, else its table unless --quiet.
+    template <class R>
+    void print_report(const R& r) const {
+        if (json) std::cout << r.json() << "\n";
+        else if (!quiet) std::cout << r.table();
+        std::cout << std::flush;
     }
 
     /// --force: overwrite existing outputs (never an input). For tools that write files.
@@ -80,6 +97,7 @@ public:
             json = json || json_requested(argc, argv);
             return usage(e.what(), "");
         }
+        if (quiet) spdlog::set_level(spdlog::level::err);  // warnings and notes off; errors are not logged
         // Ctrl-C, kill and crashes remove the temporaries being written (common/cleanup.h);
         // a crash exits 2 with the usual error line and object
         install_signal_cleanup([&](const char* signame) {

@@ -20,14 +20,14 @@ inline void add_folder_help(Cli& cli, const std::string& what) {
 }
 
 /// Run a folder job (lib/ckpt/folder.h) with `fo` plus --force and a per-file progress line
-/// (stderr a terminal, no --json); rank 0 prints the summary (table or --json). Returns the exit
+/// (stderr a terminal, no --json or --quiet); rank 0 prints the summary (Cli::print_report). Returns the exit
 /// code: 0 ok, 1 a check failed; errors propagate to Cli::main (exit 2 naming the file).
 inline int run_folder(const Cli& cli, const std::function<folder::FolderReport(const folder::FolderOptions&)>& job,
                       folder::FolderOptions fo = {}) {
     fo.force = cli.force;
-    fo.progress = !cli.json && ::isatty(2);
+    fo.progress = cli.progress() && ::isatty(2);
     const folder::FolderReport r = job(fo);
-    if (world_comm().rank() == 0) std::cout << (cli.json ? r.json() + "\n" : r.table()) << std::flush;
+    if (world_comm().rank() == 0) cli.print_report(r);
     return r.ok ? 0 : 1;
 }
 

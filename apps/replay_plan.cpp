@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
     // Cli::main maps every exception (bad_alloc included) to one line and its exit code.
     return cli.main(argc, argv, trace_path, [&] {
         const bool as_json = cli.json;  // the JSON summary on stdout instead of the table
+        const bool table = !as_json && !cli.quiet;  // the text summary on stdout
         std::vector<uint64_t> budgets;
         try {
             for (const auto& b : budget_args) budgets.push_back(parse_bytes(b));
@@ -116,7 +117,7 @@ int main(int argc, char** argv) {
         }
         {
             // Progress on a terminal only (never under --json): sweeps of large traces take seconds.
-            ckpt::Progress progress(!as_json, "replay-plan", 0, names.size(), "planners");
+            ckpt::Progress progress(cli.progress(), "replay-plan", 0, names.size(), "planners");
             for (const auto& name : names) {
                 curves.emplace_back(name, make_planner(name)->plan_all(problem, budgets));
                 progress.item_done();
@@ -127,8 +128,8 @@ int main(int argc, char** argv) {
         const uint64_t least = make_planner(planner)->min_peak(problem);
 
         int rc = ckpt::kExitOk;
-        std::FILE* out = as_json ? stderr : stdout;
-        if (!as_json) {
+        std::FILE* out = stdout;
+        if (table) {
             fmt::print(out, "trace {}: {} segments, fixed memory {}, planner {}\n", trace_path,
                        trace.segments.size(), human_bytes(trace.fixed_bytes()), planner);
             const uint64_t keep_all = make_planner("none")->min_peak(problem);
@@ -174,7 +175,7 @@ int main(int argc, char** argv) {
                                    human_bytes(r.budget_bytes), planner, least_text(planner),
                                    human_bytes(r.min_peak_bytes), r.min_peak_bytes));
             }
-            if (r.feasible && !r.safe && !as_json)
+            if (r.feasible && !r.safe && table)
                 for (const auto& u : r.unsafe) fmt::print(out, "  unsafe at {}: {}\n", human_bytes(r.budget_bytes), u);
         }
         if (sweep_oom) {   // as --budget: exit 1 (the table and the outputs are still written)
@@ -186,10 +187,12 @@ int main(int argc, char** argv) {
             for (const auto& r : results) {
                 if (!r.feasible) continue;
                 SimReport s = simulate(problem, r.decisions);
-                fmt::print(stderr, "check {} @ {}: {} recomputes, {} recomputed reads verified: {}\n",
-                           planner, human_bytes(r.budget_bytes), s.recomputes, s.reads_checked,
-                           s.ok() ? "ok" : "FAILED");
-                for (const auto& v : s.violations) fmt::print(stderr, "  {}\n", v);
+                if (!cli.quiet) {  // -q: a failing plan gets only its check-failed line
+                    fmt::print(stderr, "check {} @ {}: {} recomputes, {} recomputed reads verified: {}\n",
+                               planner, human_bytes(r.budget_bytes), s.recomputes, s.reads_checked,
+                               s.ok() ? "ok" : "FAILED");
+                    for (const auto& v : s.violations) fmt::print(stderr, "  {}\n", v);
+                }
                 if (!s.ok())
                     failed(fmt::format("--check: the plan at {} has {} violations", human_bytes(r.budget_bytes),
                                        s.violations.size()));
