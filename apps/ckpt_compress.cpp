@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
     app.add_option("input", in, "checkpoint (.pt torch.save zip or legacy, .safetensors), or a checkpoint folder")->required();
     app.add_option("-o,--output", out, "container to write (.ckz.h5), or the output folder for a folder input")->required();
     cli.add_force();
+    cli.add_rm();
     ckpt::app::add_threads_option(app);
     app.add_option("--tolerance", o.tolerance, "max |first update - FP32 update|, in units of lr, in (0, 1]")
         ->capture_default_str()->check(ckpt::app::unit_interval());
@@ -70,7 +71,9 @@ int main(int argc, char** argv) {
             throw ckpt::BadInput(in, e.what());
         }
         if (pb->count()) o.param_bound = param_bound;
-        if (ckpt::folder::is_folder(in)) {
+        const bool folder = ckpt::folder::is_folder(in);
+        cli.require_rm_file(in, folder);
+        if (folder) {
             fo.dcp_unit_bytes = uint64_t(dcp_unit_mib) << 20;
             return ckpt::app::run_folder(cli, [&](const ckpt::folder::FolderOptions& f) {
                 return ckpt::folder::compress_folder(in, out, o, f);
@@ -78,7 +81,8 @@ int main(int argc, char** argv) {
         }
         ckpt::check_outputs({in}, {out}, cli.force);
         o.progress = cli.progress();
-        const ckpt::Report r = ckpt::compress(in, out, o);
+        const ckpt::Report r = ckpt::compress(in, out, o);  // written, self-checked, fsynced and renamed
+        if (r.ok) cli.remove_input(in);
         cli.print_report(r);
         return r.ok ? 0 : cli.check_failed(in, r.failures.empty() ? "a check failed" : r.failures.front(), cli.json);
     });

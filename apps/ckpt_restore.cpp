@@ -19,11 +19,13 @@ int main(int argc, char** argv) {
     app.add_option("input", in, "container (.ckz.h5), or a folder ckpt-compress wrote")->required();
     app.add_option("-o,--output", out, "checkpoint to write (.pt or .safetensors, as the source), or the folder to write")->required();
     cli.add_force();
+    cli.add_rm();
     app.add_option("--device", device, "cpu | cuda | auto (auto: the GPU when one is present)")
         ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     ckpt::app::add_threads_option(app);
     return cli.main(argc, argv, in, [&] {
         const bool folder = ckpt::folder::is_folder(in);
+        cli.require_rm_file(in, folder);
         if (!folder) {
             ckpt::check_outputs({in}, {out}, cli.force);
             ckpt::app::require_container(in, "pass the container (.ckz.h5) that ckpt-compress wrote");
@@ -39,7 +41,8 @@ int main(int argc, char** argv) {
                 return ckpt::folder::restore_folder(in, out, o, fo);
             });
         o.progress = cli.progress();
-        const ckpt::Report r = ckpt::restore(in, out, o);
+        const ckpt::Report r = ckpt::restore(in, out, o);  // every checksum checked, fsynced and renamed
+        cli.remove_input(in);
         cli.print_report(r);
         return 0;
     });

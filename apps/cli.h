@@ -1,5 +1,5 @@
 // What every front end shares (ckpt-compress, ckpt-verify, ckpt-restore, replay-plan):
-// --version, --json, --quiet, --force; exit codes 0 ok, 1 a check failed, 2 bad input or bad usage
+// --version, --json, --quiet, --force, --rm; exit codes 0 ok, 1 a check failed, 2 bad input or bad usage
 // (every CLI11 parse error included); one stderr line per error, "TOOL: error: FILE: reason"
 // (usage errors end with "(run 'TOOL --help')"); under --json one object on stdout, also on
 // failure: {"ok": false, "tool", "file", "error", "exit_code"}; under --quiet nothing else
@@ -11,6 +11,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #if defined(__GLIBC__)
@@ -22,6 +23,8 @@
 #include <new>
 #include <iostream>
 #include <string>
+
+#include <unistd.h>
 
 #include "codec/codec.h"
 #include "common/cleanup.h"
@@ -49,6 +52,7 @@ public:
     bool json = false;   ///< --json given
     bool quiet = false;  ///< -q/--quiet given: errors and the --json object only
     bool force = false;  ///< --force given (after add_force)
+    bool rm = false;     ///< --rm given (after add_rm)
 
     /// `tool` is the program name used in every message.
     Cli(const char* tool, const std::string& description) : tool_(tool), app(description, tool) {
@@ -74,6 +78,26 @@ public:
 
     /// --force: overwrite existing outputs (never an input). For tools that write files.
     void add_force() { app.add_flag("-f,--force", force, "overwrite an existing output (never the input)"); }
+
+    /// --rm: remove the input file after success (as zstd). For tools that turn one file into
+    /// another; a folder input is refused (require_rm_file).
+    void add_rm() {
+        app.add_flag("--rm", rm, "remove the input file once the output is written, fsynced, renamed and checked; "
+                     "kept on any failure or signal. Files only: a folder input is refused (exit 2)");
+    }
+
+    /// Under --rm, refuse a folder input `in` (exit 2) before any work.
+    void require_rm_file(const std::string& in, bool folder) const {
+        if (rm && folder) throw BadInput(in, "--rm removes input files only, never a folder; run without --rm");
+    }
+
+    /// Under --rm, remove the input file `in` (the name given: a symlink is removed, not its
+    /// target). Call only once the run has succeeded: its output written, fsynced, renamed
+    /// and checked. A failure to remove is an error (exit 2); the output stays.
+    void remove_input(const std::string& in) const {
+        if (rm && ::unlink(in.c_str()) != 0)
+            throw BadInput(in, std::string("--rm: cannot remove the input: ") + std::strerror(errno));
+    }
 
     /// Parse argv, then run `body` (returns the exit code). `file` names the main input for
     /// error objects (it is read after parsing). Returns the process exit code.

@@ -2,19 +2,25 @@
 
   * -q / --quiet on every tool: nothing on stdout or stderr on success (no table, warning or
     progress line, also on a terminal); errors stay one line with their exit code, and
-    --json still prints its object.
+    --json still prints its object;
+  * --rm on ckpt-compress and ckpt-restore: the input file is removed only after a run that
+    succeeded (output written, fsynced, renamed, checked); kept on every failure and signal;
+    a folder input is refused (exit 2).
 
 Binaries come from $CKPTKIT_BIN (FAIL, never skip).
 Run: CKPTKIT_BIN=build/apps /usr/bin/python3 -m pytest -q test/py/test_cli_habits.py
 """
+import hashlib
 import json
 import os
+import signal
 
 import pytest
 import torch
 import torch.nn as nn
 
 from test_cli import TRACE, assert_error, exe, hashes, run, run_on_tty
+from test_hardening import _interrupt
 
 
 def _train(model, opt, steps=3, seed=0):
@@ -135,3 +141,124 @@ def test_quiet_keeps_the_error_line(tmp_path, warned_ckpt, warned_container):
     p = run("replay-plan", TRACE, "--budget", "1KiB", "-q")
     assert p.returncode == 1 and p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
     assert p.stderr.startswith(f"replay-plan: check failed: {TRACE}: budget 1KiB is infeasible")
+
+
+# --rm ----------------------------------------------------------------------------------------
+
+def _l2_ckpt(path, seed=0):
+    """A torch.save checkpoint of a small MLP after three Adam + L2 steps; returns its sha256."""
+    model = _mlp(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=0.01)
+    _train(model, opt)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_rm_removes_the_input_after_success(tmp_path):
+    src, ckz, back = tmp_path / "m.pt", tmp_path / "m.ckz.h5", tmp_path / "back.pt"
+    _l2_ckpt(src)
+    keep = tmp_path / "orig.pt"                   # a copy to verify against
+    keep.write_bytes(src.read_bytes())
+    p = run("ckpt-compress", src, "-o", ckz, "--rm")
+    assert p.returncode == 0, p.stderr
+    assert not src.exists() and ckz.is_file()
+    p = run("ckpt-verify", ckz, "--original", keep)
+    assert p.returncode == 0, p.stderr
+    p = run("ckpt-restore", ckz, "-o", back, "--rm", "-q")
+    assert (p.returncode, p.stdout, p.stderr) == (0, "", "")
+    assert not ckz.exists() and back.is_file()
+    sd = torch.load(back)
+    assert set(sd) == {"model", "optimizer"} and sd["optimizer"]["state"]
+
+
+def test_rm_keeps_the_input_on_failure(tmp_path):
+    src, ckz = tmp_path / "m.pt", tmp_path / "m.ckz.h5"
+    digest = _l2_ckpt(src)
+    ckz.write_bytes(b"precious")                  # output exists, no --force
+    p = run("ckpt-compress", src, "-o", ckz, "--rm")
+    assert_error(p, f"ckpt-compress: error: {ckz}: output already exists; pass --force to overwrite it")
+    assert hashlib.sha256(src.read_bytes()).hexdigest() == digest and ckz.read_bytes() == b"precious"
+    bad = tmp_path / "bad.pt"                     # a bad input
+    bad.write_bytes(b"PK\x03\x04 not a zip")
+    p = run("ckpt-compress", bad, "-o", tmp_path / "bad.ckz.h5", "--rm")
+    assert p.returncode == 2 and p.stderr.startswith(f"ckpt-compress: error: {bad}: "), p.stderr
+    assert bad.read_bytes() == b"PK\x03\x04 not a zip" and not (tmp_path / "bad.ckz.h5").exists()
+    # Adam + L2 without the model: the parameter cannot be located (exit 2), input kept
+    lone = tmp_path / "lone.pt"
+    torch.save({"optimizer": torch.load(src)["optimizer"]}, lone)
+    before = lone.read_bytes()
+    p = run("ckpt-compress", lone, "-o", tmp_path / "lone.ckz.h5", "--rm")
+    assert p.returncode == 2 and "cannot locate the parameter" in p.stderr, p.stderr
+    assert lone.read_bytes() == before
+    # restore: output exists; a wrong output format; a damaged container: all keep it
+    assert run("ckpt-compress", src, "-o", ckz, "--force").returncode == 0
+    ct = ckz.read_bytes()
+    (tmp_path / "r.pt").write_bytes(b"x")
+    p = run("ckpt-restore", ckz, "-o", tmp_path / "r.pt", "--rm")
+    assert_error(p, f"ckpt-restore: error: {tmp_path / 'r.pt'}: output already exists; pass --force to overwrite it")
+    p = run("ckpt-restore", ckz, "-o", tmp_path / "r.safetensors", "--rm")
+    assert p.returncode == 2 and "restore writes the source format" in p.stderr, p.stderr
+    assert ckz.read_bytes() == ct
+    damaged = tmp_path / "damaged.ckz.h5"
+    damaged.write_bytes(ct[:len(ct) // 2])        # truncated
+    p = run("ckpt-restore", damaged, "-o", tmp_path / "d.pt", "--rm")
+    assert p.returncode in (1, 2) and p.stderr.count("\n") == 1, p.stderr
+    assert damaged.read_bytes() == ct[:len(ct) // 2] and not (tmp_path / "d.pt").exists()
+
+
+def test_rm_refuses_a_folder(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    _l2_ckpt(d / "last.pt")
+    p = run("ckpt-compress", d, "-o", tmp_path / "run.ckz", "--rm")
+    assert_error(p, f"ckpt-compress: error: {d}: --rm removes input files only, never a folder; run without --rm")
+    assert os.listdir(d) == ["last.pt"] and not (tmp_path / "run.ckz").exists()
+    assert run("ckpt-compress", d, "-o", tmp_path / "run.ckz").returncode == 0
+    p = run("ckpt-restore", tmp_path / "run.ckz", "-o", tmp_path / "back", "--rm")
+    assert_error(p, f"ckpt-restore: error: {tmp_path / 'run.ckz'}: --rm removes input files only, never a folder; "
+                    "run without --rm")
+    assert (tmp_path / "run.ckz").is_dir() and not (tmp_path / "back").exists()
+    for tool in ("ckpt-compress", "ckpt-restore"):
+        h = run(tool, "--help").stdout
+        assert "--rm" in h and "a folder input is refused" in h, h
+
+
+@pytest.fixture(scope="module")
+def big_ckpt(tmp_path_factory):
+    """A ~48 MB checkpoint of a real torch model after one Adam + L2 step (a run long enough
+    to interrupt), and its container."""
+    d = tmp_path_factory.mktemp("big")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 2048), nn.Linear(2048, 1024))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=0.01)
+    model(torch.randn(4, 1024)).square().mean().backward()
+    opt.step()
+    src = d / "big.pt"
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, src)
+    ckz = d / "big.ckz.h5"
+    assert run("ckpt-compress", src, "-o", ckz).returncode == 0
+    return src, ckz
+
+
+@pytest.mark.parametrize("tool", ["ckpt-compress", "ckpt-restore"])
+def test_rm_keeps_the_input_on_a_signal(tool, big_ckpt, tmp_path):
+    src, ckz = big_ckpt
+    inp = tmp_path / ("in.pt" if tool == "ckpt-compress" else "in.ckz.h5")
+    where = tmp_path / "out"
+    interrupted = 0
+    for trial in range(4):
+        inp.write_bytes((src if tool == "ckpt-compress" else ckz).read_bytes())
+        if where.exists():
+            for f in os.listdir(where):
+                os.unlink(where / f)
+        else:
+            where.mkdir()
+        out = where / ("o.ckz.h5" if tool == "ckpt-compress" else "o.pt")
+        rc, err, left = _interrupt([exe(tool), inp, "-o", out, "--rm"], str(where), signal.SIGTERM)
+        if rc == 0:                                # finished before the signal: removed
+            assert not inp.exists() and out.is_file()
+            continue
+        interrupted += 1
+        assert rc == -signal.SIGTERM and not left and not out.exists(), (rc, err)
+        assert inp.is_file()                       # kept
+    assert interrupted >= 2, f"only {interrupted} of 4 runs interrupted"
