@@ -140,7 +140,7 @@ def test_quiet_keeps_the_error_line(tmp_path, warned_ckpt, warned_container):
     assert p.stderr.startswith(f"ckpt-verify: check failed: {warned_container}: ")
     p = run("replay-plan", TRACE, "--budget", "1KiB", "-q")
     assert p.returncode == 1 and p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
-    assert p.stderr.startswith(f"replay-plan: check failed: {TRACE}: budget 1KiB is infeasible")
+    assert p.stderr.startswith(f"replay-plan: check failed: {TRACE}: budget 1.00 KiB is infeasible")
 
 
 # --rm ----------------------------------------------------------------------------------------
