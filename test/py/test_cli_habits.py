@@ -5,7 +5,9 @@
     --json still prints its object;
   * --rm on ckpt-compress and ckpt-restore: the input file is removed only after a run that
     succeeded (output written, fsynced, renamed, checked); kept on every failure and signal;
-    a folder input is refused (exit 2).
+    a folder input is refused (exit 2);
+  * restore's summary says what happened ("restored 983,699 bytes from a 450,802-byte
+    container"), not a ratio above 100% that reads as a failure.
 
 Binaries come from $CKPTKIT_BIN (FAIL, never skip).
 Run: CKPTKIT_BIN=build/apps /usr/bin/python3 -m pytest -q test/py/test_cli_habits.py
@@ -262,3 +264,20 @@ def test_rm_keeps_the_input_on_a_signal(tool, big_ckpt, tmp_path):
         assert rc == -signal.SIGTERM and not left and not out.exists(), (rc, err)
         assert inp.is_file()                       # kept
     assert interrupted >= 2, f"only {interrupted} of 4 runs interrupted"
+
+
+# restore's summary ------------------------------------------------------------------------------
+
+def test_restore_summary_says_what_happened(tmp_path):
+    src, ckz, back = tmp_path / "m.pt", tmp_path / "m.ckz.h5", tmp_path / "back.pt"
+    _l2_ckpt(src)
+    p = run("ckpt-compress", src, "-o", ckz)
+    assert p.returncode == 0, p.stderr
+    sizes = os.path.getsize(src), os.path.getsize(ckz)
+    assert f"file: {sizes[0]} bytes in, {sizes[1]} bytes out (" in p.stdout   # compress: as before
+    p = run("ckpt-restore", ckz, "-o", back)
+    assert p.returncode == 0, p.stderr
+    line = f"restored {os.path.getsize(back):,} bytes from a {sizes[1]:,}-byte container"
+    assert os.path.getsize(back) >= 1000 and "," in line                      # the grouping is shown
+    assert line + "\n" in p.stdout and "% of input" not in p.stdout, p.stdout
+    assert p.stdout.endswith("ok\n")
