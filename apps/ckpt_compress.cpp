@@ -27,8 +27,12 @@ int main(int argc, char** argv) {
     cli.add_force();
     cli.add_rm();
     ckpt::app::add_threads_option(app);
-    app.add_option("--tolerance", o.tolerance, "max |first update - FP32 update|, in units of lr, in (0, 1]")
+    app.add_option("--tolerance", o.tolerance, "max |restored update - original update| (FP32), in units of lr, in (0, 1]")
         ->capture_default_str()->check(ckpt::app::unit_interval());
+    std::string horizon = "all";
+    app.add_option("--horizon", horizon, "updates the tolerance holds for: all (every update after restore, any "
+                   "gradient sequence) | 1 (the first only; smaller files)")
+        ->capture_default_str()->check(CLI::IsMember({"all", "1"}));
     app.add_option("--grad-bound", grad, "per-coordinate gradient bound G, or inf")->capture_default_str();
     app.add_option("--codec", codec, "vlog (variable rate, entropy-coded) | log8 | bf16 | blockwise8")->capture_default_str()
         ->check(CLI::IsMember({"vlog", "log8", "bf16", "blockwise8"}));
@@ -71,6 +75,7 @@ int main(int argc, char** argv) {
             throw ckpt::BadInput(in, e.what());
         }
         if (pb->count()) o.param_bound = param_bound;
+        o.horizon = horizon == "all" ? 0 : 1;
         const bool folder = ckpt::folder::is_folder(in);
         cli.require_rm_file(in, folder);
         if (folder) {

@@ -234,7 +234,7 @@ def variants():
     def moment_storage(m):  # index of the target parameter's exp_avg storage
         return m["params"][target(m)]["storage"][0]
 
-    M("m_format_version_5", lambda m: m.__setitem__("format_version", 5), "format_version 5")
+    M("m_format_version_6", lambda m: m.__setitem__("format_version", 6), "format_version 6")
     M("m_codec_unknown", lambda m: m.__setitem__("codec", "zip"), "codec 'zip'")
     M("m_codec_number", lambda m: m.__setitem__("codec", 3), "codec is a number")
     M("m_block_0", lambda m: m.__setitem__("block", 0), "block 0")

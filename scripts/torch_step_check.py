@@ -2,7 +2,7 @@
 """Stock-torch check of a restored checkpoint against its original (the torch side of ckptkit).
 
 Usage: /usr/bin/python3 scripts/torch_step_check.py ORIG RESTORED [--tolerance 0.01]
-           [--grad-bound G] [--fixture NAME] [--weights FILE]
+           [--grad-bound G] [--fixture NAME] [--weights FILE] [--steps N]
 
 Loads both files with stock torch (or, for .safetensors, with the tiny strict reader below),
 checks that every non-moment value is bit-identical, rebuilds the model and optimizer of the
@@ -16,6 +16,10 @@ restored state into the other, applies the SAME gradient g to both and calls
   +sqrt_vhat / -sqrt_vhat / near_sqrt_vhat
              effective gradient at +-sqrt(v_hat) (x U(0.5, 2) for "near"), v_hat =
              exp_avg_sq / (1 - beta2^step) of the ORIGINAL, clipped to [-G, G]
+With --steps N, gradient sequences of N steps (sequence_kinds: ramps aligned with exp_avg,
+a spike after a zero run, alternating signs, noise) are fed to both pairs, the same
+gradient as Adam sees it in both runs, and every step's Delta is checked as below (the
+--horizon all certificate).
 For Adam in L2 mode (weight_decay != 0, not AdamW) torch adds wd*theta to `.grad` itself, so
 the raw gradient stays in [-G, G] and the certified domain is shifted, as in docs/design.md §1.
 
@@ -446,6 +450,111 @@ def step_check(fixture, orig_sd, rest_sd, tolerance, G, seed=0):
     return out
 
 
+def sequence_kinds(fixture, model_sd, optim_sd, G, steps, seed=0):
+    """OrderedDict kind -> function(s) giving the raw gradients of step s (1-based, optimizer
+    order), each built to stress the every-update certificate (docs/design.md §1, "Every
+    later update"), scaled per coordinate by sqrt(v0) of the ORIGINAL exp_avg_sq and clipped
+    to [-G, G]:
+      ramp10 / ramp100  a ramp aligned with exp_avg, c sqrt(v0 b2^P) (b1/b2)^(P-s), c = 10,
+                        peaking at step P, zeros after
+      spike             zeros for steps/3 steps (a long zero run), one 10 sqrt(v0 b2^s) step, zeros
+      alternating       +-sqrt(v0) in turn
+      noise             N(0, v0) each step
+    The gradient is the one Adam sees (torch's grad after maximize's negation and Adam's
+    L2 term); _multi_step turns it into each run's own .grad."""
+    model, opt = build_pair(fixture, model_sd, optim_sd)
+    ps = _params(opt)
+    base = []
+    for p, group in ps:
+        st = opt.state[p]
+        b1, b2 = group["betas"]
+        sv = st["exp_avg_sq"].double().sqrt()
+        sign = torch.where(st["exp_avg"] < 0, -1.0, 1.0).double()
+        base.append((sv, sign, b1, b2))
+    finite = math.isfinite(G)
+    clip = (lambda t: t.clamp(-G, G)) if finite else (lambda t: t)
+    gen = torch.Generator().manual_seed(seed)
+    noise_draws = {}
+
+    def ramp(P):
+        def f(s):
+            if s > P:
+                return [torch.zeros_like(sv) for sv, *_ in base]
+            return [clip(sign * 10 * sv * b2 ** (P / 2) * (b1 / b2) ** (P - s)) for sv, sign, b1, b2 in base]
+        return f
+
+    def spike(s):
+        at = steps // 3 + 1
+        return [clip(sign * 10 * sv * b2 ** (s / 2)) if s == at else torch.zeros_like(sv)
+                for sv, sign, b1, b2 in base]
+
+    def alternating(s):
+        return [clip((1 if s % 2 else -1) * sign * sv) for sv, sign, *_ in base]
+
+    def noise(s):
+        if s not in noise_draws:
+            noise_draws[s] = [clip(torch.randn(sv.shape, generator=gen, dtype=torch.float64) * sv)
+                              for sv, *_ in base]
+        return noise_draws.pop(s)
+
+    return OrderedDict([("ramp10", ramp(10)), ("ramp100", ramp(100)), ("spike", spike),
+                        ("alternating", alternating), ("noise", noise)])
+
+
+def _multi_step(pairs, grads_of, steps, tolerance):
+    """Step both (model, optimizer) pairs `steps` times with the same effective gradients;
+    return (max |Delta_r - Delta_o| / lr, max excess over tolerance * lr + slack, worst)."""
+    (mo, oo), (mr, orr) = pairs
+    po, pr = _params(oo), _params(orr)
+    max_lr, excess, worst = 0.0, -math.inf, None
+    for s in range(1, steps + 1):
+        geff = grads_of(s)
+        recs = []
+        for ps, opt in ((po, oo), (pr, orr)):
+            before = [(p.detach().clone(), opt.state[p]["exp_avg"].clone()) for p, _ in ps]
+            for (p, group), g in zip(ps, geff):
+                raw = g.clone()
+                if _is_l2(opt, group):  # the same g_eff for both runs, whatever their theta
+                    raw = raw - group["weight_decay"] * p.detach().double()
+                if group["maximize"]:
+                    raw = -raw
+                p.grad = raw.to(p.dtype)
+            opt.step()
+            rec = []
+            for (p, group), (theta0, m0), g in zip(ps, before, geff):
+                st = opt.state[p]
+                b1, b2 = group["betas"]
+                t = float(st["step"])
+                vm = st["max_exp_avg_sq"] if group["amsgrad"] else st["exp_avg_sq"]
+                denom = (vm.double() / _bc(b2, t)).sqrt() + group["eps"]
+                A = (group["lr"] / _bc(b1, t)) * (b1 * m0.double().abs() + (1 - b1) * g.abs()) / denom
+                rec.append(dict(theta0=theta0, theta1=p.detach().clone(), A=A, lr=group["lr"]))
+            recs.append(rec)
+        for i, (o, r) in enumerate(zip(*recs)):
+            d = ((r["theta1"].double() - r["theta0"].double())
+                 - (o["theta1"].double() - o["theta0"].double())).abs()
+            if not d.numel():
+                continue
+            big = torch.maximum(torch.maximum(o["theta0"].abs(), o["theta1"].abs()), r["theta1"].abs())
+            slack = 4 * _ulp32(big.float()) + 8 * EPS32 * (o["A"] + r["A"])
+            ex = d - (tolerance * o["lr"] + slack)
+            max_lr = max(max_lr, float(d.max()) / o["lr"])
+            if float(ex.max()) > excess:
+                excess, worst = float(ex.max()), (s, i, int(ex.argmax()))
+    return max_lr, excess, worst
+
+
+def multi_step_check(fixture, orig_sd, rest_sd, tolerance, G, steps=1000, seed=0):
+    """Every sequence kind (sequence_kinds) for `steps` steps on both pairs; OrderedDict
+    kind -> dict(max_lr, excess, ok, worst = (step, param index, flat index))."""
+    out = OrderedDict()
+    for kind, grads_of in sequence_kinds(fixture, orig_sd[0], orig_sd[1], G, steps, seed).items():
+        pairs = (build_pair(fixture, *orig_sd), build_pair(fixture, *rest_sd))
+        max_lr, excess, worst = _multi_step(pairs, grads_of, steps, tolerance)
+        out[kind] = dict(max_lr=max_lr, excess=excess, ok=excess <= 0.0, worst=worst)
+    return out
+
+
 def fixture_of(path):
     """The fixture file name (key of ckpt_models.FIXTURES) that `path` was made from."""
     base = os.path.basename(path)
@@ -458,7 +567,7 @@ def fixture_of(path):
 
 
 def check_pair(orig, restored, tolerance=0.01, grad_bound=1.0, fixture=None, weights=None,
-               check_zeros=False, seed=0):
+               check_zeros=False, seed=0, steps=0):
     """Full torch-side check of one (original, restored) pair.
 
     Returns (errors, step_results): `errors` lists non-moment differences (must be empty),
@@ -478,7 +587,11 @@ def check_pair(orig, restored, tolerance=0.01, grad_bound=1.0, fixture=None, wei
         model, _ = build_pair(fixture, *sd)
         if isinstance(model, cm.ByteLM) and model.tok.weight.data_ptr() != model.head.weight.data_ptr():
             errors.append("tied tok.weight/head.weight no longer share storage after load")
-    return errors, step_check(fixture, o_sd, r_sd, tolerance, grad_bound, seed)
+    res = step_check(fixture, o_sd, r_sd, tolerance, grad_bound, seed)
+    if steps > 0:
+        for kind, r in multi_step_check(fixture, o_sd, r_sd, tolerance, grad_bound, steps, seed).items():
+            res[f"{kind} x{steps}"] = r
+    return errors, res
 
 
 def main(argv=None):
@@ -491,11 +604,13 @@ def main(argv=None):
     ap.add_argument("--fixture", help="fixture name from ckpt_models.FIXTURES (default: ORIG's name)")
     ap.add_argument("--weights", help="full checkpoint holding the model weights (optimizer-only files)")
     ap.add_argument("--check-zeros", action="store_true", help="exact zeros must stay exact (log8)")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="also run gradient sequences of this many steps (the --horizon all certificate)")
     args = ap.parse_args(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     try:
         errors, res = check_pair(args.orig, args.restored, args.tolerance, args.grad_bound,
-                                 args.fixture, args.weights, args.check_zeros)
+                                 args.fixture, args.weights, args.check_zeros, steps=args.steps)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

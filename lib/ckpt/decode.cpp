@@ -310,6 +310,9 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want 
         for (int k = 0; k < nm; ++k) {
             room(params[k], blocks * pb + 1);
             if (pb) params_[std::size_t(k)]->read((e.block_offset + begin / codec::kBlock) * pb, blocks * pb, params[k].data());
+            if (const std::size_t b = codec::invalid_block_param(man_.codec, k, params[k].data(), blocks); b != SIZE_MAX)
+                throw std::runtime_error(fmt::format("param {} {}: block {} has step {} (the format requires a step >= 1)", e.name,
+                                                     ct::kRoleNames[k], begin / codec::kBlock + b, params[k][2 * b + 1]));
             room(codes[k], n * cb);  // grown, never shrunk (Chunk)
             if (!seg_end_.empty()) read_segments(e, k, begin, n, codes[k].data(), params[k].data());
             else codes_[std::size_t(k)]->read((e.code_offset + begin) * cb, n * cb, codes[k].data());

@@ -285,7 +285,7 @@ __attribute__((always_inline)) inline double closed_value_coord(const codec::Gua
     in.m = {mt, std::min(m, mt), std::max(m, mt)};  // (a NaN original stays in its cell: no bound)
     in.v = {vt, std::min(v, vt), std::max(v, vt)};
     if (ams) in.vmax = {vmaxt, std::min(vmax, vmaxt), std::max(vmax, vmaxt)};
-    const codec::ClosedStage k = codec::certify_closed(c, in);
+    const codec::ClosedStage k = codec::certify_closed_h<false>(c, in);  // the first update's (the grid's)
     // equal states carry no FP32 margin: nothing to settle there
     // (flags as doubles and one select: codec/hd.h flag_hd)
     const double usable = codec::flag_hd((k.dm != 0) | (k.dv != 0)) * (1 - k.gate_failed) * codec::flag_hd(k.closed == k.closed);
@@ -421,6 +421,57 @@ GridResult grid_check(const codec::GuardConst& c, bool ams, double m, double v, 
         r.max_diff = dd > r.max_diff ? dd : r.max_diff;
         r.over += !(dd <= bound);
         ++r.points;
+    }
+    return r;
+}
+
+SeqPoints::SeqPoints(const codec::AdamHyper& h) : b1(h.beta1), b2(h.beta2), eps(h.eps), ams(h.amsgrad) {
+    double n = h.step;
+    for (int t = 1; t <= kSeqSteps; ++t) {
+        n = codec::round_step(n + 1, h.step_bits);
+        inv_bc1.push_back(1 / (1 - std::pow(b1, n)));
+        inv_sqrt_bc2.push_back(1 / std::sqrt(1 - std::pow(b2, n)));
+    }
+    for (int P : {1, 3, 10, 30})
+        for (double c : {1.0, 3.0, 10.0, 30.0}) {
+            std::vector<double> ramp(kSeqSteps, 0.0), spike(kSeqSteps, 0.0);
+            for (int s = 1; s <= P; ++s) ramp[std::size_t(s - 1)] = c * std::pow(b2, 0.5 * P) * std::pow(b1 / b2, P - s);
+            spike[std::size_t(P - 1)] = c * std::pow(b2, 0.5 * P);
+            seqs.push_back(ramp);
+            seqs.push_back(spike);
+        }
+    for (double c : {0.3, 1.0, 3.0}) {
+        std::vector<double> pos(kSeqSteps, c), neg(kSeqSteps, -c), alt(kSeqSteps);
+        for (int s = 0; s < kSeqSteps; ++s) alt[std::size_t(s)] = s % 2 ? -c : c;
+        seqs.push_back(pos);
+        seqs.push_back(neg);
+        seqs.push_back(alt);
+    }
+}
+
+GridResult sequence_check(const SeqPoints& sp, double m, double v, double vmax, double mt, double vt, double vmaxt,
+                          double bound) {
+    GridResult r;
+    const double scale = std::sqrt(std::max(v, 0.0)) * (m < 0 ? -1.0 : 1.0);
+    for (const auto& seq : sp.seqs) {
+        double a = m, b = v, x = vmax, at = mt, bt = vt, xt = vmaxt, worst = 0;
+        for (int t = 0; t < kSeqSteps; ++t) {
+            const double g = seq[std::size_t(t)] * scale;
+            a = sp.b1 * a + (1 - sp.b1) * g;
+            at = sp.b1 * at + (1 - sp.b1) * g;
+            b = sp.b2 * b + (1 - sp.b2) * g * g;
+            bt = sp.b2 * bt + (1 - sp.b2) * g * g;
+            x = std::max(x, b);
+            xt = std::max(xt, bt);
+            const double s2 = sp.inv_sqrt_bc2[std::size_t(t)];
+            const double f = a / (std::sqrt(sp.ams ? x : b) * s2 + sp.eps), ft = at / (std::sqrt(sp.ams ? xt : bt) * s2 + sp.eps);
+            const double d = std::fabs(f - ft) * sp.inv_bc1[std::size_t(t)];
+            if (std::isnan(f) && std::isnan(ft)) continue;
+            if (!(d <= worst)) worst = d;  // NaN in one: over
+        }
+        ++r.points;
+        if (!(worst <= bound)) ++r.over;
+        if (worst > r.max_diff) r.max_diff = worst;
     }
     return r;
 }

@@ -123,4 +123,28 @@ double closed_form_value(const codec::GuardConst& c, bool ams, double m, double 
 void closed_form_values(const codec::GuardConst& c, bool ams, const float* m, const float* v, const float* vmax,
                         const float* mt, const float* vt, const float* vmaxt, std::size_t n, double* out);
 
+/// The gradient sequences of ckpt-verify --original for horizon "all" (docs/design.md §1,
+/// "Every later update"): kSeqSteps updates after restore, per step t the bias corrections
+/// as torch computes them (step counted in the step tensor's dtype, codec::round_step).
+/// Built once per tensor; the sequences of a coordinate scale with sqrt of its original
+/// exp_avg_sq. Families: ramps aligned with exp_avg, c sqrt(v b2^P) (b1/b2)^(P-s), peaking
+/// at P in {1, 3, 10, 30} for c in {1, 3, 10, 30} (the bound's worst case: the
+/// gradients' part of v_t near half the decayed state while exp_avg grows), a spike of
+/// c sqrt(v b2^P) after P - 1 zeros, constant +-c sqrt(v), alternating signs.
+constexpr int kSeqSteps = 48;
+struct SeqPoints {
+    double b1 = 0, b2 = 0, eps = 0;
+    bool ams = false;
+    std::vector<double> inv_bc1, inv_sqrt_bc2;  ///< per step t = 1..kSeqSteps
+    std::vector<std::vector<double>> seqs;      ///< gradient sequences in units of sqrt(v)
+    explicit SeqPoints(const codec::AdamHyper& h);
+};
+
+/// One coordinate's sequence check: the largest max_t |f_t - f~_t| (lr units, double
+/// arithmetic of torch's recursion) over SeqPoints' sequences, scaled by sqrt(v) of the
+/// original and signed by its exp_avg, and how many sequences exceed `bound`. Original
+/// state (m, v, vmax), decoded (mt, vt, vmaxt); both NaN at a step is no difference.
+GridResult sequence_check(const SeqPoints& sp, double m, double v, double vmax, double mt, double vt, double vmaxt,
+                          double bound);
+
 }  // namespace ckpt

@@ -82,6 +82,7 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
     man.grad_bound = o.grad_bound;
     man.optimizer = o.optimizer;
     man.param_bound = o.param_bound ? *o.param_bound : -1;
+    man.horizon = o.horizon;
     for (const auto& s : ck.storages) {
         ct::StorageEntry e;
         e.offset = s.file_offset;
@@ -116,6 +117,7 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
         e.shape = m.shape;
         e.dtype = m.dtype;
         e.hyper = p.hyper;
+        e.hyper.horizon = o.horizon;
         e.domain = domain_for(p, o);
         if (e.domain.l2 && std::isfinite(o.grad_bound)) {
             if (p.theta >= 0) {
@@ -184,6 +186,7 @@ std::vector<std::string> compare_layout(const ct::Manifest& a, const Layout& L) 
         if ((st & kAmsgrad) && x.hyper.amsgrad != y.hyper.amsgrad) bad("amsgrad");
         if ((st & kMaximize) && x.hyper.maximize != y.hyper.maximize) bad("maximize");
         if (x.hyper.step != y.hyper.step) bad(fmt::format("step ({} vs {})", x.hyper.step, y.hyper.step));
+        if (x.hyper.step_bits != y.hyper.step_bits && a.format_version >= 5) bad("step dtype");
         if (x.domain.l2 != y.domain.l2 || x.domain.plain != y.domain.plain || x.domain.theta_bound < y.domain.theta_bound)
             bad("gradient domain");
     }

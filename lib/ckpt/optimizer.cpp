@@ -131,6 +131,25 @@ void count_refs(const Checkpoint& ck, const Value& v, std::map<std::size_t, int>
     v.for_each_child([&](const std::string&, const Value& c) { count_refs(ck, c, refs); });
 }
 
+/// The significant bits torch keeps when it adds 1 to a step tensor of dtype d
+/// (AdamHyper::step_bits; 0: exact).
+int step_bits_of(DType d) { return d == DType::F32 ? 24 : d == DType::F16 ? 11 : d == DType::BF16 ? 8 : 0; }
+
+/// The dtype torch steps the state's parameter in: the mapped parameter's; else a 16-bit
+/// one among the same-shape candidates (any could be it); else, with no model tensor in
+/// the file, the moments' own dtype `moments` (torch creates them as zeros_like(param)).
+DType parameter_dtype(const Checkpoint& ck, const ParamState& p, DType moments) {
+    if (p.theta >= 0) return ck.tensors[std::size_t(p.theta)].dtype;
+    if (p.theta_candidates && !p.theta_candidates->empty()) {
+        for (int t : *p.theta_candidates) {
+            const DType d = ck.tensors[std::size_t(t)].dtype;
+            if (d == DType::BF16 || d == DType::F16) return d;
+        }
+        return DType::F32;
+    }
+    return moments;
+}
+
 /// Decide whether the moments can be replaced by codes: each one a whole, contiguous
 /// storage of FP32/F16/BF16 with the same element count, referenced once in the whole
 /// file (not shared with another moment or any other leaf).
@@ -162,6 +181,17 @@ void check_compressible(const Checkpoint& ck, const std::map<std::size_t, int>& 
         return x.numel() == n && x.shape == ck.tensors[std::size_t(p.tensor[0])].shape;
     };
     if (p.theta >= 0 && !shape_ok(p.theta)) p.theta = -1;
+    // torch steps a parameter in its own dtype and casts loaded moments to it
+    // (_single_tensor_adam, Optimizer.load_state_dict): a 16-bit parameter's update rounds
+    // to its ulp (~0.4% of |theta| for BF16), far above any tolerance in lr units, so no
+    // certificate in FP32 arithmetic holds for it
+    const DType pd = parameter_dtype(ck, p, dt);
+    if (pd == DType::BF16 || pd == DType::F16) {
+        const char* d = pd == DType::BF16 ? "bfloat16" : "float16";
+        p.why_not = fmt::format("{} parameter (torch steps it in {}: each update rounds to a {} ulp of the parameter, "
+                                "above the tolerance)", d, d, d);
+        return;
+    }
     p.compressible = true;
 }
 
@@ -455,6 +485,7 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
             const auto s = read_small_tensor(ck, f, int(ti->index));
             if (s.size() != 1) throw BadInput(f.path(), "step of state " + p.index + " is not a scalar");
             p.hyper.step = s[0];
+            p.hyper.step_bits = step_bits_of(ck.tensors[ti->index].dtype);
         } else {
             p.hyper.step = as_double(*step, "step", f.path());
         }
@@ -606,6 +637,7 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
         const auto s = read_small_tensor(ck, f, step_tensor[idx]);
         if (s.size() != 1) throw BadInput(f.path(), "state." + idx + ".step is not a scalar");
         p.hyper.step = s[0];
+        p.hyper.step_bits = step_bits_of(ck.tensors[std::size_t(step_tensor[idx])].dtype);
         map_theta(ck, model_index, pname.empty() && !is_integer_key(idx) ? idx : pname, p);
         apply(p.hyper, p.stated, o, f.path(), p.name);
         if (p.why_not.empty()) {

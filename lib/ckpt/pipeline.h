@@ -27,6 +27,9 @@ struct CompressOptions {
     codec::Kind codec = codec::Kind::VLog;
     std::string optimizer = "auto";   ///< auto | adam | adamw
     std::optional<double> param_bound;  ///< |theta| bound for L2 when theta is absent
+    /// Updates certified after restore: 0 every update (--horizon all, the default), 1 the
+    /// first only (--horizon 1: smaller files).
+    int horizon = 0;
     HyperOverrides hyper;
     /// Coordinates per chunk (bounded memory); 0: kCpuChunk on the CPU, kDeviceChunk on a
     /// CUDA device. Any value gives the same datasets (codes, escapes, segments); only

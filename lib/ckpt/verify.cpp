@@ -102,6 +102,7 @@ Layout derive_layout(const ContainerReader& cr, const SourceSkeleton& src) {
     o.codec = man.codec;
     o.optimizer = man.optimizer;
     if (man.param_bound >= 0) o.param_bound = man.param_bound;
+    o.horizon = man.horizon;
     // hyper-parameters the source does not state were filled in by overrides: take them
     // from the manifest (compare_layout checks only what the source states)
     const io::InputFile f(src.path());
@@ -255,8 +256,8 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
              std::to_string(man.params.size()) + " in the container");
     const bool codes_only = !o.certificates && !cmp && o.code_hashes && o.code_hashes->size() == man.params.size();
     const Want want = cmp ? Want::Bounds : o.certificates ? Want::Certificates : codes_only ? Want::Codes : Want::Values;
-    uint64_t certified = 0, grid_points = 0, escapes_checked = 0;
-    double max_true = 0;
+    uint64_t certified = 0, grid_points = 0, escapes_checked = 0, seq_checked = 0, seq_points = 0;
+    double max_true = 0, max_seq = 0;
     GridPoints grid(o.grid);
     const std::size_t code_bytes = std::size_t(codec::code_bytes(man.codec));
     ContainerReader::Chunk chunk;  // reused by every parameter (for_each_chunk)
@@ -272,6 +273,12 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
         const codec::TensorSetup s = cr.setup(j);
         const codec::GuardConst gc = codec::make_guard_const(s.hyper, s.tolerance);
         grid.set_b2(gc.b2);
+        // horizon all: gradient sequences on every `stride`-th coordinate (every 8th, at
+        // most ~16k per tensor), as well as the single gradients of the dense grid
+        std::optional<SeqPoints> seq;
+        if (cmp && gc.all) seq.emplace(s.hyper);
+        const uint64_t stride = std::max<uint64_t>(8, e.numel >> 14);
+        uint64_t seq_fail = 0;
         const std::size_t es = float_dtype_size(e.dtype);
         const int nm = e.moments();
         double max_bound = 0;
@@ -303,7 +310,10 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
                     }
                 }
                 // per-coordinate checks, split over the CPU threads (one accumulator each)
-                struct Acc { uint64_t certified = 0, over = 0, grid_points = 0, grid_fail = 0; double max_bound = 0, max_true = 0; };
+                struct Acc {
+                    uint64_t certified = 0, over = 0, grid_points = 0, grid_fail = 0, seq_checked = 0, seq_points = 0, seq_fail = 0;
+                    double max_bound = 0, max_true = 0, max_seq = 0;
+                };
                 std::vector<Acc> acc(codec::parallel_parts(c.n));
                 codec::parallel_ranges(c.n, [&](unsigned part, std::size_t i0, std::size_t i1) {
                     Acc& a = acc[part];
@@ -333,6 +343,13 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
                         a.grid_points += r.points;
                         a.grid_fail += r.over;
                         a.max_true = std::max(a.max_true, r.max_diff);
+                        if (seq && (c.begin + i) % stride == 0) {
+                            const GridResult q = sequence_check(*seq, ov[0][i], ov[1][i], vo, c.values[0][i], c.values[1][i], vt, b);
+                            ++a.seq_checked;
+                            a.seq_points += q.points;
+                            a.seq_fail += q.over;
+                            a.max_seq = std::max(a.max_seq, q.max_diff);
+                        }
                     }
                 });
                 for (const Acc& a : acc) {
@@ -342,6 +359,10 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
                     grid_fail += a.grid_fail;
                     max_bound = std::max(max_bound, a.max_bound);
                     max_true = std::max(max_true, a.max_true);
+                    seq_checked += a.seq_checked;
+                    seq_points += a.seq_points;
+                    seq_fail += a.seq_fail;
+                    max_seq = std::max(max_seq, a.max_seq);
                 }
             }, &chunk);
         } catch (const BadInput& ex) {
@@ -359,6 +380,7 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
         if (over) fail(fmt::format("{}: {} coordinates kept with a certificate above tolerance", e.name, over));
         if ((o.certificates || cmp) && max_bound != e.max_bound) fail(fmt::format("{}: re-derived max bound {} differs from stored {}", e.name, max_bound, e.max_bound));
         if (grid_fail) fail(fmt::format("{}: {} grid points exceed their certificate", e.name, grid_fail));
+        if (seq_fail) fail(fmt::format("{}: {} gradient sequences exceed their certificate", e.name, seq_fail));
         if (esc_fail) fail(fmt::format("{}: {} escaped values differ from the original", e.name, esc_fail));
         if (o.certificates || cmp) rep.rows[j].max_bound = max_bound;
         prog.item_done();
@@ -368,6 +390,9 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
     if (cmp)
         rep.checks.push_back(fmt::format("original: {} escaped values exact; {} gradient grid points, max |u-u~| = {:.3e} lr",
                                          escapes_checked, grid_points, max_true));
+    if (cmp && seq_checked)
+        rep.checks.push_back(fmt::format("original, every later update: {} coordinates x {} steps, {} gradient sequences, "
+                                         "max over steps |u-u~| = {:.3e} lr", seq_checked, kSeqSteps, seq_points, max_seq));
 }
 
 }  // namespace

@@ -170,7 +170,7 @@ CKPT_HD void set_scales(const TensorSetup& s, int bn, const BlockTrial<Q>* t, Bl
 /// certificate where the closed stage alone certifies (<= tol), else -1. A loop without
 /// branches (amsgrad is a template flag; stale cells of dropped coordinates compute
 /// garbage that the caller ignores), so it vectorises.
-template <bool kVmax>
+template <bool kVmax, bool kAll>
 CKPT_HD_FORCE void closed_stage_block(const GuardConst& gc, const BlockCells* cells, int bn, double tol, double* closed) {
     if (!fp32_gate_tensor(gc)) {  // the gate fails every inexact coordinate: certify() decides each
         for (int j = 0; j < bn; ++j) closed[j] = -1.0;
@@ -185,7 +185,7 @@ CKPT_HD_FORCE void closed_stage_block(const GuardConst& gc, const BlockCells* ce
         g.m = cells[0].get(j);
         g.v = cells[1].get(j);
         if (kVmax) g.vmax = cells[2].get(j);
-        const ClosedStage k = certify_closed(c, g);
+        const ClosedStage k = certify_closed_h<kAll>(c, g);
         closed[j] = ((k.gate_failed == 0) & (k.closed <= tol)) ? k.closed : -1.0;
     }
 }
@@ -198,8 +198,13 @@ CKPT_HD_FORCE void closed_stage_block(const GuardConst& gc, const BlockCells* ce
 CKPT_HD void certify_cells(const TensorSetup& s, const GuardConst& gc, const BlockCells* cells, const float* theta,
                            std::size_t i0, int bn, const bool* which, double* bound, double* closed) {
     const bool ams = s.moments() == 3;
-    if (ams) closed_stage_block<true>(gc, cells, bn, s.tolerance, closed);
-    else closed_stage_block<false>(gc, cells, bn, s.tolerance, closed);
+    if (gc.all) {  // template flags: each loop stays branch-free
+        if (ams) closed_stage_block<true, true>(gc, cells, bn, s.tolerance, closed);
+        else closed_stage_block<false, true>(gc, cells, bn, s.tolerance, closed);
+    } else {
+        if (ams) closed_stage_block<true, false>(gc, cells, bn, s.tolerance, closed);
+        else closed_stage_block<false, false>(gc, cells, bn, s.tolerance, closed);
+    }
     for (int j = 0; j < bn; ++j) {
         if (which && !which[j]) continue;
         if (closed[j] >= 0) { bound[j] = closed[j]; continue; }
@@ -297,8 +302,8 @@ CKPT_HD_FORCE bool vlog_sens(const GuardConst& gc, const float* const* src, std:
     double* B = w.sens[1];
     // locals: the stores into A and B could alias gc for the compiler (no hoisting otherwise)
     const double sb2 = sqrt(gc.b2);
-    const T ka = T(0.5 * gc.b1 * gc.inv_bc1), kb = T(0.5 * gc.sqrt_bc2 * gc.inv_bc1), eps = T(gc.eps);
-    const T a0 = T(sb2 / gc.sqrt_bc2), b1s = T(gc.b1 / sb2), closed_g = T(gc.closed_g);
+    const T ka = T(gc.plan_ka), kb = T(gc.plan_kb), eps = T(gc.eps);
+    const T a0 = T(sb2 / gc.sqrt_bc2), b1s = T(gc.plan_b1s), closed_g = T(gc.plan_g);
     if constexpr (std::is_same<T, float>::value) {  // double always computes (the old code's bits)
         const T big = T(INFINITY);
         if (!((ka < big) & (kb < big) & (eps < big) & (a0 < big) & (b1s < big) & (closed_g < big) & (a0 > 0))) return false;
@@ -332,8 +337,8 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     double* A = w.sens[0];
     double* B = w.sens[1];
     // locals: the stores into A and B could alias gc for the compiler (no hoisting otherwise)
-    const double b1 = gc.b1, b2 = gc.b2, eps = gc.eps, sqrt_bc2 = gc.sqrt_bc2, closed_g = gc.closed_g;
-    const double ka = 0.5 * b1 * gc.inv_bc1, kb = 0.5 * sqrt_bc2 * gc.inv_bc1;
+    const double b1 = gc.plan_b1, b2 = gc.b2, eps = gc.eps, sqrt_bc2 = gc.sqrt_bc2, closed_g = gc.plan_g_ams;
+    const double ka = gc.plan_ka, kb = gc.plan_kb;
     // A coordinate that is not live gets A = B = 0: it then never is a block's worst
     // constraint (they start at 0 and compare strictly), so no loop below asks `live`
     // (branch-free, so they vectorise; `&`, not `&&`, which is control flow); dropping a

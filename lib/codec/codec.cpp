@@ -384,6 +384,14 @@ void classify_escapes(const TensorSetup& s, const ChunkIn& in, ChunkOut& out) {
     }
 }
 
+std::size_t invalid_block_param(Kind kind, int k, const int16_t* params, std::size_t blocks) {
+    // vlog's max_exp_avg_sq has no grid of its own (params 0, 0: exp_avg_sq's grid)
+    if (k == 0 || (kind != Kind::Log8 && kind != Kind::VLog) || (kind == Kind::VLog && k == 2)) return SIZE_MAX;
+    for (std::size_t b = 0; b < blocks; ++b)
+        if (params[2 * b + 1] < 1) return b;
+    return SIZE_MAX;
+}
+
 ChunkOut encode_chunk(const TensorSetup& s, const ChunkIn& in) {
     switch (s.kind) {
         case Kind::Log8: return encode_impl<Log8>(s, in);

@@ -108,6 +108,13 @@ void parallel_ranges(std::size_t n, const std::function<void(unsigned, std::size
 /// The number of ranges parallel_ranges(n, ...) uses.
 unsigned parallel_parts(std::size_t n);
 
+/// The first of `blocks` blocks whose parameters (params_per_block each) for moment k
+/// (0 exp_avg, 1 exp_avg_sq, 2 max_exp_avg_sq) are outside the format, or SIZE_MAX: log8's
+/// exp_avg_sq / max_exp_avg_sq steps and vlog's exp_avg_sq steps must be >= 1
+/// (formats/container.md; vlog's max_exp_avg_sq uses exp_avg_sq's grid); a
+/// step <= 0 would decode every code of the block to one value with a zero-width cell.
+std::size_t invalid_block_param(Kind kind, int k, const int16_t* params, std::size_t blocks);
+
 /// Encode and certify one chunk (n need not be a multiple of kBlock only for the last).
 ChunkOut encode_chunk(const TensorSetup&, const ChunkIn&);
 

@@ -16,6 +16,7 @@
 // [lo, hi] each decoded value came from, so the certificate holds for every original in
 // the cells and ckpt-verify can re-derive it from the stored codes alone.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -33,7 +34,24 @@ struct AdamHyper {
     bool amsgrad = false;
     bool maximize = false;       ///< domain is symmetric, so it does not change the bound
     double step = 0;             ///< completed steps s; the guarded update is t = s + 1
+    /// Significant bits of the step tensor's dtype (24 F32, 11 F16, 8 BF16; 0: exact, a
+    /// Python int or an integer/F64 tensor): torch adds 1 in that dtype (round_step).
+    int step_bits = 0;
+    /// Updates certified after restore: 1 (the first only) or 0 (every update t >= 1, for
+    /// any gradient sequence; docs/design.md §1, "Every later update").
+    int horizon = 1;
 };
+
+/// torch's `step_t += 1` for a step held with `bits` significant bits: x rounded to the
+/// nearest representable value, ties to even (a BF16 step of 256 stays 256). bits = 0:
+/// exact. x > 0 integer.
+inline double round_step(double x, int bits) {
+    if (bits <= 0 || !(x > 0) || !std::isfinite(x)) return x;
+    int e = 0;
+    std::frexp(x, &e);  // x = f 2^e, f in [0.5, 1)
+    const double ulp = std::ldexp(1.0, e - bits);
+    return ulp <= 1 ? x : std::nearbyint(x / ulp) * ulp;
+}
 
 /// Values derived once per tensor from AdamHyper (double, host or device).
 struct GuardConst {
@@ -52,14 +70,62 @@ struct GuardConst {
     /// (1-b1) / (sqrt(2 (1-b2)) * 1.5^1.5): the g-term of closed_bound().
     double closed_g;
     double inv_lr;      ///< 1 / lr (fp32_gate's absolute margin)
+    /// Horizon "all" (AdamHyper::horizon 0): closed_all's per-tensor constants, suprema over
+    /// every later update t >= 1 (horizon_consts). all = 0: the first update only.
+    int all;
+    double h_k1;        ///< sup_t B1_t r^t S_t / S_1: the exp_avg term per dm / D(0)
+    double h_k2m;       ///< sup_t B1_t S_t r^t: the exp_avg_sq term's |m~| part
+    double h_g;         ///< sup_t B1_t S_t * R / (sqrt(2) 1.5^1.5): its gradient part (no amsgrad)
+    double h_g_ams;     ///< sup_t B1_t S_t * R: its gradient part with amsgrad; also update_bound_all's
+    /// vlog_plan's sensitivity constants (block.h): the first-update closed form's
+    /// 0.5 b1/bc1, 0.5 sqrt(bc2)/bc1, b1/sqrt(b2), closed_g, b1 (amsgrad) and closed_g
+    /// (amsgrad), or closed_all's counterparts.
+    double plan_ka, plan_kb, plan_b1s, plan_g, plan_b1, plan_g_ams;
 };
+
+/// closed_all's suprema over t >= 1 (docs/design.md §1, "Every later update"), with
+/// n_t the step of update t (n_1 = round_step(s + 1), n_{t+1} = round_step(n_t + 1)),
+/// B1_t = 1 / (1 - b1^n_t), S_t = sqrt(1 - b2^n_t), r = b1 / sqrt(b2) and
+/// R = (1-b1) / sqrt((1-b2)(1 - b1^2/b2)) (Cauchy-Schwarz: |sum of the m increments| <=
+/// R sqrt(their v increments)). ok = false when b1^2 >= b2 with b1 > 0 (R is unbounded:
+/// no certificate for every update).
+struct HorizonConsts { double k1, k2m, bs, R; bool ok; };
+inline HorizonConsts horizon_consts(const AdamHyper& h) {
+    const double b1 = h.beta1, b2 = h.beta2;
+    HorizonConsts k{0, 0, 0, 0, true};
+    if (b1 > 0 && !(b1 * b1 < b2)) { k.ok = false; return k; }
+    k.R = b1 == 0 ? 1 / std::sqrt(1 - b2) : (1 - b1) / std::sqrt((1 - b2) * (1 - b1 * b1 / b2));
+    const double r = b1 == 0 ? 0.0 : b1 / std::sqrt(b2);
+    double n = round_step(h.step + 1, h.step_bits);
+    const double B1_1 = 1 / (1 - std::pow(b1, n)), S_1 = std::sqrt(1 - std::pow(b2, n));
+    double rt = 1;  // r^t
+    bool m_done = false, b_done = false;
+    for (long t = 1; !(m_done && b_done); ++t) {
+        const double p1 = std::pow(b1, n), B1 = 1 / (1 - p1), S = std::sqrt(1 - std::pow(b2, n));
+        rt *= r;
+        k.k1 = std::max(k.k1, B1 * rt * S / S_1);
+        k.k2m = std::max(k.k2m, B1 * S * rt);
+        if (!b_done) k.bs = std::max(k.bs, B1 * S);
+        // later terms: B1_t <= B1_1 and S_t <= 1, so r^t's decay ends the exp_avg suprema
+        m_done = B1_1 * rt * r / S_1 <= k.k1 && B1_1 * rt * r <= k.k2m;
+        const double next = round_step(n + 1, h.step_bits);
+        if (!b_done && next == n) b_done = true;  // the step no longer moves: every later term is this one
+        else if (!b_done && p1 < 1e-15) {         // B1_t S_t <= B1_t <= B1 for every later t
+            k.bs = std::max(k.bs, B1);
+            b_done = true;
+        }
+        n = next;
+        if (t > 100000000) { k.ok = false; break; }  // unreachable for b1 < 1 (p1 < 1e-15 by then)
+    }
+    return k;
+}
 
 /// log8's largest exp_avg_sq step, 1/64 octaves (~30% apart); Log8::kMaxStep.
 constexpr int kLog8MaxStep = 24;
 
 /// Build GuardConst. bc1 = 1-b1^t, bc2 = 1-b2^t with t = step+1 (torch's bias correction).
 inline GuardConst make_guard_const(const AdamHyper& h, double tolerance) {
-    const double t = h.step + 1;
+    const double t = round_step(h.step + 1, h.step_bits);
     GuardConst c{};
     c.b1 = h.beta1;
     c.b2 = h.beta2;
@@ -74,11 +140,36 @@ inline GuardConst make_guard_const(const AdamHyper& h, double tolerance) {
     c.fp32_rel = 64.0 * 5.9604644775390625e-08;
     const double cc = std::sqrt(h.beta2 / (2 * (1 - h.beta2)));
     c.v_sens = (1 - h.beta1) * cc * h.beta2 / (2 * std::pow(1.5 * h.beta2, 1.5)) * c.sqrt_bc2 * c.inv_bc1;
+    c.closed_g = (1 - h.beta1) / (std::sqrt(2 * (1 - h.beta2)) * 1.8371173070873836);
+    c.inv_lr = 1 / h.lr;
+    c.plan_ka = 0.5 * h.beta1 * c.inv_bc1;
+    c.plan_kb = 0.5 * c.sqrt_bc2 * c.inv_bc1;
+    c.plan_b1s = h.beta1 / std::sqrt(h.beta2);
+    c.plan_g = c.closed_g;
+    c.plan_b1 = h.beta1;
+    c.plan_g_ams = c.closed_g;
+    c.all = h.horizon == 0;
+    c.h_k1 = c.h_k2m = c.h_g = c.h_g_ams = 0;
+    if (c.all) {
+        const HorizonConsts k = horizon_consts(h);
+        // no bound (b1^2 >= b2): a huge finite factor, so exact coordinates (dm = dv = 0)
+        // still certify at 0 and every other one escapes
+        const double huge = 1e300;
+        c.h_k1 = k.ok ? k.k1 : huge;
+        c.h_k2m = k.ok ? k.k2m : huge;
+        c.h_g = k.ok ? k.bs * k.R / (1.4142135623730951 * 1.8371173070873836) : huge;
+        c.h_g_ams = k.ok ? k.bs * k.R : huge;
+        c.plan_ka = 0.5 * c.h_k1;
+        c.plan_kb = 0.5;
+        c.plan_b1s = c.h_k2m;
+        c.plan_g = c.h_g;
+        c.plan_b1 = c.h_k2m * std::sqrt(h.beta2);
+        c.plan_g_ams = c.h_g_ams;
+        c.v_sens = 0.5 * c.h_g;  // closed_all's exp_avg_sq term at m = 0 per unit relative error
+    }
     int cap = 1;
     while (cap < kLog8MaxStep && c.v_sens * (std::exp2((cap + 1) / 128.0) - 1) <= 0.55 * c.tolerance) ++cap;
     c.log8_v_step_cap = cap;
-    c.closed_g = (1 - h.beta1) / (std::sqrt(2 * (1 - h.beta2)) * 1.8371173070873836);
-    c.inv_lr = 1 / h.lr;
     return c;
 }
 
@@ -168,6 +259,35 @@ CKPT_HD_FORCE double closed_bound(const GuardConst& c, const GuardInput& in, dou
 }
 CKPT_HD double closed_bound(const GuardConst& c, const GuardInput& in, double dm, double dv) {
     return closed_bound(c, in, dm, dv, denom0(c, in));
+}
+
+/// Horizon "all": a bound of sup |f_t - f~_t| over every update t >= 1 after restore and
+/// every gradient sequence (any domain, G = inf included), lr units, before margin; +inf
+/// when the denominator state's cell reaches 0. Proof: docs/design.md §1, "Every later
+/// update". Both runs see the same gradients, so m_t - m~_t = b1^t (m - m~) and
+/// v_t - v~_t = b2^t (v - v~); with A_t >= 0 the gradients' part of v_t, every
+/// denominator state is >= X = b2^t v.lo + A_t and |m~_t| <= b1^t |m~| + R sqrt(A_t).
+/// Then, without amsgrad (C = b2 v.lo, dv = b2 dv0 as certify_closed's),
+///   t1 <= h_k1 dm / D(0),
+///   t2 <= 0.5 dv (h_k2m sqrt(b2) |m~| / C^1.5 + h_g / C)   (h_g: the sup over A_t, at A_t = b2^t v.lo / 2);
+/// with amsgrad the running max is >= V = max(b2 v.lo, vmax.lo) (denom0's v0) at every t
+/// and moves by at most dv = max(b2 dv0, dvmax), so t2 <= 0.5 dv (h_k2m |m~| / V^1.5 +
+/// h_g_ams / V). dm = 0 or dv = 0 drops its term (an exact state, also where D(0) = 0).
+CKPT_HD_FORCE double closed_all(const GuardConst& c, const GuardInput& in, double dm, double dv, const Denom0& z) {
+    const double t1 = dm != 0 ? c.h_k1 * dm / z.d0 : 0.0;
+    const double V = in.amsgrad ? z.v0 : c.b2 * in.v.lo;  // z.v0 is that product bit for bit without amsgrad
+    const double k2 = in.amsgrad ? c.h_k2m : c.h_k2m * sqrt(c.b2);
+    const double g = in.amsgrad ? c.h_g_ams : c.h_g;
+    const double t2 = 0.5 * dv * (k2 * fabs(in.m.dec) / (V * z.sv0) + g / V);
+    const double t2s = dv != 0 ? (V > 0 ? t2 : INFINITY) : 0.0;
+    return t1 + t2s;
+}
+
+/// Horizon "all": an upper bound of max |f_t| over every t and gradient sequence for the
+/// original and the decoded state (lr units): h_k1 |m| / D(0) + sup_t B1_t S_t R.
+CKPT_HD_FORCE double update_bound_all(const GuardConst& c, const GuardInput& in, const Denom0& z) {
+    const double mabs = fabs(in.m.lo) > fabs(in.m.hi) ? fabs(in.m.lo) : fabs(in.m.hi);
+    return c.h_k1 * mabs / z.d0 + c.h_g_ams;
 }
 
 /// Adaptive refinement of the gradient cell [a, b]: its cell_bound when that is <= stop,
@@ -276,7 +396,8 @@ struct ClosedStage {
     double dm, dv, margin, closed;
     double gate_failed;  ///< 1 or 0 (a double, for the vectoriser)
 };
-CKPT_HD_FORCE ClosedStage certify_closed(const GuardConst& c, const GuardInput& in) {
+template <bool kAll>
+CKPT_HD_FORCE ClosedStage certify_closed_h(const GuardConst& c, const GuardInput& in) {
     ClosedStage r;
     r.dm = max_hd(in.m.dec - in.m.lo, in.m.hi - in.m.dec);
     const double dv = max_hd(in.v.dec - in.v.lo, in.v.hi - in.v.dec) * c.b2;
@@ -284,15 +405,19 @@ CKPT_HD_FORCE ClosedStage certify_closed(const GuardConst& c, const GuardInput& 
     const Denom0 z = denom0(c, in);  // one square root for the three bounds below
     // identical decoded state computes identically: no FP32 margin is needed then
     const double abs_margin = fp32_gate_coord(c, in, z);
-    const double ub = update_bound(c, in, z);
+    const double ub = kAll ? update_bound_all(c, in, z) : update_bound(c, in, z);
     // single selects on combined conditions (see fp32_gate_coord)
     const double inexact = flag_hd((r.dm != 0) | (r.dv != 0));  // exact: no gate, no margin
     const double passed = flag_hd(abs_margin < INFINITY) * flag_hd(c.lr * ub < 0x1p100);
     const double margin = c.fp32_rel * ub + abs_margin;
     r.gate_failed = inexact * (1 - passed);
     r.margin = inexact != 0 ? margin : 0.0;
-    r.closed = (closed_bound(c, in, r.dm, r.dv, z) + r.margin) * kCertSlack;
+    r.closed = ((kAll ? closed_all(c, in, r.dm, r.dv, z) : closed_bound(c, in, r.dm, r.dv, z)) + r.margin) * kCertSlack;
     return r;
+}
+/// certify_closed_h for the tensor's horizon (GuardConst::all).
+CKPT_HD_FORCE ClosedStage certify_closed(const GuardConst& c, const GuardInput& in) {
+    return c.all ? certify_closed_h<true>(c, in) : certify_closed_h<false>(c, in);
 }
 
 /// Certificate: an upper bound of sup_{g in domain} |u(g) - u~(g)| / lr including the
@@ -306,7 +431,7 @@ CKPT_HD double certify(const GuardConst& c, const GuardInput& in) {
     if (k.gate_failed != 0 || (!exact && !fp32_gate_tensor(c))) return INFINITY;
     const double dm = k.dm, dv = k.dv, margin = k.margin, closed = k.closed;
     const double slack = kCertSlack;
-    if (closed <= c.tolerance) return closed;
+    if (closed <= c.tolerance || c.all) return closed;  // horizon all: the closed form is the certificate
     const double whole = (cell_bound(c, in, dm, dv, in.glo, in.ghi) + margin) * slack;
     if (whole <= c.tolerance) return whole;
     double best = whole < closed ? whole : closed;

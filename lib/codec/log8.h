@@ -201,7 +201,9 @@ struct Log8 {
                 if (a > 0 && isfinite(a) && scale[i] > 0 && isfinite(scale[i]))
                     rho = fmax(rho, a / scale[i]);
             }
-            const double target = 0.8 * gc.tolerance * sqrt(gc.b2) / (gc.b1 * gc.sqrt_bc2 * gc.inv_bc1);
+            // the m-term factor: b1/bc1 for the first update, closed_all's h_k1 = 2 plan_ka for all
+            const double target = gc.all ? 0.8 * gc.tolerance * sqrt(gc.b2) / (2 * gc.plan_ka * gc.sqrt_bc2)
+                                         : 0.8 * gc.tolerance * sqrt(gc.b2) / (gc.b1 * gc.sqrt_bc2 * gc.inv_bc1);
             const double need = rho / (K + 0.5);
             int64_t e = need > 0 && need <= target ? log64_ceil(need) : log64_floor(target);
             if (e < -16000) e = -16000;  // int16 storage; far below any useful step

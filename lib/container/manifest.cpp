@@ -182,6 +182,9 @@ std::string json_string(std::string_view s) {
     return out;
 }
 
+/// The manifest's name of a step dtype (AdamHyper::step_bits).
+const char* step_dtype_name(int bits) { return bits == 24 ? "F32" : bits == 11 ? "F16" : bits == 8 ? "BF16" : "exact"; }
+
 /// One "params" entry as compact JSON with sorted keys: byte for byte nlohmann's dump of
 /// the same object (numbers and strings formatted as nlohmann does), without building its
 /// tree, and with a format string parsed at compile time (the manifest of 10^5 parameters
@@ -197,13 +200,13 @@ std::string param_json(const ParamEntry& p) {
         FMT_COMPILE("{{\"block_offset\":{},\"code_offset\":{},\"domain\":{{\"l2\":{},\"plain\":{},\"theta_bound\":{}}},"
                     "\"dtype\":{},\"escape_causes\":{{\"certificate\":{},\"no_code\":{},\"non_finite\":{}}},"
                     "\"escape_offset\":{},\"escapes\":{},\"hyper\":{{\"amsgrad\":{},\"beta1\":{},\"beta2\":{},\"eps\":{},"
-                    "\"lr\":{},\"maximize\":{},\"step\":{},\"weight_decay\":{}}},\"max_bound\":{},\"name\":{},\"numel\":{},"
+                    "\"lr\":{},\"maximize\":{},\"step\":{},\"step_dtype\":{},\"weight_decay\":{}}},\"max_bound\":{},\"name\":{},\"numel\":{},"
                     "\"row_predict\":{},\"shape\":{},\"storage\":[{},{},{}],\"theta_candidates\":{},\"theta_dtype\":{},"
                     "\"theta_storage\":{}}}"),
         p.block_offset, p.code_offset, b(p.domain.l2), b(p.domain.plain), d(p.domain.theta_bound).view(),
         json_string(dtype_name(p.dtype)), p.escape_causes[1], p.escape_causes[0], p.escape_causes[2], p.escape_offset,
         p.escapes, b(h.amsgrad), d(h.beta1).view(), d(h.beta2).view(), d(h.eps).view(), d(h.lr).view(), b(h.maximize),
-        d(h.step).view(), d(h.weight_decay).view(), d(p.max_bound).view(), json_string(p.name), p.numel,
+        d(h.step).view(), json_string(step_dtype_name(h.step_bits)), d(h.weight_decay).view(), d(p.max_bound).view(), json_string(p.name), p.numel,
         b(p.row_predict), shape, p.storage[0], p.storage[1], p.storage[2], p.theta_candidates,
         json_string(p.theta_dtype ? dtype_name(*p.theta_dtype) : ""), p.theta_storage);
 }
@@ -235,6 +238,7 @@ void Manifest::write_json(const std::function<void(std::string_view)>& sink) con
     j["grad_bound"] = num(grad_bound);
     j["optimizer"] = optimizer;
     j["param_bound"] = param_bound;
+    if (format_version >= 5) j["horizon"] = horizon == 0 ? json("all") : json(horizon);
     j["storages"] = json::array();
     j["params"] = json::array();
     j["kept"] = json::array();
@@ -290,6 +294,13 @@ codec::AdamHyper parse_hyper(od::object& h, const std::string& name) {
     hy.lr = get_num(h, "lr");
     hy.maximize = get_bool(h, "maximize");
     hy.step = get_num(h, "step");
+    od::value sd;
+    if (field(h, "step_dtype", sd)) {  // format 5
+        std::string_view t;
+        if (type_error(sd.get_string().get(t))) bad_field("step_dtype", "is not a string");
+        hy.step_bits = t == "F32" ? 24 : t == "F16" ? 11 : t == "BF16" ? 8 : t == "exact" ? 0 : -1;
+        if (hy.step_bits < 0) throw std::runtime_error("param " + name + ": unknown step_dtype");
+    }
     hy.weight_decay = get_num(h, "weight_decay");
     for (double x : {hy.lr, hy.beta1, hy.beta2, hy.eps, hy.weight_decay, hy.step})
         if (!std::isfinite(x)) throw std::runtime_error("param " + name + ": non-finite hyper-parameter");
@@ -423,6 +434,15 @@ Manifest Manifest::parse(const std::string& text) {
         throw std::runtime_error("container format version " + std::to_string(m.format_version) + " is not supported");
     // the rest in the writer's (sorted) key order; cross-field checks once all is read
     m.grad_bound = get_num(j, "grad_bound");
+    if (field(j, "horizon", v)) {  // format 5: "all" or 1
+        od::json_type jt = od::json_type::null;
+        std::string_view t;
+        uint64_t k = 0;
+        if (type_error(v.type().get(jt))) jt = od::json_type::null;
+        if (jt == od::json_type::string && !type_error(v.get_string().get(t)) && t == "all") m.horizon = 0;
+        else if (jt == od::json_type::number && !type_error(v.get_uint64().get(k)) && k == 1) m.horizon = 1;
+        else throw std::runtime_error("manifest horizon is not \"all\" or 1");
+    }
     od::array arr;
     if (field(j, "kept", v)) {
         if (type_error(v.get_array().get(arr))) throw std::runtime_error("manifest field 'kept' is not a list");
@@ -439,6 +459,7 @@ Manifest Manifest::parse(const std::string& text) {
         if (const auto e = item.get(pv)) not_json(e);
         m.params.push_back(parse_param(pv));
         m.params.back().domain.grad_bound = m.grad_bound;
+        m.params.back().hyper.horizon = m.horizon;
     }
     od::object src;
     if (!get_object(j, "source", src)) throw std::runtime_error("manifest field 'source' is missing");

@@ -19,7 +19,7 @@ namespace ckpt::container {
 
 /// Format written: 4 (vlog segments in mode 3: sixteen rANS states, 16-bit words; 3 had
 /// four byte-wise states, 2 added vlog and its segments with two). Readers accept 1 to 4.
-constexpr int kFormatVersion = 4;
+constexpr int kFormatVersion = 5;
 constexpr int kOldestFormatVersion = 1;
 /// Dataset paths (formats/container.md).
 constexpr const char* kRaw = "/raw";
@@ -87,6 +87,9 @@ struct Manifest {
     double tolerance = 0.01, grad_bound = 1.0;
     std::string optimizer = "auto";
     double param_bound = -1;           ///< --param-bound B, -1 when not given
+    /// Updates the certificates cover: 0 every update after restore ("all", format 5), 1 the
+    /// first (formats 1-4, and --horizon 1). Copied into every params entry's hyper.
+    int horizon = 1;
     std::vector<StorageEntry> storages;   ///< sorted by offset, non-overlapping
     std::vector<ParamEntry> params;
     std::vector<KeptEntry> kept;

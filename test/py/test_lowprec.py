@@ -1,7 +1,12 @@
-"""Low-precision moments (torch keeps exp_avg / exp_avg_sq in the parameter dtype): a real
-Adam run on bfloat16 and float16 parameters, compressed, verified against the original,
-restored; moments stay in their dtype, every other byte is identical, and the first update
-computed in float64 from the restored state is within tolerance x lr of the original's."""
+"""Low precision. Moments stored as bfloat16 / float16 next to float32 parameters (torch
+casts loaded moments to the parameter's dtype, so the step runs in float32): compressed,
+verified against the original, restored; moments stay in their dtype, every other byte is
+identical, and the first update computed in float64 from the restored state is within
+tolerance x lr of the original's. A bfloat16 *parameter* (torch steps it in bfloat16, its
+update rounds to a bfloat16 ulp of the parameter) is kept exact with one note, and so are
+low-precision moments with no parameter in the file (torch creates moments in the
+parameter's dtype)."""
+import json
 import os
 import sys
 
@@ -44,14 +49,17 @@ def test_low_precision_moments(tmp_path, dtype):
         for w, p in zip(work.parameters(), model.parameters()):
             p.grad = w.grad.to(run_dtype)
         opt.step()
-    model.to(dtype)
+    model.float()  # the parameters torch will step: float32
     for st in opt.state.values():
         for k in ("exp_avg", "exp_avg_sq"):
             st[k] = st[k].to(dtype)
     src = tmp_path / "lp.pt"
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, src)
     ckz, out = tmp_path / "lp.ckz.h5", tmp_path / "restored.pt"
-    assert run_tool(bin_dir, "ckpt-compress", src, "-o", ckz, "--tolerance", TOL).returncode == 0
+    r = run_tool(bin_dir, "ckpt-compress", src, "-o", ckz, "--tolerance", TOL, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(r.stdout)  # every state coded (float32 parameters), none kept exact
+    assert rep["tensors"] and all(t["note"] == "" for t in rep["tensors"]), rep["tensors"]
     v = run_tool(bin_dir, "ckpt-verify", ckz, "--original", src)
     assert v.returncode == 0, v.stdout + v.stderr
     assert run_tool(bin_dir, "ckpt-restore", ckz, "-o", out).returncode == 0
@@ -72,3 +80,53 @@ def test_low_precision_moments(tmp_path, dtype):
             d = (_update(m0, v0, g, group, step) - _update(m1, v1, g, group, step)).abs().max().item()
             worst = max(worst, d)
     assert worst <= TOL * (1 + 1e-6), worst
+
+
+def _bf16_run(steps=20):
+    """A real Adam run on bfloat16 parameters (CPU torch 1.13 steps bfloat16 in bfloat16)."""
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).to(torch.bfloat16)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 16).to(torch.bfloat16), torch.randn(64, 4).to(torch.bfloat16)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x).float(), y.float()).backward()
+        opt.step()
+    return model, opt
+
+
+def test_bf16_parameters_kept_exact(tmp_path):
+    """bfloat16 parameters: one real step rounds each update to a bfloat16 ulp of the
+    parameter, so no certificate in lr units holds: kept exact with one note, and a real
+    step from the restored state equals the original's bit for bit."""
+    bin_dir = require_ckptkit_bin()
+    model, opt = _bf16_run()
+    assert next(iter(opt.state.values()))["exp_avg"].dtype == torch.bfloat16
+    for what, obj in (("model", {"model": model.state_dict(), "optimizer": opt.state_dict()}),
+                      ("optimizer-only", {"optimizer": opt.state_dict()})):
+        src = tmp_path / f"bf16_{what}.pt"
+        torch.save(obj, src)
+        ckz, out = tmp_path / f"bf16_{what}.ckz.h5", tmp_path / f"bf16_{what}.restored.pt"
+        r = run_tool(bin_dir, "ckpt-compress", src, "-o", ckz, "--json")
+        if r.returncode == 2:  # nothing to code at all: the tool says so
+            assert "no Adam" in r.stdout + r.stderr or "nothing" in r.stdout + r.stderr, r.stdout + r.stderr
+            continue
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "kept exact: bfloat16 parameter" in r.stdout + r.stderr, r.stdout + r.stderr
+        assert run_tool(bin_dir, "ckpt-verify", ckz, "--original", src).returncode == 0
+        assert run_tool(bin_dir, "ckpt-restore", ckz, "-o", out).returncode == 0
+        a, b = torch.load(src), torch.load(out)
+        for i, st in a["optimizer"]["state"].items():
+            for k in ("exp_avg", "exp_avg_sq", "step"):
+                assert torch.equal(st[k], b["optimizer"]["state"][i][k]) and st[k].dtype == b["optimizer"]["state"][i][k].dtype
+        if what == "model":  # one real bfloat16 step from each: identical
+            thetas = []
+            for sd in (a, b):
+                m2, o2 = _bf16_run(0)
+                m2.load_state_dict(sd["model"])
+                o2.load_state_dict(sd["optimizer"])
+                for p in m2.parameters():
+                    p.grad = torch.full_like(p, 0.5)
+                o2.step()
+                thetas.append([p.detach().clone() for p in m2.parameters()])
+            assert all(torch.equal(u, w) for u, w in zip(*thetas))

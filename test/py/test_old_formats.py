@@ -40,16 +40,19 @@ def test_old_fixture_has_its_format(version):
             assert segment_modes(f) == {1, 2}
 
 
-def test_new_container_is_format_4(tmp_path):
-    """Sixteen-state word-wise rANS segments (mode 3); /raw (as in format 3) as
-    byte-shuffled little-endian u32 holding exactly the source's non-moment bytes (its
-    `bytes` attribute), the last element padded with zeros."""
+def test_new_container_is_format_5(tmp_path):
+    """Format 5: the manifest records the horizon ("all" by default, 1 with --horizon 1) and
+    each parameter's step dtype; as in format 4, sixteen-state word-wise rANS segments
+    (mode 3) and /raw (as in format 3) as byte-shuffled little-endian u32 holding exactly the
+    source's non-moment bytes (its `bytes` attribute), the last element padded with zeros."""
     b = require_ckptkit_bin()
     out = tmp_path / "new.ckz.h5"
     r = run_tool(b, "ckpt-compress", SRC, "-o", out)
     assert r.returncode == 0, r.stderr
     with h5py.File(out, "r") as f:
-        assert int(f.attrs["format_version"]) == 4
+        assert int(f.attrs["format_version"]) == 5
+        man = mbc.get_manifest(f)
+        assert man["horizon"] == "all" and {p["hyper"]["step_dtype"] for p in man["params"]} == {"F32"}
         assert 3 in segment_modes(f) and 0 not in segment_modes(f)  # mode 2 only for short segments where smaller
         raw = f["raw"]
         plist = raw.id.get_create_plist()
