@@ -565,3 +565,40 @@ def test_verify_original_catches_codes_of_another_coordinate(tmp_path):
     rep = parse_json_stdout(r)
     assert not rep["ok"]
     assert "grid points exceed their certificate" in json.dumps(rep)
+
+
+# ------------------------------------------------------------------ every later update
+
+@pytest.mark.parametrize("fixture,G", [("cnn_adam_l2.pt", "1.0"), ("cnn_maximize.pt", "inf"),
+                                       ("lm_amsgrad.pt", "1.0"), ("cnn_adamw.safetensors", "1.0")])
+def test_every_update_within_tolerance_for_gradient_sequences(tmp_path, fixture, G):
+    """--horizon all (the default): from the restored fixture, 150 real optimizer steps of
+    the fixture's own class (Adam + L2, maximize, amsgrad, AdamW) fed the same gradient
+    sequences as the original (ramps aligned with exp_avg, a spike after a zero run,
+    alternating signs, noise: scripts/torch_step_check.py sequence_kinds) move every
+    parameter by the original's step within tolerance * lr at every step."""
+    from testlib import DATA, torch_step_check as tsc
+    b = require_ckptkit_bin()
+    src = os.path.join(DATA, fixture)
+    ckz, out = tmp_path / "c.ckz.h5", tmp_path / ("r" + os.path.splitext(fixture)[1])
+    assert run_tool(b, "ckpt-compress", src, "-o", ckz, "--grad-bound", G).returncode == 0
+    assert run_tool(b, "ckpt-restore", ckz, "-o", out).returncode == 0
+    errors, res = tsc.check_pair(src, str(out), tolerance=TOL, grad_bound=float(G), fixture=fixture, steps=150)
+    assert errors == []
+    assert any(k.endswith("x150") for k in res)
+    assert all(r["ok"] for r in res.values()), res
+
+
+def test_first_update_certificate_breaks_on_an_aligned_ramp(tmp_path):
+    """The sequences can fail: with --horizon 1 (the first update only) the aligned ramp
+    drives a later update of the restored Adam + L2 fixture past tolerance * lr."""
+    from testlib import DATA, torch_step_check as tsc
+    b = require_ckptkit_bin()
+    src = os.path.join(DATA, "cnn_adam_l2.pt")
+    ckz, out = tmp_path / "c.ckz.h5", tmp_path / "r.pt"
+    assert run_tool(b, "ckpt-compress", src, "-o", ckz, "--horizon", "1").returncode == 0
+    assert run_tool(b, "ckpt-restore", ckz, "-o", out).returncode == 0
+    errors, res = tsc.check_pair(src, str(out), tolerance=TOL, grad_bound=1.0, fixture="cnn_adam_l2.pt", steps=120)
+    assert errors == []
+    assert all(r["ok"] for k, r in res.items() if "x120" not in k)  # the first update holds
+    assert not res["ramp100 x120"]["ok"] and res["ramp100 x120"]["max_lr"] > TOL, res["ramp100 x120"]

@@ -546,7 +546,7 @@ def _vlog_variants():
     segment checks can catch them): name -> edit(f)."""
     import numpy as np
     from make_bad_containers import _replace, read_dataset
-    seg, codes = "moments/segments/exp_avg_sq", "moments/codes/exp_avg_sq"
+    seg, codes, params = "moments/segments/exp_avg_sq", "moments/codes/exp_avg_sq", "moments/params/exp_avg_sq"
 
     def edit_seg(fn):
         return lambda f: _replace(f, seg, fn(read_dataset(f[seg]).copy()))
@@ -558,6 +558,13 @@ def _vlog_variants():
         def fn(d):
             d[i % d.size] ^= 0x5A
             return d
+        return fn
+
+    def step_of_block(b, value):  # (anchor, step) per block: block b's exp_avg_sq step
+        def fn(f):
+            d = read_dataset(f[params]).copy()
+            d[2 * b + 1] = value
+            _replace(f, params, d)
         return fn
 
     def swap01(d):
@@ -575,6 +582,10 @@ def _vlog_variants():
         "codes_flip_mid": edit_codes(flip(1000)),
         "codes_flip_end": edit_codes(flip(-2)),
         "manifest_v1": lambda f: f.attrs.__setitem__("format_version", np.uint64(1)),
+        # the format forbids steps < 1 (a zero-width cell certifies anything): refused
+        # without --original
+        "params_step_0": step_of_block(0, 0),
+        "params_step_negative": step_of_block(3, -7),
     }
 
 
