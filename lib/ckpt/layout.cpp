@@ -21,15 +21,15 @@ std::string basename_of(const std::string& p) {
     return s == std::string::npos ? p : p.substr(s + 1);
 }
 
-/// max |theta| over whole-storage float tensors, read in 1 MiB pieces (F32 straight into
-/// the values, a chunk block).
-double max_abs(const Checkpoint& ck, const io::InputFile& f, int tensor) {
+/// max |theta| over the finite values of a whole-storage float tensor, read in 1 MiB pieces
+/// (F32 straight into the values, a chunk block); -1 when it has no finite value.
+double max_finite_abs(const Checkpoint& ck, const io::InputFile& f, int tensor) {
     const TensorInfo& t = ck.tensors[std::size_t(tensor)];
     const StorageInfo& st = ck.storages[t.storage];
     const DType dt = t.dtype;
     const std::size_t es = float_dtype_size(dt);
     if (es == 0) throw BadInput(f.path(), "parameter " + t.path + " is not FP32/F16/BF16; pass --param-bound B");
-    double m = 0;
+    int32_t top = -1;
     std::vector<uint8_t> b;
     ChunkBuffer v;
     for (uint64_t i = 0; i < st.numel;) {  // the whole storage bounds any view of it
@@ -39,14 +39,34 @@ double max_abs(const Checkpoint& ck, const io::InputFile& f, int tensor) {
         uint8_t* raw = element_bytes(dt, vals, n, b);
         f.read_at(st.file_offset + i * es, raw, n * es, "parameter storage");
         if (dt != DType::F32) bytes_to_float(dt, raw, n, vals);
-        const uint32_t top = max_abs_bits(vals, n);
-        if (top > 0x7f800000u) return NAN;  // a NaN: no finite bound
-        float mx;
-        std::memcpy(&mx, &top, 4);
-        m = std::max(m, double(mx));
+        top = std::max(top, max_finite_abs_bits(vals, n));
         i += n;
     }
+    if (top < 0) return -1;
+    float m;
+    std::memcpy(&m, &top, 4);
     return m;
+}
+
+/// The Adam L2 bound of a state whose parameter is one of `candidates` (same-shape model
+/// tensors): |theta| <= the largest finite |value| over them, and how many have a finite
+/// value (0: none is usable, as when none was found). Non-finite values are left out, soundly:
+/// where the parameter itself is +-inf or NaN, g + wd*theta is too, and so is the update
+/// after restore whatever the moments hold (as the FP32 one); a tensor with no finite value
+/// (a causal mask of -inf) is no candidate.
+struct CandidateBound {
+    double bound = -1;
+    int usable = 0;
+};
+CandidateBound candidate_bound(const Checkpoint& ck, const io::InputFile& f, const std::vector<int>& candidates) {
+    CandidateBound c;
+    for (int t : candidates) {
+        const double m = max_finite_abs(ck, f, t);
+        if (m < 0) continue;
+        c.bound = std::max(c.bound, m);
+        ++c.usable;
+    }
+    return c;
 }
 
 /// Gradient-domain rule of one parameter: [-G, G] for AdamW, shifted by wd * theta for
@@ -90,7 +110,14 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
         e.crc_offsets = s.crc_offsets;
         man.storages.push_back(e);
     }
-    std::map<const std::vector<int>*, double> bound_of;  // candidate group -> max |theta| over it
+    std::map<const std::vector<int>*, CandidateBound> bound_of;  // candidate group -> its bound, read once
+    auto candidates_of = [&](const ParamState& p) -> const CandidateBound* {  // null: no candidates
+        if (!p.theta_candidates || p.theta_candidates->empty()) return nullptr;
+        auto known = bound_of.find(p.theta_candidates.get());  // once per shape group
+        if (known == bound_of.end())
+            known = bound_of.emplace(p.theta_candidates.get(), candidate_bound(ck, f, *p.theta_candidates)).first;
+        return &known->second;
+    };
     for (const auto& p : states) {
         if (!p.compressible) {
             TensorRow row;
@@ -127,16 +154,9 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
                     throw BadInput(f.path(), "parameter of " + p.name + " is not a whole FP32/F16/BF16 storage; pass --param-bound B");
                 e.theta_storage = int64_t(th.storage);
                 e.theta_dtype = th.dtype;
-            } else if (p.theta_candidates && !p.theta_candidates->empty()) {
-                auto known = bound_of.find(p.theta_candidates.get());  // once per shape group
-                if (known == bound_of.end()) {
-                    double b = 0;
-                    for (int t : *p.theta_candidates) b = std::max(b, max_abs(ck, f, t));
-                    known = bound_of.emplace(p.theta_candidates.get(), b).first;
-                }
-                if (!std::isfinite(known->second)) throw BadInput(f.path(), "a parameter candidate of " + p.name + " holds non-finite values");
-                e.domain.theta_bound = known->second;
-                e.theta_candidates = int(p.theta_candidates->size());
+            } else if (const CandidateBound* c = candidates_of(p); c && c->usable > 0) {
+                e.domain.theta_bound = c->bound;
+                e.theta_candidates = c->usable;
             } else if (o.param_bound) {
                 e.domain.theta_bound = *o.param_bound;
             } else {

@@ -24,7 +24,8 @@ struct Layout {
 };
 
 /// Plan `ck` (read from `f`) under the options. Reads the parameter values of ambiguous
-/// Adam-L2 mappings (max |theta| over the candidates). Throws BadInput when the Adam L2
+/// Adam-L2 mappings (max finite |theta| over the candidates; one with no finite value, a
+/// causal mask of -inf, is no candidate). Throws BadInput when the Adam L2
 /// domain needs a parameter that cannot be found (and no --param-bound), when the parameter
 /// storage is also a moment, or when an override contradicts the file.
 Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressOptions& o);

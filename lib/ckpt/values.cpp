@@ -20,15 +20,16 @@ void bytes_to_float(DType d, const uint8_t* in, std::size_t n, float* out) {
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("O3")))
 #endif
-uint32_t max_abs_bits(const float* x, std::size_t n) {
-    int32_t top = 0;  // signed: with the sign cleared every value is >= 0 (SSE2 has a signed compare)
+int32_t max_finite_abs_bits(const float* x, std::size_t n) {
+    int32_t top = -1;  // signed: with the sign cleared every value is >= 0 (SSE2 has a signed compare)
     for (std::size_t i = 0; i < n; ++i) {
         int32_t u;
         std::memcpy(&u, x + i, 4);
         u &= 0x7fffffff;
+        u = u < 0x7f800000 ? u : -1;  // +-inf and NaN: left out
         top = u > top ? u : top;
     }
-    return uint32_t(top);
+    return top;
 }
 
 void float_to_bytes(DType d, const float* in, std::size_t n, uint8_t* out) {

@@ -20,10 +20,11 @@ uint32_t element_bits(DType dtype, const uint8_t* in, std::size_t i);
 /// Store raw bits (the low 16 for 2-byte types) as element i.
 void store_bits(DType dtype, uint32_t bits, uint8_t* out, std::size_t i);
 
-/// The largest |x| of x[0..n) as float bits (sign cleared; 0 when n = 0): above 0x7f800000
-/// (+inf) exactly when some x is NaN. For those bits integer order is numeric order, so
-/// one integer max gives both (it vectorises; a float max with NaN tracking did not).
-uint32_t max_abs_bits(const float* x, std::size_t n);
+/// The largest |x| over the finite values of x[0..n) as float bits (sign cleared), or -1
+/// when none is finite (n = 0 included): infinities and NaNs are left out. For those bits
+/// integer order is numeric order, so one integer max gives it (it vectorises; a float max
+/// with NaN tracking did not).
+int32_t max_finite_abs_bits(const float* x, std::size_t n);
 
 /// v.data() with room for n elements, whose contents the caller overwrites: when shorter,
 /// replaced by n zeros (the old contents are not copied over), never shrunk, so a buffer

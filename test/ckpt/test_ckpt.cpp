@@ -101,22 +101,31 @@ TEST_CASE("find_param_states: Adam L2, AMSGrad and maximize are told apart") {
     }
 }
 
-TEST_CASE("max_abs_bits: the largest |x| at any position, and NaN above +inf") {
-    auto as_float = [](uint32_t b) { float f; std::memcpy(&f, &b, 4); return f; };
-    CHECK(max_abs_bits(nullptr, 0) == 0);
+TEST_CASE("max_finite_abs_bits: the largest finite |x| at any position; inf and NaN left out") {
+    auto as_float = [](int32_t b) { float f; std::memcpy(&f, &b, 4); return f; };
+    auto expected = [](const std::vector<float>& x) {  // a plain float loop: -1 when none is finite
+        float m = -1;
+        for (float v : x)
+            if (std::isfinite(v)) m = std::max(m, std::fabs(v));
+        return m;
+    };
+    CHECK(max_finite_abs_bits(nullptr, 0) == -1);
     for (std::size_t n : {1u, 3u, 17u, 1000u})       // lengths around the vector widths
         for (std::size_t at = 0; at < n; at += n / 3 + 1) {
             std::vector<float> x(n);
             for (std::size_t i = 0; i < n; ++i) x[i] = float(i % 7) * (i % 2 ? -0.25f : 0.5f);
             x[at] = -1e30f;                          // the largest magnitude, negative
-            CHECK(as_float(max_abs_bits(x.data(), n)) == 1e30f);
-            x[at] = -INFINITY;
-            CHECK(max_abs_bits(x.data(), n) == 0x7f800000u);  // +inf: not NaN
-            x[at] = -NAN;                            // a NaN with the sign bit set
-            CHECK(max_abs_bits(x.data(), n) > 0x7f800000u);
+            CHECK(as_float(max_finite_abs_bits(x.data(), n)) == 1e30f);
+            for (float bad : {-INFINITY, INFINITY, -NAN, NAN}) {  // left out: the others' max
+                x[at] = bad;
+                const int32_t got = max_finite_abs_bits(x.data(), n);
+                CHECK((got < 0 ? -1.0f : as_float(got)) == expected(x));
+            }
         }
     const float z[2] = {-0.0f, 0.0f};
-    CHECK(max_abs_bits(z, 2) == 0);
+    CHECK(max_finite_abs_bits(z, 2) == 0);
+    const float none[3] = {-INFINITY, NAN, INFINITY};
+    CHECK(max_finite_abs_bits(none, 3) == -1);
 }
 
 TEST_CASE("plan_layout and compare_layout (cnn_adamw.pt)") {
