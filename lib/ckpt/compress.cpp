@@ -299,6 +299,7 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
 
     AtomicOutput atomic(out);
     Report rep("ckpt-compress", in, out, codec::kind_name(o.codec), o.tolerance, o.grad_bound);
+    rep.horizon = o.horizon;
     try {
         const auto [codes, manifest_xxh3] = write_container(atomic.temp_path(), f, man, o, device);  // phases 2 and 3
         const Report chk = self_check(atomic.temp_path(), in, device, codes, L, manifest_xxh3);         // phase 4

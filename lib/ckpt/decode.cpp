@@ -213,7 +213,8 @@ std::vector<GroupRow> ContainerReader::groups() const {
         GroupRow g;
         g.optimizer = !p.domain.l2 ? (p.hyper.weight_decay != 0 ? "adamw" : "adam|adamw") : p.domain.plain ? "adam|adamw" : "adam";
         const std::string G = std::isfinite(man_.grad_bound) ? fmt::format("{}", man_.grad_bound) : "inf";
-        if (!p.domain.l2 || !std::isfinite(man_.grad_bound)) g.domain = "|g| <= " + G;
+        if (man_.horizon == 0) g.domain = "every update, any gradient sequence";  // closed_all needs no domain
+        else if (!p.domain.l2 || !std::isfinite(man_.grad_bound)) g.domain = "|g| <= " + G;
         else {
             const std::string shift = p.theta_storage >= 0 ? "wd*theta" : fmt::format("wd*theta, |theta| <= {:.6g}", p.domain.theta_bound);
             g.domain = p.domain.plain ? "|g| <= " + G + ", and shifted by " + shift : "|g| <= " + G + " shifted by " + shift;

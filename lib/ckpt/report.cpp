@@ -43,8 +43,9 @@ std::string Report::table() const {
     const std::string what = tool == "ckpt-verify"
                                  ? input + (output.empty() ? "" : " (original: " + output + ")")
                                  : input + " -> " + output;
-    std::string s = fmt::format("{}: {}  codec={} tolerance={} grad_bound={}\n", tool, what,
-                                codec, tolerance, grad_bound);
+    const std::string h = horizon == 0 ? " horizon=all" : horizon == 1 ? " horizon=1" : "";
+    std::string s = fmt::format("{}: {}  codec={} tolerance={}{} grad_bound={}\n", tool, what,
+                                codec, tolerance, h, grad_bound);
     s += fmt::format("{:<{}}  {:>12}  {:>9}  {:>11}  {:>14}\n", "tensor", w, "values", "escapes %",
                      "reduction %", "max bound (lr)");
     auto line = [&](const std::string& name, uint64_t v, uint64_t e, uint64_t f, uint64_t o, double b, const std::string& note) {
@@ -87,6 +88,7 @@ std::string Report::json() const {
     else j["output"] = output;
     j["codec"] = codec;
     j["tolerance"] = tolerance;
+    if (horizon >= 0) j["horizon"] = horizon == 0 ? nlohmann::json("all") : nlohmann::json(horizon);
     j["grad_bound"] = std::isfinite(grad_bound) ? nlohmann::json(grad_bound) : nlohmann::json("inf");
     j["moment_values"] = moment_values();
     j["escapes"] = escapes();

@@ -47,6 +47,9 @@ struct Report {
           codec(std::move(codec_)), tolerance(tolerance_), grad_bound(grad_bound_) {}
     std::string tool, input, output, codec;
     double tolerance = 0, grad_bound = 0;
+    /// Updates the certificates cover: 0 every update after restore, 1 the first
+    /// (container::Manifest::horizon); -1 where no container is involved.
+    int horizon = -1;
     std::vector<TensorRow> rows;
     std::vector<GroupRow> groups;
     MomentBits bits;                      ///< of the coded moments (container readers fill it)

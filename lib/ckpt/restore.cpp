@@ -95,6 +95,7 @@ Report restore(const std::string& path, const std::string& out, const RestoreOpt
         throw BadInput(out, "the source was " + man.source_format +
                                 "; restore writes the source format (name the output accordingly)");
     Report rep("ckpt-restore", path, out, codec::kind_name(man.codec), man.tolerance, man.grad_bound);
+    rep.horizon = man.horizon;
     rep.file_bytes_in = io::InputFile(path).size();
     rep.rows = cr.rows();
     rep.bits = cr.moment_bits();

@@ -402,6 +402,7 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     const auto& man = cr.manifest();
     Report rep("ckpt-verify", path, o.original.value_or(""), codec::kind_name(man.codec), man.tolerance,
                man.grad_bound);
+    rep.horizon = man.horizon;
     rep.file_bytes_in = man.source_size;
     rep.file_bytes_out = io::InputFile(path).size();
     rep.rows = cr.rows();

@@ -47,8 +47,13 @@ def test_new_container_is_format_5(tmp_path):
     source's non-moment bytes (its `bytes` attribute), the last element padded with zeros."""
     b = require_ckptkit_bin()
     out = tmp_path / "new.ckz.h5"
-    r = run_tool(b, "ckpt-compress", SRC, "-o", out)
+    r = run_tool(b, "ckpt-compress", SRC, "-o", out, "--json")
     assert r.returncode == 0, r.stderr
+    assert parse_json_stdout(r)["horizon"] == "all"
+    one = run_tool(b, "ckpt-compress", SRC, "-o", tmp_path / "one.ckz.h5", "--horizon", "1", "--json")
+    assert one.returncode == 0 and parse_json_stdout(one)["horizon"] == 1
+    v = run_tool(b, "ckpt-verify", tmp_path / "one.ckz.h5", "--original", SRC, "--json")
+    assert v.returncode == 0 and parse_json_stdout(v)["horizon"] == 1, v.stdout + v.stderr
     with h5py.File(out, "r") as f:
         assert int(f.attrs["format_version"]) == 5
         man = mbc.get_manifest(f)
@@ -77,6 +82,7 @@ def test_old_format_verifies_and_restores_for_stock_torch(tmp_path, version):
     assert v.returncode == 0, v.stdout + v.stderr
     rep = parse_json_stdout(v)
     assert rep["codec"] == codec and rep["ok"] and rep["max_bound_lr"] <= 0.01
+    assert rep["horizon"] == 1  # formats 1-4 certify the first update
     out = tmp_path / "restored.pt"
     r = run_tool(b, "ckpt-restore", path, "-o", out)
     assert r.returncode == 0, r.stderr

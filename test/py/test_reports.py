@@ -48,9 +48,10 @@ def test_certified_param_groups_are_reported(tmp_path):
     for g in groups:
         assert set(g) == {"optimizer", "domain", "lr", "betas", "eps", "weight_decay", "step", "amsgrad",
                           "maximize", "tensors"}
-        assert g["domain"] == "|g| <= 1" and g["step"] == 200
+        assert g["domain"] == "every update, any gradient sequence" and g["step"] == 200  # --horizon all
     b = require_ckptkit_bin()
-    t = run_tool(b, "ckpt-compress", fixture_path("cnn_adamw.pt"), "-o", tmp_path / "t.h5", "--optimizer", "adamw")
+    t = run_tool(b, "ckpt-compress", fixture_path("cnn_adamw.pt"), "-o", tmp_path / "t.h5", "--optimizer", "adamw",
+                 "--horizon", "1")
     assert any(line.startswith("certified: ") and "adamw: |g| <= 1, lr=" in line for line in t.stdout.splitlines())
 
 
