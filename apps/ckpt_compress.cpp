@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
     app.add_option("--grad-bound", grad, "per-coordinate gradient bound G, or inf")->capture_default_str();
     app.add_option("--codec", codec, "vlog (variable rate, entropy-coded) | log8 | bf16 | blockwise8")->capture_default_str()
         ->check(CLI::IsMember({"vlog", "log8", "bf16", "blockwise8"}));
-    app.add_option("--optimizer", o.optimizer, "auto | adam | adamw (auto certifies both when unknown)")
+    app.add_option("--optimizer", o.optimizer, "auto | adam | adamw (auto certifies both when unknown; never name "
+                   "another optimizer than the file's: adamw on an Adam + L2 state certifies the wrong domain)")
         ->capture_default_str()->check(CLI::IsMember({"auto", "adam", "adamw"}));
     auto* pb = app.add_option("--param-bound", param_bound, "|theta| bound for Adam L2 when parameters are absent")
                    ->check(ckpt::app::finite_nonnegative());

@@ -70,11 +70,17 @@ CandidateBound candidate_bound(const Checkpoint& ck, const io::InputFile& f, con
 }
 
 /// Gradient-domain rule of one parameter: [-G, G] for AdamW, shifted by wd * theta for
-/// Adam's L2 mode, the union of both when the kind is unknown ("auto").
+/// Adam's L2 mode, the union of both when the kind is unknown ("auto"); under --horizon all no
+/// domain at all (closed_all holds for every gradient sequence).
 codec::DomainRule domain_for(const ParamState& p, const CompressOptions& o) {
     codec::DomainRule d;
     d.grad_bound = o.grad_bound;
     d.weight_decay = p.hyper.weight_decay;
+    if (o.horizon == 0) {  // every update, any gradient sequence: no domain, so no parameter to locate
+        d.plain = true;
+        d.l2 = false;
+        return d;
+    }
     const bool wd = p.hyper.weight_decay != 0;
     bool adamw = false, adam = false;
     if (p.decoupled) (*p.decoupled ? adamw : adam) = true;
@@ -161,8 +167,8 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
                 e.domain.theta_bound = *o.param_bound;
             } else {
                 throw BadInput(f.path(), "cannot locate the parameter of optimizer state " + p.name +
-                                             " for the Adam L2 gradient domain; pass --optimizer adamw, "
-                                             "--grad-bound inf or --param-bound B");
+                                             " for the Adam L2 gradient domain of --horizon 1; pass --param-bound B or "
+                                             "--grad-bound inf, or certify every update (--horizon all: no domain needed)");
             }
         }
         for (int k = 0; k < e.moments(); ++k) {

@@ -189,7 +189,7 @@ def test_rm_keeps_the_input_on_failure(tmp_path):
     lone = tmp_path / "lone.pt"
     torch.save({"optimizer": torch.load(src)["optimizer"]}, lone)
     before = lone.read_bytes()
-    p = run("ckpt-compress", lone, "-o", tmp_path / "lone.ckz.h5", "--rm")
+    p = run("ckpt-compress", lone, "-o", tmp_path / "lone.ckz.h5", "--rm", "--horizon", "1")
     assert p.returncode == 2 and "cannot locate the parameter" in p.stderr, p.stderr
     assert lone.read_bytes() == before
     # restore: output exists; a wrong output format; a damaged container: all keep it

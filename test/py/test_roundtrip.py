@@ -265,10 +265,17 @@ def test_verify_rejects_garbage_and_wrong_original(tmp_path):
 
 
 def test_l2_needs_parameters(tmp_path):
-    """auto + weight decay + finite G without parameters: refuse (exit 2, one line, no file)."""
+    """--horizon 1, auto + weight decay + finite G without parameters: refuse (exit 2, one
+    line, no file), never suggesting --optimizer adamw (which would certify another
+    optimizer's domain than an Adam + L2 state's). --horizon all (the default) needs no
+    gradient domain, so no parameter: it compresses, and verify --original passes."""
     ckptkit_bin = require_ckptkit_bin()
     out = tmp_path / "x.ckz.h5"
-    p = run_tool(ckptkit_bin, "ckpt-compress", fixture_path("lm_optimizer_only.pt"), "-o", out)
+    p = run_tool(ckptkit_bin, "ckpt-compress", fixture_path("lm_optimizer_only.pt"), "-o", out, "--horizon", "1")
     assert p.returncode == 2
     assert "Adam L2" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert "--optimizer" not in p.stderr and "--param-bound B" in p.stderr and "--horizon all" in p.stderr
     assert not out.exists() and not list(tmp_path.iterdir())
+    assert run_tool(ckptkit_bin, "ckpt-compress", fixture_path("lm_optimizer_only.pt"), "-o", out).returncode == 0
+    v = run_tool(ckptkit_bin, "ckpt-verify", out, "--original", fixture_path("lm_optimizer_only.pt"))
+    assert v.returncode == 0, v.stdout + v.stderr
