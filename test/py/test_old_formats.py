@@ -1,7 +1,8 @@
 """Older container formats stay readable. data/cnn_adamw.v1.ckz.h5 was written by
 ckpt-compress before format 2 (log8, 2026-12-01); data/cnn_adamw.v2.ckz.h5 before format 3
 (vlog, two-state rANS segments: mode 0, 2026-12-02); data/cnn_adamw.v3.ckz.h5 before
-format 4 (four-state byte-wise rANS segments: mode 2, 2026-12-03); all from
+format 4 (four-state byte-wise rANS segments: mode 2, 2026-12-03); data/cnn_adamw.v4.ckz.h5
+before format 5 (first-update certificates, no horizon in the manifest); all from
 data/cnn_adamw.pt. Today's
 ckpt-verify proves each against the original and ckpt-restore gives back a file stock torch
 loads, whose first real AdamW step agrees with the original's within the tolerance."""
@@ -14,7 +15,8 @@ from testlib import DATA, parse_json_stdout, require_ckptkit_bin, run_tool, torc
 import make_bad_containers as mbc  # scripts/ (testlib): reads zstd-filtered datasets without our plugin
 
 SRC = os.path.join(DATA, "cnn_adamw.pt")
-OLD = {1: ("cnn_adamw.v1.ckz.h5", "log8"), 2: ("cnn_adamw.v2.ckz.h5", "vlog"), 3: ("cnn_adamw.v3.ckz.h5", "vlog")}
+OLD = {1: ("cnn_adamw.v1.ckz.h5", "log8"), 2: ("cnn_adamw.v2.ckz.h5", "vlog"), 3: ("cnn_adamw.v3.ckz.h5", "vlog"),
+       4: ("cnn_adamw.v4.ckz.h5", "vlog")}
 
 
 def segment_modes(f):
@@ -31,13 +33,16 @@ def segment_modes(f):
 def test_old_fixture_has_its_format(version):
     with h5py.File(os.path.join(DATA, OLD[version][0]), "r") as f:
         assert int(f.attrs["format_version"]) == version
-        assert f["raw"].dtype == ("<u4" if version == 3 else "u1")
+        assert f["raw"].dtype == ("<u4" if version >= 3 else "u1")
+        assert "horizon" not in mbc.get_manifest(f)  # format 5's
         if version == 1:
             assert "moments/segments" not in f
         elif version == 2:  # two-state rANS (mode 0) and raw (mode 1) segments
             assert segment_modes(f) == {0, 1}
-        else:  # four-state byte-wise rANS (mode 2) and raw segments, never today's mode 3
+        elif version == 3:  # four-state byte-wise rANS (mode 2) and raw segments, never mode 3
             assert segment_modes(f) == {1, 2}
+        else:  # sixteen-state rANS (mode 3), as format 5
+            assert 3 in segment_modes(f)
 
 
 def test_new_container_is_format_5(tmp_path):
