@@ -57,9 +57,22 @@ void read_group(codec::AdamHyper& h, unsigned& stated, std::optional<bool>& deco
     if (auto v = get("decoupled_weight_decay")) decoupled = *v != 0;
 }
 
+/// x rounded to nearest in a float type of `bits` significant bits (24 float32, 11 float16,
+/// 8 bfloat16; 0: x itself).
+double narrow(double x, int bits) {
+    if (bits == 24) return double(float(x));
+    if (bits == 11) return double(_Float16(x));
+    if (bits <= 0 || !std::isfinite(x) || x == 0) return x;
+    int e = 0;
+    const double f = std::frexp(x, &e);
+    return std::ldexp(std::nearbyint(std::ldexp(f, bits)), e - bits);
+}
+
 /// Overrides fill in what the file does not state; a different value for a stated key is
-/// BadInput (the guarantee must hold for the hyper-parameters torch will load).
-void apply(codec::AdamHyper& h, unsigned stated, const HyperOverrides& o, const std::string& file,
+/// BadInput (the guarantee must hold for the hyper-parameters torch will load). A key the
+/// file states in a narrower dtype (bits[k], ParamState::stated_bits) is compared in that
+/// dtype, and the file's value is kept.
+void apply(codec::AdamHyper& h, unsigned stated, const int* bits, const HyperOverrides& o, const std::string& file,
            const std::string& name) {
     const std::optional<double> num[5] = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
     const std::optional<bool> flag[2] = {o.amsgrad, o.maximize};
@@ -68,6 +81,7 @@ void apply(codec::AdamHyper& h, unsigned stated, const HyperOverrides& o, const 
         if (!given) continue;
         const double want = k < 5 ? *num[k] : (*flag[k - 5] ? 1.0 : 0.0);
         const double have = k < 5 ? *hyper_field(h, k) : ((k == 5 ? h.amsgrad : h.maximize) ? 1.0 : 0.0);
+        if ((stated >> k & 1u) && k < 5 && bits[k] && narrow(want, bits[k]) == have) continue;
         if ((stated >> k & 1u) && want != have)
             throw BadInput(file, fmt::format("--{} {} contradicts the file's {} = {} for {}; overrides only fill in "
                                              "what the file does not state",
@@ -131,9 +145,9 @@ void count_refs(const Checkpoint& ck, const Value& v, std::map<std::size_t, int>
     v.for_each_child([&](const std::string&, const Value& c) { count_refs(ck, c, refs); });
 }
 
-/// The significant bits torch keeps when it adds 1 to a step tensor of dtype d
-/// (AdamHyper::step_bits; 0: exact).
-int step_bits_of(DType d) { return d == DType::F32 ? 24 : d == DType::F16 ? 11 : d == DType::BF16 ? 8 : 0; }
+/// The significant bits of a float dtype d (24 F32, 11 F16, 8 BF16; 0 for the exact ones:
+/// integers, F64): a step tensor's +1 (AdamHyper::step_bits), a stated hyper-parameter.
+int significant_bits(DType d) { return d == DType::F32 ? 24 : d == DType::F16 ? 11 : d == DType::BF16 ? 8 : 0; }
 
 /// The dtype torch steps the state's parameter in: the mapped parameter's; else a 16-bit
 /// one among the same-shape candidates (any could be it); else, with no model tensor in
@@ -473,6 +487,8 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
             if (auto ti = std::get_if<Value::Tensor>(&v->v)) {  // lr as a 0-d tensor (capturable)
                 const auto x = read_small_tensor(ck, f, int(ti->index));
                 if (x.size() != 1) throw BadInput(f.path(), "param_groups value '" + kk + "' is not a scalar");
+                for (int k = 0; k < 5; ++k)
+                    if (kk == kHyperNames[k]) p.stated_bits[k] = significant_bits(ck.tensors[ti->index].dtype);
                 return x[0];
             }
             return as_double(*v, kk, f.path());
@@ -485,7 +501,7 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
             const auto s = read_small_tensor(ck, f, int(ti->index));
             if (s.size() != 1) throw BadInput(f.path(), "step of state " + p.index + " is not a scalar");
             p.hyper.step = s[0];
-            p.hyper.step_bits = step_bits_of(ck.tensors[ti->index].dtype);
+            p.hyper.step_bits = significant_bits(ck.tensors[ti->index].dtype);
         } else {
             p.hyper.step = as_double(*step, "step", f.path());
         }
@@ -497,7 +513,7 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
             map_theta(ck, model_index, !w->second.second.empty() ? w->second.second : is_integer_key(p.index) ? "" : p.index, p);
         }
         if (p.name.rfind(prefix + "state/", 0) == 0 && likely_name.count(p.index)) p.name = likely_name[p.index];
-        apply(p.hyper, p.stated, o, f.path(), p.name);
+        apply(p.hyper, p.stated, p.stated_bits, o, f.path(), p.name);
         p.why_not = fused ? fused_adam(g, ds_config, p) : not_adam(dict_keys(g), dict_keys(st));
         if (p.why_not.empty()) p.why_not = out_of_range(p.hyper);
         check_compressible(ck, refs, p);
@@ -637,9 +653,9 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
         const auto s = read_small_tensor(ck, f, step_tensor[idx]);
         if (s.size() != 1) throw BadInput(f.path(), "state." + idx + ".step is not a scalar");
         p.hyper.step = s[0];
-        p.hyper.step_bits = step_bits_of(ck.tensors[std::size_t(step_tensor[idx])].dtype);
+        p.hyper.step_bits = significant_bits(ck.tensors[std::size_t(step_tensor[idx])].dtype);
         map_theta(ck, model_index, pname.empty() && !is_integer_key(idx) ? idx : pname, p);
-        apply(p.hyper, p.stated, o, f.path(), p.name);
+        apply(p.hyper, p.stated, p.stated_bits, o, f.path(), p.name);
         if (p.why_not.empty()) {
             if (!found) p.why_not = "no param_groups entry in __metadata__ (optimizer unknown)";
             else p.why_not = not_adam(gkeys, fields[idx]);

@@ -40,6 +40,10 @@ struct ParamState {
     std::shared_ptr<const std::vector<int>> theta_candidates;
     codec::AdamHyper hyper;
     unsigned stated = 0;              ///< HyperKey bits the file states
+    /// Significant bits of the dtype each of lr, beta1, beta2, eps, weight_decay is stated
+    /// in (24 for a float32 tensor such as torch 2.x's 0-d lr; 0: a Python number, exact):
+    /// an override is compared with the file's value in that dtype.
+    int stated_bits[5] = {0, 0, 0, 0, 0};
     std::optional<bool> decoupled;    ///< AdamW (true) / Adam (false) when the file says so
     bool compressible = false;        ///< provably Adam/AdamW, moments are whole, contiguous,
                                       ///< unshared FP32/F16/BF16 storages, hyper-parameters in range

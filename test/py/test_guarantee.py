@@ -259,6 +259,26 @@ def test_override_equal_to_the_file_is_accepted(tmp_path):
     roundtrip(tmp_path, src, "--eps", "1e-8", "--lr", "0.001")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_override_compared_in_the_files_dtype(tmp_path, dtype):
+    """torch 2.x keeps lr as a 0-d float32 tensor (capturable / fused): 0.001 is stored as
+    0.0010000000474974513. `--lr 0.001` states the same value in that dtype: accepted, and
+    the file's value is the one certified; `--lr 0.002` still contradicts it (exit 2)."""
+    b = require_ckptkit_bin()
+    net, opt = train(torch.optim.Adam, lr=1e-3)
+    sd = opt.state_dict()
+    for g in sd["param_groups"]:
+        g["lr"] = torch.tensor(1e-3, dtype=dtype)
+    src = tmp_path / "t.pt"
+    torch.save({"model": net.state_dict(), "optimizer": sd}, src)
+    ok = run_tool(b, "ckpt-compress", src, "-o", tmp_path / "a.h5", "--lr", "0.001", "--json")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    lr = parse_json_stdout(ok)["param_groups"][0]["lr"]
+    assert lr == float(torch.tensor(1e-3, dtype=dtype)) and lr != 1e-3
+    bad = run_tool(b, "ckpt-compress", src, "-o", tmp_path / "b.h5", "--lr", "0.002")
+    assert bad.returncode == 2 and "--lr 0.002 contradicts the file's lr = " in bad.stderr, bad.stderr
+
+
 def test_optimizer_flag_contradicting_decoupled_weight_decay(tmp_path):
     b = require_ckptkit_bin()
     net, opt = train(torch.optim.AdamW, lr=1e-3)
