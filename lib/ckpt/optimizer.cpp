@@ -611,6 +611,22 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
     } catch (const std::exception& e) {
         throw BadInput(f.path(), std::string("__metadata__ JSON is malformed: ") + e.what());
     }
+    // the flat metadata form (no param_groups): Python-literal strings read as JSON
+    const bool flat_adam = !meta.count("param_groups") && meta.count("optimizer") &&
+                           (meta["optimizer"] == "adam" || meta["optimizer"] == "adamw");
+    nlohmann::json flat_group = nlohmann::json::object();
+    if (flat_adam)
+        for (const char* k : {"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"}) {
+            if (!meta.count(k)) continue;
+            std::string t = meta[k];
+            for (char& c : t) c = c == '(' ? '[' : c == ')' ? ']' : c;
+            if (t == "True" || t == "False") t = t == "True" ? "true" : "false";
+            try {
+                flat_group[k] = nlohmann::json::parse(t);
+            } catch (const std::exception&) {
+                throw BadInput(f.path(), std::string("__metadata__ '") + k + "' is not a number: " + meta[k]);
+            }
+        }
     std::map<std::size_t, int> refs;
     count_refs(ck, ck.root, refs);
     std::vector<ParamState> out;
@@ -629,9 +645,7 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
         std::vector<std::string> gkeys;
         const auto listed = group_of.find(idx);
         const bool found = listed != group_of.end();
-        if (found) {
-            const nlohmann::json& g = *listed->second.first;
-            const std::size_t at = listed->second.second;
+        auto read_json_group = [&](const nlohmann::json& g) {
             for (auto it = g.begin(); it != g.end(); ++it) gkeys.push_back(it.key());
             read_group(p.hyper, p.stated, p.decoupled, [&](const char* key) -> std::optional<double> {
                 std::string kk = key;
@@ -642,7 +656,16 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
                 if (g[kk].is_boolean()) return g[kk].get<bool>() ? 1.0 : 0.0;
                 return std::nullopt;
             });
+        };
+        // the flat form: no param_groups, __metadata__ names the optimizer and states its
+        // hyper-parameters as separate strings ("lr": "0.001", "betas": "(0.9, 0.999)")
+        const bool flat = !found && flat_adam;
+        if (found) {
+            read_json_group(*listed->second.first);
+            const std::size_t at = listed->second.second;
             if (names.is_array() && at < names.size() && names[at].is_string()) pname = names[at].get<std::string>();
+        } else if (flat) {
+            read_json_group(flat_group);
         }
         if (meta.count("optimizer")) {
             if (meta["optimizer"] == "adamw") p.decoupled = true;
@@ -656,8 +679,19 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
         p.hyper.step_bits = significant_bits(ck.tensors[std::size_t(step_tensor[idx])].dtype);
         map_theta(ck, model_index, pname.empty() && !is_integer_key(idx) ? idx : pname, p);
         apply(p.hyper, p.stated, p.stated_bits, o, f.path(), p.name);
+        if (flat && p.why_not.empty()) {
+            if (!(p.stated & kAmsgrad) && !o.amsgrad) p.hyper.amsgrad = p.tensor[2] >= 0;  // the state says it
+            // maximize only flips every gradient's sign: the certificate is symmetric
+            const std::optional<double> given[5] = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
+            const char* flag[5] = {"lr", "beta1", "beta2", "eps", "weight-decay"};
+            for (int k = 0; k < 5 && p.why_not.empty(); ++k)
+                if (!(p.stated >> k & 1u) && !given[k] && !o.unstated_ok)
+                    p.why_not = fmt::format("__metadata__ states no {} (pass --{})", kHyperNames[k], flag[k]);
+            gkeys.push_back("betas");  // stated or given: what the group form's betas and amsgrad say
+            gkeys.push_back("amsgrad");
+        }
         if (p.why_not.empty()) {
-            if (!found) p.why_not = "no param_groups entry in __metadata__ (optimizer unknown)";
+            if (!found && !flat) p.why_not = "no param_groups entry in __metadata__ (optimizer unknown)";
             else p.why_not = not_adam(gkeys, fields[idx]);
         }
         if (p.why_not.empty()) p.why_not = out_of_range(p.hyper);

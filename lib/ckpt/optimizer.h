@@ -19,6 +19,10 @@ namespace ckpt {
 struct HyperOverrides {
     std::optional<double> lr, beta1, beta2, eps, weight_decay;
     std::optional<bool> amsgrad, maximize;
+    /// ckpt-verify re-deriving the plan from the source: what the file does not state came
+    /// from the flags at compress time (the manifest holds it), so it is no reason to keep a
+    /// state exact.
+    bool unstated_ok = false;
 };
 
 /// Hyper-parameter keys a file may state (ParamState::stated bits).

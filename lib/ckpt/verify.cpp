@@ -103,6 +103,7 @@ Layout derive_layout(const ContainerReader& cr, const SourceSkeleton& src) {
     o.optimizer = man.optimizer;
     if (man.param_bound >= 0) o.param_bound = man.param_bound;
     o.horizon = man.horizon;
+    o.hyper.unstated_ok = true;
     // hyper-parameters the source does not state were filled in by overrides: take them
     // from the manifest (compare_layout checks only what the source states)
     const io::InputFile f(src.path());
