@@ -319,10 +319,22 @@ std::vector<int> model_params(const Checkpoint& ck, const Value& model) {
 /// interleaving of the groups. Shapes (from exp_avg) decide the interleaving; when none or
 /// more than one fits, nothing is named. Groups built in another order give wrong names,
 /// so this names rows in reports only, never theta (map_theta).
-std::map<std::string, int> map_params(const Checkpoint& ck, const std::vector<int>& params,
+std::map<std::string, int> map_params(const Checkpoint& ck, const std::vector<int>& all_params,
                                       const std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>>& groups) {
     std::size_t total = 0;
     for (const auto& g : groups) total += g.size();
+    // model tensors of a shape no state has are buffers (a causal mask, position ids) when
+    // every state's shape is known: left out, so the counts can agree
+    std::set<std::vector<int64_t>> shapes;
+    bool all_known = true;
+    for (const auto& g : groups)
+        for (const auto& [id, shape] : g) {
+            if (shape) shapes.insert(*shape);
+            else all_known = false;
+        }
+    std::vector<int> params;
+    for (int t : all_params)
+        if (!all_known || shapes.count(ck.tensors[std::size_t(t)].shape)) params.push_back(t);
     if (params.size() != total) return {};
     // Depth-first search over interleavings, iterative (one level per parameter: a
     // recursive search overflowed the stack at 10^5 parameters). choice[k] is the group

@@ -90,3 +90,56 @@ def test_many_escapes_warn_with_a_sampled_suggestion(tmp_path):
     assert len(warn) == 1
     assert warn[0].startswith(f"ckpt-compress: warning: {tmp_path / 'e.pt'}: ")
     assert "; on a sample: --tolerance 0.02 escapes " in warn[0] and "--codec bf16 escapes " in warn[0]
+
+
+def test_nanogpt_tied_weights_and_mask_buffers_are_named(tmp_path):
+    """A nanoGPT-style model (transformer.wte.weight = lm_head.weight, a causal-mask buffer
+    `attn.bias` per block) saved by torch 1.13 without param_names: every report row is named
+    by its parameter, the tied one once, as model.parameters() lists it."""
+    import torch.nn as nn
+
+    class Block(nn.Module):
+        def __init__(self, d=32, t=16):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(d)
+            self.attn = nn.Module()
+            self.attn.c_attn = nn.Linear(d, 3 * d)
+            self.attn.c_proj = nn.Linear(d, d)
+            self.attn.register_buffer("bias", torch.tril(torch.ones(t, t)).view(1, 1, t, t))
+            self.mlp = nn.Linear(d, d)
+
+        def forward(self, x):
+            q, k, v = self.attn.c_attn(self.ln_1(x)).chunk(3, -1)
+            t = x.shape[1]
+            a = (q @ k.transpose(-1, -2)).masked_fill(self.attn.bias[0, 0, :t, :t] == 0, float("-inf")).softmax(-1)
+            return x + self.mlp(self.attn.c_proj(a @ v))
+
+    class GPT(nn.Module):
+        def __init__(self, vocab=64, d=32, t=16, n=2):
+            super().__init__()
+            self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(vocab, d), wpe=nn.Embedding(t, d),
+                                                  h=nn.ModuleList([Block(d, t) for _ in range(n)]), ln_f=nn.LayerNorm(d)))
+            self.lm_head = nn.Linear(d, vocab, bias=False)
+            self.transformer.wte.weight = self.lm_head.weight  # weight tying, as nanoGPT
+
+        def forward(self, idx):
+            x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(idx.shape[1]))
+            for blk in self.transformer.h:
+                x = blk(x)
+            return self.lm_head(self.transformer.ln_f(x))
+
+    torch.manual_seed(0)
+    m = GPT()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1)
+    for _ in range(5):
+        opt.zero_grad()
+        idx = torch.randint(0, 64, (4, 16))
+        torch.nn.functional.cross_entropy(m(idx).flatten(0, 1), idx.flatten()).backward()
+        opt.step()
+    src = tmp_path / "gpt.pt"
+    torch.save({"model": m.state_dict(), "optimizer": opt.state_dict()}, src)
+    c, v, _ = _three(tmp_path, src)
+    names = [t["name"] for t in c["tensors"]]
+    assert names == [n for n, _ in m.named_parameters()], names
+    assert "transformer.wte.weight" in names and "lm_head.weight" not in names
+    assert [t["name"] for t in v["tensors"]] == names
