@@ -337,15 +337,23 @@ def import_dcp():
     return dcp
 
 
-def dcp_state_dict(net, opt):
-    """The model and optimizer as DCP keys (flattened FQNs, as torch >= 2 writes them)."""
+def dcp_state_dict(net, opt, flatten=True):
+    """The model and optimizer as DCP keys, as torch >= 2's get_state_dict + dcp.save write
+    them: with flatten_optimizer_state_dict (flatten) optim.param_groups.<fqn>.<key>; without
+    it (torch's default) optim.param_groups.<i>.<key> and optim.param_groups.<i>.params, the
+    list of the group's FQNs kept as one item (torch/distributed/checkpoint/_traverse.py
+    keeps a list of plain values whole)."""
     sd = OrderedDict(("model." + n, t) for n, t in net.state_dict().items())
     names = [n for n, _ in net.named_parameters()]
     osd = opt.state_dict()
     for idx, st in osd["state"].items():
         for k, v in st.items():
             sd[f"optim.state.{names[idx]}.{k}"] = v
-    for g in osd["param_groups"]:
+    for gi, g in enumerate(osd["param_groups"]):
+        if not flatten:
+            for k, v in g.items():
+                sd[f"optim.param_groups.{gi}.{k}"] = [names[i] for i in v] if k == "params" else v
+            continue
         for idx in g["params"]:
             for k, v in g.items():
                 if k != "params":
@@ -353,7 +361,7 @@ def dcp_state_dict(net, opt):
     return sd
 
 
-def make_dcp(root, width, steps, packed=False, py311=False):
+def make_dcp(root, width, steps, packed=False, py311=False, flatten=True):
     """A DCP folder; its .metadata pickles TensorProperties' memory-format enum as Python <= 3.10
     does, unless py311 (then as this interpreter: getattr(MEM_FORMAT_ENCODING, name))."""
     dcp = import_dcp()
@@ -362,11 +370,12 @@ def make_dcp(root, width, steps, packed=False, py311=False):
     saved = enc.__dict__.get("__reduce_ex__")
     if not py311:
         py310_enum_pickles(enc)
-    d = os.path.join(root, "dcp_py311" if py311 else "dcp_packed" if packed else "dcp")
+    d = os.path.join(root, "dcp_py311" if py311 else "dcp_packed" if packed else "dcp" if flatten else "dcp_default")
     os.makedirs(d, exist_ok=True)
     net, opt = train_adamw(width, steps)
     try:
-        dcp.save_state_dict(dcp_state_dict(net, opt), dcp.FileSystemWriter(d, single_file_per_rank=packed), no_dist=True)
+        dcp.save_state_dict(dcp_state_dict(net, opt, flatten), dcp.FileSystemWriter(d, single_file_per_rank=packed),
+                            no_dist=True)
     finally:
         if saved is None:
             enc.__reduce_ex__ = enum.Enum.__reduce_ex__

@@ -132,6 +132,7 @@ bool to_json(const Value& v, json& out) {
     if (std::holds_alternative<Value::None>(v.v)) out = nullptr;
     else if (auto b = std::get_if<bool>(&v.v)) out = *b;
     else if (auto i = std::get_if<int64_t>(&v.v)) out = *i;
+    else if (auto s = std::get_if<std::string>(&v.v)) out = *s;
     else if (auto d = std::get_if<double>(&v.v)) {
         if (!std::isfinite(*d)) return false;
         out = *d;
@@ -227,6 +228,32 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
             if (it->chunk == chunk) return it;
         return nullptr;
     };
+    // DCP's default (unflattened) optimizer form: groups as X.param_groups.<i>.<key>, with
+    // X.param_groups.<i>.params one item holding the list of the group's FQNs (torch's
+    // _traverse.py keeps a list of plain values whole). X -> [(group prefix, its FQNs)].
+    std::map<std::string, std::vector<std::pair<std::string, std::set<std::string>>>> group_lists;
+    auto default_group = [&](const std::string& X, const std::string& P) -> std::string {
+        auto known = group_lists.find(X);
+        if (known == group_lists.end()) {
+            known = group_lists.emplace(X, std::vector<std::pair<std::string, std::set<std::string>>>{}).first;
+            const std::string gp = X + ".param_groups.";
+            for (auto it = by_fqn.lower_bound(gp); it != by_fqn.end() && it->first.rfind(gp, 0) == 0; ++it) {
+                const std::string rest = it->first.substr(gp.size());
+                const auto dot = rest.find('.');
+                if (dot == std::string::npos || rest.substr(dot + 1) != "params" || it->second.size() != 1) continue;
+                const Parsed pa = parse_item(dir, *it->second[0], scratch, limits);
+                json v;
+                if (!to_json(pa.ck.root, v) || !v.is_array()) continue;
+                std::set<std::string> fqns;
+                for (const auto& e : v)
+                    if (e.is_string()) fqns.insert(e.get<std::string>());
+                known->second.push_back({gp + rest.substr(0, dot) + ".", std::move(fqns)});
+            }
+        }
+        for (const auto& [prefix, fqns] : known->second)
+            if (fqns.count(P)) return prefix;
+        return "";
+    };
     for (const auto& [fqn, list] : by_fqn) {
         const std::string tail = ".exp_avg";
         const auto st = fqn.find(".state.");
@@ -271,11 +298,14 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
                 p.step = v[0];
             } else { skip("step is not a number"); continue; }
         }
-        const std::string gp = X + ".param_groups." + P + ".";
+        // the flattened form's X.param_groups.<P>.<key>, else the default form's group
+        std::string gp = X + ".param_groups." + P + ".";
+        const auto flat_it = by_fqn.lower_bound(gp);
+        if (flat_it == by_fqn.end() || flat_it->first.rfind(gp, 0) != 0) gp = default_group(X, P);
         p.group = json::object();
-        for (auto it = by_fqn.lower_bound(gp); it != by_fqn.end() && it->first.rfind(gp, 0) == 0 && ok; ++it) {
+        for (auto it = gp.empty() ? by_fqn.end() : by_fqn.lower_bound(gp); it != by_fqn.end() && it->first.rfind(gp, 0) == 0 && ok; ++it) {
             const std::string key = it->first.substr(gp.size());
-            if (key.find('.') != std::string::npos || it->second.size() != 1) continue;
+            if (key.find('.') != std::string::npos || it->second.size() != 1 || key == "params") continue;
             const Parsed pa = parse_item(dir, *it->second[0], scratch, limits);
             json v;
             if (!to_json(pa.ck.root, v)) { skip("param_groups." + key + " is not a plain value"); ok = false; break; }

@@ -44,6 +44,7 @@ def folders(tmp_path_factory):
         "dcp_packed": mf.make_dcp(str(root), DCP_WIDTH, mf.STEPS, packed=True),
         "dcp_py311": mf.make_dcp(str(root), DCP_WIDTH, mf.STEPS, py311=True),
         "dcp_sharded": mf.make_dcp_sharded(str(root), DCP_WIDTH, mf.STEPS),
+        "dcp_default": mf.make_dcp(str(root), DCP_WIDTH, mf.STEPS, flatten=False),
     }
 
 
@@ -59,11 +60,11 @@ def same_bytes(a, b):
         return f.read() == g.read()
 
 
-def roundtrip(tmp_path, src):
+def roundtrip(tmp_path, src, *flags):
     """compress --json -> verify --original -> restore; returns (compress report, out, back)."""
     b = require_ckptkit_bin()
     out, back = tmp_path / "out", tmp_path / "back"
-    c = run_tool(b, "ckpt-compress", src, "-o", out, "--json", timeout=600)
+    c = run_tool(b, "ckpt-compress", src, "-o", out, "--json", *flags, timeout=600)
     assert c.returncode == 0, c.stderr + c.stdout
     rep = parse_json_stdout(c)
     assert rep["folder"] and rep["ok"] and rep["max_bound_lr"] <= TOL
@@ -114,11 +115,12 @@ def non_moment_equal(orig_sd, rest_sd):
 
 @pytest.mark.parametrize("name,opt_cls", [("hf", torch.optim.AdamW), ("hf_adam", torch.optim.Adam)])
 def test_hf_trainer_folder(tmp_path, folders, name, opt_cls):
-    """optimizer.pt holds no parameters: the L2 domain of Adam (certified with AdamW's under
-    --optimizer auto) takes |theta| <= max |model.safetensors|; a real step of either class."""
+    """optimizer.pt holds no parameters: under --horizon 1 the L2 domain of Adam (certified
+    with AdamW's under --optimizer auto) takes |theta| <= max |model.safetensors|; a real step
+    of either class. (--horizon all, the default, needs no domain: test_hf_trainer_default.)"""
     src = folders[name]
     top = os.path.dirname(src)
-    rep, out, back = roundtrip(tmp_path, top)
+    rep, out, back = roundtrip(tmp_path, top, "--horizon", "1")
     assert [(l["kind"], l["dir"]) for l in rep["layouts"]] == [("hf-trainer", "checkpoint-5")]
     rows = {r["file"]: r for r in rep["files"]}
     assert rows["checkpoint-5/optimizer.pt"]["action"] == "compressed"
@@ -227,6 +229,50 @@ def test_dcp_folder(tmp_path, folders, name):
     _, rsd, _ = dcp_params_and_state(rest)
     assert any(not torch.equal(osd["state"][i]["exp_avg"], rsd["state"][i]["exp_avg"]) for i in osd["state"])
     assert_same_step(params, osd, rsd, groups, 1e-3)
+
+
+def test_hf_trainer_default(tmp_path, folders):
+    """--horizon all (the default) certifies every update for any gradients: optimizer.pt of
+    an Adam + L2 run is compressed without reading the model's parameters."""
+    rep, out, back = roundtrip(tmp_path, os.path.dirname(folders["hf_adam"]))
+    row = {r["file"]: r for r in rep["files"]}["checkpoint-5/optimizer.pt"]
+    assert row["action"] == "compressed" and "|theta|" not in row["note"], row
+
+
+def test_dcp_default_optimizer_form(tmp_path, folders):
+    """get_state_dict without flatten_optimizer_state_dict (DCP's default): group items
+    optim.param_groups.<i>.<key> and the FQN list optim.param_groups.<i>.params. The moments
+    are gathered with their group's hyper-parameters and coded (not left exact); torch's DCP
+    reader loads the restored folder, and one real AdamW step matches the original's."""
+    src = folders["dcp_default"]
+    rep, out, back = roundtrip(tmp_path, src)
+    rows = {r["file"]: r for r in rep["files"]}
+    moments = rows["ckptkit-dcp-moments-0.safetensors"]
+    assert moments["action"] == "compressed" and "moments of 4 parameter chunks" in moments["note"], moments
+    assert "left exact" not in rep["layouts"][0]["note"], rep["layouts"]
+    dcp = mf.import_dcp()
+    names = [n for n, _ in mf.Net(DCP_WIDTH).named_parameters()]
+
+    def load(path):
+        net, opt = mf.train_adamw(DCP_WIDTH, 1)
+        got = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in mf.dcp_state_dict(net, opt, False).items()}
+        dcp.load_state_dict(got, dcp.FileSystemReader(str(path)), no_dist=True)
+        return got
+
+    orig, rest = load(src), load(back)
+    for k, v in orig.items():
+        if not (torch.is_tensor(v) and k.endswith(("exp_avg", "exp_avg_sq"))):
+            assert (torch.equal(v, rest[k]) if torch.is_tensor(v) else v == rest[k]), k
+    params = [orig["model." + n] for n in names]
+    g = {k.rsplit(".", 1)[1]: v for k, v in orig.items() if k.startswith("optim.param_groups.0.") and not k.endswith(".params")}
+
+    def osd(sd):
+        st = {i: {k: sd[f"optim.state.{n}.{k}"] for k in ("step", "exp_avg", "exp_avg_sq")} for i, n in enumerate(names)}
+        return {"state": st, "param_groups": [dict(g, params=list(range(len(names))))]}
+
+    o, r = osd(orig), osd(rest)
+    assert any(not torch.equal(o["state"][i]["exp_avg"], r["state"][i]["exp_avg"]) for i in o["state"])
+    assert_same_step(params, o, r, [(list(range(len(names))), {k: v for k, v in g.items()})], g["lr"])
 
 
 def test_verify_catches_tampering(tmp_path, folders):
