@@ -284,15 +284,33 @@ Report self_check(const std::string& path, const std::string& in, gpu::Device de
 
 }  // namespace
 
-Report compress(const std::string& in, const std::string& out, const CompressOptions& o) {
+namespace {
+/// The options' checks, before the input is opened; returns the device to encode on.
+gpu::Device check_options(const std::string& in, const CompressOptions& o) {
     if (!(o.tolerance > 0 && o.tolerance <= 1)) throw BadInput(in, "--tolerance must be in (0, 1] (units of lr)");
     if (!(o.grad_bound > 0)) throw BadInput(in, "grad bound must be positive");
-    gpu::Device device;
-    try { device = gpu::resolve_device(o.device); } catch (const std::exception& e) { throw BadInput(in, e.what()); }
+    try { return gpu::resolve_device(o.device); } catch (const std::exception& e) { throw BadInput(in, e.what()); }
+}
+
+Report compress_input(const io::InputFile& f, const std::string& out, const CompressOptions& o, gpu::Device device);
+}  // namespace
+
+Report compress(const std::string& in, const std::string& out, const CompressOptions& o) {
+    const gpu::Device device = check_options(in, o);
     const io::InputFile f(in);
+    return compress_input(f, out, o, device);
+}
+
+Report compress(const io::InputFile& f, const std::string& out, const CompressOptions& o) {
+    return compress_input(f, out, o, check_options(f.path(), o));
+}
+
+namespace {
+Report compress_input(const io::InputFile& f, const std::string& out, const CompressOptions& o, gpu::Device device) {
+    const std::string& in = f.path();
     // phase 1; the parsed checkpoint is dropped once planned (only the plan is needed
     // after, and the tree is the largest object on files of many tensors)
-    Layout L = plan_layout(read_checkpoint(in, o.limits), f, o);
+    Layout L = plan_layout(read_checkpoint(f, o.limits), f, o);
     ct::Manifest& man = L.man;
     warn_kept(in, L.kept);
     for (const auto& k : L.kept) man.kept.push_back({k.name, k.values, k.bytes_out, k.note});
@@ -325,5 +343,6 @@ Report compress(const std::string& in, const std::string& out, const CompressOpt
     warn_escapes(f, man, rep);
     return rep;
 }
+}  // namespace
 
 }  // namespace ckpt

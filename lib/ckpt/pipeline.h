@@ -5,6 +5,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +43,12 @@ struct CompressOptions {
 
 /// Compress `in` (torch.save zip/legacy or safetensors) into the container `out`.
 Report compress(const std::string& in, const std::string& out, const CompressOptions&);
+
+namespace io { class InputFile; }
+/// The same from an open input: a file, or the bytes of a checkpoint in memory
+/// (io::InputFile's spans: the Python package's save, no file of the checkpoint). Errors
+/// about the input name in.path().
+Report compress(const io::InputFile& in, const std::string& out, const CompressOptions&);
 
 struct Layout;  // layout.h
 
@@ -82,5 +89,11 @@ struct RestoreOptions {
 
 /// Rebuild the checkpoint (same format as the source) from the container.
 Report restore(const std::string& container, const std::string& out, const RestoreOptions&);
+
+/// The same into memory (no file): `alloc(n)` is called once with the restored size n and
+/// returns where the n bytes go (it may throw; the bytes are only whole when this returns).
+/// Report::output is "" and file_bytes_out n. The Python package's load.
+Report restore_to_memory(const std::string& container, const std::function<void*(uint64_t)>& alloc,
+                         const RestoreOptions&);
 
 }  // namespace ckpt

@@ -6,6 +6,7 @@
 
 
 #include <algorithm>
+#include <memory>
 
 #include "ckpt/decode.h"
 #include "ckpt/pipeline.h"
@@ -87,23 +88,25 @@ void restore_moments(const ContainerReader& cr, FileWriter& w, Progress& prog) {
 
 }  // namespace
 
-Report restore(const std::string& path, const std::string& out, const RestoreOptions& o) {
-    const ContainerReader cr(path);
+namespace {
+
+/// What both restores report before writing anything.
+Report restore_report(const ContainerReader& cr, const std::string& path, const std::string& out) {
     const auto& man = cr.manifest();
-    const bool st_out = ends_with(out, ".safetensors");
-    if (st_out != (man.source_format == "safetensors"))
-        throw BadInput(out, "the source was " + man.source_format +
-                                "; restore writes the source format (name the output accordingly)");
     Report rep("ckpt-restore", path, out, codec::kind_name(man.codec), man.tolerance, man.grad_bound);
     rep.horizon = man.horizon;
     rep.file_bytes_in = io::InputFile(path).size();
     rep.rows = cr.rows();
     rep.bits = cr.moment_bits();
     rep.escape_causes = cr.escape_causes();
+    return rep;
+}
 
-    AtomicOutput atomic(out);
+/// The source rebuilt into `w` (a file or memory), every check made; closes `w`. Errors
+/// other than BadInput and CheckFailed are BadInput naming `out`.
+void restore_into(const ContainerReader& cr, FileWriter& w, const std::string& out, const RestoreOptions& o) {
+    const auto& man = cr.manifest();
     try {
-        FileWriter w(atomic.temp_path());
         Progress prog(o.progress, "ckpt-restore", man.source_size, man.params.size());
         restore_raw(cr, w, prog);  // checks /raw as it reads it
         // the moment datasets' checksums are taken as they are read (DatasetReader): checked
@@ -120,8 +123,41 @@ Report restore(const std::string& path, const std::string& out, const RestoreOpt
         if (dynamic_cast<const BadInput*>(&e) || dynamic_cast<const CheckFailed*>(&e)) throw;
         throw BadInput(out, e.what());
     }
+}
+
+}  // namespace
+
+Report restore(const std::string& path, const std::string& out, const RestoreOptions& o) {
+    const ContainerReader cr(path);
+    const auto& man = cr.manifest();
+    const bool st_out = ends_with(out, ".safetensors");
+    if (st_out != (man.source_format == "safetensors"))
+        throw BadInput(out, "the source was " + man.source_format +
+                                "; restore writes the source format (name the output accordingly)");
+    Report rep = restore_report(cr, path, out);
+    AtomicOutput atomic(out);
+    {
+        std::unique_ptr<FileWriter> w;
+        try {
+            w = std::make_unique<FileWriter>(atomic.temp_path());
+        } catch (const std::runtime_error& e) {
+            throw BadInput(out, e.what());
+        }
+        restore_into(cr, *w, out, o);
+    }
     atomic.commit();
     rep.file_bytes_out = io::InputFile(out).size();
+    return rep;
+}
+
+Report restore_to_memory(const std::string& path, const std::function<void*(uint64_t)>& alloc, const RestoreOptions& o) {
+    const ContainerReader cr(path);
+    Report rep = restore_report(cr, path, "");
+    const uint64_t n = cr.manifest().source_size;
+    void* dst = alloc(n);
+    FileWriter w(dst, n, path + " (restored in memory)");
+    restore_into(cr, w, path, o);
+    rep.file_bytes_out = n;
     return rep;
 }
 

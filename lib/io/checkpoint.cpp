@@ -173,20 +173,29 @@ std::string one_line(const std::string& s) {
     return out;
 }
 
-Checkpoint read_any(const std::string& path, const Limits& limits);
+Checkpoint read_any(const io::InputFile& f, const Limits& limits);
 }  // namespace
 
 Checkpoint read_checkpoint(const std::string& path, const Limits& limits) {
     try {
-        return read_any(path, limits);
+        const io::InputFile f(path);
+        return read_any(f, limits);
+    } catch (const BadInput& e) {
+        throw BadInput(e.file, one_line(e.what()));
+    }
+}
+
+Checkpoint read_checkpoint(const io::InputFile& f, const Limits& limits) {
+    try {
+        return read_any(f, limits);
     } catch (const BadInput& e) {
         throw BadInput(e.file, one_line(e.what()));
     }
 }
 
 namespace {
-Checkpoint read_any(const std::string& path, const Limits& limits) {
-    io::InputFile f(path);
+Checkpoint read_any(const io::InputFile& f, const Limits& limits) {
+    const std::string& path = f.path();
     uint8_t head[16] = {};
     std::size_t n = static_cast<std::size_t>(std::min<uint64_t>(f.size(), sizeof head));
     f.read_at(0, head, n, "file header");

@@ -172,7 +172,11 @@ struct Checkpoint {
     Value root;                            ///< the unpickled object / safetensors dict (+ "__metadata__")
 };
 
+namespace io { class InputFile; }
+
 /// Open any supported checkpoint by sniffing its first bytes. Throws BadInput.
 Checkpoint read_checkpoint(const std::string& path, const Limits& = {});
+/// The same over an open input (a file, or bytes in memory: io::InputFile's spans).
+Checkpoint read_checkpoint(const io::InputFile&, const Limits& = {});
 
 }  // namespace ckpt

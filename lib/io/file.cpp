@@ -25,6 +25,29 @@ InputFile::InputFile(const std::string& path) : path_(path) {
     size_ = static_cast<uint64_t>(st.st_size);
 }
 
+InputFile::InputFile(std::string name, std::vector<Span> spans) : path_(std::move(name)) {
+    for (const Span& sp : spans) {
+        if (sp.size == 0) continue;
+        starts_.push_back(size_);
+        spans_.push_back(sp);
+        size_ += sp.size;
+    }
+}
+
+void InputFile::copy_memory(uint64_t offset, char* p, std::size_t len) const {
+    // the span holding `offset`: the last one starting at or before it
+    std::size_t i = std::size_t(std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin()) - 1;
+    while (len > 0) {
+        const uint64_t in = offset - starts_[i];
+        const std::size_t k = std::size_t(std::min<uint64_t>(len, spans_[i].size - in));
+        std::memcpy(p, static_cast<const char*>(spans_[i].data) + in, k);
+        p += k;
+        offset += k;
+        len -= k;
+        ++i;
+    }
+}
+
 InputFile::~InputFile() {
     if (fd_ >= 0) ::close(fd_);
 }
@@ -35,6 +58,7 @@ void InputFile::read_at(uint64_t offset, void* dst, std::size_t len, const char*
                                           what, offset, len, size_));
     auto* p = static_cast<char*>(dst);
     if (len == 0) return;
+    if (fd_ < 0) return copy_memory(offset, p, len);   // memory-backed (bounds checked above)
     if (len >= kSmall) return pread_all(offset, p, len);
     std::lock_guard<std::mutex> lock(block_mutex_);
     if (offset < block_offset_ || offset + len > block_offset_ + block_.size()) {  // load the block from offset

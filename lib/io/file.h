@@ -14,6 +14,15 @@ class InputFile {
 public:
     /// Open `path` read-only (O_CLOEXEC); BadInput when it cannot be opened or is not a regular file.
     explicit InputFile(const std::string& path);
+    /// A byte range in memory, borrowed (the caller keeps it alive and unchanged while the
+    /// InputFile is used).
+    struct Span {
+        const void* data = nullptr;
+        uint64_t size = 0;
+    };
+    /// A memory-backed input: the concatenation of `spans`, named `name` in every error
+    /// (the Python package serialises an object and compresses it without a file).
+    InputFile(std::string name, std::vector<Span> spans);
     ~InputFile();   ///< closes the descriptor
     InputFile(const InputFile&) = delete;
     InputFile& operator=(const InputFile&) = delete;
@@ -39,9 +48,12 @@ public:
 
 private:
     void pread_all(uint64_t offset, char* dst, std::size_t len) const;  ///< throws BadInput on a read error
+    void copy_memory(uint64_t offset, char* dst, std::size_t len) const;  ///< memory-backed reads
     std::string path_;
     int fd_ = -1;
     uint64_t size_ = 0;
+    std::vector<Span> spans_;         ///< memory-backed: the bytes, in order (fd_ < 0)
+    std::vector<uint64_t> starts_;    ///< offset of each span's first byte
     static constexpr std::size_t kBlock = 64 * 1024, kSmall = 4096;
     mutable std::mutex block_mutex_;
     mutable std::vector<char> block_;         ///< file bytes [block_offset_, + block_.size())
