@@ -1,0 +1,397 @@
+"""ckptkit from Python: compressed checkpoints one line away from torch.save / torch.load.
+
+    import ckptkit
+    ckptkit.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, "ckpt.ckz.h5")
+    state = ckptkit.load("ckpt.ckz.h5")          # what torch.load gives for torch.save(obj)
+
+`save` serialises the object as torch.save does and compresses it in memory (no full-size
+file), `load` decodes a container in memory and torch.loads it (a plain torch or
+safetensors file loads as well); `compress`, `verify` and `restore` are the CLI's jobs for
+files and folders, with the same reports. Everything runs in the same C++ library as the
+tools (lib/ckpt), with the GIL released. Errors: BadInput (a ValueError) and CheckFailed,
+with the CLI's one-line messages.
+"""
+import concurrent.futures
+import io
+import json
+import math
+import os
+import pickle
+import threading
+import warnings
+
+from . import _ckptkit
+from . import _safetensors
+from ._errors import BadInput, CheckFailed, CkptkitError, CkptkitWarning
+
+__all__ = ["save", "load", "compress", "verify", "restore", "Report", "BadInput", "CheckFailed",
+           "CkptkitError", "CkptkitWarning", "__version__"]
+__version__ = _ckptkit.__version__
+
+
+class Report(dict):
+    """A job's report: the CLI's --json object as a dict (keys also as attributes:
+    r.moment_reduction, r.escapes, r.moment_bytes_fp32, r.moment_bytes_out, r.max_bound_lr,
+    r.ok, r.tensors, r.horizon, ...), its table (`r.table`, also str(r)) and the library's
+    warning lines (`r.warnings`)."""
+
+    def __init__(self, data, table="", warnings_=()):
+        super().__init__(data)
+        self.table = table
+        self.warnings = list(warnings_)
+
+    def __getattr__(self, key):
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def __str__(self):
+        return self.table or json.dumps(self)
+
+
+def _report(json_text, table, lines):
+    for line in lines:
+        warnings.warn(line, CkptkitWarning, stacklevel=3)
+    return Report(json.loads(json_text), table, lines)
+
+
+# ------------------------------------------------------------------------------ options
+
+_CODECS = ("vlog", "log8", "bf16", "blockwise8")
+_OPTIMIZERS = ("auto", "adam", "adamw")
+_HYPER = ("lr", "beta1", "beta2", "eps", "weight_decay")
+
+
+def _bad(tool, what, file=None):
+    msg = f"{tool}: error: {file}: {what}" if file else f"{tool}: error: {what}"
+    return BadInput(msg, file, what)
+
+
+def _path(p, what="path"):
+    if isinstance(p, (str, os.PathLike)):
+        return os.fspath(p)
+    raise TypeError(f"{what} must be a str or os.PathLike, not {type(p).__name__}")
+
+
+def _threads(tool, threads):
+    if threads is None:
+        return 0
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024:
+        raise _bad(tool, f"--threads: {threads!r} is not a count in [1, 1024]")
+    return threads
+
+
+def _number(tool, flag, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _bad(tool, f"--{flag}: not a number: {v!r}")
+    return float(v)
+
+
+def _compress_opts(tool, tolerance=0.01, grad_bound=1.0, codec="vlog", optimizer="auto", horizon="all",
+                   threads=None, param_bound=None, amsgrad=None, maximize=None, chunk=None, strict=False,
+                   device="auto", force=False, dcp_unit_mib=256, **hyper):
+    """The options of ckpt-compress, checked as its flags are; a dict for the bindings."""
+    unknown = [k for k in hyper if k not in _HYPER]
+    if unknown:
+        raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    tol = _number(tool, "tolerance", tolerance)
+    if not 0 < tol <= 1:
+        raise _bad(tool, f"--tolerance: {tolerance} is outside (0, 1] (units of lr)")
+    if isinstance(grad_bound, str) and grad_bound.lower() == "inf":
+        grad_bound = math.inf
+    g = _number(tool, "grad-bound", grad_bound)
+    if not g > 0:
+        raise _bad(tool, f"--grad-bound: not a positive number or inf: {grad_bound}")
+    if codec not in _CODECS:
+        raise _bad(tool, f"--codec: {codec} not in {{{','.join(_CODECS)}}}")
+    if optimizer not in _OPTIMIZERS:
+        raise _bad(tool, f"--optimizer: {optimizer} not in {{{','.join(_OPTIMIZERS)}}}")
+    if horizon not in ("all", 1, "1"):
+        raise _bad(tool, f"--horizon: {horizon} not in {{all,1}}")
+    if device not in ("cpu", "cuda", "auto"):
+        raise _bad(tool, f"--device: {device} not in {{cpu,cuda,auto}}")
+    o = {"tolerance": tol, "grad_bound": g, "codec": codec, "optimizer": optimizer,
+         "horizon": 0 if horizon == "all" else 1, "threads": _threads(tool, threads),
+         "strict": bool(strict), "device": device, "force": bool(force), "dcp_unit_mib": int(dcp_unit_mib)}
+    if param_bound is not None:
+        pb = _number(tool, "param-bound", param_bound)
+        if not 0 <= pb < math.inf:
+            raise _bad(tool, f"--param-bound: {param_bound} is not a finite number >= 0")
+        o["param_bound"] = pb
+    for k, v in hyper.items():
+        if v is not None:
+            o[k] = _number(tool, k.replace("_", "-"), v)
+    for k, v in (("amsgrad", amsgrad), ("maximize", maximize)):
+        if v is not None:
+            o[k] = bool(v)
+    if chunk is not None:
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or not 64 <= chunk <= 1 << 30:
+            raise _bad(tool, f"--chunk: {chunk!r} is not in [64, 2^30]")
+        o["chunk"] = chunk
+    return o
+
+
+# ------------------------------------------------------------------------------ the CLI's jobs
+
+def _checked(rep, tool, file, ok=None, first=""):
+    """Raise CheckFailed (with the report) when the job's checks failed, as the CLI exits 1."""
+    if ok is None:
+        ok = rep.get("ok", True)
+    if not ok:
+        what = first or (rep.get("failures") or ["a check failed"])[0]
+        raise CheckFailed(f"{tool}: check failed: {file}: {what}", file, what, rep)
+    return rep
+
+
+def compress(src, dst, **opts):
+    """ckpt-compress SRC -o DST: a checkpoint file into a container, or a checkpoint folder
+    into a compressed folder. Options as the flags: tolerance=0.01, grad_bound=1.0 (or
+    "inf"), codec="vlog", optimizer="auto", horizon="all" (or 1), threads=None (all cores),
+    force=False, param_bound, lr, beta1, beta2, eps, weight_decay, amsgrad, maximize, strict,
+    chunk, device, dcp_unit_mib. Returns the Report (--json's fields); BadInput on bad input,
+    CheckFailed when a certificate exceeds the tolerance."""
+    src, dst = _path(src, "src"), _path(dst, "dst")
+    o = _compress_opts("ckpt-compress", **opts)
+    rep = _report(*_ckptkit.compress(src, dst, o))
+    return _checked(rep, "ckpt-compress", src)
+
+
+def verify(path, original=None, *, grid=257, strict=False, threads=None):
+    """ckpt-verify PATH [--original ORIGINAL] (a container or a compressed folder). Returns the
+    Report when every check holds; raises CheckFailed (its `report` lists every failure)
+    when one fails, BadInput when PATH cannot be read as a container."""
+    path = _path(path)
+    original = None if original is None else _path(original, "original")
+    if isinstance(grid, bool) or not isinstance(grid, int) or not 5 <= grid <= 1 << 20:
+        raise _bad("ckpt-verify", f"--grid: {grid!r} is not in [5, 1048576]")
+    o = {"grid": grid, "strict": bool(strict), "threads": _threads("ckpt-verify", threads)}
+    js, table, lines, ok, first = _ckptkit.verify(path, original, o)
+    return _checked(_report(js, table, lines), "ckpt-verify", path, ok, first)
+
+
+def restore(src, dst, *, force=False, threads=None, device="auto"):
+    """ckpt-restore SRC -o DST: the checkpoint (its source format: name DST .pt or
+    .safetensors as the source) or the whole folder back. Returns the Report."""
+    src, dst = _path(src, "src"), _path(dst, "dst")
+    if device not in ("cpu", "cuda", "auto"):
+        raise _bad("ckpt-restore", f"--device: {device} not in {{cpu,cuda,auto}}")
+    o = {"force": bool(force), "threads": _threads("ckpt-restore", threads), "device": device}
+    return _report(*_ckptkit.restore(src, dst, o))
+
+
+# ------------------------------------------------------------------------------ save
+
+# Storages of at least this many bytes are read by the encoder where the tensors are (save)
+# instead of being kept as the copies torch's zip writer hands to write().
+_BORROW_MIN = 64 * 1024
+
+
+class _Sink:
+    """The file torch's zip writer (torch._C.PyTorchFileWriter) writes into. torch 1.13 hands
+    write() memoryviews of its own buffers, valid during the call only: every write is
+    copied (small ones gathered in bytearrays), except a storage record's data, announced by
+    _Writer.write_record with its address, which is borrowed as (address, size) when
+    `borrow` (after checking the view is that memory, or holds the same bytes); a
+    background save copies it too (its snapshot)."""
+
+    def __init__(self, borrow):
+        self.borrow = borrow
+        self.parts = []          # bytes-like objects and (address, size) tuples, in order
+        self.small = bytearray()
+        self.pending = None      # (address, size) of the record being written
+        self.size = 0
+        self.borrowed = 0        # bytes read where the tensors are
+
+    def _flush_small(self):
+        if self.small:
+            self.parts.append(self.small)
+            self.small = bytearray()
+
+    def write(self, b):
+        n = len(b)
+        p = self.pending
+        if p is not None and n == p[1] and n >= _BORROW_MIN:
+            self.pending = None
+            self._flush_small()
+            if self.borrow and _ckptkit.same_bytes(p[0], b):
+                self.parts.append((p[0], n))
+                self.borrowed += n
+            else:
+                self.parts.append(bytes(b))
+        elif n >= _BORROW_MIN:
+            self._flush_small()
+            self.parts.append(bytes(b))
+        else:
+            self.small += b
+        self.size += n
+        return n
+
+    def flush(self):
+        pass
+
+    def finish(self):
+        self._flush_small()
+        return self.parts
+
+
+class _Writer:
+    """torch._C.PyTorchFileWriter for torch.serialization._save, telling the sink which
+    storage each record's data is."""
+
+    def __init__(self, sink):
+        import torch
+        self.sink = sink
+        self.w = torch._C.PyTorchFileWriter(sink)
+
+    def write_record(self, name, data, size):
+        if isinstance(data, int):
+            self.sink.pending = (data, size)
+        try:
+            self.w.write_record(name, data, size)
+        finally:
+            self.sink.pending = None
+
+    def __getattr__(self, key):
+        return getattr(self.w, key)
+
+
+def _serialize(obj, borrow):
+    """The bytes torch.save(obj, buffer) writes, as parts (see _Sink). With `borrow`, storages
+    on the host of >= 64 KiB are not copied: the parts point at the tensors' memory."""
+    import torch
+    import torch.serialization as ts
+    # a CUDA storage is copied to the host by _save and freed after its record: keep copies
+    borrow = borrow and not (torch.cuda.is_available() and torch.cuda.is_initialized())
+    sink = _Sink(borrow)
+    try:
+        import inspect
+        params = list(inspect.signature(ts._save).parameters)
+        extra = [False] * (len(params) - 4)   # torch 2.x: _disable_byteorder_record
+        w = _Writer(sink)
+        ts._save(obj, w, pickle, ts.DEFAULT_PROTOCOL, *extra)
+        w.write_end_of_file()
+    except (AttributeError, TypeError, ValueError) as e:
+        if "_save" not in str(e) and not isinstance(e, AttributeError):
+            raise
+        sink = _Sink(False)   # another torch: its public torch.save into the sink
+        torch.save(obj, sink)
+    return sink
+
+
+def _save_parts(parts, name, path, opts):
+    return _report(*_ckptkit.compress_memory(name, parts, path, opts, "ckptkit.save"))
+
+
+_executor = None
+_executor_lock = threading.Lock()
+
+
+def _background():
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptkit-save")
+        return _executor
+
+
+def save(obj, path, *, tolerance=0.01, grad_bound=1.0, optimizer="auto", codec="vlog", horizon="all",
+         threads=None, background=False, **hyper):
+    """torch.save(obj, path), compressed: the object serialised as torch.save writes it
+    (zip format, to a buffer) and its Adam/AdamW moments coded into the container `path`
+    (written under a temporary name, verified, renamed; an existing file is replaced). No
+    file of the full checkpoint is written. Returns the Report.
+
+    Memory: the storages of host tensors (>= 64 KiB) are read where they are; what is kept
+    is the pickle, the zip records' headers and the storages under 64 KiB. CUDA tensors are
+    copied to the host whole by torch, one storage at a time, and those copies are kept
+    until the end (one full copy).
+
+    background=True: returns at once a concurrent.futures.Future of the Report. The object is
+    serialised first, synchronously (a snapshot: one full copy of the serialised checkpoint
+    in memory, freed when the save ends), so training may step the optimizer meanwhile;
+    compression runs in one worker thread (saves queue in order). The container is the same
+    bytes as a synchronous save's.
+
+    Options as ckpt-compress's flags; **hyper: lr, beta1, beta2, eps, weight_decay, amsgrad,
+    maximize (fill in what the file does not state), param_bound, strict, chunk, device."""
+    path = _path(path)
+    opts = _compress_opts("ckptkit.save", tolerance=tolerance, grad_bound=grad_bound, optimizer=optimizer,
+                          codec=codec, horizon=horizon, threads=threads, force=True, **hyper)
+    name = "torch.save(obj)"   # the source's name in errors and in the manifest (not the path: same bytes anywhere)
+    if not background:
+        sink = _serialize(obj, borrow=True)
+        return _save_parts(sink.finish(), name, path, opts)
+    sink = _serialize(obj, borrow=False)
+    return _background().submit(_save_parts, sink.finish(), name, path, opts)
+
+
+# ------------------------------------------------------------------------------ load
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """pickle.Unpickler resolving only torch.load(weights_only=True)'s allowlist (torch
+    1.13's own weights_only unpickler lacks BINFLOAT and refuses every optimizer state)."""
+
+    def find_class(self, module, name):
+        from torch import _weights_only_unpickler as wou
+        allowed = dict(wou._get_allowed_globals())
+        import _codecs
+        allowed["_codecs.encode"] = _codecs.encode
+        key = f"{module}.{name}"
+        if key in allowed:
+            return allowed[key]
+        raise pickle.UnpicklingError(f"global {key} is not in the weights_only allowlist")
+
+
+class _RestrictedPickle:
+    Unpickler = _RestrictedUnpickler
+    load = pickle.load
+
+
+def _torch_load(f, name, map_location, weights_only):
+    import torch
+    try:
+        if not weights_only:
+            return torch.load(f, map_location=map_location)
+        try:
+            return torch.load(f, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as e:
+            if "Unsupported operand 71" not in str(e):
+                raise
+            if hasattr(f, "seek"):
+                f.seek(0)
+            return torch.load(f, map_location=map_location, pickle_module=_RestrictedPickle)
+    except Exception as e:  # noqa: BLE001 - any failure of torch.load is bad input
+        what = f"torch.load failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        raise _bad("ckptkit.load", what, name) from None
+
+
+def _safetensors_dict(raw, name, map_location):
+    tensors, _meta = _safetensors.parse(raw, name)
+    if map_location is not None and not callable(map_location) and not isinstance(map_location, dict):
+        tensors.update((k, v.to(map_location)) for k, v in tensors.items())
+    return tensors
+
+
+def load(path, map_location=None, weights_only=False):
+    """torch.load(path) for a ckptkit container (decoded in memory: no file) or a plain
+    torch / safetensors file, so switching is one line. Returns what torch.load returns for
+    the restored checkpoint; a safetensors checkpoint gives a dict name -> tensor.
+
+    Before torch.load sees any byte, the checkpoint is parsed by ckptkit's reader: a pickle
+    naming a global that runs code (os, subprocess, eval, ...) raises BadInput and nothing
+    is run; weights_only=True accepts only torch.load(weights_only=True)'s globals."""
+    path = _path(path)
+    if os.path.isdir(path):
+        raise _bad("ckptkit.load", "is a folder; ckptkit.restore(folder, out_folder) restores folders", path)
+    if _ckptkit.is_container(path):
+        raw, _js, _table, _lines = _ckptkit.restore_bytes(path, {"threads": 0}, "ckptkit.load")
+        fmt = _ckptkit.check_checkpoint([raw], bool(weights_only), "ckptkit.load")
+        if fmt == "safetensors":
+            return _safetensors_dict(raw, path, map_location)
+        return _torch_load(io.BytesIO(raw), path, map_location, weights_only)
+    fmt = _ckptkit.check_checkpoint(path, bool(weights_only), "ckptkit.load")
+    if fmt == "safetensors":
+        with open(path, "rb") as f:
+            return _safetensors_dict(f.read(), path, map_location)
+    return _torch_load(path, path, map_location, weights_only)

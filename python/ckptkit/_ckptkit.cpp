@@ -1,0 +1,339 @@
+// ckptkit._ckptkit: the Python package's bindings over the library the tools call
+// (lib/ckpt/pipeline.h, lib/ckpt/folder.h); the package's Python side (ckptkit/__init__.py)
+// checks the options and shapes the results. Every call releases the GIL around the C++
+// work and holds one process-wide lock meanwhile (libhdf5 is not thread-safe: one job at a
+// time). Library errors become the package's exceptions with the CLI's one-line message:
+// BadInput -> ckptkit.BadInput ("TOOL: error: FILE: what"), CheckFailed ->
+// ckptkit.CheckFailed ("TOOL: check failed: FILE: what"). Warnings the library logs
+// (spdlog) are collected per call and handed back with the report.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/folder.h"
+#include "ckpt/pipeline.h"
+#include "codec/codec.h"
+#include "common/error.h"
+#include "common/file.h"
+#include "container/h5.h"
+#include "gpu_codec.h"
+#include "io/checkpoint.h"
+#include "io/file.h"
+
+namespace py = pybind11;
+using namespace ckpt;
+
+namespace {
+
+/// One library job at a time (libhdf5 is not thread-safe; set_cpu_threads is global).
+std::mutex& job_mutex() {
+    static std::mutex m;
+    return m;
+}
+
+/// spdlog sink gathering the lines logged during one job (under job_mutex).
+class CollectSink final : public spdlog::sinks::base_sink<std::mutex> {
+public:
+    std::vector<std::string> take() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        std::vector<std::string> out;
+        out.swap(lines_);
+        return out;
+    }
+
+protected:
+    void sink_it_(const spdlog::details::log_msg& msg) override {
+        spdlog::memory_buf_t buf;
+        formatter_->format(msg, buf);
+        std::string s(buf.data(), buf.size());
+        while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+        lines_.push_back(std::move(s));
+    }
+    void flush_() override {}
+
+private:
+    std::vector<std::string> lines_;
+};
+
+std::shared_ptr<CollectSink>& sink() {
+    static std::shared_ptr<CollectSink> s;
+    return s;
+}
+
+std::string one_line(std::string s) {
+    for (char& c : s)
+        if (c == '\n' || c == '\r') c = ' ';
+    return s;
+}
+
+/// What a failed job raises in Python.
+struct Failure {
+    const char* cls = nullptr;   ///< "BadInput" | "CheckFailed" | nullptr (none)
+    std::string message, file, reason;
+};
+
+/// Run `job` without the GIL under job_mutex; a library error is raised as the package's
+/// exception (after the GIL is back). `file` names the input for check failures.
+template <class F>
+void run_job(const char* tool, const std::string& file, unsigned threads, F&& job) {
+    Failure fail;
+    {
+        py::gil_scoped_release nogil;
+        std::lock_guard<std::mutex> lock(job_mutex());
+        codec::set_cpu_threads(threads);   // 0: every core the process may use
+        try {
+            job();
+        } catch (const BadInput& e) {
+            const std::string w = one_line(e.what());
+            fail = {"BadInput", e.file.empty() ? fmt::format("{}: error: {}", tool, w)
+                                               : fmt::format("{}: error: {}: {}", tool, e.file, w),
+                    e.file, w};
+        } catch (const CheckFailed& e) {
+            std::string w = one_line(e.what());
+            if (!file.empty() && w.rfind(file + ": ", 0) == 0) w = w.substr(file.size() + 2);  // name the file once
+            fail = {"CheckFailed", fmt::format("{}: check failed: {}: {}", tool, file, w), file, w};
+        } catch (const std::bad_alloc&) {
+            fail = {"BadInput", fmt::format("{}: error: {}: out of memory", tool, file), file, "out of memory"};
+        } catch (const py::error_already_set&) {
+            throw;   // raised by a Python callback (alloc): its own exception
+        } catch (const std::exception& e) {
+            const std::string w = one_line(e.what());
+            fail = {"BadInput", fmt::format("{}: error: {}", tool, w), "", w};
+        }
+        codec::set_cpu_threads(0);
+    }
+    if (fail.cls) {
+        py::object cls = py::module_::import("ckptkit._errors").attr(fail.cls);
+        py::object exc = cls(fail.message, fail.file, fail.reason);
+        PyErr_SetObject(cls.ptr(), exc.ptr());
+        throw py::error_already_set();
+    }
+}
+
+/// The options dict the Python side checked: typed getters with defaults.
+struct Opts {
+    py::dict d;
+    bool has(const char* k) const { return d.contains(k) && !d[k].is_none(); }
+    template <class T> T get(const char* k, T def) const { return has(k) ? d[k].cast<T>() : def; }
+    template <class T> std::optional<T> opt(const char* k) const {
+        return has(k) ? std::optional<T>(d[k].cast<T>()) : std::nullopt;
+    }
+};
+
+CompressOptions compress_options(const Opts& o) {
+    CompressOptions c;
+    c.tolerance = o.get<double>("tolerance", c.tolerance);
+    c.grad_bound = o.get<double>("grad_bound", c.grad_bound);
+    c.codec = codec::kind_from_name(o.get<std::string>("codec", "vlog"));
+    c.optimizer = o.get<std::string>("optimizer", c.optimizer);
+    c.param_bound = o.opt<double>("param_bound");
+    c.horizon = o.get<int>("horizon", 0);
+    c.hyper.lr = o.opt<double>("lr");
+    c.hyper.beta1 = o.opt<double>("beta1");
+    c.hyper.beta2 = o.opt<double>("beta2");
+    c.hyper.eps = o.opt<double>("eps");
+    c.hyper.weight_decay = o.opt<double>("weight_decay");
+    c.hyper.amsgrad = o.opt<bool>("amsgrad");
+    c.hyper.maximize = o.opt<bool>("maximize");
+    c.chunk = o.get<std::size_t>("chunk", 0);
+    c.limits.strict = o.get<bool>("strict", false);
+    c.device = o.get<std::string>("device", "auto");
+    return c;
+}
+
+folder::FolderOptions folder_options(const Opts& o) {
+    folder::FolderOptions f;
+    f.force = o.get<bool>("force", false);
+    f.dcp_unit_bytes = o.get<uint64_t>("dcp_unit_mib", 256) << 20;
+    return f;
+}
+
+/// (json, table, warnings) of a finished job.
+py::tuple result(const std::string& json, const std::string& table) {
+    return py::make_tuple(json, table, sink() ? sink()->take() : std::vector<std::string>{});
+}
+
+void set_decode_device(const std::string& name, const std::string& file) {
+    try {
+        gpu::set_decode_device(gpu::resolve_device(name));
+    } catch (const std::exception& e) {
+        throw BadInput(file, e.what());
+    }
+}
+
+/// Buffers and borrowed (address, size) ranges making up one in-memory checkpoint.
+struct Spans {
+    std::vector<py::buffer_info> held;   ///< released with the GIL held (destroyed by the caller)
+    std::vector<io::InputFile::Span> spans;
+};
+
+Spans make_spans(const py::list& parts) {
+    Spans s;
+    for (py::handle h : parts) {
+        if (py::isinstance<py::tuple>(h)) {   // (address, size): memory the caller keeps alive
+            auto t = h.cast<py::tuple>();
+            s.spans.push_back({reinterpret_cast<const void*>(t[0].cast<uintptr_t>()), t[1].cast<uint64_t>()});
+        } else {
+            s.held.push_back(py::reinterpret_borrow<py::buffer>(h).request());
+            const auto& b = s.held.back();
+            s.spans.push_back({b.ptr, uint64_t(b.size) * uint64_t(b.itemsize)});
+        }
+    }
+    return s;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ckptkit, m) {
+    m.doc() = "ckptkit's C++ library (lib/ckpt): compress, verify, restore; use the ckptkit package";
+    m.attr("__version__") = CKPTKIT_VERSION;
+    container::enable_direct_chunk_writes();   // before any other HDF5 call of ours (container/h5.h)
+    sink() = std::make_shared<CollectSink>();
+    sink()->set_pattern("%l: %v");
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("ckptkit", sink()));
+
+    m.def("compress", [](const std::string& src, const std::string& dst, py::dict d) {
+        const Opts o{d};
+        std::string json, table;
+        run_job("ckpt-compress", src, o.get<unsigned>("threads", 0), [&] {
+            const CompressOptions c = compress_options(o);
+            if (folder::is_folder(src)) {
+                const auto r = folder::compress_folder(src, dst, c, folder_options(o));
+                json = r.json(), table = r.table();
+                return;
+            }
+            check_outputs({src}, {dst}, o.get<bool>("force", false));
+            const Report r = compress(src, dst, c);
+            json = r.json(), table = r.table();
+        });
+        return result(json, table);
+    }, py::arg("src"), py::arg("dst"), py::arg("opts"),
+       "ckpt-compress SRC -o DST (a file or a folder); returns (json, table, warnings)");
+
+    m.def("compress_memory", [](const std::string& name, py::list parts, const std::string& dst, py::dict d,
+                                const char* tool) {
+        const Opts o{d};
+        std::string json, table;
+        Spans s = make_spans(parts);
+        run_job(tool, name, o.get<unsigned>("threads", 0), [&] {
+            const CompressOptions c = compress_options(o);
+            check_outputs({}, {dst}, true);   // a folder, or not a regular file: refused
+            const io::InputFile in(name, s.spans);
+            const Report r = compress(in, dst, c);
+            json = r.json(), table = r.table();
+        });
+        return result(json, table);
+    }, py::arg("name"), py::arg("parts"), py::arg("dst"), py::arg("opts"), py::arg("tool") = "ckptkit.save",
+       "compress the checkpoint made of `parts` (bytes-like objects and (address, size) tuples, "
+       "concatenated) into the container DST (replaced atomically); returns (json, table, warnings)");
+
+    m.def("verify", [](const std::string& path, std::optional<std::string> original, py::dict d) {
+        const Opts o{d};
+        std::string json, table, first;
+        bool ok = true;
+        run_job("ckpt-verify", path, o.get<unsigned>("threads", 0), [&] {
+            VerifyOptions v;
+            v.grid = o.get<int>("grid", v.grid);
+            v.strict = o.get<bool>("strict", false);
+            if (folder::is_folder(path)) {
+                const auto r = folder::verify_folder(path, original, v);
+                json = r.json(), table = r.table(), ok = r.ok;
+                if (!r.failures.empty()) first = r.failures.front();
+                return;
+            }
+            if (readable_non_hdf5(path))
+                throw BadInput(path, "not a ckptkit container; pass the container (.ckz.h5), and the checkpoint with --original");
+            v.original = original;
+            const Report r = verify(path, v);
+            json = r.json(), table = r.table(), ok = r.ok;
+            if (!r.failures.empty()) first = r.failures.front();
+        });
+        return py::make_tuple(json, table, sink()->take(), ok, first);
+    }, py::arg("path"), py::arg("original"), py::arg("opts"),
+       "ckpt-verify PATH [--original ORIGINAL]; returns (json, table, warnings, ok, first failure)");
+
+    m.def("restore", [](const std::string& src, const std::string& dst, py::dict d) {
+        const Opts o{d};
+        std::string json, table;
+        run_job("ckpt-restore", src, o.get<unsigned>("threads", 0), [&] {
+            set_decode_device(o.get<std::string>("device", "auto"), src);
+            RestoreOptions r;
+            if (folder::is_folder(src)) {
+                const auto f = folder::restore_folder(src, dst, r, folder_options(o));
+                json = f.json(), table = f.table();
+                return;
+            }
+            check_outputs({src}, {dst}, o.get<bool>("force", false));
+            if (readable_non_hdf5(src)) throw BadInput(src, "not a ckptkit container; pass the container (.ckz.h5) that ckpt-compress wrote");
+            const Report rep = restore(src, dst, r);
+            json = rep.json(), table = rep.table();
+        });
+        return result(json, table);
+    }, py::arg("src"), py::arg("dst"), py::arg("opts"), "ckpt-restore SRC -o DST; returns (json, table, warnings)");
+
+    m.def("restore_bytes", [](const std::string& src, py::dict d, const char* tool) {
+        const Opts o{d};
+        std::string json, table;
+        py::object out;   // the restored file: a bytes object filled in place
+        run_job(tool, src, o.get<unsigned>("threads", 0), [&] {
+            set_decode_device(o.get<std::string>("device", "auto"), src);
+            if (readable_non_hdf5(src)) throw BadInput(src, "not a ckptkit container");
+            const Report rep = restore_to_memory(src, [&](uint64_t n) -> void* {
+                py::gil_scoped_acquire gil;
+                PyObject* b = PyBytes_FromStringAndSize(nullptr, Py_ssize_t(n));
+                if (!b) {
+                    PyErr_Clear();
+                    throw std::bad_alloc();
+                }
+                out = py::reinterpret_steal<py::object>(b);
+                return PyBytes_AS_STRING(b);
+            }, RestoreOptions{});
+            json = rep.json(), table = rep.table();
+        });
+        return py::make_tuple(out, json, table, sink()->take());
+    }, py::arg("src"), py::arg("opts"), py::arg("tool") = "ckptkit.load",
+       "the checkpoint restored from the container SRC, as bytes (no file); returns (bytes, json, table, warnings)");
+
+    m.def("check_checkpoint", [](py::object what, bool strict, const char* tool) {
+        // what: a path (str) or a list of parts (compress_memory's) named "<memory>"
+        std::string fmt_name;
+        const bool is_path = py::isinstance<py::str>(what);
+        const std::string name = is_path ? what.cast<std::string>() : std::string("<memory>");
+        Spans s;
+        if (!is_path) s = make_spans(what.cast<py::list>());
+        run_job(tool, name, 1, [&] {
+            Limits l;
+            l.strict = strict;
+            const Checkpoint ck = is_path ? read_checkpoint(name, l) : read_checkpoint(io::InputFile(name, s.spans), l);
+            fmt_name = format_name(ck.format);
+        });
+        sink()->take();
+        return fmt_name;
+    }, py::arg("what"), py::arg("strict") = false, py::arg("tool") = "ckptkit.load",
+       "parse a checkpoint (path or parts) as the tools do, refusing globals that run code "
+       "(strict: only torch.load(weights_only=True)'s); returns its format name");
+
+    m.def("is_container", [](const std::string& path) { return !readable_non_hdf5(path); }, py::arg("path"),
+          "false when PATH is a readable file without the HDF5 signature (certainly not a container)");
+
+    m.def("same_bytes", [](uintptr_t address, py::buffer b) {
+        const py::buffer_info info = b.request();
+        const std::size_t n = std::size_t(info.size) * std::size_t(info.itemsize);
+        bool same;
+        {
+            py::gil_scoped_release nogil;
+            same = n == 0 || reinterpret_cast<const void*>(address) == info.ptr ||   // a view of that memory
+                   std::memcmp(reinterpret_cast<const void*>(address), info.ptr, n) == 0;
+        }
+        return same;
+    }, py::arg("address"), py::arg("data"), "whether the memory at ADDRESS holds DATA's bytes");
+}

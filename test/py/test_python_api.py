@@ -1,0 +1,461 @@
+"""The Python package `ckptkit` (python/ckptkit, built into <build>/python by the normal CMake
+build) with real torch: save -> load on every fixture (every non-moment leaf bit-exact, storage
+sharing kept, one real optimizer step of the fixture's class within tolerance), load of plain
+files equal to torch.load, background saves byte-identical to synchronous ones and safe while
+training goes on, a training loop that saves in the background and resumes, the CLI's jobs on
+a folder, and bad input (one-line BadInput / CheckFailed, nothing partial left, no code run).
+
+The package is found at $CKPTKIT_PYTHONPATH, else next to $CKPTKIT_BIN (<build>/apps ->
+<build>/python). It is optional in the build (pybind11-dev): when <build>/python/ckptkit is
+absent the module is skipped, saying so.
+"""
+import copy
+import importlib
+import io
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from testlib import ROOT, ckpt_models, fixture_path, moment_count, torch_step_check as tsc
+
+TOL = 0.01
+
+
+def _package_dir():
+    d = os.environ.get("CKPTKIT_PYTHONPATH")
+    if not d:
+        bin_dir = os.environ.get("CKPTKIT_BIN") or os.path.join(ROOT, "build", "apps")
+        d = os.path.join(os.path.dirname(os.path.abspath(bin_dir)), "python")
+    return d
+
+
+PKG = _package_dir()
+if not os.path.isdir(os.path.join(PKG, "ckptkit")):
+    pytest.skip(f"{PKG}/ckptkit not built (pybind11-dev missing at configure time?)", allow_module_level=True)
+sys.path.insert(0, PKG)
+ckptkit = importlib.import_module("ckptkit")
+
+TORCH_FIXTURES = [f for f in ckpt_models.FIXTURES if f.endswith(".pt")]
+
+
+def _opts(fixture):
+    # an optimizer-only file has no parameters for Adam L2's domain: name the class (AdamW)
+    return {"optimizer": "adamw"} if fixture == "lm_optimizer_only.pt" else {}
+
+
+def _weights(fixture):
+    w = ckpt_models.WEIGHTS_OF.get(fixture)
+    return fixture_path(w) if w else None
+
+
+def _one_line(e):
+    s = str(e)
+    assert "\n" not in s and s, s
+    return s
+
+
+def _no_temporaries(folder):
+    left = [n for n in os.listdir(folder) if ".tmp-" in n]
+    assert not left, f"temporaries left behind: {left}"
+
+
+def _assert_same_step(fixture, orig, rest, path):
+    errors = tsc.compare_checkpoints(orig, rest)
+    assert not errors, f"{fixture}: non-moment differences: {errors[:10]}"
+    o_sd = tsc.split_state(orig, path, _weights(fixture))
+    r_sd = tsc.split_state(rest, path, _weights(fixture))
+    res = tsc.step_check(fixture, o_sd, r_sd, TOL, 1.0)
+    bad = {k: r for k, r in res.items() if not r["ok"]}
+    assert not bad, f"{fixture}: update differs by more than tolerance*lr: {bad}"
+
+
+# ------------------------------------------------------------------------------ save / load
+
+
+@pytest.mark.parametrize("fixture", TORCH_FIXTURES)
+def test_save_load_fixture(tmp_path, fixture):
+    path = fixture_path(fixture)
+    obj = torch.load(path)
+    out = tmp_path / "ckpt.ckz.h5"
+    rep = ckptkit.save(obj, out, **_opts(fixture))
+    assert isinstance(rep, ckptkit.Report) and rep.ok and rep["ok"]
+    for k in ("moment_reduction", "escapes", "moment_bytes_fp32", "moment_bytes_out", "max_bound_lr", "tensors",
+              "horizon"):
+        assert k in rep, k
+    assert rep.max_bound_lr <= TOL
+    assert rep.moment_values == moment_count(path)
+    _no_temporaries(tmp_path)
+    # the container is a ckptkit one: verify passes, restore gives torch.save(obj)'s bytes
+    assert ckptkit.verify(out).ok
+    loaded = ckptkit.load(out)
+    _assert_same_step(fixture, obj, loaded, path)
+    # ckpt-restore of the same container gives what load gave
+    ckptkit.restore(out, tmp_path / "back.pt")
+    assert not tsc.compare_checkpoints(loaded, torch.load(tmp_path / "back.pt"), check_zeros=True)
+
+
+def test_restored_bytes_are_torch_save_bytes(tmp_path):
+    """What ckpt-restore gives back for a saved object is torch.save(obj, buffer)'s bytes,
+    moments aside: same length, and only moment storage bytes (and their zip CRC-32 fields)
+    differ."""
+    import numpy as np
+    obj = torch.load(fixture_path("cnn_adamw.pt"))
+    ckptkit.save(obj, tmp_path / "c.ckz.h5")
+    ckptkit.restore(tmp_path / "c.ckz.h5", tmp_path / "r.pt")
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    ref = np.frombuffer(buf.getvalue(), dtype=np.uint8)
+    got = np.frombuffer((tmp_path / "r.pt").read_bytes(), dtype=np.uint8)
+    assert len(ref) == len(got)
+    moments = [t for st in obj["optimizer"]["state"].values() for k, t in st.items() if k in tsc.MOMENT_KEYS]
+    allowed = sum(t.numel() * t.element_size() + 12 for t in moments)
+    assert 0 < int((ref != got).sum()) <= allowed
+    first = int(np.argmax(ref != got))
+    assert first > 64
+
+
+def test_load_plain_files_equal_torch_load(tmp_path):
+    for fixture in TORCH_FIXTURES:
+        path = fixture_path(fixture)
+        a, b = torch.load(path), ckptkit.load(path)
+        assert not tsc.compare_checkpoints(a, b, check_zeros=True), fixture
+    a = torch.load(fixture_path("lm_adamw.pt"), map_location="cpu")
+    b = ckptkit.load(fixture_path("lm_adamw.pt"), map_location="cpu", weights_only=True)
+    assert not tsc.compare_checkpoints(a, b, check_zeros=True)
+
+
+def test_safetensors(tmp_path):
+    path = fixture_path("cnn_adamw.safetensors")
+    tensors, meta = tsc.read_safetensors(path)
+    plain = ckptkit.load(path)
+    assert list(plain) == list(tensors)
+    assert all(torch.equal(plain[k], tensors[k]) and plain[k].dtype == tensors[k].dtype for k in tensors)
+    rep = ckptkit.compress(path, tmp_path / "st.ckz.h5")
+    assert rep.ok and rep.moment_reduction > 0
+    loaded = ckptkit.load(tmp_path / "st.ckz.h5")
+    assert list(loaded) == list(tensors)
+    orig = {"tensors": dict(sorted(tensors.items())), "metadata": dict(sorted(meta.items()))}
+    rest = {"tensors": dict(sorted(loaded.items())), "metadata": dict(sorted(meta.items()))}
+    _assert_same_step("cnn_adamw.safetensors", orig, rest, path)
+
+
+# ------------------------------------------------------------------------------ background
+
+
+def test_background_bytes_equal_sync_and_snapshot(tmp_path):
+    obj = torch.load(fixture_path("lm_adamw.pt"))
+    want = copy.deepcopy(obj)
+    ckptkit.save(obj, tmp_path / "sync.ckz.h5")
+    fut = ckptkit.save(obj, tmp_path / "bg.ckz.h5", background=True)
+    # training goes on: every tensor changes in place while the save runs
+    with torch.no_grad():
+        for _, t in tsc._walk(obj):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                t.mul_(0.5).add_(1.0)
+    rep = fut.result(timeout=300)
+    assert rep.ok
+    assert (tmp_path / "bg.ckz.h5").read_bytes() == (tmp_path / "sync.ckz.h5").read_bytes()
+    _assert_same_step("lm_adamw.pt", want, ckptkit.load(tmp_path / "bg.ckz.h5"), fixture_path("lm_adamw.pt"))
+
+
+def test_training_loop_saves_in_background_and_resumes(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    x, y = torch.randn(512, 64), torch.randn(512, 16)
+    futures, snapshots = [], {}
+    for step in range(1, 41):
+        i = (step * 32) % 512
+        loss = torch.nn.functional.mse_loss(model(x[i:i + 32]), y[i:i + 32])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 10 == 0:
+            state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}
+            snapshots[step] = copy.deepcopy(state)
+            futures.append(ckptkit.save(state, tmp_path / f"step{step}.ckz.h5", background=True))
+    reports = [f.result(timeout=300) for f in futures]
+    assert all(r.ok and r.moment_reduction > 0.5 for r in reports)
+    for step, want in snapshots.items():
+        got = ckptkit.load(tmp_path / f"step{step}.ckz.h5")
+        assert got["step"] == step
+        assert not tsc.compare_checkpoints(want["model"], got["model"], check_zeros=True)
+    # resume from the last one: the same next step as from the in-memory state, within tolerance
+    got = ckptkit.load(tmp_path / "step40.ckz.h5")
+    moved = []
+    for sd in (snapshots[40], got):
+        m = copy.deepcopy(model)
+        m.load_state_dict(sd["model"])
+        o = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.01)
+        o.load_state_dict(sd["optimizer"])
+        before = [p.detach().clone() for p in m.parameters()]
+        for p in m.parameters():
+            p.grad = torch.empty_like(p).uniform_(-1, 1, generator=torch.Generator().manual_seed(p.numel()))
+        o.step()
+        moved.append([(p.detach() - b).double() for p, b in zip(m.parameters(), before)])
+    worst = max(float((a - b).abs().max()) for a, b in zip(*moved))
+    assert worst <= TOL * 1e-3 + 1e-8, worst
+
+
+# ------------------------------------------------------------------------------ the CLI's jobs
+
+
+def test_folder_compress_verify_restore(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import make_folders as mf
+    src = mf.make_hf(str(tmp_path / "in"), 160, mf.STEPS)
+    top = os.path.dirname(src)
+    out, back = tmp_path / "out", tmp_path / "back"
+    rep = ckptkit.compress(top, out)
+    assert rep.ok and [l["kind"] for l in rep.layouts] == ["hf-trainer"]
+    assert (out / "checkpoint-5" / "optimizer.pt.ckz.h5").is_file()
+    assert ckptkit.verify(out, original=top).ok
+    ckptkit.restore(out, back)
+    orig = torch.load(os.path.join(src, "optimizer.pt"))
+    assert not tsc.compare_checkpoints(orig, torch.load(back / "checkpoint-5" / "optimizer.pt"))
+    assert not tsc.compare_checkpoints(orig, ckptkit.load(out / "checkpoint-5" / "optimizer.pt.ckz.h5"))
+    with pytest.raises(ckptkit.BadInput, match="already exists"):
+        ckptkit.compress(top, out)
+    assert ckptkit.compress(top, out, force=True).ok
+
+
+def test_file_jobs_and_reports(tmp_path):
+    src = fixture_path("cnn_adam_l2.pt")
+    rep = ckptkit.compress(src, tmp_path / "c.ckz.h5", codec="log8", horizon=1, threads=1)
+    assert rep.codec == "log8" and rep.horizon in (1, "1") and rep.ok
+    assert "moment" in str(rep)
+    assert ckptkit.verify(tmp_path / "c.ckz.h5", original=src).ok
+    r = ckptkit.restore(tmp_path / "c.ckz.h5", tmp_path / "r.pt")
+    assert r.file_bytes_out == os.path.getsize(src)
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+def test_bad_options():
+    obj = {"x": torch.ones(3)}
+    for kw, what in (({"tolerance": 5}, "--tolerance"), ({"codec": "zip"}, "--codec"),
+                     ({"optimizer": "sgd"}, "--optimizer"), ({"horizon": 2}, "--horizon"),
+                     ({"threads": 0}, "--threads"), ({"grad_bound": -1}, "--grad-bound")):
+        with pytest.raises(ckptkit.BadInput, match=what) as e:
+            ckptkit.save(obj, "/tmp/never.ckz.h5", **kw)
+        assert _one_line(e.value).startswith("ckptkit.save: error:")
+        assert isinstance(e.value, ValueError)
+    with pytest.raises(TypeError):
+        ckptkit.save(obj, "/tmp/never.ckz.h5", beta3=0.9)
+    assert not os.path.exists("/tmp/never.ckz.h5")
+
+
+def test_nothing_to_compress_and_unwritable(tmp_path):
+    with pytest.raises(ckptkit.BadInput) as e:   # no optimizer state: nothing to compress
+        ckptkit.save({"w": torch.ones(10)}, tmp_path / "x.ckz.h5")
+    assert _one_line(e.value).startswith("ckptkit.save: error: ")
+    obj = torch.load(fixture_path("cnn_adamw.pt"))
+    with pytest.raises(ckptkit.BadInput) as e:
+        ckptkit.save(obj, tmp_path / "no" / "such" / "dir.ckz.h5")
+    assert str(tmp_path / "no" / "such" / "dir.ckz.h5") in _one_line(e.value)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    os.chmod(ro, 0o555)
+    try:
+        if os.access(ro, os.W_OK):   # root: use a path that is a folder instead
+            target = tmp_path
+        else:
+            target = ro / "x.ckz.h5"
+        with pytest.raises(ckptkit.BadInput):
+            ckptkit.save(obj, target)
+    finally:
+        os.chmod(ro, 0o755)
+    assert os.listdir(ro) == []
+    _no_temporaries(tmp_path)
+
+
+def test_truncated_and_non_containers(tmp_path):
+    obj = torch.load(fixture_path("cnn_adamw.pt"))
+    good = tmp_path / "good.ckz.h5"
+    ckptkit.save(obj, good)
+    data = good.read_bytes()
+    trunc = tmp_path / "trunc.ckz.h5"
+    trunc.write_bytes(data[:len(data) // 2])
+    for fn in (ckptkit.load, ckptkit.verify):
+        with pytest.raises((ckptkit.BadInput, ckptkit.CheckFailed)) as e:
+            fn(trunc)
+        _one_line(e.value)
+    with pytest.raises(ckptkit.BadInput):
+        ckptkit.restore(trunc, tmp_path / "t.pt")
+    assert not (tmp_path / "t.pt").exists()
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(os.urandom(4096))
+    with pytest.raises(ckptkit.BadInput) as e:
+        ckptkit.load(junk)
+    assert _one_line(e.value).startswith(f"ckptkit.load: error: {junk}: ")
+    with pytest.raises(ckptkit.BadInput, match="not a ckptkit container"):
+        ckptkit.verify(fixture_path("cnn_adamw.pt"))
+    with pytest.raises(ckptkit.BadInput, match="same|input"):   # output is the input
+        ckptkit.compress(fixture_path("cnn_adamw.pt"), fixture_path("cnn_adamw.pt"), force=True)
+    with pytest.raises(ckptkit.BadInput, match="already exists"):
+        ckptkit.restore(good, junk)
+    _no_temporaries(tmp_path)
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_hostile_pickle_never_runs(tmp_path):
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.pt"
+    torch.save({"x": torch.ones(2), "evil": _Evil(marker)}, evil)
+    with pytest.raises(ckptkit.BadInput) as e:
+        ckptkit.load(evil)
+    _one_line(e.value)
+    with pytest.raises(ckptkit.BadInput):
+        ckptkit.save({"x": torch.ones(2), "evil": _Evil(marker)}, tmp_path / "e.ckz.h5")
+    assert not marker.exists()
+    # a plain pickle that is not a torch file at all
+    raw = tmp_path / "raw.pkl"
+    raw.write_bytes(pickle.dumps(_Evil(marker)))
+    with pytest.raises(ckptkit.BadInput):
+        ckptkit.load(raw)
+    assert not marker.exists()
+    _no_temporaries(tmp_path)
+
+
+HOSTILE = r"""
+import os, sys, random
+sys.path.insert(0, sys.argv[1])
+import ckptkit
+data = open(sys.argv[2], "rb").read()
+rng = random.Random(int(sys.argv[3]))
+path = sys.argv[4]
+for i in range(int(sys.argv[5])):
+    b = bytearray(data)
+    for _ in range(rng.choice((1, 4, 32))):
+        p = rng.randrange(len(b))
+        b[p] ^= 1 << rng.randrange(8)
+    open(path, "wb").write(bytes(b))
+    try:
+        ckptkit.load(path)
+    except (ckptkit.BadInput, ckptkit.CheckFailed) as e:
+        assert "\n" not in str(e), str(e)
+print("done")
+"""
+
+
+def test_hostile_containers_raise_never_crash(tmp_path):
+    """Bit flips anywhere in a container: load raises BadInput / CheckFailed or (a flip in
+    unused bytes) gives the checkpoint back; the interpreter survives (run in a child, so a
+    crash is a failure of this test, not of the suite)."""
+    good = tmp_path / "good.ckz.h5"
+    ckptkit.save(torch.load(fixture_path("cnn_adamw.pt")), good)
+    p = subprocess.run([sys.executable, "-c", HOSTILE, PKG, str(good), "1", str(tmp_path / "bad.ckz.h5"), "60"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "done" in p.stdout, (p.returncode, p.stderr[-2000:])
+
+
+# ------------------------------------------------------------------------------ README recipes
+# Neither transformers nor lightning is in Debian 12: each recipe runs against a minimal
+# stand-in of the interface it implements, copied from the framework's source
+# (transformers/trainer_callback.py: TrainerCallback.on_save(self, args, state, control,
+# **kwargs), called by Trainer._save_checkpoint after checkpoint-N/ is written;
+# lightning/pytorch/plugins/io/checkpoint_plugin.py: CheckpointIO.save_checkpoint(checkpoint,
+# path, storage_options=None), load_checkpoint(path, map_location=None), remove_checkpoint(path)).
+
+
+class TrainerCallback:   # stand-in: transformers.TrainerCallback (every event a no-op)
+    def on_save(self, args, state, control, **kwargs):
+        pass
+
+
+class CheckpointIO:      # stand-in: lightning.pytorch.plugins.io.CheckpointIO (abstract)
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        raise NotImplementedError
+
+    def load_checkpoint(self, path, map_location=None):
+        raise NotImplementedError
+
+    def remove_checkpoint(self, path):
+        raise NotImplementedError
+
+    def teardown(self):
+        pass
+
+
+# --- recipe: Hugging Face Trainer (README) ---
+class CkptkitCallback(TrainerCallback):
+    """After each save, compress checkpoint-N/ into <output_dir>/ckz/checkpoint-N/ (moments
+    coded, every other file copied byte for byte) and delete the full-size folder."""
+
+    def on_save(self, args, state, control, **kwargs):
+        import shutil
+        if not state.is_world_process_zero:
+            return
+        src = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        dst = os.path.join(args.output_dir, "ckz", f"checkpoint-{state.global_step}")
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        ckptkit.compress(src, dst, force=True)
+        shutil.rmtree(src)
+
+
+# --- recipe: Lightning (README) ---
+class CkptkitCheckpointIO(CheckpointIO):
+    """Trainer(plugins=[CkptkitCheckpointIO()]): every .ckpt is a ckptkit container."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        ckptkit.save(checkpoint, path, **(storage_options or {}))
+
+    def load_checkpoint(self, path, map_location=None):
+        return ckptkit.load(path, map_location=map_location)
+
+    def remove_checkpoint(self, path):
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def test_recipe_hf_trainer_callback(tmp_path):
+    import types
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import make_folders as mf
+    src = mf.make_hf(str(tmp_path / "run"), 160, mf.STEPS)   # <output_dir>/checkpoint-5 as Trainer writes it
+    out_dir = os.path.dirname(src)
+    orig = torch.load(os.path.join(src, "optimizer.pt"))
+    args = types.SimpleNamespace(output_dir=out_dir)
+    state = types.SimpleNamespace(global_step=mf.STEPS, is_world_process_zero=True)
+    CkptkitCallback().on_save(args, state, types.SimpleNamespace())
+    assert not os.path.exists(src)
+    ckz = os.path.join(out_dir, "ckz", f"checkpoint-{mf.STEPS}")
+    assert os.path.isfile(os.path.join(ckz, "optimizer.pt.ckz.h5"))
+    ckptkit.restore(ckz, src)   # resume: restore, then Trainer.train(resume_from_checkpoint=src)
+    assert not tsc.compare_checkpoints(orig, torch.load(os.path.join(src, "optimizer.pt")))
+
+
+def test_recipe_lightning_checkpoint_io(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(16, 32)).pow(2).mean().backward()
+        opt.step()
+    # what Lightning's Trainer hands to save_checkpoint (trainer/connectors/checkpoint_connector.py dump_checkpoint)
+    ckpt = {"epoch": 0, "global_step": 3, "pytorch-lightning_version": "2.0.0",
+            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+            "loops": {}, "callbacks": {}, "optimizer_states": [opt.state_dict()], "lr_schedulers": []}
+    want = copy.deepcopy(ckpt)
+    io_ = CkptkitCheckpointIO()
+    path = str(tmp_path / "checkpoints" / "epoch=0-step=3.ckpt")
+    io_.save_checkpoint(ckpt, path)
+    got = io_.load_checkpoint(path, map_location="cpu")
+    assert not tsc.compare_checkpoints(want["state_dict"], got["state_dict"], check_zeros=True)
+    assert got["global_step"] == 3 and got["optimizer_states"][0]["param_groups"] == want["optimizer_states"][0]["param_groups"]
+    io_.remove_checkpoint(path)
+    assert not os.path.exists(path)
