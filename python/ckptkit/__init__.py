@@ -366,6 +366,105 @@ def _torch_load(f, name, map_location, weights_only):
         raise _bad("ckptkit.load", what, name) from None
 
 
+class _MemoryFile(io.RawIOBase):
+    """A read-only file over a buffer, without copying it (io.BytesIO would)."""
+
+    def __init__(self, buf):
+        self.buf, self.pos = memoryview(buf).cast("B"), 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.pos
+
+    def seek(self, off, whence=0):
+        self.pos = max(0, off if whence == 0 else (self.pos + off if whence == 1 else len(self.buf) + off))
+        return self.pos
+
+    def readinto(self, b):
+        n = max(0, min(len(b), len(self.buf) - self.pos))
+        b[:n] = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+
+class _MemoryZip:
+    """The reader torch.serialization._load takes (torch._C.PyTorchFileReader's get_record,
+    has_record, get_storage_from_record), over a torch zip in a writable buffer: each storage
+    is a view of the buffer (torch.frombuffer), not a copy, so the restored checkpoint's
+    memory becomes the tensors'."""
+
+    def __init__(self, buf):
+        import zipfile
+        self.buf = buf
+        self.records = {}
+        with zipfile.ZipFile(_MemoryFile(buf)) as z:
+            infos = z.infolist()
+        prefix = infos[0].filename.split("/", 1)[0] + "/" if infos and "/" in infos[0].filename else ""
+        mv = memoryview(buf)
+        for zi in infos:
+            if zi.compress_type != 0 or not zi.filename.startswith(prefix):
+                raise ValueError("not a stored torch zip")
+            h = zi.header_offset
+            if bytes(mv[h:h + 4]) != b"PK\x03\x04":
+                raise ValueError("bad local header")
+            start = h + 30 + int.from_bytes(mv[h + 26:h + 28], "little") + int.from_bytes(mv[h + 28:h + 30], "little")
+            if start + zi.file_size > len(buf):
+                raise ValueError("record past the end")
+            self.records[zi.filename[len(prefix):]] = (start, zi.file_size)
+
+    def has_record(self, name):
+        return name in self.records
+
+    def get_record(self, name):
+        start, n = self.records[name]
+        return bytes(memoryview(self.buf)[start:start + n])
+
+    def get_storage_from_record(self, name, numel, _dtype):
+        import torch
+        start, n = self.records[name]
+        if numel > n:
+            raise ValueError(f"{name}: record of {n} bytes holds no {numel} bytes")
+        if numel == 0:
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.frombuffer(self.buf, dtype=torch.uint8, count=numel, offset=start)
+
+    def get_all_records(self):
+        return list(self.records)
+
+
+def _torch_load_memory(raw, name, map_location, weights_only):
+    """torch.load of a torch zip in the bytearray `raw`, its storages views of `raw` (no copy).
+    Falls back to torch.load(io.BytesIO(raw)) where torch's private _load differs."""
+    import inspect
+    import torch.serialization as ts
+    try:
+        z = _MemoryZip(raw)
+        params = list(inspect.signature(ts._load).parameters)
+        ok = params[:3] == ["zip_file", "map_location", "pickle_module"]
+    except Exception:  # noqa: BLE001 - legacy format, another torch: the public path
+        ok = False
+    if not ok:
+        return _torch_load(io.BytesIO(raw), name, map_location, weights_only)
+    try:
+        if not weights_only:
+            return ts._load(z, map_location, pickle, encoding="utf-8")
+        try:
+            from torch import _weights_only_unpickler
+            return ts._load(z, map_location, _weights_only_unpickler, encoding="utf-8")
+        except (pickle.UnpicklingError, RuntimeError) as e:
+            if "Unsupported operand 71" not in str(e):
+                raise
+            return ts._load(z, map_location, _RestrictedPickle, encoding="utf-8")
+    except Exception as e:  # noqa: BLE001 - any failure of torch's unpickler is bad input
+        what = f"torch.load failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        raise _bad("ckptkit.load", what, name) from None
+
+
 def _safetensors_dict(raw, name, map_location):
     tensors, _meta = _safetensors.parse(raw, name)
     if map_location is not None and not callable(map_location) and not isinstance(map_location, dict):
@@ -378,6 +477,10 @@ def load(path, map_location=None, weights_only=False):
     torch / safetensors file, so switching is one line. Returns what torch.load returns for
     the restored checkpoint; a safetensors checkpoint gives a dict name -> tensor.
 
+    Memory: a container is restored into one buffer and the tensors of a torch zip are
+    views of it (as torch.load(mmap=True) of torch 2.x): no second copy; the buffer is freed
+    when the last of them is. Such tensors cannot be resized (resize_), as mmap-ed ones.
+
     Before torch.load sees any byte, the checkpoint is parsed by ckptkit's reader: a pickle
     naming a global that runs code (os, subprocess, eval, ...) raises BadInput and nothing
     is run; weights_only=True accepts only torch.load(weights_only=True)'s globals."""
@@ -389,6 +492,8 @@ def load(path, map_location=None, weights_only=False):
         fmt = _ckptkit.check_checkpoint([raw], bool(weights_only), "ckptkit.load")
         if fmt == "safetensors":
             return _safetensors_dict(raw, path, map_location)
+        if fmt == "torch-zip":
+            return _torch_load_memory(raw, path, map_location, weights_only)
         return _torch_load(io.BytesIO(raw), path, map_location, weights_only)
     fmt = _ckptkit.check_checkpoint(path, bool(weights_only), "ckptkit.load")
     if fmt == "safetensors":

@@ -283,25 +283,25 @@ PYBIND11_MODULE(_ckptkit, m) {
     m.def("restore_bytes", [](const std::string& src, py::dict d, const char* tool) {
         const Opts o{d};
         std::string json, table;
-        py::object out;   // the restored file: a bytes object filled in place
+        py::object out;   // the restored file: a bytearray filled in place (writable: tensors may share it)
         run_job(tool, src, o.get<unsigned>("threads", 0), [&] {
             set_decode_device(o.get<std::string>("device", "auto"), src);
             if (readable_non_hdf5(src)) throw BadInput(src, "not a ckptkit container");
             const Report rep = restore_to_memory(src, [&](uint64_t n) -> void* {
                 py::gil_scoped_acquire gil;
-                PyObject* b = PyBytes_FromStringAndSize(nullptr, Py_ssize_t(n));
+                PyObject* b = PyByteArray_FromStringAndSize(nullptr, Py_ssize_t(n));
                 if (!b) {
                     PyErr_Clear();
                     throw std::bad_alloc();
                 }
                 out = py::reinterpret_steal<py::object>(b);
-                return PyBytes_AS_STRING(b);
+                return PyByteArray_AS_STRING(b);
             }, RestoreOptions{});
             json = rep.json(), table = rep.table();
         });
         return py::make_tuple(out, json, table, sink()->take());
     }, py::arg("src"), py::arg("opts"), py::arg("tool") = "ckptkit.load",
-       "the checkpoint restored from the container SRC, as bytes (no file); returns (bytes, json, table, warnings)");
+       "the checkpoint restored from the container SRC, in memory (no file); returns (bytearray, json, table, warnings)");
 
     m.def("check_checkpoint", [](py::object what, bool strict, const char* tool) {
         // what: a path (str) or a list of parts (compress_memory's) named "<memory>"

@@ -459,3 +459,27 @@ def test_recipe_lightning_checkpoint_io(tmp_path):
     assert got["global_step"] == 3 and got["optimizer_states"][0]["param_groups"] == want["optimizer_states"][0]["param_groups"]
     io_.remove_checkpoint(path)
     assert not os.path.exists(path)
+
+
+def test_load_container_decodes_in_place(tmp_path, monkeypatch):
+    """A container's torch zip is loaded with its storages as views of the restored buffer
+    (no torch.load of a second copy), also under weights_only=True; storage sharing kept."""
+    obj = torch.load(fixture_path("lm_adamw.pt"))
+    ckptkit.save(obj, tmp_path / "c.ckz.h5")
+
+    def no_copy(*a, **k):
+        raise AssertionError("fell back to torch.load(io.BytesIO(...))")
+
+    monkeypatch.setattr(ckptkit, "_torch_load", no_copy)
+    for wo in (False, True):
+        got = ckptkit.load(tmp_path / "c.ckz.h5", map_location="cpu", weights_only=wo)
+        assert not tsc.compare_checkpoints(obj["model"], got["model"], check_zeros=True)
+        assert got["optimizer"]["param_groups"] == obj["optimizer"]["param_groups"]
+    tied = [k for k in got["model"] if k.endswith("weight")]
+    ptrs = {}
+    for k in tied:
+        ptrs.setdefault(got["model"][k].data_ptr(), []).append(k)
+    want = {}
+    for k in tied:
+        want.setdefault(obj["model"][k].data_ptr(), []).append(k)
+    assert sorted(ptrs.values()) == sorted(want.values())
