@@ -24,7 +24,7 @@ from . import _ckptkit
 from . import _safetensors
 from ._errors import BadInput, CheckFailed, CkptkitError, CkptkitWarning
 
-__all__ = ["save", "load", "compress", "verify", "restore", "Report", "BadInput", "CheckFailed",
+__all__ = ["save", "load", "compress", "verify", "restore", "release_staging", "Report", "BadInput", "CheckFailed",
            "CkptkitError", "CkptkitWarning", "__version__"]
 __version__ = _ckptkit.__version__
 
@@ -187,6 +187,43 @@ def restore(src, dst, *, force=False, threads=None, device="auto"):
 _BORROW_MIN = 64 * 1024
 
 
+class _Staging:
+    """Host memory a background save copies the storages into (its snapshot), kept for the
+    next background save when this one is done, as DCP's async_save keeps its staging
+    buffers: the copy then costs no page faults. Arenas of 64 MiB (or one record's size);
+    ckptkit.release_staging() frees what is kept."""
+
+    ARENA = 64 << 20
+
+    def __init__(self):
+        self.free = []
+        self.lock = threading.Lock()
+
+    def take(self, n):
+        with self.lock:
+            fits = [i for i, a in enumerate(self.free) if len(a) >= n]
+            if fits:
+                return self.free.pop(min(fits, key=lambda i: len(self.free[i])))
+        return bytearray(max(n, self.ARENA))
+
+    def give(self, arenas):
+        with self.lock:
+            self.free.extend(arenas)
+
+    def clear(self):
+        with self.lock:
+            self.free.clear()
+
+
+_staging = _Staging()
+
+
+def release_staging():
+    """Free the host memory kept for background saves (the size of the last checkpoint
+    saved in the background); the next background save allocates it again."""
+    _staging.clear()
+
+
 class _Sink:
     """The file torch's zip writer (torch._C.PyTorchFileWriter) writes into. torch 1.13 hands
     write() memoryviews of its own buffers, valid during the call only: every write is
@@ -202,6 +239,21 @@ class _Sink:
         self.pending = None      # (address, size) of the record being written
         self.size = 0
         self.borrowed = 0        # bytes read where the tensors are
+        self.arenas = []         # staging arenas holding the copies (background saves)
+        self.arena_used = 0
+
+    def _copy(self, b):
+        """A copy of the large write `b` (torch's view, valid during the call only)."""
+        n = len(b)
+        if self.borrow:
+            return bytes(b)
+        if not self.arenas or len(self.arenas[-1]) - self.arena_used < n:
+            self.arenas.append(_staging.take(n))
+            self.arena_used = 0
+        mv = memoryview(self.arenas[-1])[self.arena_used:self.arena_used + n]
+        mv[:] = b
+        self.arena_used += n
+        return mv
 
     def _flush_small(self):
         if self.small:
@@ -218,10 +270,10 @@ class _Sink:
                 self.parts.append((p[0], n))
                 self.borrowed += n
             else:
-                self.parts.append(bytes(b))
+                self.parts.append(self._copy(b))
         elif n >= _BORROW_MIN:
             self._flush_small()
-            self.parts.append(bytes(b))
+            self.parts.append(self._copy(b))
         else:
             self.small += b
         self.size += n
@@ -283,6 +335,19 @@ def _save_parts(parts, name, path, opts):
     return _report(*_ckptkit.compress_memory(name, parts, path, opts, "ckptkit.save"))
 
 
+def _save_staged(sink, name, path, opts):
+    """A background save's job: compress the snapshot, then give its staging memory back."""
+    parts = sink.finish()
+    try:
+        return _save_parts(parts, name, path, opts)
+    finally:
+        for p in parts:
+            if isinstance(p, memoryview):
+                p.release()
+        del parts
+        _staging.give(sink.arenas)
+
+
 _executor = None
 _executor_lock = threading.Lock()
 
@@ -307,11 +372,12 @@ def save(obj, path, *, tolerance=0.01, grad_bound=1.0, optimizer="auto", codec="
     copied to the host whole by torch, one storage at a time, and those copies are kept
     until the end (one full copy).
 
-    background=True: returns at once a concurrent.futures.Future of the Report. The object is
-    serialised first, synchronously (a snapshot: one full copy of the serialised checkpoint
-    in memory, freed when the save ends), so training may step the optimizer meanwhile;
-    compression runs in one worker thread (saves queue in order). The container is the same
-    bytes as a synchronous save's.
+    background=True: returns a concurrent.futures.Future of the Report once the object is
+    serialised, synchronously, into host staging memory (a snapshot: one full copy of the
+    serialised checkpoint, kept for the next background save as DCP's async_save keeps its
+    staging buffers; ckptkit.release_staging() frees it), so training may step the optimizer
+    meanwhile; compression runs in one worker thread (saves queue in order). The container
+    is the same bytes as a synchronous save's.
 
     Options as ckpt-compress's flags; **hyper: lr, beta1, beta2, eps, weight_decay, amsgrad,
     maximize (fill in what the file does not state), param_bound, strict, chunk, device."""
@@ -323,7 +389,7 @@ def save(obj, path, *, tolerance=0.01, grad_bound=1.0, optimizer="auto", codec="
         sink = _serialize(obj, borrow=True)
         return _save_parts(sink.finish(), name, path, opts)
     sink = _serialize(obj, borrow=False)
-    return _background().submit(_save_parts, sink.finish(), name, path, opts)
+    return _background().submit(_save_staged, sink, name, path, opts)
 
 
 # ------------------------------------------------------------------------------ load

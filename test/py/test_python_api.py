@@ -483,3 +483,17 @@ def test_load_container_decodes_in_place(tmp_path, monkeypatch):
     for k in tied:
         want.setdefault(obj["model"][k].data_ptr(), []).append(k)
     assert sorted(ptrs.values()) == sorted(want.values())
+
+
+def test_background_error_is_the_futures(tmp_path):
+    """A background save that fails raises from its Future (one line), leaves nothing, and
+    gives its staging memory back for the next one."""
+    fut = ckptkit.save({"w": torch.ones(100000)}, tmp_path / "x.ckz.h5", background=True)
+    with pytest.raises(ckptkit.BadInput) as e:
+        fut.result(timeout=300)
+    _one_line(e.value)
+    assert not (tmp_path / "x.ckz.h5").exists()
+    _no_temporaries(tmp_path)
+    obj = torch.load(fixture_path("cnn_adamw.pt"))
+    assert ckptkit.save(obj, tmp_path / "y.ckz.h5", background=True).result(timeout=300).ok
+    ckptkit.release_staging()
