@@ -11,8 +11,12 @@
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -191,6 +195,24 @@ Spans make_spans(const py::list& parts) {
     return s;
 }
 
+/// Writable anonymous memory for a restored checkpoint, mapped with MAP_POPULATE: the
+/// kernel backs it in one call instead of one page fault per 4 KiB as it is written (half the
+/// time of a bytearray on a 268 MB checkpoint in a VM). Python sees it through the buffer
+/// protocol; tensors made with torch.frombuffer keep it alive; munmap-ed with the last.
+struct MemBuffer {
+    void* p = nullptr;
+    std::size_t n = 0;
+    explicit MemBuffer(std::size_t size) : n(size) {
+        void* q = ::mmap(nullptr, std::max<std::size_t>(n, 1), PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+        if (q == MAP_FAILED) throw std::bad_alloc();
+        p = q;
+    }
+    ~MemBuffer() { ::munmap(p, std::max<std::size_t>(n, 1)); }
+    MemBuffer(const MemBuffer&) = delete;
+    MemBuffer& operator=(const MemBuffer&) = delete;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_ckptkit, m) {
@@ -200,6 +222,13 @@ PYBIND11_MODULE(_ckptkit, m) {
     sink() = std::make_shared<CollectSink>();
     sink()->set_pattern("%l: %v");
     spdlog::set_default_logger(std::make_shared<spdlog::logger>("ckptkit", sink()));
+
+    py::class_<MemBuffer>(m, "Buffer", py::buffer_protocol(), "writable memory holding a restored checkpoint")
+        .def_buffer([](MemBuffer& b) {
+            return py::buffer_info(b.p, 1, py::format_descriptor<uint8_t>::format(), 1, {py::ssize_t(b.n)}, {py::ssize_t(1)},
+                                   false);
+        })
+        .def("__len__", [](const MemBuffer& b) { return b.n; });
 
     m.def("compress", [](const std::string& src, const std::string& dst, py::dict d) {
         const Opts o{d};
@@ -283,25 +312,22 @@ PYBIND11_MODULE(_ckptkit, m) {
     m.def("restore_bytes", [](const std::string& src, py::dict d, const char* tool) {
         const Opts o{d};
         std::string json, table;
-        py::object out;   // the restored file: a bytearray filled in place (writable: tensors may share it)
+        py::object out;   // the restored file: a Buffer filled in place (writable: tensors may share it)
         run_job(tool, src, o.get<unsigned>("threads", 0), [&] {
             set_decode_device(o.get<std::string>("device", "auto"), src);
             if (readable_non_hdf5(src)) throw BadInput(src, "not a ckptkit container");
             const Report rep = restore_to_memory(src, [&](uint64_t n) -> void* {
+                auto b = std::make_unique<MemBuffer>(std::size_t(n));   // mapped without the GIL
+                void* p = b->p;
                 py::gil_scoped_acquire gil;
-                PyObject* b = PyByteArray_FromStringAndSize(nullptr, Py_ssize_t(n));
-                if (!b) {
-                    PyErr_Clear();
-                    throw std::bad_alloc();
-                }
-                out = py::reinterpret_steal<py::object>(b);
-                return PyByteArray_AS_STRING(b);
+                out = py::cast(b.release(), py::return_value_policy::take_ownership);
+                return p;
             }, RestoreOptions{});
             json = rep.json(), table = rep.table();
         });
         return py::make_tuple(out, json, table, sink()->take());
     }, py::arg("src"), py::arg("opts"), py::arg("tool") = "ckptkit.load",
-       "the checkpoint restored from the container SRC, in memory (no file); returns (bytearray, json, table, warnings)");
+       "the checkpoint restored from the container SRC, in memory (no file); returns (Buffer, json, table, warnings)");
 
     m.def("check_checkpoint", [](py::object what, bool strict, const char* tool) {
         // what: a path (str) or a list of parts (compress_memory's) named "<memory>"
