@@ -497,3 +497,17 @@ def test_background_error_is_the_futures(tmp_path):
     obj = torch.load(fixture_path("cnn_adamw.pt"))
     assert ckptkit.save(obj, tmp_path / "y.ckz.h5", background=True).result(timeout=300).ok
     ckptkit.release_staging()
+
+
+def test_bad_corpus_raises_one_line(tmp_path):
+    """Every malformed or hostile file of test/corpus/bad (truncated zips and pickles, os.system
+    and eval globals, expansion bombs, bad safetensors headers, views past their storage):
+    ckptkit.load raises BadInput with one line naming the file; none loads, nothing runs."""
+    bad = os.path.join(ROOT, "test", "corpus", "bad")
+    files = sorted(f for f in os.listdir(bad) if not f.endswith(".md"))
+    assert len(files) > 50
+    for f in files:
+        path = os.path.join(bad, f)
+        with pytest.raises(ckptkit.BadInput) as e:
+            ckptkit.load(path)
+        assert _one_line(e.value).startswith(f"ckptkit.load: error: {path}: "), f
