@@ -51,9 +51,15 @@ class Report(dict):
 
 
 def _report(json_text, table, lines):
-    for line in lines:
-        warnings.warn(line, CkptkitWarning, stacklevel=3)
     return Report(json.loads(json_text), table, lines)
+
+
+def _warn(rep):
+    """The library's warning lines as CkptkitWarning, attributed to the caller of the public
+    function that calls this."""
+    for line in rep.warnings:
+        warnings.warn(line, CkptkitWarning, stacklevel=3)
+    return rep
 
 
 # ------------------------------------------------------------------------------ options
@@ -153,7 +159,7 @@ def compress(src, dst, **opts):
     CheckFailed when a certificate exceeds the tolerance."""
     src, dst = _path(src, "src"), _path(dst, "dst")
     o = _compress_opts("ckpt-compress", **opts)
-    rep = _report(*_ckptkit.compress(src, dst, o))
+    rep = _warn(_report(*_ckptkit.compress(src, dst, o)))
     return _checked(rep, "ckpt-compress", src)
 
 
@@ -167,7 +173,7 @@ def verify(path, original=None, *, grid=257, strict=False, threads=None):
         raise _bad("ckpt-verify", f"--grid: {grid!r} is not in [5, 1048576]")
     o = {"grid": grid, "strict": bool(strict), "threads": _threads("ckpt-verify", threads)}
     js, table, lines, ok, first = _ckptkit.verify(path, original, o)
-    return _checked(_report(js, table, lines), "ckpt-verify", path, ok, first)
+    return _checked(_warn(_report(js, table, lines)), "ckpt-verify", path, ok, first)
 
 
 def restore(src, dst, *, force=False, threads=None, device="auto"):
@@ -177,7 +183,7 @@ def restore(src, dst, *, force=False, threads=None, device="auto"):
     if device not in ("cpu", "cuda", "auto"):
         raise _bad("ckpt-restore", f"--device: {device} not in {{cpu,cuda,auto}}")
     o = {"force": bool(force), "threads": _threads("ckpt-restore", threads), "device": device}
-    return _report(*_ckptkit.restore(src, dst, o))
+    return _warn(_report(*_ckptkit.restore(src, dst, o)))
 
 
 # ------------------------------------------------------------------------------ save
@@ -339,7 +345,7 @@ def _save_staged(sink, name, path, opts):
     """A background save's job: compress the snapshot, then give its staging memory back."""
     parts = sink.finish()
     try:
-        return _save_parts(parts, name, path, opts)
+        return _warn(_save_parts(parts, name, path, opts))
     finally:
         for p in parts:
             if isinstance(p, memoryview):
@@ -376,8 +382,9 @@ def save(obj, path, *, tolerance=0.01, grad_bound=1.0, optimizer="auto", codec="
     serialised, synchronously, into host staging memory (a snapshot: one full copy of the
     serialised checkpoint, kept for the next background save as DCP's async_save keeps its
     staging buffers; ckptkit.release_staging() frees it), so training may step the optimizer
-    meanwhile; compression runs in one worker thread (saves queue in order). The container
-    is the same bytes as a synchronous save's.
+    meanwhile; compression runs in one worker thread (saves queue in order) on half the
+    cores unless `threads` says otherwise. The container is the same bytes as a synchronous
+    save's.
 
     Options as ckpt-compress's flags; **hyper: lr, beta1, beta2, eps, weight_decay, amsgrad,
     maximize (fill in what the file does not state), param_bound, strict, chunk, device."""
@@ -387,7 +394,9 @@ def save(obj, path, *, tolerance=0.01, grad_bound=1.0, optimizer="auto", codec="
     name = "torch.save(obj)"   # the source's name in errors and in the manifest (not the path: same bytes anywhere)
     if not background:
         sink = _serialize(obj, borrow=True)
-        return _save_parts(sink.finish(), name, path, opts)
+        return _warn(_save_parts(sink.finish(), name, path, opts))
+    if threads is None:   # leave training half the cores (any count gives the same bytes)
+        opts["threads"] = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2) // 2)
     sink = _serialize(obj, borrow=False)
     return _background().submit(_save_staged, sink, name, path, opts)
 

@@ -86,10 +86,13 @@ struct Failure {
 };
 
 /// Run `job` without the GIL under job_mutex; a library error is raised as the package's
-/// exception (after the GIL is back). `file` names the input for check failures.
+/// exception (after the GIL is back). `file` names the input for check failures. Returns
+/// the lines the library logged during the job (taken under the lock: a concurrent job's
+/// lines are its own).
 template <class F>
-void run_job(const char* tool, const std::string& file, unsigned threads, F&& job) {
+std::vector<std::string> run_job(const char* tool, const std::string& file, unsigned threads, F&& job) {
     Failure fail;
+    std::vector<std::string> lines;
     {
         py::gil_scoped_release nogil;
         std::lock_guard<std::mutex> lock(job_mutex());
@@ -114,6 +117,7 @@ void run_job(const char* tool, const std::string& file, unsigned threads, F&& jo
             fail = {"BadInput", fmt::format("{}: error: {}", tool, w), "", w};
         }
         codec::set_cpu_threads(0);
+        lines = sink()->take();
     }
     if (fail.cls) {
         py::object cls = py::module_::import("ckptkit._errors").attr(fail.cls);
@@ -121,6 +125,7 @@ void run_job(const char* tool, const std::string& file, unsigned threads, F&& jo
         PyErr_SetObject(cls.ptr(), exc.ptr());
         throw py::error_already_set();
     }
+    return lines;
 }
 
 /// The options dict the Python side checked: typed getters with defaults.
@@ -162,8 +167,8 @@ folder::FolderOptions folder_options(const Opts& o) {
 }
 
 /// (json, table, warnings) of a finished job.
-py::tuple result(const std::string& json, const std::string& table) {
-    return py::make_tuple(json, table, sink() ? sink()->take() : std::vector<std::string>{});
+py::tuple result(const std::string& json, const std::string& table, const std::vector<std::string>& lines) {
+    return py::make_tuple(json, table, lines);
 }
 
 void set_decode_device(const std::string& name, const std::string& file) {
@@ -233,7 +238,7 @@ PYBIND11_MODULE(_ckptkit, m) {
     m.def("compress", [](const std::string& src, const std::string& dst, py::dict d) {
         const Opts o{d};
         std::string json, table;
-        run_job("ckpt-compress", src, o.get<unsigned>("threads", 0), [&] {
+        const auto lines = run_job("ckpt-compress", src, o.get<unsigned>("threads", 0), [&] {
             const CompressOptions c = compress_options(o);
             if (folder::is_folder(src)) {
                 const auto r = folder::compress_folder(src, dst, c, folder_options(o));
@@ -244,7 +249,7 @@ PYBIND11_MODULE(_ckptkit, m) {
             const Report r = compress(src, dst, c);
             json = r.json(), table = r.table();
         });
-        return result(json, table);
+        return result(json, table, lines);
     }, py::arg("src"), py::arg("dst"), py::arg("opts"),
        "ckpt-compress SRC -o DST (a file or a folder); returns (json, table, warnings)");
 
@@ -253,14 +258,14 @@ PYBIND11_MODULE(_ckptkit, m) {
         const Opts o{d};
         std::string json, table;
         Spans s = make_spans(parts);
-        run_job(tool, name, o.get<unsigned>("threads", 0), [&] {
+        const auto lines = run_job(tool, name, o.get<unsigned>("threads", 0), [&] {
             const CompressOptions c = compress_options(o);
             check_outputs({}, {dst}, true);   // a folder, or not a regular file: refused
             const io::InputFile in(name, s.spans);
             const Report r = compress(in, dst, c);
             json = r.json(), table = r.table();
         });
-        return result(json, table);
+        return result(json, table, lines);
     }, py::arg("name"), py::arg("parts"), py::arg("dst"), py::arg("opts"), py::arg("tool") = "ckptkit.save",
        "compress the checkpoint made of `parts` (bytes-like objects and (address, size) tuples, "
        "concatenated) into the container DST (replaced atomically); returns (json, table, warnings)");
@@ -269,7 +274,7 @@ PYBIND11_MODULE(_ckptkit, m) {
         const Opts o{d};
         std::string json, table, first;
         bool ok = true;
-        run_job("ckpt-verify", path, o.get<unsigned>("threads", 0), [&] {
+        const auto lines = run_job("ckpt-verify", path, o.get<unsigned>("threads", 0), [&] {
             VerifyOptions v;
             v.grid = o.get<int>("grid", v.grid);
             v.strict = o.get<bool>("strict", false);
@@ -286,14 +291,14 @@ PYBIND11_MODULE(_ckptkit, m) {
             json = r.json(), table = r.table(), ok = r.ok;
             if (!r.failures.empty()) first = r.failures.front();
         });
-        return py::make_tuple(json, table, sink()->take(), ok, first);
+        return py::make_tuple(json, table, lines, ok, first);
     }, py::arg("path"), py::arg("original"), py::arg("opts"),
        "ckpt-verify PATH [--original ORIGINAL]; returns (json, table, warnings, ok, first failure)");
 
     m.def("restore", [](const std::string& src, const std::string& dst, py::dict d) {
         const Opts o{d};
         std::string json, table;
-        run_job("ckpt-restore", src, o.get<unsigned>("threads", 0), [&] {
+        const auto lines = run_job("ckpt-restore", src, o.get<unsigned>("threads", 0), [&] {
             set_decode_device(o.get<std::string>("device", "auto"), src);
             RestoreOptions r;
             if (folder::is_folder(src)) {
@@ -306,14 +311,14 @@ PYBIND11_MODULE(_ckptkit, m) {
             const Report rep = restore(src, dst, r);
             json = rep.json(), table = rep.table();
         });
-        return result(json, table);
+        return result(json, table, lines);
     }, py::arg("src"), py::arg("dst"), py::arg("opts"), "ckpt-restore SRC -o DST; returns (json, table, warnings)");
 
     m.def("restore_bytes", [](const std::string& src, py::dict d, const char* tool) {
         const Opts o{d};
         std::string json, table;
         py::object out;   // the restored file: a Buffer filled in place (writable: tensors may share it)
-        run_job(tool, src, o.get<unsigned>("threads", 0), [&] {
+        const auto lines = run_job(tool, src, o.get<unsigned>("threads", 0), [&] {
             set_decode_device(o.get<std::string>("device", "auto"), src);
             if (readable_non_hdf5(src)) throw BadInput(src, "not a ckptkit container");
             const Report rep = restore_to_memory(src, [&](uint64_t n) -> void* {
@@ -325,7 +330,7 @@ PYBIND11_MODULE(_ckptkit, m) {
             }, RestoreOptions{});
             json = rep.json(), table = rep.table();
         });
-        return py::make_tuple(out, json, table, sink()->take());
+        return py::make_tuple(out, json, table, lines);
     }, py::arg("src"), py::arg("opts"), py::arg("tool") = "ckptkit.load",
        "the checkpoint restored from the container SRC, in memory (no file); returns (Buffer, json, table, warnings)");
 
@@ -342,7 +347,6 @@ PYBIND11_MODULE(_ckptkit, m) {
             const Checkpoint ck = is_path ? read_checkpoint(name, l) : read_checkpoint(io::InputFile(name, s.spans), l);
             fmt_name = format_name(ck.format);
         });
-        sink()->take();
         return fmt_name;
     }, py::arg("what"), py::arg("strict") = false, py::arg("tool") = "ckptkit.load",
        "parse a checkpoint (path or parts) as the tools do, refusing globals that run code "

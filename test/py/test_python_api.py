@@ -511,3 +511,21 @@ def test_bad_corpus_raises_one_line(tmp_path):
         with pytest.raises(ckptkit.BadInput) as e:
             ckptkit.load(path)
         assert _one_line(e.value).startswith(f"ckptkit.load: error: {path}: "), f
+
+
+def test_warnings_reach_python(tmp_path):
+    """The library's warning lines (a state kept exact) come as CkptkitWarning and in
+    Report.warnings, for synchronous and background saves."""
+    obj = torch.load(fixture_path("cnn_adamw.pt"))
+    m = torch.nn.Linear(4, 4)
+    nadam = torch.optim.NAdam(m.parameters())
+    m(torch.randn(2, 4)).sum().backward()
+    nadam.step()
+    obj["nadam"] = nadam.state_dict()
+    with pytest.warns(ckptkit.CkptkitWarning, match="kept exact: NAdam state"):
+        rep = ckptkit.save(obj, tmp_path / "a.ckz.h5")
+    assert any("NAdam" in w for w in rep.warnings)
+    with pytest.warns(ckptkit.CkptkitWarning, match="kept exact: NAdam state"):
+        ckptkit.save(obj, tmp_path / "b.ckz.h5", background=True).result(timeout=300)
+    got = ckptkit.load(tmp_path / "b.ckz.h5")
+    assert not tsc.compare_checkpoints(obj["nadam"], got["nadam"], check_zeros=True)   # kept exact: bit-equal
