@@ -36,8 +36,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kNoAdam = "no Adam/AdamW optimizer state";      // compress(): nothing to do
-constexpr const char* kNeedsTheta = "for the Adam L2 gradient domain";  // compress(): theta not in the file
 constexpr const char* kSuffix = ".ckz.h5";
 
 // ---------------------------------------------------------------- manifest
@@ -529,8 +527,8 @@ FolderReport compress_folder(const std::string& in, const std::string& out_arg, 
         Report cr("", "", "", "", 0, 0);
         try {
             cr = compress(src, join(tmp, stored), oo);
-        } catch (const BadInput& e) {
-            if (o.param_bound || std::string(e.what()).find(kNeedsTheta) == std::string::npos) throw;
+        } catch (const NeedsParamBound&) {  // theta not in the file
+            if (o.param_bound) throw;
             const auto b = theta_bound();
             if (!b) throw;
             oo.param_bound = b->first;
@@ -566,9 +564,8 @@ FolderReport compress_folder(const std::string& in, const std::string& out_arg, 
                 if (r.layout != "hf-trainer") return std::nullopt;
                 return model_param_bound(join(in, parent_of(file)), o.limits);
             });
-        } catch (const BadInput& e) {
-            if (std::string(e.what()).find(kNoAdam) != std::string::npos) return copy_row(file, "no Adam/AdamW state");
-            throw;
+        } catch (const NoAdamState&) {  // nothing to compress: copied as it is
+            return copy_row(file, "no Adam/AdamW state");
         }
         if (r.ok && r.bytes_out >= r.bytes_in) {  // a container's fixed overhead (~13 KB) beats a tiny file
             std::error_code ec;

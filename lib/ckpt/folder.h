@@ -84,7 +84,7 @@ struct FolderOptions {
 };
 
 /// ckpt-compress DIR -o OUT_DIR. Files are sniffed (torch zip / legacy / safetensors); those
-/// compress() refuses with "no Adam/AdamW optimizer state" are copied, any other refusal
+/// compress() refuses with NoAdamState are copied, any other refusal
 /// fails the run (BadInput naming the file; every rank throws it, nothing is left). An HF
 /// Trainer optimizer.pt that compress() refuses for lack of theta (Adam's L2 domain) is
 /// compressed with param_bound = the largest |value| of the model file(s) next to it.

@@ -96,7 +96,7 @@ codec::DomainRule domain_for(const ParamState& p, const CompressOptions& o) {
 
 Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressOptions& o) {
     const std::vector<ParamState> states = find_param_states(ck, f, o.hyper, o.optimizer);
-    if (states.empty()) throw BadInput(f.path(), "no Adam/AdamW optimizer state (exp_avg, exp_avg_sq) found");
+    if (states.empty()) throw NoAdamState(f.path(), "no Adam/AdamW optimizer state (exp_avg, exp_avg_sq) found");
     Layout L;
     ct::Manifest& man = L.man;
     man.tool_version = CKPTKIT_VERSION;
@@ -166,7 +166,7 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
             } else if (o.param_bound) {
                 e.domain.theta_bound = *o.param_bound;
             } else {
-                throw BadInput(f.path(), "cannot locate the parameter of optimizer state " + p.name +
+                throw NeedsParamBound(f.path(), "cannot locate the parameter of optimizer state " + p.name +
                                              " for the Adam L2 gradient domain of --horizon 1; pass --param-bound B or "
                                              "--grad-bound inf, or certify every update (--horizon all: no domain needed)");
             }

@@ -12,6 +12,18 @@ struct BadInput : std::runtime_error {
         : std::runtime_error(what), file(std::move(file_)) {}
 };
 
+/// A file with no Adam/AdamW optimizer state at all: nothing to compress (folder mode copies
+/// such a file as it is).
+struct NoAdamState : BadInput {
+    using BadInput::BadInput;
+};
+
+/// Adam's L2 gradient domain of --horizon 1 needs the parameter values and the file has
+/// none (folder mode retries with the bound of the model files next to it).
+struct NeedsParamBound : BadInput {
+    using BadInput::BadInput;
+};
+
 /// A verification check failed (integrity or certificate). Tools exit 1.
 struct CheckFailed : std::runtime_error {
     using std::runtime_error::runtime_error;
