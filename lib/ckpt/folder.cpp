@@ -299,7 +299,7 @@ bool declared_optimizer(const std::vector<Layout>& ls, const std::string& file) 
     for (const auto& l : ls) {
         if (l.dir != dir) continue;
         if (l.kind == "hf-trainer" && base == "optimizer.pt") return true;
-        if (l.kind == "deepspeed-zero" && ends_with(base, "optim_states.pt")) return true;
+        if (l.kind == "deepspeed-zero" && base.ends_with("optim_states.pt")) return true;
     }
     return false;
 }
@@ -307,7 +307,7 @@ bool declared_optimizer(const std::vector<Layout>& ls, const std::string& file) 
 /// First bytes say torch.save (zip or legacy) or safetensors; or a checkpoint extension.
 bool looks_like_checkpoint(const std::string& path) {
     for (const char* e : {".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".distcp"})
-        if (ends_with(path, e)) return true;
+        if (path.ends_with(e)) return true;
     const io::InputFile f(path);
     if (f.size() >= 4 && f.u32(0, "magic") == 0x04034b50u) return true;   // "PK\3\4"
     if (f.size() >= 9) {

@@ -106,7 +106,7 @@ std::vector<Item> dcp_items(const std::string& dir) {
 
 bool is_moment_fqn(const std::string& fqn) {
     return fqn.find(".state.") != std::string::npos &&
-           (ends_with(fqn, ".exp_avg") || ends_with(fqn, ".exp_avg_sq") || ends_with(fqn, ".max_exp_avg_sq"));
+           (fqn.ends_with(".exp_avg") || fqn.ends_with(".exp_avg_sq") || fqn.ends_with(".max_exp_avg_sq"));
 }
 
 namespace {
@@ -257,7 +257,7 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
     for (const auto& [fqn, list] : by_fqn) {
         const std::string tail = ".exp_avg";
         const auto st = fqn.find(".state.");
-        if (!ends_with(fqn, tail) || st == std::string::npos) continue;
+        if (!fqn.ends_with(tail) || st == std::string::npos) continue;
         const std::string X = fqn.substr(0, st), P = fqn.substr(st + 7, fqn.size() - st - 7 - tail.size());
         if (P.empty()) continue;
         const std::string base = X + ".state." + P + ".";

@@ -134,10 +134,6 @@ std::string base_of(const std::string& rel) {
     return s == std::string::npos ? rel : rel.substr(s + 1);
 }
 
-bool ends_with(const std::string& s, const std::string& e) {
-    return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
-}
-
 double max_abs_storages(const Checkpoint& ck, const io::InputFile& f, const std::string& what) {
     double bound = 0;
     std::vector<uint8_t> buf;

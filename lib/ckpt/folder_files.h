@@ -45,8 +45,6 @@ std::string without_trailing_slash(std::string p);
 /// Folder part of a relative path ("" at the root) and its last component.
 std::string parent_of(const std::string& rel);
 std::string base_of(const std::string& rel);
-/// True when `s` ends with `e`.
-bool ends_with(const std::string& s, const std::string& e);
 
 /// The largest |value| over every F32/F16/BF16 storage of `ck` (read from `f` in 1 MiB
 /// pieces). Throws BadInput(f) naming `what` on a non-finite value.

@@ -48,8 +48,8 @@ std::optional<std::pair<double, std::string>> model_param_bound(const std::strin
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
         const std::string n = e.path().filename().string();
-        const bool st = n == "model.safetensors" || (n.rfind("model-", 0) == 0 && ends_with(n, ".safetensors"));
-        const bool pt = n == "pytorch_model.bin" || (n.rfind("pytorch_model-", 0) == 0 && ends_with(n, ".bin"));
+        const bool st = n == "model.safetensors" || (n.rfind("model-", 0) == 0 && n.ends_with(".safetensors"));
+        const bool pt = n == "pytorch_model.bin" || (n.rfind("pytorch_model-", 0) == 0 && n.ends_with(".bin"));
         if ((st || pt) && e.is_regular_file()) models.push_back(n);
     }
     if (models.empty()) return std::nullopt;
@@ -84,9 +84,9 @@ std::vector<Layout> detect_layouts(const std::string& root, const std::vector<st
         }
         // DeepSpeed ZeRO-1/2 global_stepN/
         std::size_t shards = 0;
-        for (const auto& n : names) shards += ends_with(n, "optim_states.pt");
+        for (const auto& n : names) shards += n.ends_with("optim_states.pt");
         if (shards) {
-            const std::string model = std::any_of(names.begin(), names.end(), [](auto& n) { return ends_with(n, "model_states.pt"); })
+            const std::string model = std::any_of(names.begin(), names.end(), [](auto& n) { return n.ends_with("model_states.pt"); })
                                           ? " + *model_states.pt" : "";
             out.push_back({"deepspeed-zero", dir, fmt::format("{} *optim_states.pt shards{}", shards, model), ""});
         }
@@ -101,7 +101,7 @@ std::vector<Layout> detect_layouts(const std::string& root, const std::vector<st
                 out.push_back({"deepspeed-zero", dir, "latest -> " + tag, "parent folder of the tagged checkpoints"});
         }
         // torch.distributed.checkpoint
-        if (has(".metadata") && std::any_of(names.begin(), names.end(), [](auto& n) { return ends_with(n, ".distcp"); })) {
+        if (has(".metadata") && std::any_of(names.begin(), names.end(), [](auto& n) { return n.ends_with(".distcp"); })) {
             Layout l{"dcp", dir, ".metadata + *.distcp", ""};
             try {
                 l.note = dcp_summary(join(root, dir));
