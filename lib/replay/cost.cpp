@@ -1,4 +1,6 @@
-// Cost model and planner registry (see planner.h).
+// Cost model shared by every planner: per-segment option costs, the Problem a trace becomes,
+// evaluation of a decision vector and a finished plan (see planner.h; the registry of
+// planners by name is planner_registry.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
