@@ -529,3 +529,14 @@ def test_warnings_reach_python(tmp_path):
         ckptkit.save(obj, tmp_path / "b.ckz.h5", background=True).result(timeout=300)
     got = ckptkit.load(tmp_path / "b.ckz.h5")
     assert not tsc.compare_checkpoints(obj["nadam"], got["nadam"], check_zeros=True)   # kept exact: bit-equal
+
+
+def test_legacy_format_container(tmp_path):
+    """A legacy (_use_new_zipfile_serialization=False) checkpoint compressed by the CLI's job
+    loads back through torch's own legacy reader, also under weights_only=True."""
+    obj = torch.load(fixture_path("cnn_adamw.pt"))
+    torch.save(obj, tmp_path / "leg.pt", _use_new_zipfile_serialization=False)
+    assert ckptkit.compress(tmp_path / "leg.pt", tmp_path / "leg.ckz.h5").ok
+    for wo in (False, True):
+        _assert_same_step("cnn_adamw.pt", obj, ckptkit.load(tmp_path / "leg.ckz.h5", weights_only=wo),
+                          fixture_path("cnn_adamw.pt"))
