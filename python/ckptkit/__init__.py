@@ -314,13 +314,39 @@ class _Writer:
         return getattr(self.w, key)
 
 
+class _NullFile:
+    def write(self, b):
+        return len(b)
+
+
+def _host_only(obj):
+    """Whether every storage `obj` pickles is in host memory: a pickling pass that stops at
+    each storage (as torch.save's persistent_id does) and writes nothing."""
+    import torch
+    devices = set()
+
+    class Scan(pickle.Pickler):
+        def persistent_id(self, o):
+            if isinstance(o, (torch.storage.TypedStorage, torch.UntypedStorage)) or torch.is_storage(o):
+                devices.add(o.device.type)
+                return "s"
+            return None
+
+    try:
+        Scan(_NullFile(), protocol=2).dump(obj)
+    except Exception:  # noqa: BLE001 - torch.save will say what cannot be pickled
+        return False
+    return devices <= {"cpu"}
+
+
 def _serialize(obj, borrow):
     """The bytes torch.save(obj, buffer) writes, as parts (see _Sink). With `borrow`, storages
     on the host of >= 64 KiB are not copied: the parts point at the tensors' memory."""
     import torch
     import torch.serialization as ts
     # a CUDA storage is copied to the host by _save and freed after its record: keep copies
-    borrow = borrow and not (torch.cuda.is_available() and torch.cuda.is_initialized())
+    if borrow and torch.cuda.is_available() and torch.cuda.is_initialized():
+        borrow = _host_only(obj)
     sink = _Sink(borrow)
     try:
         import inspect
@@ -374,9 +400,9 @@ def save(obj, path, *, tolerance=0.01, grad_bound=1.0, optimizer="auto", codec="
     file of the full checkpoint is written. Returns the Report.
 
     Memory: the storages of host tensors (>= 64 KiB) are read where they are; what is kept
-    is the pickle, the zip records' headers and the storages under 64 KiB. CUDA tensors are
-    copied to the host whole by torch, one storage at a time, and those copies are kept
-    until the end (one full copy).
+    is the pickle, the zip records' headers and the storages under 64 KiB. When the object
+    holds CUDA tensors, torch copies each of their storages to the host whole, one at a time,
+    and the copies of every storage are kept until the end (one full copy).
 
     background=True: returns a concurrent.futures.Future of the Report once the object is
     serialised, synchronously, into host staging memory (a snapshot: one full copy of the

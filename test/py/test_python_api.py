@@ -540,3 +540,14 @@ def test_legacy_format_container(tmp_path):
     for wo in (False, True):
         _assert_same_step("cnn_adamw.pt", obj, ckptkit.load(tmp_path / "leg.ckz.h5", weights_only=wo),
                           fixture_path("cnn_adamw.pt"))
+
+
+def test_host_only_scan():
+    """The pickling pass that decides whether a save may read storages where they are (it may
+    not when torch copies CUDA storages to the host during the save: no CUDA here, so only
+    host storages, nested and bare, and an unpicklable object, which disables borrowing)."""
+    obj = torch.load(fixture_path("lm_adamw.pt"))
+    assert ckptkit._host_only(obj)
+    nested = {"a": [torch.ones(3), {"b": torch.zeros(2, 2).t()}], "c": torch.arange(5).storage()}
+    assert ckptkit._host_only(nested)
+    assert not ckptkit._host_only({"f": lambda x: x})   # not picklable: no borrowing
