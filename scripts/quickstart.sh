@@ -16,8 +16,20 @@ echo "== ckpt-verify (with the original)"
 $B/ckpt-verify "$OUT/lm_adamw.ckz.h5" --original "$CKPT"
 echo "== ckpt-restore"
 $B/ckpt-restore "$OUT/lm_adamw.ckz.h5" -o "$OUT/lm_adamw.restored.pt" --force
-echo "== stock torch: load, load_state_dict, one optimizer.step() per gradient kind"
-/usr/bin/python3 scripts/torch_step_check.py "$CKPT" "$OUT/lm_adamw.restored.pt" --tolerance 0.01 --grad-bound 1.0
+echo "== stock torch: load, load_state_dict, one optimizer.step() per gradient kind, then 200 steps of gradient sequences"
+/usr/bin/python3 scripts/torch_step_check.py "$CKPT" "$OUT/lm_adamw.restored.pt" --tolerance 0.01 --grad-bound 1.0 --steps 200
+echo "== Python: ckptkit.save / ckptkit.load (no full-size file), equal to torch.load outside the moments"
+PYTHONPATH=build/python /usr/bin/python3 - "$CKPT" "$OUT" <<'PY'
+import sys, torch, ckptkit
+src, out = sys.argv[1], sys.argv[2]
+orig = torch.load(src)
+rep = ckptkit.save(orig, f"{out}/lm_adamw.py.ckz.h5")
+back = ckptkit.load(f"{out}/lm_adamw.py.ckz.h5")
+same = all(torch.equal(v, back["model"][k]) for k, v in orig["model"].items())
+print(f"saved: moment reduction {100 * rep.moment_reduction:.1f}%, max bound {rep.max_bound_lr:.4f} lr; "
+      f"model tensors identical after load: {same}")
+sys.exit(0 if same and rep.ok else 1)
+PY
 TRACE=data/traces/bn.trace.json
 echo "== replay-plan $TRACE (a real recorded step of test/models/bn.py, BatchNorm running stats)"
 $B/replay-plan "$TRACE" --budget 1.5MiB --budget 1.7MiB -o "$OUT/bn.plan.json" --check --force
