@@ -657,9 +657,10 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
         std::vector<std::string> gkeys;
         const auto listed = group_of.find(idx);
         const bool found = listed != group_of.end();
+        ParamState& ps = p;  // a structured binding cannot be captured (clang 14)
         auto read_json_group = [&](const nlohmann::json& g) {
             for (auto it = g.begin(); it != g.end(); ++it) gkeys.push_back(it.key());
-            read_group(p.hyper, p.stated, p.decoupled, [&](const char* key) -> std::optional<double> {
+            read_group(ps.hyper, ps.stated, ps.decoupled, [&](const char* key) -> std::optional<double> {
                 std::string kk = key;
                 if ((kk == "beta1" || kk == "beta2") && g.contains("betas") && g["betas"].is_array() && g["betas"].size() == 2 && g["betas"][kk == "beta1" ? 0 : 1].is_number())
                     return g["betas"][kk == "beta1" ? 0 : 1].get<double>();
