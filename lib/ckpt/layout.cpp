@@ -61,6 +61,9 @@ struct CandidateBound {
 CandidateBound candidate_bound(const Checkpoint& ck, const io::InputFile& f, const std::vector<int>& candidates) {
     CandidateBound c;
     for (int t : candidates) {
+        // torch creates moments in the parameter's dtype: an F64 tensor is not the parameter of
+        // FP32/F16/BF16 moments (the only ones coded)
+        if (float_dtype_size(ck.tensors[std::size_t(t)].dtype) == 0) continue;
         const double m = max_finite_abs(ck, f, t);
         if (m < 0) continue;
         c.bound = std::max(c.bound, m);

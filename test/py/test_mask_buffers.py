@@ -135,3 +135,23 @@ def test_no_usable_candidate_is_as_none_found(tmp_path):
     assert p.returncode == 0, p.stderr
     p = run_tool(b, "ckpt-verify", tmp_path / "lone.ckz.h5", "--original", lone)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_float64_tensor_of_a_parameters_shape_is_no_candidate(tmp_path):
+    """A float64 buffer with a parameter's shape (a precomputed rotary table, say) cannot be
+    the parameter of float32 moments (torch creates moments in the parameter's dtype): it is
+    left out of the candidates instead of refusing the file ("not FP32/F16/BF16")."""
+    b = require_ckptkit_bin()
+    src = tmp_path / "block.pt"
+    model = _make(src, 0.0)
+    sd = torch.load(src)
+    sd["model"]["table"] = torch.randn(N, N, dtype=torch.float64) * 1e6
+    f64 = tmp_path / "f64.pt"
+    torch.save(sd, f64)
+    p = run_tool(b, "ckpt-compress", f64, "-o", tmp_path / "f64.ckz.h5", "--horizon", "1")
+    assert p.returncode == 0, p.stderr
+    bound = max(float(w.detach().abs().max()) for w in (model.q.weight, model.k.weight, model.v.weight))
+    shown = [float(m) for m in re.findall(r"wd\*theta, \|theta\| <= ([0-9.e+-]+)", p.stdout)]
+    assert shown and max(shown) == pytest.approx(bound, rel=1e-5), p.stdout  # not the table's 1e6
+    v = run_tool(b, "ckpt-verify", tmp_path / "f64.ckz.h5", "--original", f64)
+    assert v.returncode == 0, v.stdout + v.stderr
