@@ -57,17 +57,6 @@ void read_group(codec::AdamHyper& h, unsigned& stated, std::optional<bool>& deco
     if (auto v = get("decoupled_weight_decay")) decoupled = *v != 0;
 }
 
-/// x rounded to nearest in a float type of `bits` significant bits (24 float32, 11 float16,
-/// 8 bfloat16; 0: x itself).
-double narrow(double x, int bits) {
-    if (bits == 24) return double(float(x));
-    if (bits == 11) return double(_Float16(x));
-    if (bits <= 0 || !std::isfinite(x) || x == 0) return x;
-    int e = 0;
-    const double f = std::frexp(x, &e);
-    return std::ldexp(std::nearbyint(std::ldexp(f, bits)), e - bits);
-}
-
 /// Overrides fill in what the file does not state; a different value for a stated key is
 /// BadInput (the guarantee must hold for the hyper-parameters torch will load). A key the
 /// file states in a narrower dtype (bits[k], ParamState::stated_bits) is compared in that
@@ -81,7 +70,7 @@ void apply(codec::AdamHyper& h, unsigned stated, const int* bits, const HyperOve
         if (!given) continue;
         const double want = k < 5 ? *num[k] : (*flag[k - 5] ? 1.0 : 0.0);
         const double have = k < 5 ? *hyper_field(h, k) : ((k == 5 ? h.amsgrad : h.maximize) ? 1.0 : 0.0);
-        if ((stated >> k & 1u) && k < 5 && bits[k] && narrow(want, bits[k]) == have) continue;
+        if ((stated >> k & 1u) && k < 5 && bits[k] && codec::round_to_bits(want, bits[k]) == have) continue;
         if ((stated >> k & 1u) && want != have)
             throw BadInput(file, fmt::format("--{} {} contradicts the file's {} = {} for {}; overrides only fill in "
                                              "what the file does not state",

@@ -42,16 +42,18 @@ struct AdamHyper {
     int horizon = 1;
 };
 
-/// torch's `step_t += 1` for a step held with `bits` significant bits: x rounded to the
-/// nearest representable value, ties to even (a BF16 step of 256 stays 256). bits = 0:
-/// exact. x > 0 integer.
-inline double round_step(double x, int bits) {
-    if (bits <= 0 || !(x > 0) || !std::isfinite(x)) return x;
+/// x rounded to nearest, ties to even, in a float type of `bits` significant bits (24
+/// float32, 11 float16, 8 bfloat16; normal range); bits = 0: x itself.
+inline double round_to_bits(double x, int bits) {
+    if (bits <= 0 || !std::isfinite(x) || x == 0) return x;
     int e = 0;
-    std::frexp(x, &e);  // x = f 2^e, f in [0.5, 1)
-    const double ulp = std::ldexp(1.0, e - bits);
-    return ulp <= 1 ? x : std::nearbyint(x / ulp) * ulp;
+    const double f = std::frexp(x, &e);  // x = f 2^e, |f| in [0.5, 1)
+    return std::ldexp(std::nearbyint(std::ldexp(f, bits)), e - bits);
 }
+
+/// torch's `step_t += 1` for a step held with `bits` significant bits (a BF16 step of 256
+/// stays 256): x = the step + 1, rounded as the step tensor's dtype rounds it.
+inline double round_step(double x, int bits) { return round_to_bits(x, bits); }
 
 /// Values derived once per tensor from AdamHyper (double, host or device).
 struct GuardConst {
@@ -151,7 +153,17 @@ inline GuardConst make_guard_const(const AdamHyper& h, double tolerance) {
     c.all = h.horizon == 0;
     c.h_k1 = c.h_k2m = c.h_g = c.h_g_ams = 0;
     if (c.all) {
-        const HorizonConsts k = horizon_consts(h);
+        // make_guard_const runs per chunk: the suprema (a loop over steps, up to ~10^4 for
+        // beta1 near 1 at an early step) once per tensor, remembered by each thread
+        thread_local struct { double b1 = -1, b2 = -1, step = -1; int bits = -1; HorizonConsts k{}; } last;
+        if (!(last.b1 == h.beta1 && last.b2 == h.beta2 && last.step == h.step && last.bits == h.step_bits)) {
+            last.k = horizon_consts(h);
+            last.b1 = h.beta1;
+            last.b2 = h.beta2;
+            last.step = h.step;
+            last.bits = h.step_bits;
+        }
+        const HorizonConsts k = last.k;
         // no bound (b1^2 >= b2): a huge finite factor, so exact coordinates (dm = dv = 0)
         // still certify at 0 and every other one escapes
         const double huge = 1e300;
