@@ -11,6 +11,7 @@
 
 #include "codec/codec.h"
 #include "codec/guard.h"
+#include "chunk_roundtrip.h"
 #include "codec/vlog.h"
 
 using namespace ckpt::codec;
@@ -68,16 +69,10 @@ TEST_CASE("guard is sound for every kept coordinate, all codecs, random + advers
             if (i % 97 == 0) m[i] = 0;
             if (i % 89 == 0) { m[i] = 0; v[i] = 0; vm[i] = 0; }
         }
-        ChunkIn in{m.data(), v.data(), s.hyper.amsgrad ? vm.data() : nullptr, nullptr, n};
-        const ChunkOut out = encode_chunk(s, in);
-        std::vector<double> bounds(n);
-        std::array<std::vector<float>, 3> dec;
-        for (auto& d : dec) d.assign(n, 0);
-        decode_chunk(s, {out.codes[0].data(), out.codes[1].data(), s.hyper.amsgrad ? out.codes[2].data() : nullptr},
-                     {out.params[0].data(), out.params[1].data(), s.hyper.amsgrad ? out.params[2].data() : nullptr},
-                     n, {dec[0].data(), dec[1].data(), s.hyper.amsgrad ? dec[2].data() : nullptr}, nullptr, bounds.data());
-        std::vector<bool> esc(n, false);
-        for (uint32_t e : out.escapes) esc[e] = true;
+        const ChunkRoundtrip rt = encode_decode(s, m, v, vm);
+        const auto& dec = rt.dec;
+        const auto& bounds = rt.bounds;
+        const auto& esc = rt.esc;
         for (std::size_t i = 0; i < n; ++i) {
             ++checked;
             if (esc[i]) continue;

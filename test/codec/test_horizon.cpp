@@ -12,6 +12,7 @@
 
 #include "codec/codec.h"
 #include "codec/guard.h"
+#include "chunk_roundtrip.h"
 
 using namespace ckpt::codec;
 
@@ -210,16 +211,10 @@ TEST_CASE("horizon all: the codec's kept coordinates hold for 200 FP32 steps as 
             m[i] = float((U(rng) - 0.5) * 3 * std::sqrt(double(v[i])));
             vm[i] = float(v[i] * (1 + U(rng)));
         }
-        ChunkIn in{m.data(), v.data(), s.hyper.amsgrad ? vm.data() : nullptr, nullptr, n};
-        const ChunkOut out = encode_chunk(s, in);
-        std::vector<double> bounds(n);
-        std::array<std::vector<float>, 3> dec;
-        for (auto& d : dec) d.assign(n, 0);
-        decode_chunk(s, {out.codes[0].data(), out.codes[1].data(), s.hyper.amsgrad ? out.codes[2].data() : nullptr},
-                     {out.params[0].data(), out.params[1].data(), s.hyper.amsgrad ? out.params[2].data() : nullptr}, n,
-                     {dec[0].data(), dec[1].data(), s.hyper.amsgrad ? dec[2].data() : nullptr}, nullptr, bounds.data());
-        std::vector<bool> esc(n, false);
-        for (uint32_t e : out.escapes) esc[e] = true;
+        const ChunkRoundtrip rt = encode_decode(s, m, v, vm);
+        const auto& dec = rt.dec;
+        const auto& bounds = rt.bounds;
+        const auto& esc = rt.esc;
         for (std::size_t i = 0; i < n; i += 4) {
             if (esc[i]) continue;
             ++kept;
