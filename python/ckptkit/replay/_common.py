@@ -1,0 +1,256 @@
+"""Helpers shared by the recorder (_record.py) and the contract runtime (_runtime.py): byte
+views and storages, the RNG streams (default CPU / CUDA generators and the model's private
+torch.Generator attributes), sizes, the model fingerprint and the per-segment op hash."""
+import json
+import re
+
+import torch
+import xxhash
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .._errors import BadInput, CkptkitError
+
+HASH_ALGORITHM = "xxh3-64"
+
+
+class RecordError(BadInput):
+    """A model or step the recorder cannot describe; one line ("ckptkit.replay: ..."),
+    `reason` without the prefix (a BadInput, so a ValueError)."""
+
+    def __init__(self, reason):
+        super().__init__(f"ckptkit.replay: {reason}", None, reason)
+
+
+class ContractError(CkptkitError, RuntimeError):
+    """A replay contract cannot be honoured (a recomputed segment writes state or draws an RNG
+    stream its contract does not cover, or the state it read is not what the plan recorded):
+    one line "ckptkit.replay: segment NAME: ...", raised at the step where it happens;
+    `segment` names the segment."""
+
+    def __init__(self, segment, what):
+        super().__init__(f"ckptkit.replay: segment {segment}: {what}", None, what)
+        self.segment = segment
+
+
+class StalePlan(ContractError):
+    """The plan was made for another model (fingerprint: parameter and buffer names, shapes,
+    dtypes; checked by apply()) or another forward (a segment's op sequence hash, checked on the
+    first training step): record and plan again."""
+
+
+def byte_view(t):
+    """Flat uint8 view of a tensor's contents (a contiguous copy only when it is not)."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def digest(t):
+    """XXH3-64 of a tensor's bytes, shape and dtype (host tensors hashed in place)."""
+    h = xxhash.xxh3_64()
+    b = byte_view(t)
+    if b.device.type != "cpu":
+        b = b.cpu()
+    if b.numel():
+        h.update(b.numpy())
+    h.update(repr((tuple(t.shape), str(t.dtype))).encode())
+    return h.intdigest()
+
+
+def ptr(t):
+    """The storage's data pointer (0: no storage to track, e.g. sparse / meta)."""
+    try:
+        return t.storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+def storage_of(t):
+    """(storage key, storage bytes): views share their base's storage, and a saved view keeps
+    the whole storage alive."""
+    st = t.storage()
+    return st.data_ptr(), st.nbytes()
+
+
+def tensors_in(obj):
+    """The tensors of a (nested) value in order: tensors, lists, tuples, dicts, dataclasses and
+    objects with tensor attributes (one level: model outputs such as HF ModelOutput)."""
+    if torch.is_tensor(obj):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in tensors_in(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in tensors_in(o)]
+    if hasattr(obj, "__dataclass_fields__"):
+        return [t for k in obj.__dataclass_fields__ for t in tensors_in(getattr(obj, k, None))]
+    return []
+
+
+def tensor_bytes(obj):
+    """Total bytes of the tensors in a (nested) value."""
+    return sum(t.numel() * t.element_size() for t in tensors_in(obj))
+
+
+def buffer_owner(model, fqn):
+    """(module, attribute) owning buffer `fqn` (e.g. '2.cache')."""
+    owner, _, attr = fqn.rpartition(".")
+    return (model.get_submodule(owner) if owner else model), attr
+
+
+def generator_names(model):
+    """id(generator) -> name ("MODULE.ATTR", or "ATTR" on the root) of every torch.Generator
+    that is an attribute of a module of the model; its RNG stream is "gen:" + name."""
+    out = {}
+    for mname, m in model.named_modules():
+        for attr, v in vars(m).items():
+            if isinstance(v, torch.Generator) and id(v) not in out:
+                out[id(v)] = f"{mname}.{attr}" if mname else attr
+    return out
+
+
+def generator_by_stream(model, stream):
+    """The generator of RNG stream "gen:NAME" (see generator_names)."""
+    owner, _, attr = stream[len("gen:"):].rpartition(".")
+    try:
+        g = getattr(model.get_submodule(owner) if owner else model, attr)
+    except AttributeError:
+        g = None
+    if not isinstance(g, torch.Generator):
+        raise RecordError(f"RNG stream {stream}: no torch.Generator of that name in the model")
+    return g
+
+
+def cuda_streams():
+    """"cuda:N" for every visible device when CUDA is initialised, else none."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return []
+    return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+
+def stream_state(model, stream):
+    """State tensor of an RNG stream: "cpu", "cuda:N" or "gen:NAME"."""
+    if stream == "cpu":
+        return torch.get_rng_state()
+    if stream.startswith("cuda:"):
+        return torch.cuda.get_rng_state(int(stream[5:]))
+    return generator_by_stream(model, stream).get_state()
+
+
+def set_stream_state(model, stream, state):
+    """Restore one RNG stream (see stream_state)."""
+    if stream == "cpu":
+        torch.set_rng_state(state)
+    elif stream.startswith("cuda:"):
+        torch.cuda.set_rng_state(state, int(stream[5:]))
+    else:
+        generator_by_stream(model, stream).set_state(state)
+
+
+def all_streams(model, gen_names=None):
+    gen_names = generator_names(model) if gen_names is None else gen_names
+    return ["cpu"] + cuda_streams() + ["gen:" + n for n in gen_names.values()]
+
+
+def rng_states(model, gen_names=None):
+    """stream -> state of every stream (default CPU, CUDA defaults in use, model generators)."""
+    return {st: stream_state(model, st) for st in all_streams(model, gen_names)}
+
+
+def set_rng_states(model, states):
+    for stream, st in states.items():
+        set_stream_state(model, stream, st)
+
+
+_UNITS = {"B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
+          "T": 10**12, "TB": 10**12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def parse_bytes(s):
+    """A size in bytes: an int, or a string '44GiB' / '1.5MiB' / '32GB' / '123' (replay-plan's
+    units). ValueError for anything else."""
+    if isinstance(s, bool):
+        raise ValueError(f"not a size: {s!r}")
+    if isinstance(s, int):
+        if s < 0:
+            raise ValueError(f"not a size: {s}")
+        return s
+    if not isinstance(s, str):
+        raise ValueError(f"not a size: {s!r}")
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([KMGT]i?B?|B)?\s*", s)
+    if not m or (m.group(2) or "B") not in _UNITS:
+        raise ValueError(f"not a size: {s}")
+    return int(round(float(m.group(1)) * _UNITS[m.group(2) or "B"]))
+
+
+def fingerprint_items(model):
+    items = [["param", n, list(p.shape), str(p.dtype)] for n, p in model.named_parameters()]
+    items += [["buffer", n, list(b.shape), str(b.dtype)] for n, b in model.named_buffers()]
+    return items
+
+
+def model_fingerprint(model):
+    """{"hash", "params", "buffers"}: XXH3-64 of the compact JSON list [[kind, name, shape,
+    dtype], ...] of every parameter then buffer, and the counts."""
+    items = fingerprint_items(model)
+    return {"hash": xxhash.xxh3_64_hexdigest(json.dumps(items, separators=(",", ":")).encode()),
+            "params": sum(1 for i in items if i[0] == "param"),
+            "buffers": sum(1 for i in items if i[0] == "buffer")}
+
+
+def _scalar_sig(v):
+    """What the op hash keeps of a non-tensor argument: floats, bools, strings, dtypes and
+    enums exactly; integers and integer lists only as 'int' / their length (sizes, dims and
+    indices follow the batch and sequence length)."""
+    if torch.is_tensor(v):
+        return f"T{v.dtype}/{v.dim()}"
+    if isinstance(v, bool) or v is None or isinstance(v, (float, str)):
+        return repr(v)
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, (list, tuple)):
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            return f"ints[{len(v)}]"
+        return "[" + ",".join(_scalar_sig(x) for x in v) + "]"
+    if isinstance(v, torch.Generator):
+        return "gen"
+    return type(v).__name__ + ":" + str(v)
+
+
+def op_signature(func, args, kwargs):
+    """One op of the ops hash: its name, its tensor arguments' dtypes and ranks, its other
+    arguments as _scalar_sig keeps them."""
+    parts = [str(func)] + [_scalar_sig(a) for a in args]
+    parts += [f"{k}={_scalar_sig(v)}" for k, v in sorted((kwargs or {}).items())]
+    return "|".join(parts)
+
+
+class OpsHash:
+    """The running ops hash of each segment: XXH3-64 of its forward's op signatures."""
+
+    def __init__(self):
+        self.h = {}
+
+    def add(self, seg, func, args, kwargs):
+        h = self.h.get(seg)
+        if h is None:
+            h = self.h[seg] = xxhash.xxh3_64()
+        h.update(op_signature(func, args, kwargs).encode())
+        h.update(b"\n")
+
+    def hexdigest(self, seg):
+        h = self.h.get(seg)
+        return (h or xxhash.xxh3_64()).hexdigest()
+
+
+class SegmentOpsMode(TorchDispatchMode):
+    """Hashes the ops of the segment whose forward runs now (`current()` names it, None:
+    outside segments) into an OpsHash. Used by apply() on the first training step; the
+    recorder's op log does the same in its own dispatch mode."""
+
+    def __init__(self, current, ops):
+        super().__init__()
+        self.current, self.ops = current, ops
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        cur = self.current()
+        if cur is not None:
+            self.ops.add(cur, func, args, kwargs)
+        return func(*args, **(kwargs or {}))

@@ -1,0 +1,810 @@
+"""The recorder: one real training step of a live model, recorded as a ckptkit trace
+(formats/trace.md, format 2). See ckptkit.replay.record."""
+import collections
+import os
+import time
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ._common import (OpsHash, RecordError, buffer_owner, byte_view, generator_by_stream,
+                      generator_names, model_fingerprint, ptr, rng_states, set_rng_states,
+                      storage_of, tensor_bytes, tensors_in)
+
+FORMAT = "ckptkit-trace"
+FORMAT_VERSION = 2
+MERGE_GAP_BYTES = 16          # two written runs closer than one region's metadata are merged
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)   # looked into (exact types)
+_MARK = "ckpt.mem:"
+
+
+def diff_regions(before, after, itemsize):
+    """Byte regions [offset, length] of `after` that differ from `before` (flat uint8),
+    element granular, runs closer than MERGE_GAP_BYTES merged; bytes past the end of `before`
+    count as written."""
+    n = min(before.numel(), after.numel()) // itemsize * itemsize
+    regions = []
+    if n > 0:
+        a = before[:n].reshape(-1, itemsize)
+        b = after[:n].reshape(-1, itemsize)
+        changed = (a != b).any(dim=1).nonzero().flatten().tolist()
+        start = prev = None
+        for e in changed:
+            if start is None:
+                start = prev = e
+            elif (e - prev - 1) * itemsize < MERGE_GAP_BYTES:
+                prev = e
+            else:
+                regions.append([start * itemsize, (prev - start + 1) * itemsize])
+                start = prev = e
+        if start is not None:
+            regions.append([start * itemsize, (prev - start + 1) * itemsize])
+    if after.numel() > n:
+        if regions and regions[-1][0] + regions[-1][1] + MERGE_GAP_BYTES > n:
+            regions[-1][1] = after.numel() - regions[-1][0]
+        else:
+            regions.append([n, after.numel() - n])
+    return regions
+
+
+def _equal_values(a, b):
+    ta, tb = tensors_in(a), tensors_in(b)
+    if len(ta) != len(tb):
+        return False
+    return all(x.shape == y.shape and x.dtype == y.dtype and torch.equal(byte_view(x), byte_view(y))
+               for x, y in zip(ta, tb))
+
+
+class SavedState:
+    """Everything a recording may change, put back exactly by restore(): parameter bytes,
+    gradients (objects and bytes, or None), buffers (objects and bytes), train/eval flags, every
+    RNG stream and the optimizer's state and param_groups."""
+
+    def __init__(self, model, optimizer=None):
+        self.model, self.opt = model, optimizer
+        with torch.no_grad():
+            self.params = [(p, p.detach().clone()) for p in model.parameters()]
+            self.grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone())
+                          for p, _ in self.params]
+            self.buffers = [(m, k, b, None if b is None else b.detach().clone())
+                            for m in model.modules() for k, b in m._buffers.items()]
+        self.training = [(m, m.training) for m in model.modules()]
+        self.rng = rng_states(model)
+        if optimizer is not None:
+            self.opt_state = {p: {k: (v, v.detach().clone()) if torch.is_tensor(v) else (v, None)
+                                  for k, v in s.items()} for p, s in optimizer.state.items()}
+            self.groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+    def restore(self):
+        with torch.no_grad():
+            for p, v in self.params:
+                p.data.copy_(v)
+            for p, g, v in self.grads:
+                p.grad = g
+                if g is not None:
+                    g.copy_(v)
+            for m, k, b, v in self.buffers:
+                m._buffers[k] = b
+                if b is not None:
+                    b.copy_(v)
+        for m, t in self.training:
+            m.training = t
+        set_rng_states(self.model, self.rng)
+        if self.opt is not None:
+            with torch.no_grad():
+                for p in list(self.opt.state):
+                    if p not in self.opt_state:
+                        del self.opt.state[p]
+                for p, s in self.opt_state.items():
+                    new = {}
+                    for k, (v, c) in s.items():
+                        if c is not None:
+                            v.copy_(c)
+                        new[k] = v
+                    self.opt.state[p] = new
+            for g, s in zip(self.opt.param_groups, self.groups):
+                g.update(s)
+
+
+def discover_segments(model, batch, loss_fn):
+    """Default segments: the modules the forward calls, in call order, at the shallowest level:
+    the root's children, looking into the containers (nn.Sequential, nn.ModuleList,
+    nn.ModuleDict, exactly those types), into modules never called themselves and into modules
+    called more than once per step (a leaf called twice stays outside every segment). Runs
+    the forward once without gradients (the caller restores the state)."""
+    calls = collections.Counter()
+    first = {}
+    names = {}
+    for n, m in model.named_modules():
+        names.setdefault(id(m), n)
+
+    def pre(mod, inputs):
+        n = names[id(mod)]
+        calls[n] += 1
+        first.setdefault(n, len(first))
+
+    hooks = [m.register_forward_pre_hook(pre) for m in model.modules() if m is not model]
+    try:
+        with torch.no_grad():
+            loss_fn(model, batch)
+    finally:
+        for h in hooks:
+            h.remove()
+
+    def level(mod, prefix):
+        out = []
+        for cname, child in mod.named_children():
+            full = prefix + cname
+            c = calls.get(full, 0)
+            if (type(child) in CONTAINERS or c != 1) and any(True for _ in child.children()):
+                out += level(child, full + ".")
+            elif c == 1:
+                out.append(full)
+        return out
+
+    segs = sorted(level(model, ""), key=lambda n: first[n])
+    if not segs:
+        raise RecordError("the model calls no submodule once per step: pass segments=[names]")
+    return segs
+
+
+class OpLog(TorchDispatchMode):
+    """Logs every aten op of the recorded step into the current segment's record: storages
+    read, written ((a!) arguments, copied before the first write when they are tracked state:
+    copy on write), born, the generator= argument and the op hash. Outside segments a write to
+    tracked state is an error."""
+
+    def __init__(self, rec):
+        super().__init__()
+        self.rec = rec
+        self.gens = {name: generator_by_stream(rec.model, "gen:" + name) for name in rec.gen_names.values()}
+
+    def which_generator(self, v):
+        state = v.get_state()
+        for name, g in self.gens.items():
+            s = g.get_state()
+            if not torch.equal(s, state):
+                continue
+            g.manual_seed(g.initial_seed() + 1)
+            follows = torch.equal(v.get_state(), g.get_state())
+            g.set_state(s)
+            if follows:
+                return name
+        return None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        R = self.rec
+        cur = R.current
+        r = R.records.get(cur) if cur is not None else None
+        if r is not None:
+            R.ops.add(cur, func, args, kwargs)
+        ins = set()
+        schema = func._schema.arguments
+        for i, a in enumerate(schema):
+            v = args[i] if i < len(args) else kwargs.get(a.name)
+            written = a.alias_info is not None and a.alias_info.is_write
+            if r is not None or written:
+                for t in tensors_in(v):
+                    p = ptr(t)
+                    if not p:
+                        continue
+                    ins.add(p)
+                    if r is None:
+                        if p in R.tracked_ptr:
+                            raise RecordError(f"state written outside any segment: {R.tracked_ptr[p][0]} "
+                                              f"({func}); make the module that writes it a segment")
+                        continue
+                    r["reads"].add(p)
+                    if written:
+                        r["writes"].add(p)
+                        for name in R.tracked_ptr.get(p, ()):
+                            if name not in r["cow"] and R.kind[name] != "buffer":
+                                r["cow"][name] = byte_view(R.tensor(name)).clone()
+            if r is not None and "Generator" in str(a.type):
+                if v is None:
+                    dev = next((t.device for t in tensors_in(list(args)) if t.device.type != "cpu"),
+                               torch.device(kwargs.get("device") or "cpu"))
+                    if dev.type == "cuda":
+                        r["generators"].add(f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}")
+                    else:
+                        r["generators"].add("cpu")
+                else:
+                    g = self.which_generator(v)
+                    if g is None:
+                        r["unknown_generator"] = str(func)
+        out = func(*args, **kwargs)
+        if r is not None:
+            for t in tensors_in(out):
+                p = ptr(t)
+                if p and p not in ins:
+                    r["born"].add(p)
+        return out
+
+
+class Recorder:
+    """Records one training step, loss_fn(model, batch).backward(), of a live model. Phases
+    (record()): segments, the op-logged step, the replay probe, the memory step (profiler memory
+    events, keep everything) with the optimizer step, then the trace. The model, its gradients,
+    buffers, RNG streams and the optimizer are restored exactly afterwards."""
+
+    def __init__(self, model, batch, loss_fn, segments=None, optimizer=None, copy_gbps=10.0,
+                 model_name=None, source="ckptkit.replay"):
+        if not isinstance(model, nn.Module):
+            raise RecordError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+        self.model, self.batch, self.loss_fn = model, batch, loss_fn
+        self.names, self.opt, self.copy_gbps = segments, optimizer, float(copy_gbps)
+        self.model_name = model_name or type(model).__name__
+        self.source = source
+        self.timing = {}
+
+    # ---- driver
+    def record(self):
+        """The trace dict of the step (formats/trace.md); the model is left as it was."""
+        saved = SavedState(self.model, self.opt)
+        t0 = time.perf_counter()
+        try:
+            self.model.train()
+            self.fingerprint = model_fingerprint(self.model)
+            if self.names is None:
+                names = discover_segments(self.model, self.batch, self.loss_fn)
+                saved.restore()
+                self.model.train()
+                self.default_segments = True
+            else:
+                names = list(self.names)
+                self.default_segments = False
+            mods = dict(self.model.named_modules())
+            missing = [n for n in names if n not in mods or n == ""]
+            if missing:
+                raise RecordError(f"unknown segment module(s): {missing}")
+            if len(set(names)) != len(names):
+                raise RecordError(f"segment named twice: {names}")
+            self.segs = {n: mods[n] for n in names}
+            self.timing["segments"] = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            self.run_step()
+            self.timing["step"] = time.perf_counter() - t1
+            t1 = time.perf_counter()
+            non_replayable = self.find_non_replayable()
+            self.timing["probe"] = time.perf_counter() - t1
+            self.state_accesses()
+            self.count_saved()
+            saved.restore()
+            self.model.train()
+            t1 = time.perf_counter()
+            self.measure_memory()
+            self.timing["memory"] = time.perf_counter() - t1
+            return self.trace(non_replayable)
+        finally:
+            for h in getattr(self, "handles", []):
+                h.remove()
+            saved.restore()
+            self.timing["total"] = time.perf_counter() - t0
+
+    # ---- tracked state
+    def tensor(self, name):
+        if self.kind[name] == "buffer":
+            owner, attr = buffer_owner(self.model, name)
+            return getattr(owner, attr)
+        return self.fixed[name]
+
+    def rebuild_ptrs(self):
+        """storage pointer -> tracked names (buffers and parameters before inputs)."""
+        out = {}
+        for n in sorted(self.kind, key=lambda n: self.kind[n] == "input"):
+            t = self.tensor(n)
+            if t is not None:
+                p = ptr(t)
+                if p:
+                    out.setdefault(p, []).append(n)
+        self.tracked_ptr = out
+
+    def snap(self, prev=None):
+        """name -> (object, _version, shape, bytes or None): buffers with their bytes (the
+        previous snapshot's copy reused when equal), parameters and inputs without (written
+        ones are copied on write by the op log)."""
+        out = {}
+        for n, k in self.kind.items():
+            t = self.tensor(n)
+            if t is None:
+                continue
+            data = None
+            if k == "buffer":
+                old = prev.get(n) if prev else None
+                bv = byte_view(t)
+                if old is not None and old[3] is not None and old[3].shape == bv.shape and torch.equal(old[3], bv):
+                    data = old[3]
+                else:
+                    data = bv.clone()
+            out[n] = (t, t._version, tuple(t.shape), data)
+        return out
+
+    @staticmethod
+    def changed(b, a):
+        return (b[0] is not a[0] or b[1] != a[1] or b[2] != a[2]
+                or (b[3] is not None and a[3] is not None and b[3] is not a[3]))
+
+    # ---- phase 1: the step
+    def pre(self, mod, inputs):
+        if self.probing:
+            return
+        name = self.seg_of[id(mod)]
+        if name in self.info:
+            raise RecordError(f"segment {name} called more than once per step")
+        now = self.snap(self.last_snap)
+        bad = [n for n in now if n in self.last_snap and self.changed(self.last_snap[n], now[n])]
+        if bad:
+            raise RecordError(f"state written outside any segment (before segment {name}): {sorted(bad)}"
+                              + self.hint())
+        rng = rng_states(self.model, self.gen_names)
+        for stream, s0 in self.last_rng.items():
+            if not torch.equal(rng[stream], s0):
+                raise RecordError(f"RNG stream {stream} consumed outside segments before segment {name}"
+                                  + self.hint())
+        args = [x for x in inputs if torch.is_tensor(x)]
+        arg_names = []
+        for k, x in enumerate(args):
+            existing = [n for n in self.tracked_ptr.get(ptr(x), []) if self.kind[n] != "input"]
+            if existing and self.tensor(existing[0]) is x:
+                arg_names.append(existing[0])
+            elif existing and ptr(x):
+                arg_names.append(existing[0])
+            else:
+                n = f"{name}.input[{k}]"
+                self.kind[n] = "input"
+                self.fixed[n] = x
+                now[n] = (x, x._version, tuple(x.shape), None)
+                arg_names.append(n)
+        self.rebuild_ptrs()
+        self.order.append(name)
+        self.records[name] = {"reads": set(), "writes": set(), "born": set(), "generators": set(), "cow": {}}
+        self.info[name] = {
+            "snap": now, "rng": rng, "saved": 0, "by_ptr": {p: ns[0] for p, ns in self.tracked_ptr.items()},
+            "input_bytes": tensor_bytes(inputs), "arg_names": arg_names,
+            "input_keys": {storage_of(x)[0] for x in args}, "inputs": list(inputs),
+            "autocast": (torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype())}
+        self.current = name
+        self.info[name]["t0"] = time.perf_counter()
+
+    def post(self, mod, inputs, output):
+        if self.probing:
+            return
+        t1 = time.perf_counter()
+        name = self.seg_of[id(mod)]
+        d = self.info[name]
+        d["forward_ms"] = (t1 - d.pop("t0")) * 1e3
+        self.current = None
+        d["after"] = after = self.snap(d["snap"])
+        cow = self.records[name]["cow"]
+        d["before_bytes"], d["after_bytes"] = {}, {}
+        for n, a in after.items():
+            b = d["snap"].get(n)
+            if b is None:
+                continue
+            if self.kind[n] == "buffer":
+                if self.changed(b, a):
+                    d["before_bytes"][n], d["after_bytes"][n] = b[3], a[3]
+            elif n in cow or self.changed(b, a):
+                d["before_bytes"][n] = cow[n] if n in cow else (
+                    byte_view(b[0]).clone() if b[0] is not a[0] else None)
+                d["after_bytes"][n] = byte_view(a[0]).clone()
+        d["rng_after"] = rng_states(self.model, self.gen_names)
+        d["output_bytes"] = tensor_bytes(output)
+        d["probe_output"] = [t.detach().clone() for t in tensors_in(output)]
+        self.last_snap, self.last_rng = after, d["rng_after"]
+
+    def hint(self):
+        if not self.default_segments:
+            return ""
+        return (f"; the default segments ({', '.join(self.segs)}) do not cover the step: pass "
+                "segments=[...] naming the modules that do this")
+
+    def pack(self, t):
+        key, nbytes = storage_of(t)
+        cur = self.current
+        if cur is not None and (key not in self.packed or key in self.info[cur]["input_keys"]):
+            self.packed[key] = (cur, nbytes)
+        return t
+
+    def run_step(self):
+        model = self.model
+        self.seg_of = {id(m): n for n, m in self.segs.items()}
+        self.gen_names = generator_names(model)
+        self.kind, self.fixed = {}, {}
+        for n, _ in model.named_buffers():
+            self.kind[n] = "buffer"
+        for n, p in model.named_parameters():
+            self.kind[n] = "param"
+            self.fixed[n] = p
+        self.rebuild_ptrs()
+        self.preexisting = set(self.tracked_ptr)
+        self.preexisting |= {ptr(t) for t in tensors_in(self.batch)}
+        self.preexisting |= {ptr(p.grad) for p in model.parameters() if p.grad is not None}
+        self.order, self.info, self.records = [], {}, {}
+        self.ops = OpsHash()
+        self.current, self.probing = None, False
+        self.last_snap = self.snap()
+        self.initial = self.last_snap
+        self.last_rng = rng_states(model, self.gen_names)
+        self.packed = {}
+        self.handles = [m.register_forward_pre_hook(self.pre) for m in self.segs.values()]
+        self.handles += [m.register_forward_hook(self.post) for m in self.segs.values()]
+        t0 = time.perf_counter()
+        with OpLog(self):
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
+                loss = self.loss_fn(model, self.batch)
+        t1 = time.perf_counter()
+        if not torch.is_tensor(loss) or loss.numel() != 1:
+            raise RecordError("loss_fn(model, batch) must return a scalar tensor")
+        loss.backward()
+        t2 = time.perf_counter()
+        self.times = (t0, t1, t2)
+        now = self.snap(self.last_snap)
+        bad = [n for n in now if n in self.last_snap and self.changed(self.last_snap[n], now[n])]
+        if bad:
+            raise RecordError(f"state written outside any segment (after the last one): {sorted(bad)}" + self.hint())
+        missing = [n for n in self.segs if n not in self.info]
+        if missing:
+            raise RecordError(f"segment(s) never called: {missing}")
+
+    # ---- phase 2: non-replayable segments
+    def find_non_replayable(self):
+        non_replayable = {}
+        for n in self.order:
+            rec = self.records[n]
+            if "unknown_generator" in rec:
+                non_replayable[n] = (f"{rec['unknown_generator']} draws from a torch.Generator that is "
+                                     "not an attribute of a model module (no contract can restore it)")
+                continue
+            by_ptr = self.info[n]["by_ptr"]
+            other = [p for p in rec["writes"] if p not in by_ptr and p not in rec["born"]]
+            if other:
+                non_replayable[n] = (f"writes {len(other)} tensor(s) that are not parameters, buffers "
+                                     "or segment inputs (no contract can restore them)")
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.written_ever = {x for n in self.order for x in self.info[n]["after_bytes"]}
+        for n, why in self.probe().items():
+            non_replayable.setdefault(n, why)
+        return non_replayable
+
+    def value_at_start(self, n, name):
+        """Bytes of a parameter or input at the start of segment n: the copy taken before the
+        first write at or after n, else its current bytes (None: no write after n)."""
+        started = False
+        for m in self.order:
+            started = started or m == n
+            if started and name in self.info[m]["before_bytes"]:
+                return self.info[m]["before_bytes"][name]
+        return None
+
+    def probe(self):
+        failures = {}
+        self.probing = True
+        try:
+            for n in self.order:
+                why = self.probe_segment(n)
+                if why:
+                    failures[n] = (f"replay probe: re-running the forward from the recorded state "
+                                   f"changed {why} (state no log sees: a Python global, a C++ "
+                                   "extension or a non-tensor attribute)")
+        finally:
+            self.probing = False
+        return failures
+
+    def probe_segment(self, n):
+        model, d = self.model, self.info[n]
+        bufs = {b: self.tensor(b) for b, k in self.kind.items() if k == "buffer"}
+        params = {p: byte_view(self.tensor(p)).clone() for p in self.written_ever if self.kind[p] == "param"}
+        saved_rng = rng_states(model, self.gen_names)
+        try:
+            with torch.no_grad():
+                for name, e in d["snap"].items():
+                    if self.kind[name] == "buffer" and e[3] is not None:
+                        owner, attr = buffer_owner(model, name)
+                        setattr(owner, attr, e[3].clone().view(e[0].dtype).reshape(e[2]))
+                    elif self.kind[name] == "param" and name in self.written_ever:
+                        v = self.value_at_start(n, name)
+                        if v is not None:
+                            byte_view(self.tensor(name).data).copy_(v) if self.tensor(name).is_contiguous() \
+                                else self.tensor(name).data.copy_(v.view(self.tensor(name).dtype).reshape(self.tensor(name).shape))
+            set_rng_states(model, d["rng"])
+            args, k = [], 0
+            for x in d["inputs"]:
+                if torch.is_tensor(x):
+                    an = d["arg_names"][k]
+                    k += 1
+                    if self.kind[an] != "input":
+                        x = self.tensor(an)
+                    else:
+                        v = self.value_at_start(n, an)
+                        x = x.detach().clone() if v is None else v.clone().view(x.dtype).reshape(x.shape)
+                args.append(x)
+            enabled, dtype = d["autocast"]
+            with torch.autocast("cpu", dtype=dtype, enabled=enabled):
+                out = self.segs[n](*args)
+            if not _equal_values(out, d["probe_output"]):
+                return "its output"
+            for name, a in d["after"].items():
+                kind = self.kind[name]
+                if kind == "buffer":
+                    t = self.tensor(name)
+                    if t is not None and a[3] is not None and not torch.equal(byte_view(t), a[3]):
+                        return f"'{name}' after it"
+                elif kind == "param" and name in d["after_bytes"]:
+                    if not torch.equal(byte_view(self.tensor(name)), d["after_bytes"][name]):
+                        return f"'{name}' after it"
+            now = rng_states(model, self.gen_names)
+            for stream, s1 in d["rng_after"].items():
+                if not torch.equal(now[stream], s1):
+                    return f"RNG stream {stream} after it"
+            return None
+        finally:
+            with torch.no_grad():
+                for b, t in bufs.items():
+                    owner, attr = buffer_owner(model, b)
+                    owner._buffers[attr] = t
+                for p, v in params.items():
+                    t = self.tensor(p)
+                    t.data.copy_(v.view(t.dtype).reshape(t.shape))
+            set_rng_states(model, saved_rng)
+
+    # ---- phase 3: state accesses with logical versions
+    def state_accesses(self):
+        versions = {}
+        self.used = set()
+        written_ever = self.written_ever
+        for n in self.order:
+            d = self.info[n]
+            mod = self.segs[n]
+            subtree = {id(t) for t in list(mod.buffers()) + list(mod.parameters())}
+            read_ptrs = self.records[n]["reads"]
+            reads = {name for p, name in d["by_ptr"].items() if p in read_ptrs}
+            reads |= set(d["arg_names"])
+            accesses = []
+            for name, b in d["snap"].items():
+                kind = self.kind[name]
+                w = name in d["after_bytes"]
+                r = name in reads or (kind != "input" and id(b[0]) in subtree)
+                if not w and not r:
+                    continue
+                if kind != "buffer" and name not in written_ever:
+                    continue
+                nbytes = b[0].numel() * b[0].element_size()
+                acc = {"buffer": name, "read": bool(r), "version_read": versions.get(name, 0),
+                       "bytes_read": nbytes, "torch_version_before": b[1]}
+                if name in d["arg_names"]:
+                    acc["arg"] = d["arg_names"].index(name)
+                if w:
+                    a = d["after"][name]
+                    before, after = d["before_bytes"][name], d["after_bytes"][name]
+                    versions[name] = versions.get(name, 0) + 1
+                    regions = ([[0, after.numel()]] if before is None
+                               else diff_regions(before, after, a[0].element_size()))
+                    acc.update({"version_written": versions[name], "bytes_written": after.numel(),
+                                "torch_version_after": a[1], "rebound": b[0] is not a[0],
+                                "regions": regions})
+                accesses.append(acc)
+                self.used.add(name)
+            rng = []
+            for stream, s0 in d["rng"].items():
+                if not torch.equal(s0, d["rng_after"][stream]):
+                    rng.append({"stream": stream, "device": stream if stream.startswith("cuda:") else "cpu",
+                                "state_bytes": s0.numel()})
+            d["state"], d["rng_use"] = accesses, rng
+
+    # ---- phase 4: saved bytes
+    def count_saved(self):
+        persistent = {storage_of(t)[0] for t in list(self.model.parameters()) + list(self.model.buffers())}
+        self.saved_step = {n: 0 for n in self.order}   # saved bytes allocated during the step
+        for p, (seg, nbytes) in self.packed.items():
+            if p not in persistent:
+                self.info[seg]["saved"] += nbytes
+                if p not in self.preexisting:
+                    self.saved_step[seg] += nbytes
+
+    # ---- phase 5: memory (profiler memory events, every activation kept)
+    def measure_memory(self):
+        """One more step, every activation kept, under torch.profiler's CPU memory events
+        (CUDA: the allocator's counters around each window), with the gradients allocated
+        before it (so the step's own allocations are activations and temporaries): per segment
+        the live bytes in its forward window, at the start of its backward and over its whole
+        window (the stretch until the next segment starts, the backward until the previous
+        segment's output gradient arrives); then optimizer.step under the profiler."""
+        model, order = self.model, self.order
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
+        idx = {n: i for i, n in enumerate(order)}
+        open_rf = {}
+        bwd_marks = {}
+
+        def mark(label):
+            with record_function(_MARK + label):
+                pass
+
+        def pre(mod, inputs):
+            n = self.seg_of[id(mod)]
+            rf = record_function(_MARK + "f:" + n)
+            rf.__enter__()
+            open_rf[n] = rf
+
+        def post(mod, inputs, output):
+            n = self.seg_of[id(mod)]
+            open_rf.pop(n).__exit__(None, None, None)
+            for t in tensors_in(output):
+                if t.requires_grad:
+                    def hook(g, n=n):
+                        if n not in bwd_marks:
+                            bwd_marks[n] = True
+                            mark("b:" + n)
+                    t.register_hook(hook)
+
+        handles = [m.register_forward_pre_hook(pre) for m in self.segs.values()]
+        handles += [m.register_forward_hook(post) for m in self.segs.values()]
+        try:
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                mark("start")
+                loss = self.loss_fn(model, self.batch)
+                loss.backward()
+                mark("end")
+                if self.opt is not None:
+                    state0 = self.opt_state_bytes()
+                    mark("opt")
+                    self.opt.step()
+                    mark("optend")
+            del loss
+        finally:
+            for h in handles:
+                h.remove()
+        evs = prof.profiler.kineto_results.events()
+        marks, mems = {}, []
+        for e in evs:
+            nm = e.name()
+            if nm == "[memory]":
+                if e.device_type() == torch.device("cpu").type or str(e.device_type()).endswith("CPU"):
+                    mems.append((e.start_us(), e.nbytes()))
+            elif nm.startswith(_MARK):
+                marks[nm[len(_MARK):]] = (e.start_us(), e.start_us() + e.duration_us())
+        mems.sort(key=lambda x: x[0])   # stable: same-microsecond events keep their order
+        t_start, t_end = marks["start"][0], marks["end"][1]
+        # live bytes after each event
+        times, live = [], []
+        cur = 0
+        for t, nb in mems:
+            cur += nb
+            times.append(t)
+            live.append(cur)
+
+        import bisect
+
+        def peak(a, b):
+            """max live over [a, b] (including the value entering a)."""
+            i = bisect.bisect_left(times, a)
+            j = bisect.bisect_right(times, b)
+            base = live[i - 1] if i > 0 else 0
+            return max([base] + live[i:j])
+
+        def at(t):
+            i = bisect.bisect_right(times, t)
+            return live[i - 1] if i > 0 else 0
+
+        n = len(order)
+        fwd = [marks.get("f:" + s) for s in order]
+        bmark = [marks.get("b:" + s, (None,))[0] for s in order]
+        cuts = []   # extended window of every segment
+        for i, s in enumerate(order):
+            a = t_start if i == 0 else fwd[i][0]
+            b = fwd[i + 1][0] if i + 1 < n else None
+            spans = [(a, b)]
+            # backward: from this segment's output gradient (the last one: from the end of its
+            # forward) to the previous segment's
+            bs = fwd[i][1] if i == n - 1 else bmark[i]
+            if bs is None:
+                bs = fwd[i][1]
+            be = None
+            for j in range(i - 1, -1, -1):
+                if bmark[j] is not None:
+                    be = bmark[j]
+                    break
+            spans.append((bs, be if be is not None else t_end))
+            cuts.append(spans)
+        # the forward stretch of the last segment runs until the backward starts
+        cuts[-1][0] = (cuts[-1][0][0], cuts[-1][1][0])
+        out = {}
+        for i, s in enumerate(order):
+            s_a = sum(self.saved_step[order[j]] for j in range(i + 1))
+            e_peak = max(peak(a, b) for a, b in cuts[i])
+            f_peak = peak(*fwd[i])
+            grow = f_peak - at(fwd[i][0])
+            b_at = at(bmark[i]) if bmark[i] is not None else at(fwd[i][1])
+            tr = max(e_peak - s_a, f_peak - s_a + self.info[s]["output_bytes"],
+                     b_at - s_a + grow - self.saved_step[s], 0)
+            out[s] = tr
+        self.transient = out
+        self.step_bytes = 0
+        self.optimizer_bytes = None
+        if self.opt is not None:
+            o0, o1 = marks["opt"][0], marks["optend"][1]
+            growth = self.opt_state_bytes() - state0
+            self.step_bytes = max(0, peak(o0, o1) - at(o0) - growth)
+            self.optimizer_bytes = self.opt_state_bytes()
+        self.mem_timeline = (t_start, t_end, peak(t_start, t_end))
+
+    def opt_state_bytes(self):
+        seen, total = set(), 0
+        for s in self.opt.state.values():
+            for v in s.values():
+                if torch.is_tensor(v) and v.numel() > 1:
+                    k = ptr(v)
+                    if k not in seen:
+                        seen.add(k)
+                        total += v.numel() * v.element_size()
+                elif torch.is_tensor(v):
+                    total += v.element_size()
+        return total
+
+    # ---- the trace
+    def trace(self, non_replayable):
+        model, order, info = self.model, self.order, self.info
+        t0, t1, t2 = self.times
+        fwd_total = sum(info[n]["forward_ms"] for n in order) or 1.0
+        bwd_ms = (t2 - t1) * 1e3
+        pbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        gbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        buffers = []
+        for name in self.kind:
+            if name in self.used:
+                e = self.initial.get(name)
+                if e is None:
+                    e = next(info[n]["snap"][name] for n in order if name in info[n]["snap"])
+                buffers.append({"id": name, "kind": self.kind[name], "bytes": e[0].numel() * e[0].element_size()})
+        listed = {b["id"] for b in buffers}
+        seen = set()
+        outside = 0
+        for t in tensors_in(self.batch):      # the batch, once per storage
+            k, nb = storage_of(t)
+            if k not in seen and k not in self.preexisting - {ptr(x) for x in tensors_in(self.batch)}:
+                seen.add(k)
+                outside += nb
+        for name, b in model.named_buffers():   # buffers no segment touches
+            if name not in listed:
+                outside += b.numel() * b.element_size()
+        segments = []
+        for n in order:
+            d = info[n]
+            seg = {
+                "name": n,
+                "forward_ms": round(d["forward_ms"], 6),
+                "backward_ms": round(bwd_ms * d["forward_ms"] / fwd_total, 6),
+                "saved_bytes": d["saved"],
+                "input_bytes": d["input_bytes"],
+                "output_bytes": d["output_bytes"],
+                "transient_bytes": int(self.transient[n]),
+                "ops_hash": self.ops.hexdigest(n),
+                "state": d["state"],
+                "rng": d["rng_use"],
+            }
+            if n in non_replayable:
+                seg["non_replayable"] = non_replayable[n]
+            segments.append(seg)
+        fixed = {"param_bytes": pbytes, "grad_bytes": gbytes,
+                 "optimizer_bytes": self.optimizer_bytes if self.optimizer_bytes is not None else 2 * gbytes,
+                 "outside_bytes": outside, "step_bytes": int(self.step_bytes)}
+        return {
+            "format": FORMAT, "format_version": FORMAT_VERSION,
+            "source": f"{self.source} torch {torch.__version__}",
+            "model": self.model_name,
+            "fingerprint": self.fingerprint,
+            "device": {"name": "cpu", "copy_gbps": self.copy_gbps},
+            "fixed": fixed,
+            "step_ms": round((t2 - t0) * 1e3, 6),
+            "backward_order": list(reversed(order)),
+            "buffers": buffers,
+            "segments": segments,
+        }
