@@ -74,7 +74,7 @@ OptionCost option_cost(const Segment& s, const Contract& c, Decision d, double c
 }  // namespace
 
 Problem::Problem(const Trace& t)
-    : trace(&t), contracts(derive_contracts(t)), fixed_(t.fixed_bytes()),
+    : trace(&t), contracts(derive_contracts(t)), fixed_(t.fixed_bytes()), floor_(t.step_bytes),
       costs_(t.segments.size()), safe_(t.segments.size()), flags_(t.segments.size(), 0) {
     for (size_t i = 0; i < costs_.size(); ++i) {
         for (Decision d : kAllDecisions)
@@ -99,7 +99,7 @@ uint64_t min_peak_over(const Problem& p, const std::vector<std::vector<Decision>
         }
         need = best;
     }
-    return p.fixed() + need;
+    return p.peak(need);
 }
 
 std::vector<PlanResult> Planner::plan_all(const Problem& p,
@@ -120,7 +120,7 @@ Evaluation evaluate(const Problem& p, const std::vector<Decision>& d) {
         prefix += o.held;
         e.step_time_ns += o.time_ns;
     }
-    e.peak_bytes = p.fixed() + std::max(peak, prefix);
+    e.peak_bytes = p.peak(std::max(peak, prefix));
     return e;
 }
 

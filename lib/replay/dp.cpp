@@ -164,7 +164,7 @@ std::optional<std::vector<Decision>> min_time_plan(
     const Problem& p, uint64_t budget, const std::vector<std::vector<Decision>>& options,
     uint64_t* quantum, size_t max_states) {
     if (quantum) *quantum = 0;
-    if (p.fixed() > budget) return std::nullopt;
+    if (p.peak(0) > budget) return std::nullopt;
     const uint64_t room = budget - p.fixed();
     Frontier f = solve(option_costs(p, options), room, std::max<size_t>(1, max_states));
     if (quantum) *quantum = f.quantum;
@@ -173,7 +173,7 @@ std::optional<std::vector<Decision>> min_time_plan(
 
 struct FrontierSweep::Impl {
     Frontier f;
-    uint64_t fixed = 0;
+    uint64_t fixed = 0, floor = 0;
 };
 
 FrontierSweep::FrontierSweep(const Problem& p, const std::vector<std::vector<Decision>>& options,
@@ -192,15 +192,16 @@ FrontierSweep::FrontierSweep(const Problem& p, const std::vector<std::vector<Dec
     }
     impl_->f = solve(costs, room, cap);
     impl_->fixed = p.fixed();
+    impl_->floor = p.floor();
 }
 
 FrontierSweep::~FrontierSweep() = default;
 
 std::optional<std::vector<Decision>> FrontierSweep::plan(uint64_t budget, Evaluation* e) const {
-    if (impl_->fixed > budget) return std::nullopt;
+    if (impl_->fixed + impl_->floor > budget) return std::nullopt;
     std::pair<uint64_t, int64_t> nt;
     auto d = pick(impl_->f, budget - impl_->fixed, &nt);
-    if (d && e) *e = {impl_->fixed + nt.first, nt.second};
+    if (d && e) *e = {impl_->fixed + std::max(nt.first, impl_->floor), nt.second};
     return d;
 }
 

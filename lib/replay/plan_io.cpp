@@ -22,19 +22,38 @@ json regions_json(const std::vector<Region>& rs) {
     return a;
 }
 
-json contract_json(const Contract& c, Decision d) {
+// The kind of state `id` ("buffer", "param", "input") as the trace lists it.
+std::string state_kind(const Trace& t, const std::string& id) {
+    for (const auto& b : t.buffers)
+        if (b.id == id) return b.kind;
+    return "buffer";
+}
+
+// The index of segment s's tensor argument that is state `id`, or -1.
+int64_t state_arg(const Segment& s, const std::string& id) {
+    for (const auto& a : s.state)
+        if (a.buffer == id && a.arg >= 0) return a.arg;
+    return -1;
+}
+
+json contract_json(const Trace& t, const Segment& s, const Contract& c, Decision d) {
     json restore = json::array(), rng = json::array(), discard = json::array();
     if (d == Decision::Snapshot || d == Decision::Selective) {
         for (const auto& r : c.restore) {
             json o = {{"buffer", r.buffer}, {"version", r.version}, {"bytes", r.bytes},
-                      {"mode", d == Decision::Snapshot ? "whole" : "regions"}};
+                      {"mode", d == Decision::Snapshot ? "whole" : "regions"},
+                      {"kind", state_kind(t, r.buffer)}};
+            if (const int64_t arg = state_arg(s, r.buffer); arg >= 0) o["arg"] = arg;
             if (d == Decision::Selective) o["regions"] = regions_json(r.regions);
             restore.push_back(o);
         }
         for (const auto& g : c.rng) rng.push_back({{"stream", g.stream}, {"state_bytes", g.state_bytes}});
-        for (const auto& x : c.discard)
-            discard.push_back({{"buffer", x.buffer}, {"version_written", x.version_written},
-                               {"regions", regions_json(x.regions)}});
+        for (const auto& x : c.discard) {
+            json o = {{"buffer", x.buffer}, {"version_written", x.version_written},
+                      {"regions", regions_json(x.regions)}, {"kind", state_kind(t, x.buffer)}};
+            if (const int64_t arg = state_arg(s, x.buffer); arg >= 0) o["arg"] = arg;
+            discard.push_back(o);
+        }
     }
     return {{"id", c.id}, {"restore", restore}, {"rng", rng}, {"discard", discard}};
 }
@@ -47,16 +66,34 @@ json counts_json(const PlanResult& r) {
     return c;
 }
 
+json range_json(uint64_t fixed, const FeasibleRange& r) {
+    return {{"min_peak_bytes", r.least}, {"keep_all_peak_bytes", r.keep_all},
+            {"min_activation_bytes", r.least - fixed}, {"keep_all_activation_bytes", r.keep_all - fixed}};
+}
+
+// The fields a plan entry and a summary entry share.
+json entry_json(const Problem& p, const PlanResult& r) {
+    json b = {{"budget_bytes", r.budget_bytes}, {"feasible", r.feasible}};
+    b["activation_budget_bytes"] = r.budget_bytes >= p.fixed() ? json(r.budget_bytes - p.fixed()) : json();
+    b["peak_bytes"] = r.peak_bytes;
+    b["activation_peak_bytes"] = r.feasible ? json(r.peak_bytes - p.fixed()) : json();
+    b["step_time_ms"] = to_ms(r.step_time_ns);
+    b["safe"] = r.safe;
+    b["decisions"] = counts_json(r);
+    return b;
+}
+
 }  // namespace
 
 json plan_to_json(const Problem& p, const std::string& trace_path, const std::string& planner,
-                  const std::vector<PlanResult>& results) {
+                  const std::vector<PlanResult>& results, const FeasibleRange& range) {
     json budgets = json::array();
     for (const auto& r : results) {
         json segs = json::array();
         for (size_t i = 0; i < r.decisions.size(); ++i) {
             OptionCost c = p.cost(i, r.decisions[i]);
-            json s = {{"name", p.trace->segments[i].name},
+            const Segment& sg = p.trace->segments[i];
+            json s = {{"name", sg.name},
                       {"decision", decision_name(r.decisions[i])},
                       {"held_bytes", c.held},
                       {"preserved_bytes", c.preserved}};
@@ -67,37 +104,40 @@ json plan_to_json(const Problem& p, const std::string& trace_path, const std::st
                                           {"work_bytes", oc.work}, {"time_ms", to_ms(oc.time_ns)}};
             }
             s["options"] = opts;
-            if (!p.trace->segments[i].non_replayable.empty())
-                s["non_replayable"] = p.trace->segments[i].non_replayable;
-            if (r.decisions[i] != Decision::Keep) s["contract"] = contract_json(p.contracts[i], r.decisions[i]);
+            if (!sg.non_replayable.empty()) s["non_replayable"] = sg.non_replayable;
+            if (!sg.ops_hash.empty()) s["ops_hash"] = sg.ops_hash;
+            if (r.decisions[i] != Decision::Keep)
+                s["contract"] = contract_json(*p.trace, sg, p.contracts[i], r.decisions[i]);
             segs.push_back(s);
         }
-        json b = {{"budget_bytes", r.budget_bytes}, {"feasible", r.feasible},
-                  {"exact", r.exact},             {"peak_bytes", r.peak_bytes},
-                  {"step_time_ms", to_ms(r.step_time_ns)}, {"safe", r.safe},
-                  {"unsafe", r.unsafe},           {"decisions", counts_json(r)},
-                  {"segments", segs}};
+        json b = entry_json(p, r);
+        b["exact"] = r.exact;
+        b["unsafe"] = r.unsafe;
+        b["segments"] = segs;
         if (!r.feasible) b["min_peak_bytes"] = r.min_peak_bytes;
         if (!r.exact) b["quantum_bytes"] = r.quantum_bytes;
         if (r.fallback) b["fallback"] = "eager";
         budgets.push_back(b);
     }
-    return {{"format", "ckptkit-plan"},
-            {"format_version", kPlanFormatVersion},
-            {"trace", {{"path", trace_path}, {"hash", p.trace->hash},
-                       {"hash_algorithm", kTraceHashAlgorithm}, {"model", p.trace->model},
-                       {"segments", p.size()}, {"fixed_bytes", p.fixed()}}},
-            {"planner", planner},
-            {"budgets", budgets}};
+    json out = {{"format", "ckptkit-plan"},
+                {"format_version", kPlanFormatVersion},
+                {"trace", {{"path", trace_path}, {"hash", p.trace->hash},
+                           {"hash_algorithm", kTraceHashAlgorithm}, {"model", p.trace->model},
+                           {"segments", p.size()}, {"fixed_bytes", p.fixed()}}},
+                {"fixed_bytes", p.fixed()},
+                {"range", range_json(p.fixed(), range)},
+                {"planner", planner},
+                {"budgets", budgets}};
+    if (!p.trace->fingerprint.empty()) out["fingerprint"] = p.trace->fingerprint;
+    return out;
 }
 
-json summary_json(const std::string& planner, const std::vector<PlanResult>& results) {
+json summary_json(const Problem& p, const std::string& planner, const std::vector<PlanResult>& results,
+                  const FeasibleRange& range) {
     json budgets = json::array();
-    for (const auto& r : results)
-        budgets.push_back({{"budget_bytes", r.budget_bytes}, {"feasible", r.feasible},
-                           {"peak_bytes", r.peak_bytes}, {"step_time_ms", to_ms(r.step_time_ns)},
-                           {"safe", r.safe}, {"decisions", counts_json(r)}});
-    return {{"planner", planner}, {"budgets", budgets}};
+    for (const auto& r : results) budgets.push_back(entry_json(p, r));
+    return {{"planner", planner}, {"fixed_bytes", p.fixed()}, {"range", range_json(p.fixed(), range)},
+            {"budgets", budgets}};
 }
 
 std::string sweep_svg(const std::vector<std::pair<std::string, std::vector<PlanResult>>>& curves,

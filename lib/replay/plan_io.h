@@ -15,14 +15,26 @@ namespace ckpt::replay {
 /// file's bytes (trace.hash_algorithm "xxh3-64"); 1 carried FNV-1a of a canonical re-dump.
 inline constexpr int kPlanFormatVersion = 2;
 
-/// The plan file: trace identity (path, hash, hash_algorithm, model, segments, fixed bytes),
-/// planner, and per budget the decisions with contracts.
-nlohmann::json plan_to_json(const Problem& p, const std::string& trace_path,
-                            const std::string& planner, const std::vector<PlanResult>& results);
+/// The budgets a planner can meet on a trace: its smallest reachable peak and the peak that
+/// keeps every activation (bytes, fixed memory included).
+struct FeasibleRange {
+    uint64_t least = 0;
+    uint64_t keep_all = 0;
+};
 
-/// The --json summary object: planner + per budget budget_bytes, feasible, peak_bytes,
-/// step_time_ms, safe, decisions (count per kind).
-nlohmann::json summary_json(const std::string& planner, const std::vector<PlanResult>& results);
+/// The plan file: trace identity (path, hash, hash_algorithm, model, segments, fixed bytes),
+/// the model fingerprint, fixed_bytes, the feasible range (whole-step and activation bytes),
+/// planner, and per budget the decisions with contracts, each segment's ops_hash and, per
+/// restored state, its kind and argument index (so a runtime needs the plan only).
+nlohmann::json plan_to_json(const Problem& p, const std::string& trace_path,
+                            const std::string& planner, const std::vector<PlanResult>& results,
+                            const FeasibleRange& range);
+
+/// The --json summary object: planner, fixed_bytes, range, per budget budget_bytes,
+/// activation_budget_bytes, feasible, peak_bytes, activation_peak_bytes, step_time_ms, safe,
+/// decisions (count per kind).
+nlohmann::json summary_json(const Problem& p, const std::string& planner,
+                            const std::vector<PlanResult>& results, const FeasibleRange& range);
 
 /// SVG line plot of predicted step time (ms) against budget (axis in B/KiB/MiB/GiB/TiB, the
 /// largest unit under the largest budget), one polyline per planner, widest first with its

@@ -3,10 +3,12 @@
 //
 // Cost model (formats/plan.md "Cost model"): segments run forward in order and backward in
 // reverse. H_i = bytes segment i holds from its forward to its backward; W_i = bytes live
-// above H_{<i} while segment i computes (forward, or recompute in backward). Predicted
-// peak = fixed + max(H_0+..+H_{n-1}, max_i (H_0+..+H_{i-1} + W_i)). Predicted step time =
+// above H_{<i} while segment i computes (forward, or recompute and backward). Predicted
+// peak = fixed + max(H_0+..+H_{n-1}, max_i (H_0+..+H_{i-1} + W_i), S), S = the optimizer
+// step's temporaries (Problem::floor). Predicted step time =
 // sum of forward + backward times + recompute forward times + copies at device copy bandwidth.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -46,8 +48,14 @@ struct Problem {
     /// `contracts` are seen by the simulator, not by cost()).
     explicit Problem(const Trace& t);
     size_t size() const { return contracts.size(); }
-    /// Params + grads + optimizer + buffers (bytes), as Trace::fixed_bytes (computed once).
+    /// Params + grads + optimizer + outside + buffers (bytes), as Trace::fixed_bytes.
     uint64_t fixed() const { return fixed_; }
+    /// The optimizer step's temporaries (Trace::step_bytes): no plan peaks below
+    /// fixed() + floor(), whatever it recomputes.
+    uint64_t floor() const { return floor_; }
+    /// Predicted peak (bytes) of a plan whose activations peak at `activation` bytes above
+    /// the fixed memory: fixed() + max(activation, floor()).
+    uint64_t peak(uint64_t activation) const { return fixed_ + std::max(activation, floor_); }
     /// Runtime cost of decision d on segment i (std::out_of_range for i >= size()). Recompute
     /// on a stateful segment is costed as a plain recompute (what an unsafe plan would do).
     OptionCost cost(size_t i, Decision d) const { return costs_.at(i)[static_cast<size_t>(d)]; }
@@ -62,7 +70,7 @@ struct Problem {
     bool replayable(size_t i) const { return !(flags_[i] & kNotReplayable); }
 
 private:
-    uint64_t fixed_ = 0;
+    uint64_t fixed_ = 0, floor_ = 0;
     std::vector<std::array<OptionCost, 4>> costs_;   ///< [segment][Decision]
     std::vector<std::vector<Decision>> safe_;
     static constexpr uint8_t kStateful = 1, kNotReplayable = 2;

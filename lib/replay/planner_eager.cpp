@@ -94,11 +94,11 @@ std::vector<Evaluation> prefix_peaks(const Problem& p, const std::vector<Step>& 
     MaxTree tree(v);
     int64_t total = prefix, time = 0;
     for (size_t i = 0; i < n; ++i) time += p.cost(i, Decision::Keep).time_ns;
-    const int64_t fixed = static_cast<int64_t>(p.fixed());
+    const int64_t fixed = static_cast<int64_t>(p.fixed()), floor = static_cast<int64_t>(p.floor());
     std::vector<Evaluation> peaks;
     peaks.reserve(order.size() + 1);
     auto now = [&] {
-        return Evaluation{static_cast<uint64_t>(fixed + std::max(total, tree.max())), time};
+        return Evaluation{static_cast<uint64_t>(fixed + std::max({total, tree.max(), floor})), time};
     };
     peaks.push_back(now());
     for (const Step& s : order) {

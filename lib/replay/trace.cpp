@@ -175,7 +175,12 @@ Trace read_ckptkit_trace(element j, const std::string& file) {
     t.param_bytes = r.u64(fixed, "param_bytes", "fixed");
     t.grad_bytes = r.u64(fixed, "grad_bytes", "fixed");
     t.optimizer_bytes = r.u64(fixed, "optimizer_bytes", "fixed");
-    double total_bytes = double(t.param_bytes) + double(t.grad_bytes) + double(t.optimizer_bytes);
+    if (format_version >= 2) {
+        t.outside_bytes = r.u64_or(fixed, "outside_bytes", "fixed", 0);
+        t.step_bytes = r.u64_or(fixed, "step_bytes", "fixed", 0);
+    }
+    double total_bytes = double(t.param_bytes) + double(t.grad_bytes) + double(t.optimizer_bytes) +
+                         double(t.outside_bytes) + double(t.step_bytes);
     double total_ms = 0;
 
     std::map<std::string, uint64_t> size, version;
@@ -233,6 +238,11 @@ Trace read_ckptkit_trace(element j, const std::string& file) {
             if (acc.bytes_read != size[acc.buffer])
                 r.fail(fmt::format("{}: bytes_read {} but '{}' holds {} bytes", wa,
                                    acc.bytes_read, acc.buffer, size[acc.buffer]));
+            if (format_version >= 2 && r.has(a, "arg")) {
+                const uint64_t arg = r.u64(a, "arg", wa);
+                if (arg >= kMaxSegments) r.fail(wa + ".arg: more than 2^20 arguments");
+                acc.arg = static_cast<int64_t>(arg);
+            }
             acc.written = r.has(a, "version_written");
             if (acc.written) {
                 acc.version_written = r.u64(a, "version_written", wa);
@@ -264,6 +274,12 @@ Trace read_ckptkit_trace(element j, const std::string& file) {
         if (format_version >= 2 && r.has(s, "non_replayable")) {
             g.non_replayable = r.str(s, "non_replayable", w);
             if (g.non_replayable.empty()) r.fail(w + ".non_replayable: empty reason");
+        }
+        if (format_version >= 2 && r.has(s, "ops_hash")) {
+            g.ops_hash = r.str(s, "ops_hash", w);
+            if (g.ops_hash.size() != 16 ||
+                g.ops_hash.find_first_not_of("0123456789abcdef") != std::string::npos)
+                r.fail(w + ".ops_hash: expected 16 lowercase hex digits");
         }
         t.segments.push_back(std::move(g));
         names.insert(t.segments.back().name);   // no reallocation: reserved above
@@ -299,7 +315,9 @@ json trace_to_json(const Trace& t) {
               {"fixed",
                {{"param_bytes", t.param_bytes},
                 {"grad_bytes", t.grad_bytes},
-                {"optimizer_bytes", t.optimizer_bytes}}}};
+                {"optimizer_bytes", t.optimizer_bytes},
+                {"outside_bytes", t.outside_bytes},
+                {"step_bytes", t.step_bytes}}}};
     json bufs = json::array();
     for (const auto& b : t.buffers)
         bufs.push_back({{"id", b.id}, {"bytes", b.bytes}, {"kind", b.kind}});
@@ -313,6 +331,7 @@ json trace_to_json(const Trace& t) {
                       {"read", a.read},
                       {"version_read", a.version_read},
                       {"bytes_read", a.bytes_read}};
+            if (a.arg >= 0) o["arg"] = a.arg;
             if (a.written) {
                 json rg = json::array();
                 for (const auto& g : a.regions) rg.push_back({g.offset, g.length});
@@ -334,6 +353,7 @@ json trace_to_json(const Trace& t) {
                         {"state", st},
                         {"rng", rng}};
         if (!s.non_replayable.empty()) sj["non_replayable"] = s.non_replayable;
+        if (!s.ops_hash.empty()) sj["ops_hash"] = s.ops_hash;
         segs.push_back(std::move(sj));
     }
     for (auto it = t.segments.rbegin(); it != t.segments.rend(); ++it) order.push_back(it->name);

@@ -30,6 +30,8 @@ struct StateAccess {
     uint64_t bytes_read = 0;
     uint64_t bytes_written = 0;
     std::vector<Region> regions;
+    int64_t arg = -1;             ///< v2: index of the segment's tensor argument that is this
+                                  ///< state (a buffer passed in, the segment's input); -1: none
 };
 
 /// RNG consumption of a segment: which stream and the size of its state (bytes).
@@ -39,7 +41,8 @@ struct RngUse {
 };
 
 /// A segment: forward/backward time (ms), bytes it keeps for backward (saved_bytes), bytes of
-/// its input and output at the boundary, transient peak above saved_bytes while it runs.
+/// its input and output at the boundary, transient peak above saved_bytes while it runs
+/// forward or backward (the incoming output gradient and backward temporaries included).
 struct Segment {
     std::string name;
     double forward_ms = 0;
@@ -54,6 +57,10 @@ struct Segment {
     /// replay probe found hidden state, e.g. a Python global or a non-tensor attribute, or it
     /// touches a tensor no contract can restore). Planners always keep such a segment.
     std::string non_replayable;
+    /// v2, optional: XXH3-64 (16 hex digits) of the segment's forward op sequence as the
+    /// recorder saw it (ops, dtypes, scalar arguments; formats/trace.md). Plans copy it so a
+    /// runtime can refuse a plan for a model whose segment now computes something else.
+    std::string ops_hash;
 };
 
 /// A piece of mutable state (id, size in bytes before the step). kind (format v2): "buffer"
@@ -76,13 +83,18 @@ struct Trace {
     uint64_t param_bytes = 0;
     uint64_t grad_bytes = 0;
     uint64_t optimizer_bytes = 0;
+    uint64_t outside_bytes = 0;       ///< v2, optional: live outside every segment during the
+                                      ///< step (batch, loss, outputs computed outside segments)
+    uint64_t step_bytes = 0;          ///< v2, optional: the optimizer step's temporaries (above
+                                      ///< the fixed memory, after the activations are freed)
     std::vector<BufferInfo> buffers;
     std::vector<Segment> segments;    ///< forward order; backward runs in reverse
     std::string hash;                 ///< trace_hash() of the text read (16 hex digits)
 
-    /// Params + grads + optimizer state + the mutable buffers at their initial size (bytes).
+    /// Params + grads + optimizer state + memory outside segments + the mutable buffers at
+    /// their initial size (bytes): what every plan holds whatever it recomputes.
     uint64_t fixed_bytes() const {
-        uint64_t b = param_bytes + grad_bytes + optimizer_bytes;
+        uint64_t b = param_bytes + grad_bytes + optimizer_bytes + outside_bytes;
         for (const auto& x : buffers) b += x.bytes;
         return b;
     }

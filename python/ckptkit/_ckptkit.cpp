@@ -1,11 +1,12 @@
 // ckptkit._ckptkit: the Python package's bindings over the library the tools call
-// (lib/ckpt/pipeline.h, lib/ckpt/folder.h); the package's Python side (ckptkit/__init__.py)
+// (lib/ckpt/pipeline.h, lib/ckpt/folder.h, lib/replay/job.h); the package's Python side (ckptkit/__init__.py)
 // checks the options and shapes the results. Every call releases the GIL around the C++
 // work and holds one process-wide lock meanwhile (libhdf5 is not thread-safe: one job at a
 // time). Library errors become the package's exceptions with the CLI's one-line message:
 // BadInput -> ckptkit.BadInput ("TOOL: error: FILE: what"), CheckFailed ->
 // ckptkit.CheckFailed ("TOOL: check failed: FILE: what"). Warnings the library logs
 // (spdlog) are collected per call and handed back with the report.
+#include <nlohmann/json.hpp>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <spdlog/sinks/base_sink.h>
@@ -32,6 +33,7 @@
 #include "gpu_codec.h"
 #include "io/checkpoint.h"
 #include "io/file.h"
+#include "replay/job.h"
 
 namespace py = pybind11;
 using namespace ckpt;
@@ -234,6 +236,22 @@ PYBIND11_MODULE(_ckptkit, m) {
                                    false);
         })
         .def("__len__", [](const MemBuffer& b) { return b.n; });
+
+    m.def("replay_plan", [](py::bytes trace, const std::string& name, std::vector<uint64_t> budgets,
+                            std::vector<uint64_t> activation_budgets, const std::string& planner) {
+        const std::string text = trace;
+        std::string plan;
+        run_job("replay-plan", name, 1, [&] {
+            replay::PlanRequest req;
+            req.budgets = std::move(budgets);
+            req.activation_budgets = std::move(activation_budgets);
+            req.planner = planner;
+            plan = replay::run_plan(text, name, req).plan_json().dump();
+        });
+        return plan;
+    }, py::arg("trace"), py::arg("name"), py::arg("budgets"), py::arg("activation_budgets"), py::arg("planner"),
+       "replay-plan TRACE --budget ... --activation-budget ... --planner P -o PLAN: the plan JSON "
+       "(formats/plan.md) as text; infeasible budgets are entries with feasible false");
 
     m.def("compress", [](const std::string& src, const std::string& dst, py::dict d) {
         const Opts o{d};

@@ -323,7 +323,7 @@ TEST_CASE("plan output: the trace hash and its algorithm; the SVG title is XML-e
     const Trace t = load_trace(trace_path("counter.trace.json"));
     Problem p(t);
     const auto results = make_planner("joint")->plan_all(p, {1ull << 30});
-    const nlohmann::json plan = plan_to_json(p, "counter.trace.json", "joint", results);
+    const nlohmann::json plan = plan_to_json(p, "counter.trace.json", "joint", results, {1, 2});
     CHECK(plan["format_version"] == kPlanFormatVersion);
     CHECK(plan["trace"]["hash"] == t.hash);
     CHECK(plan["trace"]["hash_algorithm"] == "xxh3-64");
