@@ -25,10 +25,8 @@ Modes (docs/design.md §5, §3.4 (b)):
   plain-norng  as plain with preserve_rng_state=False (custom checkpoint helpers).
 """
 import argparse
-import hashlib
 import json
 import os
-import re
 import sys
 import time
 
@@ -37,9 +35,10 @@ import torch.utils.checkpoint as tuc
 import xxhash
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from record_trace import (RecordError, buffer_owner, byte_view, cuda_streams, set_stream_state, stream_state,  # noqa: E402
-                          generator_names, load_build, model_fingerprint, segment_modules,
-                          storage_of)
+from record_trace import load_build, segment_modules  # noqa: E402  (also puts ckptkit on sys.path)
+from ckptkit.replay import ContractError, Plan, RecordError, apply  # noqa: E402
+from ckptkit.replay._common import (cuda_streams, generator_names, model_fingerprint,  # noqa: E402
+                                    parse_bytes as _parse_bytes, storage_of, stream_state)
 
 
 class PlanError(Exception):
@@ -48,22 +47,10 @@ class PlanError(Exception):
 
 def parse_bytes(s):
     """'44GiB' / '32GB' / '512MiB' / '123' -> bytes (same units as replay-plan)."""
-    m = re.fullmatch(r"([0-9.]+)\s*([KMGT]i?B?|B)?", s)
-    if not m:
-        raise PlanError(f"not a size: {s}")
-    unit = m.group(2) or "B"
-    mult = {"B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9,
-            "T": 1e12, "TB": 1e12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-    if unit not in mult:
-        raise PlanError(f"not a size: {s}")
-    return int(round(float(m.group(1)) * mult[unit]))
-
-
-def digest(t):
-    """sha256 of a tensor's bytes + shape + dtype."""
-    h = hashlib.sha256(byte_view(t).numpy().tobytes())
-    h.update(repr((tuple(t.shape), str(t.dtype))).encode())
-    return h.hexdigest()
+    try:
+        return _parse_bytes(s)
+    except ValueError:
+        raise PlanError(f"not a size: {s}") from None
 
 
 PLAN_FORMAT_VERSION = 2          # formats/plan.md; 1 carried the old FNV-1a trace hash
@@ -174,154 +161,6 @@ class StepMeter:
                 self.inputs[key] = nbytes
 
 
-def trace_layout(trace):
-    """What the runtime needs from the trace besides the plan: state id -> kind ("buffer",
-    "param", "input"; v1 traces: buffers only) and (segment, state id) -> the index of the
-    segment's tensor argument that is that state, when it is one."""
-    kinds = {b["id"]: b.get("kind", "buffer") for b in trace.get("buffers", [])}
-    args = {(s["name"], a["buffer"]): a["arg"] for s in trace["segments"]
-            for a in s.get("state", []) if "arg" in a}
-    return {"kind": kinds, "arg": args}
-
-
-class SegmentContract:
-    """A recomputed segment run under its replay contract (module docstring, contract mode):
-    replaces the module's forward; each call stashes the contract's state (ContractCall) and
-    runs the segment under torch.utils.checkpoint. `contract`: the plan's contract object
-    (restore, rng, discard); `layout`: trace_layout(); version mismatches found at recompute
-    are appended to `problems`; preserved bytes are counted in `meter`."""
-
-    def __init__(self, name, model, module, contract, layout, problems, meter):
-        self.name, self.model, self.contract = name, model, contract
-        self.layout, self.problems, self.meter = layout, problems, meter
-        self.orig = module.forward
-        module.forward = self.forward
-
-    def forward(self, *args, **kw):
-        self.meter.hold_inputs(args)
-        call = ContractCall(self, args)
-        return tuc.checkpoint(call, *args, use_reentrant=False, preserve_rng_state=False, **kw)
-
-    def touched(self):
-        """State ids the recompute must not see or change: restored ones, then discard-only."""
-        out = [r["buffer"] for r in self.contract.get("restore", [])]
-        return out + [x["buffer"] for x in self.contract.get("discard", []) if x["buffer"] not in out]
-
-    def kind(self, b):
-        return self.layout["kind"].get(b, "buffer")
-
-    def arg_pos(self, b, positions):
-        """Position in the call's arguments of the tensor argument that is state b, or None."""
-        k = self.layout["arg"].get((self.name, b))
-        return None if k is None or k >= len(positions) else positions[k]
-
-    def current(self, b, args, positions):
-        """The tensor state id b names now: a module buffer / parameter, or a tensor argument
-        of this call (inputs)."""
-        if self.kind(b) == "input":
-            pos = self.arg_pos(b, positions)
-            if pos is None:
-                raise PlanError(f"segment {self.name}: input state {b} is not an argument")
-            return args[pos]
-        owner, attr = buffer_owner(self.model, b)
-        return getattr(owner, attr)
-
-    def stash(self, args, positions):
-        """At forward: per restored state its shape, dtype, digest and bytes (whole, or the
-        contract's byte regions); counts the bytes in meter.preserved."""
-        kept = {}
-        for r in self.contract.get("restore", []):
-            t = self.current(r["buffer"], args, positions)
-            entry = {"shape": t.shape, "dtype": t.dtype, "digest": digest(t)}
-            if r["mode"] == "whole":
-                entry["whole"] = t.detach().clone()
-                self.meter.preserved += entry["whole"].numel() * entry["whole"].element_size()
-            else:
-                bv = byte_view(t)
-                entry["regions"] = [(o, n, bv[o:o + n].clone()) for o, n in r["regions"]]
-                self.meter.preserved += sum(n for _, n, _ in entry["regions"]) + 16 * len(r["regions"])
-            kept[r["buffer"]] = entry
-        return kept
-
-    def scratch(self, cur, entry):
-        """A scratch tensor holding a state at the version the segment read: the whole copy,
-        `cur` with the kept regions written back, or (discard only) a copy of `cur`."""
-        if entry is None:
-            return cur.detach().clone()
-        if "whole" in entry:
-            return entry["whole"].clone()
-        nbytes = entry["shape"].numel() * torch.empty((), dtype=entry["dtype"]).element_size()
-        tb = byte_view(cur)[:nbytes].clone()
-        for o, n, chunk in entry["regions"]:
-            tb[o:o + n] = chunk
-        return tb.view(entry["dtype"]).reshape(entry["shape"])
-
-    def recompute(self, call, a, k):
-        """The recompute: every touched state rebound (buffers), swapped in place (params) or
-        replaced as an argument (inputs) by its scratch copy, RNG streams set to their state at
-        forward; afterwards the originals and the outer RNG state are put back."""
-        rebound, overwritten = {}, {}
-        with torch.no_grad():
-            for b in self.touched():
-                cur = self.current(b, a, call.positions)
-                e = call.kept.get(b)
-                tmp = self.scratch(cur, e)
-                if e is not None and digest(tmp) != e["digest"]:
-                    self.problems.append(f"segment {self.name}: recompute would read {b} at a "
-                                         "version other than the recorded one")
-                kind = self.kind(b)
-                if kind == "param":
-                    # a parameter keeps its identity (autograd, optimizer): its bytes are
-                    # swapped in place (.data: no version bump) and put back after
-                    overwritten[b] = (cur, cur.detach().clone())
-                    cur.data.copy_(tmp)
-                    continue
-                if kind == "buffer":
-                    owner, attr = buffer_owner(self.model, b)
-                    rebound[b] = cur
-                    setattr(owner, attr, tmp)
-                pos = self.arg_pos(b, call.positions)
-                if pos is not None:               # passed as an argument: a scratch arg
-                    if cur.requires_grad:   # a non-leaf that requires grad, as the
-                        with torch.enable_grad():   # argument was (in-place ops allowed)
-                            tmp = tmp.detach().requires_grad_(True).clone()
-                    a[pos] = tmp
-        outer = {st: stream_state(self.model, st) for st in call.rng}
-        for st, state in call.rng.items():
-            set_stream_state(self.model, st, state)
-        try:
-            return self.orig(*a, **k)
-        finally:
-            with torch.no_grad():
-                for b, cur in rebound.items():
-                    owner, attr = buffer_owner(self.model, b)
-                    setattr(owner, attr, cur)
-                for b, (cur, bytes_now) in overwritten.items():
-                    cur.data.copy_(bytes_now)
-            for st, state in outer.items():
-                set_stream_state(self.model, st, state)
-
-
-class ContractCall:
-    """One forward call of a SegmentContract: the tensor argument positions, the state stashed
-    at forward and the RNG states; called by torch.utils.checkpoint, first for the forward,
-    then for the recompute."""
-
-    def __init__(self, seg, args):
-        self.seg = seg
-        self.positions = [i for i, x in enumerate(args) if torch.is_tensor(x)]
-        self.kept = seg.stash(args, self.positions)
-        self.rng = {g["stream"]: stream_state(seg.model, g["stream"])
-                    for g in seg.contract.get("rng", [])}
-        self.calls = 0
-
-    def __call__(self, *a, **k):
-        self.calls += 1
-        if self.calls == 1:
-            return self.seg.orig(*a, **k)
-        return self.seg.recompute(self, list(a), k)
-
-
 def plain_checkpoint(module, mode, meter):
     """Plain torch.utils.checkpoint over a segment, no contract (modes plain, plain-norng)."""
     orig = module.forward
@@ -334,11 +173,10 @@ def plain_checkpoint(module, mode, meter):
     module.forward = forward
 
 
-def run_step(model_path, decisions, mode, problems, layout=None):
-    """One seeded training step. decisions: name -> (decision, contract) for the recomputed
-    segments; layout: trace_layout() of the trace. Returns (result dict, step seconds,
-    measured held bytes)."""
-    layout = layout or {"kind": {}, "arg": {}}
+def run_step(model_path, plan=None, entry=None, mode="contract"):
+    """One seeded training step: without recomputation (plan None), with the plan entry applied
+    through ckptkit.replay.apply (contract mode) or with plain torch.utils.checkpoint over every
+    segment (plain, plain-norng). Returns (result dict, step seconds, measured held bytes)."""
     torch.manual_seed(0)
     model, batch, loss_fn, names = load_build(model_path)
     model.train()
@@ -346,16 +184,21 @@ def run_step(model_path, decisions, mode, problems, layout=None):
     gens = generator_names(model)
     meter = StepMeter()
     fixed = {storage_of(p)[0] for p in model.parameters()}
-    for name, (decision, contract) in decisions.items():
-        if mode == "contract":
-            SegmentContract(name, model, segs[name], contract, layout, problems, meter)
-        else:
+    handle = None
+    if plan is not None and mode == "contract":
+        handle = apply(model, plan, entry["budget_bytes"])
+    elif plan is not None:
+        for name in segs:
             plain_checkpoint(segs[name], mode, meter)
     model.register_forward_hook(lambda m, i, o: setattr(meter, "out", o))
     t0 = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
-        loss = loss_fn(model, batch)
-    loss.backward()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
+            loss = loss_fn(model, batch)
+        loss.backward()
+    finally:
+        if handle is not None:
+            handle.remove()
     secs = time.perf_counter() - t0
     bufptrs = {storage_of(b)[0] for b in model.buffers()}
     held = {p: n for p, n in {**meter.held, **meter.inputs}.items()
@@ -419,9 +262,9 @@ def main():
         return 2
     med = lambda v: sorted(v)[len(v) // 2] * 1e3 if v else None
     ref_times = []
-    layout = trace_layout(trace)
+    plan_obj = Plan(json.load(open(a.plan)), trace)
     for _ in range(max(1, a.repeat)):   # the reference step, shared by every budget
-        ref, t_ref, held_ref = run_step(a.model, {}, "contract", [], layout)
+        ref, t_ref, held_ref = run_step(a.model)
         ref_times.append(t_ref)
     all_identical = True
     for entry in entries:
@@ -433,9 +276,9 @@ def main():
         problems, got_times, got, error, held_got = [], [], None, None, None
         for _ in range(max(1, a.repeat)):
             try:
-                got, t_got, held_got = run_step(a.model, decisions, a.mode, problems, layout)
+                got, t_got, held_got = run_step(a.model, plan_obj, entry, a.mode)
                 got_times.append(t_got)
-            except (RuntimeError, PlanError, RecordError) as e:
+            except (RuntimeError, PlanError, RecordError, ContractError) as e:
                 error = str(e).split("\n")[0]
                 break
         diffs = problems + ([f"step failed: {error}"] if error else compare(ref, got))

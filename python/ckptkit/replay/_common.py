@@ -28,7 +28,8 @@ class ContractError(CkptkitError, RuntimeError):
     `segment` names the segment."""
 
     def __init__(self, segment, what):
-        super().__init__(f"ckptkit.replay: segment {segment}: {what}", None, what)
+        where = f"segment {segment}: " if segment is not None else ""
+        super().__init__(f"ckptkit.replay: {where}{what}", None, what)
         self.segment = segment
 
 

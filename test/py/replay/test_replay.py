@@ -356,8 +356,12 @@ def test_state_pattern_round_trip(replay_plan, tmp_path, model):
     assert sum(d != "keep" for d in tight.values()) >= 2
     for n in want.get("non_replayable", []):
         assert all({s["name"]: s["decision"] for s in e["segments"]}[n] == "keep" for e in entries)
-    if "reader" in want:
-        assert tight[want["reader"]] in ("recompute+snapshot", "recompute+selective")
+    if "reader" in want:   # recomputed only with its contract (the "all" plan below recomputes it)
+        assert tight[want["reader"]] in ("keep", "recompute+snapshot", "recompute+selective")
+        allp = tmp_path / "all.json"
+        assert run([replay_plan, trace, "--planner", "all", "--budget", "1GiB", "-o", allp]).returncode == 0
+        dec = {s["name"]: s["decision"] for s in json.load(open(allp))["budgets"][0]["segments"]}
+        assert dec[want["reader"]] in ("recompute+snapshot", "recompute+selective")
     if "rng" in want:
         assert any(tight[n] != "keep" for n in want["rng"])
     rc, results = apply(model, trace, plan, budgets)

@@ -1,0 +1,356 @@
+"""ckptkit.replay (python/ckptkit/replay) with real torch: record() on live models leaves them
+exactly as they were; default segments; plan() through the extension; apply() in a user's own
+loop stays bitwise equal to no recomputation (losses, parameters, buffers, optimizer state, RNG)
+with gradient accumulation, a smaller last batch and eval passes between steps, where plain
+torch.utils.checkpoint changes BatchNorm buffers; broken contracts and stale plans are refused;
+the measured peak of a training iteration (profiler memory events + what lives before it) never
+exceeds the plan's predicted peak.
+
+The package comes from $CKPTKIT_PYTHONPATH, else next to $CKPTKIT_BIN (<build>/apps ->
+<build>/python); the module is skipped when it is absent (the ASan build has none)."""
+import bisect
+import importlib
+import json
+import os
+import pathlib
+import sys
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+def _package_dir():
+    d = os.environ.get("CKPTKIT_PYTHONPATH")
+    if not d:
+        bin_dir = os.environ.get("CKPTKIT_BIN") or os.path.join(ROOT, "build", "apps")
+        d = os.path.join(os.path.dirname(os.path.abspath(bin_dir)), "python")
+    return d
+
+
+PKG = _package_dir()
+if not os.path.isdir(os.path.join(PKG, "ckptkit", "replay")):
+    pytest.skip(f"{PKG}/ckptkit/replay not built", allow_module_level=True)
+sys.path.insert(0, PKG)
+ckptkit = importlib.import_module("ckptkit")
+replay = importlib.import_module("ckptkit.replay")
+sys.path.insert(0, str(ROOT / "test" / "models"))
+import nanogpt  # noqa: E402
+
+tv = pytest.importorskip("torchvision")
+torch.set_num_threads(1)    # bitwise comparisons and stable timings on the shared cores
+
+
+# ----------------------------------------------------------------------------- helpers
+def state_of(model, opt=None):
+    """Everything a step may change, copied: params, grads, buffers, optimizer state, RNG."""
+    out = {"p": {n: p.detach().clone() for n, p in model.named_parameters()},
+           "g": {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()},
+           "b": {n: b.clone() for n, b in model.named_buffers()},
+           "rng": torch.get_rng_state()}
+    if opt is not None:
+        out["o"] = [{k: v.clone() if torch.is_tensor(v) else v for k, v in opt.state[p].items()}
+                    for g in opt.param_groups for p in g["params"]]
+    return out
+
+
+def assert_same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, dict):
+            assert x.keys() == y.keys(), k
+            for n in x:
+                if x[n] is None or y[n] is None:
+                    assert x[n] is None and y[n] is None, (k, n)
+                else:
+                    assert x[n].dtype == y[n].dtype and torch.equal(x[n], y[n]), (k, n)
+        elif isinstance(x, list):
+            assert len(x) == len(y)
+            for s, t in zip(x, y):
+                assert s.keys() == t.keys()
+                for n in s:
+                    assert torch.equal(s[n], t[n]) if torch.is_tensor(s[n]) else s[n] == t[n], (k, n)
+        else:
+            assert torch.equal(x, y), k
+
+
+def vision(name, seed=0):
+    torch.manual_seed(seed)
+    model = getattr(tv.models, name)(num_classes=10)
+    g = torch.Generator().manual_seed(seed)
+    batch = (torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 10, (4,), generator=g))
+    return model, batch, lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1])
+
+
+def measure_peak(model, opt, batch, loss_fn, set_to_none):
+    """Bytes alive before the iteration (params, buffers, grads, optimizer state, batch, each
+    storage once) + the peak of the profiler's CPU memory events over forward, backward and
+    optimizer.step."""
+    from torch.profiler import ProfilerActivity, profile
+    seen, pre = set(), 0
+    ts = list(model.parameters()) + list(model.buffers()) + [p.grad for p in model.parameters()]
+    ts += [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    ts += [t for t in batch if torch.is_tensor(t)]
+    for t in ts:
+        if t is not None and t.storage().data_ptr() not in seen:
+            seen.add(t.storage().data_ptr())
+            pre += t.storage().nbytes()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss_fn(model, batch).backward()
+        opt.step()
+    live = peak = 0
+    for e in prof.profiler.kineto_results.events():
+        if e.name() == "[memory]":
+            live += e.nbytes()
+            peak = max(peak, live)
+    opt.zero_grad(set_to_none=set_to_none)
+    return pre + peak
+
+
+def run_steps(build, plan=None, budget=None, steps=3, accumulate=1, evals=False, last_small=False, lr=1e-2):
+    """A user's loop: Adam, `steps` optimizer steps of `accumulate` micro-batches, an eval pass
+    between steps, the last batch smaller; the plan applied when given. Returns (losses, state)."""
+    model, batch, loss_fn = build()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    torch.manual_seed(1)
+    losses = []
+    handle = replay.apply(model, plan, budget) if plan is not None else None
+    try:
+        for step in range(steps):
+            for micro in range(accumulate):
+                b = batch
+                if last_small and step == steps - 1:
+                    b = tuple(t[: t.shape[0] // 2] for t in batch)
+                loss = loss_fn(model, b) / accumulate
+                loss.backward()
+                losses.append(loss.detach())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if evals:
+                model.eval()
+                with torch.no_grad():
+                    losses.append(loss_fn(model, batch).detach())
+                model.train()
+    finally:
+        if handle is not None:
+            handle.remove()
+    return torch.stack(losses), state_of(model, opt)
+
+
+def tight_plan(model, batch, loss_fn, opt=None, **kw):
+    trace = replay.record(model, batch, loss_fn, optimizer=opt, **kw)
+    try:
+        loose = replay.plan(trace)
+        lo = loose.range["min_peak_bytes"]
+        p = replay.plan(trace, [lo, loose.range["keep_all_peak_bytes"]])
+    finally:
+        os.unlink(trace)
+    assert [e["feasible"] for e in p.entries] == [True, True]
+    return p, lo
+
+
+# ----------------------------------------------------------------------------- tests
+def test_record_leaves_model_grads_buffers_rng_and_optimizer_as_they_were(tmp_path):
+    model, batch, loss_fn = vision("resnet18")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn(model, batch).backward()
+    opt.step()                                     # state exists; grads kept (not zeroed)
+    model.layer1.eval()                            # a mixed train / eval flag survives too
+    before = state_of(model, opt)
+    flags = [m.training for m in model.modules()]
+    path = replay.record(model, batch, loss_fn, optimizer=opt, path=tmp_path / "r.trace.json")
+    assert path == str(tmp_path / "r.trace.json")
+    assert_same(before, state_of(model, opt))
+    assert flags == [m.training for m in model.modules()]
+    t = json.load(open(path))
+    assert t["format_version"] == 2 and t["fingerprint"] == replay.model_fingerprint(model)
+    # the real state: exp_avg + exp_avg_sq + a float32 step per parameter (Adam, torch 1.13)
+    assert t["fixed"]["optimizer_bytes"] == 2 * t["fixed"]["grad_bytes"] + 4 * len(list(model.parameters()))
+    with pytest.raises(ckptkit.BadInput, match="already exists"):
+        replay.record(model, batch, loss_fn, path=path)
+
+
+def test_default_segments_nanogpt_and_torchvision():
+    model, batch, loss_fn = nanogpt.build()
+    p = replay.plan(replay.record(model, batch, loss_fn))
+    names = [s["name"] for s in p.entries[0]["segments"]]
+    assert names == ["transformer.wte", "transformer.wpe", "transformer.drop", "transformer.h.0",
+                     "transformer.h.1", "transformer.ln_f", "lm_head"]
+    model, batch, loss_fn = vision("resnet18")
+    t = json.load(open(replay.record(model, batch, loss_fn)))
+    assert [s["name"] for s in t["segments"]] == ["conv1", "bn1", "relu", "maxpool", "layer1.0", "layer1.1",
+                                                  "layer2.0", "layer2.1", "layer3.0", "layer3.1", "layer4.0",
+                                                  "layer4.1", "avgpool", "fc"]
+
+
+def test_record_error_explains_uncovered_rng():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.b(torch.nn.functional.dropout(self.a(x), 0.5))   # RNG outside the children
+
+    with pytest.raises(replay.RecordError) as e:
+        replay.record(Net(), torch.randn(2, 4), lambda m, x: m(x).sum())
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("ckptkit.replay: RNG stream cpu consumed outside segments "
+                                              "before segment b; the default segments (a, b)")
+
+
+def test_nanogpt_50_steps_bitwise_with_accumulation_evals_and_small_last_batch():
+    model, batch, loss_fn = nanogpt.build()
+    plan, lo = tight_plan(model, batch, loss_fn)
+    entry = plan.entries[0]
+    recomputed = [s["name"] for s in entry["segments"] if s["decision"] != "keep"]
+    assert "transformer.h.0" in recomputed or "transformer.h.1" in recomputed
+    kw = dict(steps=50, accumulate=2, evals=True, last_small=True)
+    ref_losses, ref = run_steps(nanogpt.build, **kw)
+    got_losses, got = run_steps(nanogpt.build, plan, lo, **kw)
+    assert torch.equal(ref_losses, got_losses)
+    assert_same(ref, got)
+    with pytest.raises(ckptkit.BadInput, match="2 feasible entries"):
+        replay.apply(model, plan)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "efficientnet_b0"])
+def test_torchvision_bitwise_and_peak_bound(name):
+    model, batch, loss_fn = vision(name)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    plan, lo = tight_plan(model, batch, loss_fn, opt)
+    tight = plan.entries[0]
+    assert tight["decisions"]["recompute+snapshot"] + tight["decisions"]["recompute+selective"] >= 1
+    build = lambda: vision(name)   # noqa: E731
+    ref_losses, ref = run_steps(build, steps=2, evals=True)
+    got_losses, got = run_steps(build, plan, lo, steps=2, evals=True)
+    assert torch.equal(ref_losses, got_losses)
+    assert_same(ref, got)
+    if name == "resnet18":   # plain checkpointing over the same segments changes BN buffers
+        model, batch, loss_fn = vision(name)
+        for s in tight["segments"]:
+            if s["decision"] != "keep":
+                m = model.get_submodule(s["name"])
+                m.forward = (lambda f: lambda *a: torch.utils.checkpoint.checkpoint(f, *a, use_reentrant=False))(m.forward)
+        loss_fn(model, batch).backward()
+        plain = state_of(model)
+        model, batch, loss_fn = vision(name)
+        loss_fn(model, batch).backward()
+        differ = [n for n, b in state_of(model)["b"].items() if not torch.equal(b, plain["b"][n])]
+        assert len(differ) >= 3 and all("running" in n or "num_batches" in n for n in differ)
+    check_peaks(build, plan)
+
+
+def check_peaks(build, plan):
+    """measured <= predicted for every entry, with zero_grad(set_to_none=True) and False."""
+    for entry in plan.entries:
+        for set_to_none in (True, False):
+            model, batch, loss_fn = build()
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+            if not set_to_none:
+                for p in model.parameters():
+                    p.grad = torch.zeros_like(p)
+            with replay.apply(model, plan, entry["budget_bytes"]):
+                got = measure_peak(model, opt, batch, loss_fn, set_to_none)
+            PEAKS.append((build.__name__ if hasattr(build, "__name__") else "?", entry["budget_bytes"],
+                          set_to_none, got, entry["peak_bytes"]))
+            assert got <= entry["peak_bytes"], (entry["budget_bytes"], set_to_none, got, entry["peak_bytes"])
+
+
+PEAKS = []
+PATTERNS = ["bn", "dropout", "counter", "ema", "kvcache", "root_buffer", "private_gen", "shared_weight",
+            "inplace_input", "sparse_write", "dense_queue"]
+
+
+def pattern(name):
+    mod = importlib.import_module(name)
+    return lambda: mod.build()[:3]
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_pattern_models_bitwise_and_peak_bound(name):
+    build = pattern(name)
+    model, batch, loss_fn = build()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    plan, lo = tight_plan(model, batch, loss_fn, opt)
+    assert any(s["decision"] != "keep" for s in plan.entries[0]["segments"])
+    ref_losses, ref = run_steps(build, steps=3, evals=True)
+    got_losses, got = run_steps(build, plan, lo, steps=3, evals=True)
+    assert torch.equal(ref_losses, got_losses)
+    assert_same(ref, got)
+    check_peaks(build, plan)
+
+
+def test_broken_contract_raises_contract_error():
+    model, batch, loss_fn = pattern("bn")()
+    p = replay.plan(replay.record(model, batch, loss_fn, segments=["0", "1", "2", "3", "4", "5", "6"]),
+                    planner="all")
+    entry = p.entries[0]
+    seg = next(s for s in entry["segments"] if s["name"] == "2")
+    assert seg["decision"] == "recompute+snapshot"
+    seg["contract"] = {"restore": [], "rng": [], "discard": []}       # the BN buffers forgotten
+    with replay.apply(model, p):
+        with pytest.raises(replay.ContractError) as e:
+            loss_fn(model, batch)
+    assert str(e.value) == ("ckptkit.replay: segment 2: writes buffer '2.1.running_mean', which its contract "
+                            "does not restore or discard (a plain recompute would apply the write twice): the "
+                            "plan is stale or was edited; record and plan again")
+    # the RNG of a dropout segment forgotten
+    model, batch, loss_fn = pattern("dropout")()
+    p = replay.plan(replay.record(model, batch, loss_fn, segments=["0", "1", "2", "3", "4", "5", "6"]),
+                    planner="all")
+    for s in p.entries[0]["segments"]:
+        if s["name"] == "2":
+            assert s["contract"]["rng"]
+            s["contract"]["rng"] = []
+    with replay.apply(model, p), pytest.raises(replay.ContractError, match=r"segment 2: draws RNG stream cpu"):
+        loss_fn(model, batch)
+
+
+def test_stale_plans_refused():
+    model, batch, loss_fn = nanogpt.build(dropout=0.0)
+    p = replay.plan(replay.record(model, batch, loss_fn), planner="all")
+    for variant, seg in ((dict(dropout=0.1), "transformer.drop"), (dict(dropout=0.0, act="relu"), "transformer.h.0")):
+        m, b, lf = nanogpt.build(**variant)
+        assert replay.model_fingerprint(m) == replay.model_fingerprint(model)   # same params and buffers
+        with replay.apply(m, p):
+            m.eval()
+            lf(m, b)                                                   # eval passes are untouched
+            m.train()
+            with pytest.raises(replay.StalePlan) as e:
+                lf(m, b)
+        assert str(e.value).startswith(f"ckptkit.replay: segment {seg}: its forward ops differ from the recorded ones")
+    m, b, lf = vision("resnet18")
+    with pytest.raises(replay.StalePlan, match="the plan was made for another model"):
+        replay.apply(m, p)
+    with replay.apply(model, p):     # the recorded model itself passes
+        loss_fn(model, batch).backward()
+
+
+def test_plan_api_save_range_and_sizes(tmp_path):
+    model, batch, loss_fn = pattern("bn")()
+    trace = replay.record(model, batch, loss_fn, path=tmp_path / "t.json")
+    text = open(trace).read()
+    a = replay.plan(text, ["1.5MiB", 10**9], activation_budget="200KiB")
+    assert [e["budget_bytes"] for e in a.entries] == [1572864, 10**9, a["fixed_bytes"] + 204800]
+    assert a.entries[2]["activation_budget_bytes"] == 204800
+    r = a.range
+    assert r["keep_all_peak_bytes"] - r["keep_all_activation_bytes"] == a["fixed_bytes"]
+    out = a.save(tmp_path / "p.json")
+    assert replay.Plan.load(out) == a
+    with pytest.raises(ckptkit.BadInput, match="already exists"):
+        a.save(out)
+    a.save(out, force=True)
+    with pytest.raises(ckptkit.BadInput, match="not a size"):
+        replay.plan(trace, "lots")
+    with pytest.raises(ckptkit.BadInput) as e:
+        replay.plan(b"{not json")
+    assert "\n" not in str(e.value)
+
+
+def test_zz_report_peaks():
+    """The margins (for docs/benchmarks.md): printed with -s."""
+    for row in PEAKS:
+        print("peak", *row, f"margin {row[4] - row[3]}")
