@@ -229,7 +229,12 @@ class OpsHash:
     def __init__(self):
         self.h = {}
 
+    # autograd's own aliases (a saved output is detached unless saved-tensor hooks are set)
+    SKIP = frozenset({"aten.detach.default", "aten.alias.default"})
+
     def add(self, seg, func, args, kwargs):
+        if str(func) in self.SKIP:
+            return
         h = self.h.get(seg)
         if h is None:
             h = self.h[seg] = xxhash.xxh3_64()
