@@ -138,11 +138,15 @@ void count_refs(const Checkpoint& ck, const Value& v, std::map<std::size_t, int>
 /// integers, F64): a step tensor's +1 (AdamHyper::step_bits), a stated hyper-parameter.
 int significant_bits(DType d) { return d == DType::F32 ? 24 : d == DType::F16 ? 11 : d == DType::BF16 ? 8 : 0; }
 
-/// The dtype torch steps the state's parameter in: the mapped parameter's; else a 16-bit
-/// one among the same-shape candidates (any could be it); else, with no model tensor in
-/// the file, the moments' own dtype `moments` (torch creates them as zeros_like(param)).
+/// The dtype torch steps the state's parameter in: the mapped parameter's; else, with FP32
+/// moments, FP32 (torch creates moments as zeros_like(param) and load_state_dict casts them
+/// to the parameter's dtype, so a 16-bit parameter never leaves FP32 moments: same-shape
+/// 16-bit tensors are copies, e.g. ultralytics' ema.half()); else a 16-bit one among the
+/// same-shape candidates (any could be it), FP32 when all are; else, with no model tensor in
+/// the file, the moments' own dtype `moments`.
 DType parameter_dtype(const Checkpoint& ck, const ParamState& p, DType moments) {
     if (p.theta >= 0) return ck.tensors[std::size_t(p.theta)].dtype;
+    if (moments == DType::F32) return DType::F32;
     if (p.theta_candidates && !p.theta_candidates->empty()) {
         for (int t : *p.theta_candidates) {
             const DType d = ck.tensors[std::size_t(t)].dtype;

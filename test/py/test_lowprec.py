@@ -171,3 +171,58 @@ def test_step_dtype_is_recorded(tmp_path, dtype, name):
     o2.step()
     steps = {float(s["step"]) for s in o2.state.values()}
     assert steps == ({256.0} if dtype == torch.bfloat16 else {257.0})  # BF16: 256 + 1 rounds back to 256
+
+
+def test_ultralytics_half_ema_copy(tmp_path):
+    """An ultralytics-style last.pt: the model pickled as a float16 copy (`ema.half()`), the
+    AdamW state of the float32 parameters that were trained (three groups: biases, weights
+    with decay, BatchNorm). torch creates moments as zeros_like(param) and casts loaded ones
+    to the parameter's dtype, so float32 moments prove a float32 parameter: the states that no
+    name maps to a float16 tensor are coded, verified and within tolerance on a gradient grid
+    (ultralytics resumes from ema.float())."""
+    import copy
+    bin_dir = require_ckptkit_bin()
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.SiLU(),
+                          nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.SiLU(),
+                          nn.Conv2d(16, 6, 1))
+    groups = [[], [], []]
+    for mod in model.modules():
+        for pn, p in mod.named_parameters(recurse=False):
+            groups[2 if pn == "bias" else 1 if isinstance(mod, nn.BatchNorm2d) else 0].append(p)
+    opt = torch.optim.AdamW(groups[2], lr=0.002, betas=(0.937, 0.999), weight_decay=0.0)
+    opt.add_param_group({"params": groups[0], "weight_decay": 0.0005})
+    opt.add_param_group({"params": groups[1], "weight_decay": 0.0})
+    for _ in range(30):
+        opt.zero_grad()
+        model(torch.randn(8, 3, 16, 16)).pow(2).mean().backward()
+        opt.step()
+    src = tmp_path / "last.pt"
+    torch.save({"epoch": 3, "best_fitness": 0.1, "model": None, "ema": copy.deepcopy(model).half(),
+                "updates": 30, "optimizer": opt.state_dict(), "train_args": {"lr0": 0.002}}, src)
+    ckz, out = tmp_path / "last.ckz.h5", tmp_path / "restored.pt"
+    r = run_tool(bin_dir, "ckpt-compress", src, "-o", ckz, "--tolerance", TOL, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(r.stdout)
+    coded = [t for t in rep["tensors"] if t["note"] == ""]
+    kept = [t for t in rep["tensors"] if t["note"]]
+    assert len(coded) >= len(rep["tensors"]) // 2, rep["tensors"]
+    assert all("float16 parameter" in t["note"] for t in kept), kept   # only where a name maps one
+    v = run_tool(bin_dir, "ckpt-verify", ckz, "--original", src)
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert run_tool(bin_dir, "ckpt-restore", ckz, "-o", out).returncode == 0
+    a, b = torch.load(src), torch.load(out)
+    grid = torch.cat([torch.zeros(1), torch.logspace(-6, 0, 61), -torch.logspace(-6, 0, 61)]).double()
+    worst, changed = 0.0, 0
+    for gi, group in enumerate(a["optimizer"]["param_groups"]):
+        for idx in group["params"]:
+            st, rt = a["optimizer"]["state"][idx], b["optimizer"]["state"][idx]
+            m0, v0 = st["exp_avg"].double().flatten(), st["exp_avg_sq"].double().flatten()
+            m1, v1 = rt["exp_avg"].double().flatten(), rt["exp_avg_sq"].double().flatten()
+            changed += int(not torch.equal(m0, m1))
+            for g in grid:
+                d = (_update(m0, v0, g, group, float(st["step"])) - _update(m1, v1, g, group, float(st["step"])))
+                worst = max(worst, d.abs().max().item())
+    assert changed == len(coded)          # the coded states are lossy, the kept ones exact
+    assert worst <= TOL * (1 + 1e-6), worst
