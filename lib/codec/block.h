@@ -550,7 +550,8 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
         for (int j = 0; j < bn; ++j) w.lg[k][j] = log2_float(src[k][i0 + j]);
     double dm = 1, delta = 0.5;
     // 90%: the rest covers the FP32 margin and the cells' asymmetry (a larger share makes
-    // more blocks fail and re-code finer: measured worse at 1.2x and 1.6x)
+    // more blocks fail and re-code finer; docs/benchmarks.md, "Measurements behind the
+    // code's choices")
     const bool constrained = vlog_plan(s, gc, src, i0, bn, 0.9 * s.tolerance, w, dm, delta);
     const int16_t anchor = VLog::anchor(src[1] + i0, w.lg[1], bn);  // the same in every trial (bn <= kBlock <= 64)
     double scale = 1;

@@ -122,9 +122,9 @@ void gradient_domain(const DomainRule& d, const float* theta, std::size_t i, dou
 
 namespace {
 
-/// Threads kept for for_block_ranges and woken per call: spawning them per call cost
-/// ~50-100 us each, and with a call per 64Ki-coordinate chunk (ckpt/pipeline.h's
-/// kCpuChunk) --threads 2 was no faster than 1 (docs/benchmarks.md, round 16).
+/// Threads kept for for_block_ranges and woken per call: spawning them per call, with a
+/// call per 64Ki-coordinate chunk (ckpt/pipeline.h's kCpuChunk), made --threads 2 no
+/// faster than 1 (docs/benchmarks.md, "Measurements behind the code's choices").
 class WorkerPool {
 public:
     /// fn(p) for p in [0, parts): part 0 on the caller, the others on kept threads; returns
@@ -209,8 +209,9 @@ void for_block_ranges(std::size_t blocks, unsigned parts, Fn fn) {
         if (e) std::rethrow_exception(e);
 }
 
-/// Threads for a chunk of n coordinates: one per 16k coordinates at most (waking a kept
-/// thread costs ~10-50 us; a 16k-coordinate range takes ~0.2-2 ms).
+/// Threads for a chunk of n coordinates: one per 16k coordinates at most, so a range's
+/// work stays well above the cost of waking a kept thread (docs/benchmarks.md,
+/// "Measurements behind the code's choices").
 unsigned parts_for(std::size_t n) {
     const std::size_t most = std::max<std::size_t>(1, n / 16384);
     return unsigned(std::min<std::size_t>(cpu_threads(), most));
