@@ -651,6 +651,7 @@ class Recorder:
             with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
                 mark("start")
                 loss = self.loss_fn(model, self.batch)
+                self.loss_bytes = loss.numel() * loss.element_size()
                 loss.backward()
                 mark("end")
                 if self.opt is not None:
@@ -772,6 +773,7 @@ class Recorder:
             if k not in seen and k not in self.preexisting - {ptr(x) for x in tensors_in(self.batch)}:
                 seen.add(k)
                 outside += nb
+        outside += getattr(self, "loss_bytes", 0)   # the loss the caller holds through the step
         for name, b in model.named_buffers():   # buffers no segment touches
             if name not in listed:
                 outside += b.numel() * b.element_size()
