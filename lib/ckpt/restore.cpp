@@ -21,10 +21,6 @@ namespace {
 
 namespace ct = container;
 
-bool ends_with(const std::string& s, const std::string& t) {
-    return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
-}
-
 /// CheckFailed naming the damaged datasets (those given, else every one whose checksum
 /// fails); returns when there are none.
 void check_damage(const ContainerReader& cr, std::vector<std::string> bad = {}) {
@@ -130,7 +126,7 @@ void restore_into(const ContainerReader& cr, FileWriter& w, const std::string& o
 Report restore(const std::string& path, const std::string& out, const RestoreOptions& o) {
     const ContainerReader cr(path);
     const auto& man = cr.manifest();
-    const bool st_out = ends_with(out, ".safetensors");
+    const bool st_out = out.ends_with(".safetensors");
     if (st_out != (man.source_format == "safetensors"))
         throw BadInput(out, "the source was " + man.source_format +
                                 "; restore writes the source format (name the output accordingly)");
