@@ -1,15 +1,20 @@
 """CUDA generators in the replay contract, without a GPU: torch.cuda's RNG functions are
 replaced by a fake two-device CUDA whose states are plain tensors, so the recorder's and
-apply_plan's stream plumbing ("cuda:N" streams saved, restored, compared) is exercised
+ckptkit.replay's stream plumbing ("cuda:N" streams saved, restored, compared) is exercised
 exactly as on a GPU machine. (On a real GPU the same functions are torch's.)"""
+import importlib
 import os
 import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts"))
-import record_trace  # noqa: E402
+_bin = os.environ.get("CKPTKIT_BIN") or os.path.join(os.path.dirname(__file__), "..", "..", "..", "build", "apps")
+PKG = os.environ.get("CKPTKIT_PYTHONPATH") or os.path.join(os.path.dirname(os.path.abspath(_bin)), "python")
+if not os.path.isdir(os.path.join(PKG, "ckptkit", "replay")):
+    pytest.skip(f"{PKG}/ckptkit/replay not built", allow_module_level=True)
+sys.path.insert(0, PKG)
+streams = importlib.import_module("ckptkit.replay._common")   # the RNG stream helpers
 
 
 @pytest.fixture
@@ -28,14 +33,14 @@ def fake_cuda(monkeypatch):
 
 def test_cuda_default_generators_are_streams(fake_cuda):
     model = torch.nn.Linear(2, 2)
-    assert record_trace.cuda_streams() == ["cuda:0", "cuda:1"]
-    states = record_trace._rng_states(model, {})
+    assert streams.cuda_streams() == ["cuda:0", "cuda:1"]
+    states = streams.rng_states(model, {})
     assert sorted(states) == ["cpu", "cuda:0", "cuda:1"]
     assert torch.equal(states["cuda:1"], torch.arange(16, 32, dtype=torch.uint8))
     # a segment consumed device 1's generator: the contract restores exactly that state
     fake_cuda[1] = torch.full((16,), 7, dtype=torch.uint8)
-    assert not torch.equal(record_trace.stream_state(model, "cuda:1"), states["cuda:1"])
-    record_trace.set_stream_state(model, "cuda:1", states["cuda:1"])
+    assert not torch.equal(streams.stream_state(model, "cuda:1"), states["cuda:1"])
+    streams.set_stream_state(model, "cuda:1", states["cuda:1"])
     assert torch.equal(fake_cuda[1], torch.arange(16, 32, dtype=torch.uint8))
     assert torch.equal(fake_cuda[0], torch.arange(16, dtype=torch.uint8))  # device 0 untouched
 
@@ -43,5 +48,5 @@ def test_cuda_default_generators_are_streams(fake_cuda):
 def test_no_cuda_streams_without_cuda():
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         pytest.skip("CUDA is initialised on this machine")
-    assert record_trace.cuda_streams() == []
-    assert list(record_trace._rng_states(torch.nn.Linear(2, 2), {})) == ["cpu"]
+    assert streams.cuda_streams() == []
+    assert list(streams.rng_states(torch.nn.Linear(2, 2), {})) == ["cpu"]
