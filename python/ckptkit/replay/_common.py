@@ -57,9 +57,11 @@ def digest(t):
 
 
 def ptr(t):
-    """The storage's data pointer (0: no storage to track, e.g. sparse / meta)."""
+    """The storage's data pointer (0: no storage to track, e.g. sparse / meta): the tensor's
+    data pointer less its storage offset (t.storage() would build a Python storage object per
+    call)."""
     try:
-        return t.storage().data_ptr()
+        return t.data_ptr() - t.storage_offset() * t.element_size()
     except (RuntimeError, NotImplementedError):
         return 0
 

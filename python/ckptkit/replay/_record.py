@@ -1,13 +1,14 @@
 """The recorder: one real training step of a live model, recorded as a ckptkit trace
 (formats/trace.md, format 2). See ckptkit.replay.record."""
 import collections
+import contextlib
 import os
 import time
 
 import torch
 from torch import nn
-from torch.profiler import ProfilerActivity, profile, record_function
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.profiler import ProfilerActivity, record_function
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode_temporarily
 
 from ._common import (OpsHash, RecordError, buffer_owner, byte_view, generator_by_stream,
                       generator_names, model_fingerprint, ptr, rng_states, set_rng_states,
@@ -224,6 +225,37 @@ class OpLog(TorchDispatchMode):
         return out
 
 
+@contextlib.contextmanager
+def _unlogged():
+    """Ops run here bypass the active op log (the recorder's own snapshots and copies in its
+    segment hooks are not the model's work, and logging them cost most of a recording)."""
+    if _get_current_dispatch_mode() is None:
+        yield
+        return
+    with _pop_mode_temporarily():
+        yield
+
+
+@contextlib.contextmanager
+def _memory_events():
+    """torch's CPU profiler with memory events, without torch.profiler's parse of every event
+    into Python objects on exit (most of the profiled step's cost): yields a list that holds
+    the raw kineto events (name(), start_us(), duration_us(), nbytes(), device_type()) when the
+    block ends."""
+    from torch._C._profiler import _ExperimentalConfig
+    from torch.autograd import (ProfilerConfig, ProfilerState, _disable_profiler, _enable_profiler,
+                                _prepare_profiler)
+    cfg = ProfilerConfig(ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig())
+    acts = {ProfilerActivity.CPU}
+    _prepare_profiler(cfg, acts)
+    _enable_profiler(cfg, acts)
+    out = []
+    try:
+        yield out
+    finally:
+        out.extend(_disable_profiler().events())
+
+
 class Recorder:
     """Records one training step, loss_fn(model, batch).backward(), of a live model. Phases
     (record()): segments, the op-logged step, the replay probe, the memory step (profiler memory
@@ -239,6 +271,7 @@ class Recorder:
         self.model_name = model_name or type(model).__name__
         self.source = source
         self.timing = {}
+        self.owners = {}   # buffer name -> (module, attribute), found once
 
     # ---- driver
     def record(self):
@@ -285,10 +318,16 @@ class Recorder:
             self.timing["total"] = time.perf_counter() - t0
 
     # ---- tracked state
+    def owner(self, name):
+        """(module, attribute) of buffer `name`, found once."""
+        o = self.owners.get(name)
+        if o is None:
+            o = self.owners[name] = buffer_owner(self.model, name)
+        return o
+
     def tensor(self, name):
-        if self.kind[name] == "buffer":
-            owner, attr = buffer_owner(self.model, name)
-            return getattr(owner, attr)
+        if self.kind[name] == "buffer":   # looked up at each use: a rebinding is seen
+            return getattr(*self.owner(name))
         return self.fixed[name]
 
     def rebuild_ptrs(self):
@@ -329,6 +368,16 @@ class Recorder:
 
     # ---- phase 1: the step
     def pre(self, mod, inputs):
+        """Forward pre-hook of a segment (the recorder's own tensor work stays out of the op log)."""
+        with _unlogged():
+            return self._pre(mod, inputs)
+
+    def post(self, mod, inputs, output):
+        """Forward hook of a segment (the recorder's own tensor work stays out of the op log)."""
+        with _unlogged():
+            return self._post(mod, inputs, output)
+
+    def _pre(self, mod, inputs):
         if self.probing:
             return
         name = self.seg_of[id(mod)]
@@ -369,7 +418,7 @@ class Recorder:
         self.current = name
         self.info[name]["t0"] = time.perf_counter()
 
-    def post(self, mod, inputs, output):
+    def _post(self, mod, inputs, output):
         if self.probing:
             return
         t1 = time.perf_counter()
@@ -505,7 +554,7 @@ class Recorder:
             with torch.no_grad():
                 for name, e in d["snap"].items():
                     if self.kind[name] == "buffer" and e[3] is not None:
-                        owner, attr = buffer_owner(model, name)
+                        owner, attr = self.owner(name)
                         setattr(owner, attr, e[3].clone().view(e[0].dtype).reshape(e[2]))
                     elif self.kind[name] == "param" and name in self.written_ever:
                         v = self.value_at_start(n, name)
@@ -546,7 +595,7 @@ class Recorder:
         finally:
             with torch.no_grad():
                 for b, t in bufs.items():
-                    owner, attr = buffer_owner(model, b)
+                    owner, attr = self.owner(b)
                     owner._buffers[attr] = t
                 for p, v in params.items():
                     t = self.tensor(p)
@@ -648,7 +697,7 @@ class Recorder:
         handles = [m.register_forward_pre_hook(pre) for m in self.segs.values()]
         handles += [m.register_forward_hook(post) for m in self.segs.values()]
         try:
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            with _memory_events() as evs:
                 mark("start")
                 loss = self.loss_fn(model, self.batch)
                 self.loss_bytes = loss.numel() * loss.element_size()
@@ -663,7 +712,6 @@ class Recorder:
         finally:
             for h in handles:
                 h.remove()
-        evs = prof.profiler.kineto_results.events()
         marks, mems = {}, []
         for e in evs:
             nm = e.name()
