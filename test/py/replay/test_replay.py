@@ -4,6 +4,7 @@ apply them with scripts/apply_plan.py: every step must be byte-identical to the 
 recomputation. Plain torch.utils.checkpoint over the same segments must NOT be, where the
 pattern says so. Plus the command line contract (bad input, infeasible budgets, --json, SVG)."""
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -60,6 +61,14 @@ def three_budgets(replay_plan, trace):
     return loose, (tight + loose) // 2, tight
 
 
+def torch_heavy(model, keep="bn"):
+    """Under the sanitizer stage (scripts/test_sanitize.sh sets CKPTKIT_SANITIZED=1) the
+    round trips spend their time in uninstrumented torch, not in the sanitized replay-plan:
+    one model (`keep`) still runs there end to end, the others in stage 1 only."""
+    if os.environ.get("CKPTKIT_SANITIZED") and model != keep:
+        pytest.skip("torch-only work: run unsanitized in stage 1 (one model runs here)")
+
+
 def plan_and_check(replay_plan, trace, plan, budgets):
     """replay-plan TRACE -o PLAN --check at the three budgets: exit 0, every --check ok."""
     args = [replay_plan, trace, "-o", plan, "--check"]
@@ -73,6 +82,7 @@ def plan_and_check(replay_plan, trace, plan, budgets):
 
 @pytest.mark.parametrize("model", sorted(PLAIN_BREAKS))
 def test_model_round_trip(replay_plan, tmp_path, model):
+    torch_heavy(model)
     trace, plan = tmp_path / "trace.json", tmp_path / "plan.json"
     r = run([PY, SCRIPTS / "record_trace.py", MODELS / f"{model}.py", "-o", trace])
     assert r.returncode == 0, r.stderr
@@ -333,6 +343,7 @@ def apply(model, trace, plan, budgets, mode="contract"):
 
 @pytest.mark.parametrize("model", sorted(STATE_PATTERNS))
 def test_state_pattern_round_trip(replay_plan, tmp_path, model):
+    torch_heavy(model, keep="inplace_input")
     """Record (v2: op log, kinds, generators, probe), plan at loose / medium / tight joint
     budgets, --check, apply in contract mode: byte-identical; plain checkpointing: not.
     Every stateless plan marked UNSAFE really differs when applied."""
@@ -396,6 +407,7 @@ def test_state_pattern_round_trip(replay_plan, tmp_path, model):
 
 
 def test_apply_plan_refuses_another_model(replay_plan, tmp_path):
+    torch_heavy("")
     """Plans are tied to their model: another MODEL.py is exit 2 with one line."""
     trace, _, _ = record(tmp_path, "root_buffer")
     plan = tmp_path / "p.json"
