@@ -38,3 +38,37 @@ echo "== apply the plan in real torch: gradients, loss, outputs and buffers byte
 echo "== budget sweep from the smallest feasible budget (1.40 MiB) up: $OUT/bn.sweep.json (joint's plans), every planner on one plot in $OUT/bn.sweep.svg"
 $B/replay-plan "$TRACE" --sweep 1.5MiB:2.0MiB:0.1MiB --planner joint -o "$OUT/bn.sweep.json" --svg "$OUT/bn.sweep.svg" --force > "$OUT/bn.sweep.txt"
 tail -n 9 "$OUT/bn.sweep.txt"
+echo "== ckptkit.replay in a training loop: record, plan at the smallest activation budget, 5 Adam steps bitwise equal to no recomputation"
+PYTHONPATH=build/python /usr/bin/python3 - <<'PY'
+import copy, sys
+import torch
+sys.path.insert(0, "test/models")
+import bn
+from ckptkit import replay
+model, batch, loss_fn = bn.build()
+twin = copy.deepcopy(model)
+opts = [torch.optim.Adam(m.parameters(), lr=1e-3) for m in (model, twin)]
+trace = replay.record(model, batch, loss_fn, optimizer=opts[0])
+rng = replay.plan(trace, budget=1 << 40).range
+plan = replay.plan(trace, activation_budget=rng["min_activation_bytes"])
+entry = plan.entries[0]
+print(f"plan: {rng['min_activation_bytes']} B of activations (keeping all: {rng['keep_all_activation_bytes']} B), "
+      f"recomputed: {[s['name'] for s in entry['segments'] if s['decision'] != 'keep']}")
+losses = [[], []]
+state = torch.get_rng_state()
+for k, (m, opt) in enumerate(zip((model, twin), opts)):
+    torch.set_rng_state(state)
+    handle = replay.apply(m, plan) if k == 0 else None
+    for _ in range(5):
+        loss = loss_fn(m, batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses[k].append(loss.detach())
+    if handle:
+        handle.remove()
+same = all(torch.equal(a, b) for a, b in zip(losses[0], losses[1])) and all(
+    torch.equal(a, b) for a, b in zip(list(model.state_dict().values()), list(twin.state_dict().values())))
+print("losses, parameters and buffers after 5 steps bitwise equal:", same)
+sys.exit(0 if same else 1)
+PY

@@ -73,9 +73,10 @@ def record(model, batch, loss_fn, *, segments=None, path=None, optimizer=None, c
 
     segments: module names (model.named_modules()), each called exactly once per step, in
       forward order; None: the modules the forward calls, in call order, at the shallowest
-      level, looking into nn.Sequential / nn.ModuleList / nn.ModuleDict and modules never
-      called themselves (nanoGPT: transformer.wte, transformer.wpe, transformer.drop,
-      transformer.h.0, ..., transformer.ln_f, lm_head). If RNG is drawn or state written outside
+      level, looking into modules never called themselves (nn.ModuleList, nn.ModuleDict) or
+      called repeatedly, and into nn.Sequential blocks only while fewer than 4 segments result
+      (nanoGPT: transformer.wte, transformer.wpe, transformer.drop, transformer.h.0, ...,
+      transformer.ln_f, lm_head; ResNet-18: conv1, ..., layer1, ..., layer4, avgpool, fc). If RNG is drawn or state written outside
       them, RecordError says so and asks for segments=[...].
     path: where to write the trace (JSON, formats/trace.md, format 2), atomically; None: a new
       file in the temporary directory (tempfile.mkstemp, suffix ".trace.json"; yours to delete).

@@ -17,7 +17,6 @@ from ._common import (OpsHash, RecordError, buffer_owner, byte_view, generator_b
 FORMAT = "ckptkit-trace"
 FORMAT_VERSION = 2
 MERGE_GAP_BYTES = 16          # two written runs closer than one region's metadata are merged
-CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)   # looked into (exact types)
 _MARK = "ckpt.mem:"
 
 
@@ -109,12 +108,18 @@ class SavedState:
                 g.update(s)
 
 
+MIN_SEGMENTS = 4   # fewer default segments than this: the nn.Sequential ones are opened
+
+
 def discover_segments(model, batch, loss_fn):
-    """Default segments: the modules the forward calls, in call order, at the shallowest level:
-    the root's children, looking into the containers (nn.Sequential, nn.ModuleList,
-    nn.ModuleDict, exactly those types), into modules never called themselves and into modules
-    called more than once per step (a leaf called twice stays outside every segment). Runs
-    the forward once without gradients (the caller restores the state)."""
+    """Default segments: the modules the forward calls, in call order, at the shallowest level
+    that covers the step: the root's children, looking into modules never called themselves
+    (nn.ModuleList, nn.ModuleDict) and modules called more than once per step (a leaf called
+    twice stays outside every segment). An nn.Sequential called once is one segment (recomputing
+    a whole block frees what its layers save, where a single layer saves little more than its
+    input), unless the level has fewer than MIN_SEGMENTS: then every such nn.Sequential is
+    opened into its children, again while too few. Runs the forward once without gradients
+    (the caller restores the state)."""
     calls = collections.Counter()
     first = {}
     names = {}
@@ -133,19 +138,27 @@ def discover_segments(model, batch, loss_fn):
     finally:
         for h in hooks:
             h.remove()
+    mods = dict(model.named_modules())
+
+    def openable(full):
+        child = mods[full]
+        return type(child) is nn.Sequential and calls.get(full, 0) == 1 and any(True for _ in child.children())
 
     def level(mod, prefix):
         out = []
         for cname, child in mod.named_children():
             full = prefix + cname
             c = calls.get(full, 0)
-            if (type(child) in CONTAINERS or c != 1) and any(True for _ in child.children()):
-                out += level(child, full + ".")
+            if c != 1 and any(True for _ in child.children()):
+                out += level(child, full + ".")   # never called itself, or called repeatedly
             elif c == 1:
                 out.append(full)
         return out
 
-    segs = sorted(level(model, ""), key=lambda n: first[n])
+    segs = level(model, "")
+    while 0 < len(segs) < MIN_SEGMENTS and any(openable(n) for n in segs):
+        segs = [x for n in segs for x in (level(mods[n], n + ".") if openable(n) else [n])]
+    segs = sorted(segs, key=lambda n: first[n])
     if not segs:
         raise RecordError("the model calls no submodule once per step: pass segments=[names]")
     return segs

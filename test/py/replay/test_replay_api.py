@@ -181,9 +181,12 @@ def test_default_segments_nanogpt_and_torchvision():
                      "transformer.h.1", "transformer.ln_f", "lm_head"]
     model, batch, loss_fn = vision("resnet18")
     t = json.load(open(replay.record(model, batch, loss_fn)))
-    assert [s["name"] for s in t["segments"]] == ["conv1", "bn1", "relu", "maxpool", "layer1.0", "layer1.1",
-                                                  "layer2.0", "layer2.1", "layer3.0", "layer3.1", "layer4.0",
-                                                  "layer4.1", "avgpool", "fc"]
+    assert [s["name"] for s in t["segments"]] == ["conv1", "bn1", "relu", "maxpool", "layer1", "layer2",
+                                                  "layer3", "layer4", "avgpool", "fc"]
+    model, batch, loss_fn = vision("efficientnet_b0")   # 3 top-level children: features opened
+    t = json.load(open(replay.record(model, batch, loss_fn)))
+    assert [s["name"] for s in t["segments"]] == [f"features.{i}" for i in range(9)] + [
+        "avgpool", "classifier.0", "classifier.1"]
 
 
 def test_record_error_explains_uncovered_rng():
