@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from record_trace import load_build, segment_modules  # noqa: E402  (also puts ckptkit on sys.path)
 from ckptkit.replay import ContractError, Plan, RecordError, apply  # noqa: E402
 from ckptkit.replay._common import (cuda_streams, generator_names, model_fingerprint,  # noqa: E402
-                                    parse_bytes as _parse_bytes, storage_of, stream_state)
+                                    parse_bytes as _parse_bytes, storage_of, stream_state, tensors_in)
 
 
 class PlanError(Exception):
@@ -178,9 +178,9 @@ def run_step(model_path, plan=None, entry=None, mode="contract"):
     through ckptkit.replay.apply (contract mode) or with plain torch.utils.checkpoint over every
     segment (plain, plain-norng). Returns (result dict, step seconds, measured held bytes)."""
     torch.manual_seed(0)
-    model, batch, loss_fn, names = load_build(model_path)
+    model, batch, loss_fn, _ = load_build(model_path)
     model.train()
-    segs = segment_modules(model, names)
+    segs = segment_modules(model, [s["name"] for s in entry["segments"]]) if entry else {}
     gens = generator_names(model)
     meter = StepMeter()
     fixed = {storage_of(p)[0] for p in model.parameters()}
@@ -203,7 +203,7 @@ def run_step(model_path, plan=None, entry=None, mode="contract"):
     bufptrs = {storage_of(b)[0] for b in model.buffers()}
     held = {p: n for p, n in {**meter.held, **meter.inputs}.items()
             if p not in fixed and p not in bufptrs}
-    result = {"loss": loss.detach(), "output": meter.out.detach() if torch.is_tensor(meter.out) else meter.out,
+    result = {"loss": loss.detach(), "output": [t.detach() for t in tensors_in(meter.out)],   # any output type
               "grads": {n: p.grad for n, p in model.named_parameters()},
               "buffers": {n: b.detach().clone() for n, b in model.named_buffers()},
               "params": {n: p.detach().clone() for n, p in model.named_parameters()},
@@ -222,9 +222,11 @@ def compare(ref, got):
             return a is b
         return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
 
-    for key in ("loss", "output", "rng"):
+    for key in ("loss", "rng"):
         if not eq(ref[key], got[key]):
             diffs.append(f"{key} differs")
+    if len(ref["output"]) != len(got["output"]) or not all(eq(a, b) for a, b in zip(ref["output"], got["output"])):
+        diffs.append("output differs")
     for group in ("grads", "buffers", "params", "generators"):
         for n in ref[group]:
             a, b = ref[group][n], got[group].get(n)

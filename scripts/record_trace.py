@@ -10,8 +10,9 @@ build(), which returns
 model is a torch.nn.Module, batch anything loss_fn accepts, and loss_fn(model, batch) returns
 the scalar loss of one step; the step recorded is loss_fn(model, batch).backward(), with
 torch.manual_seed(0) before build(). segments (optional) names the modules to plan (each must
-be called exactly once per step, in forward order); without it the segments are the model's
-top-level children in call order. Private torch.Generator objects must be attributes of a
+be called exactly once per step, in forward order); without it the segments are
+ckptkit.replay.record's default (the modules the forward calls, at the root's level, looking
+into ModuleList / ModuleDict, and into nn.Sequential blocks while fewer than 4). Private torch.Generator objects must be attributes of a
 module of the model (so a plan can name and restore them).
 
 Method (docs/design.md §5, formats/trace.md "How the recorder measures"): forward hooks time each
@@ -78,10 +79,8 @@ def load_build(path):
 
 
 def segment_modules(model, names):
-    """Segment name -> module. names None: the top-level children (name = child name)."""
+    """Segment name -> module, for the named segments (a trace's or a plan's)."""
     mods = dict(model.named_modules())
-    if names is None:
-        return dict(model.named_children())
     missing = [n for n in names if n not in mods]
     if missing:
         raise RecordError(f"unknown segment module(s): {missing}")
@@ -93,18 +92,17 @@ def record(model_path, copy_gbps=10.0):
     the trace dict (formats/trace.md). Raises RecordError."""
     torch.manual_seed(0)
     model, batch, loss_fn, names = load_build(model_path)
-    if names is None:
-        names = [n for n, _ in model.named_children()]
     return _record.Recorder(model, batch, loss_fn, names, None, copy_gbps,
                             os.path.basename(model_path), "record_trace.py").record()
 
 
-def record_et(model_path, out_path):
+def record_et(model_path, out_path, names):
     """Record the same step (same seed) with torch 1.13's ExecutionGraphObserver, one
-    record_function label per segment; writes schema 1.0.1 JSON to out_path."""
+    record_function label per segment (`names`: the recorded trace's); writes schema 1.0.1
+    JSON to out_path."""
     from torch.profiler import ExecutionGraphObserver
     torch.manual_seed(0)
-    model, batch, loss_fn, names = load_build(model_path)
+    model, batch, loss_fn, _ = load_build(model_path)
     model.train()
     segs = segment_modules(model, names)
     open_rf = {}
@@ -192,7 +190,7 @@ def main():
         if not a.quiet:
             print(summary_line(trace, a.output), file=sys.stderr)
         if a.et:
-            record_et(a.model, a.et)
+            record_et(a.model, a.et, [s["name"] for s in trace["segments"]])
             if a.chakra:
                 with open(a.et) as f:
                     write_json_atomic(et_to_chakra(json.load(f)), a.chakra)

@@ -35,8 +35,11 @@ class BumpsGlobal(nn.Module):
 
 
 def build():
+    """The segments are named: finding the default ones runs the forward once, which would
+    bump STEP before the recorded step (state outside torch is not restored)."""
     global STEP
     STEP = 0
     torch.manual_seed(0)
-    return common.classifier([common.mlp(), ReadsGlobal(), common.mlp(), BumpsGlobal(),
-                              common.mlp()])
+    model, batch, loss_fn = common.classifier([common.mlp(), ReadsGlobal(), common.mlp(), BumpsGlobal(),
+                                               common.mlp()])
+    return model, batch, loss_fn, [n for n, _ in model.named_children()]

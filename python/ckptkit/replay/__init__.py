@@ -77,7 +77,9 @@ def record(model, batch, loss_fn, *, segments=None, path=None, optimizer=None, c
       called repeatedly, and into nn.Sequential blocks only while fewer than 4 segments result
       (nanoGPT: transformer.wte, transformer.wpe, transformer.drop, transformer.h.0, ...,
       transformer.ln_f, lm_head; ResNet-18: conv1, ..., layer1, ..., layer4, avgpool, fc). If RNG is drawn or state written outside
-      them, RecordError says so and asks for segments=[...].
+      them, RecordError says so and asks for segments=[...]. Finding them runs the forward
+      once without gradients: state outside torch that it changes (a Python global step
+      counter) is not put back, so name the segments for such models.
     path: where to write the trace (JSON, formats/trace.md, format 2), atomically; None: a new
       file in the temporary directory (tempfile.mkstemp, suffix ".trace.json"; yours to delete).
       An existing file is refused unless force=True.

@@ -516,3 +516,24 @@ def test_duplicate_keys_in_a_trace_are_bad_input(replay_plan, tmp_path):
     r = run([replay_plan, path, "--budget", "1GiB"])
     assert r.returncode == 2
     assert r.stderr == f"replay-plan: error: {path}: duplicate key 'format' in the top-level object\n"
+
+
+def test_scripts_on_nanogpt_default_segments_and_tuple_output(replay_plan, tmp_path):
+    """The MODEL.py wrappers on nanoGPT (ModuleDict / ModuleList, dropout, a (logits, loss)
+    output): record_trace.py finds the package's default segments (the ModuleDict looked
+    into), apply_plan.py applies the smallest plan byte-identically and compares the tuple
+    output tensor by tensor, where plain checkpointing without RNG restore differs."""
+    torch_heavy("")
+    trace, plan = tmp_path / "ng.json", tmp_path / "ng.plan.json"
+    r = run([PY, SCRIPTS / "record_trace.py", MODELS / "nanogpt.py", "-o", trace, "--quiet"])
+    assert r.returncode == 0, r.stderr
+    t = json.load(open(trace))
+    assert [s["name"] for s in t["segments"]][:4] == ["transformer.wte", "transformer.wpe", "transformer.drop",
+                                                       "transformer.h.0"]
+    rng = json.loads(run([replay_plan, trace, "--budget", "1TiB", "--json"]).stdout)["range"]
+    r = run([replay_plan, trace, "--activation-budget", str(rng["min_activation_bytes"]), "-o", plan])
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run([PY, SCRIPTS / "apply_plan.py", MODELS / "nanogpt.py", trace, plan])
+    assert r.returncode == 0 and "byte-identical" in r.stdout and " 0 segment(s)" not in r.stdout, r.stdout + r.stderr
+    r = run([PY, SCRIPTS / "apply_plan.py", MODELS / "nanogpt.py", trace, plan, "--mode", "plain-norng"])
+    assert r.returncode == 1 and "rng differs" in r.stdout, r.stdout + r.stderr
