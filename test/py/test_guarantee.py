@@ -622,3 +622,27 @@ def test_first_update_certificate_breaks_on_an_aligned_ramp(tmp_path):
     assert errors == []
     assert all(r["ok"] for k, r in res.items() if "x120" not in k)  # the first update holds
     assert not res["ramp100 x120"]["ok"] and res["ramp100 x120"]["max_lr"] > TOL, res["ramp100 x120"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_update_low_precision_moments(tmp_path, dtype):
+    """--horizon all on moments stored in bfloat16 / float16 next to float32 parameters
+    (torch casts loaded moments to the parameter's dtype): the AdamW fixture with its moments
+    cast, compressed, restored, then 100 real steps of each gradient sequence from both states
+    stay within tolerance * lr at every step."""
+    from testlib import DATA, torch_step_check as tsc
+    b = require_ckptkit_bin()
+    obj = torch.load(os.path.join(DATA, "cnn_adamw.pt"))
+    for st in obj["optimizer"]["state"].values():
+        for k in ("exp_avg", "exp_avg_sq"):
+            st[k] = st[k].to(dtype)
+    src, ckz, out = tmp_path / "lp.pt", tmp_path / "lp.ckz.h5", tmp_path / "r.pt"
+    torch.save(obj, src)
+    r = run_tool(b, "ckpt-compress", src, "-o", ckz, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert all(t["note"] == "" for t in json.loads(r.stdout)["tensors"])   # every state coded
+    assert run_tool(b, "ckpt-restore", ckz, "-o", out).returncode == 0
+    errors, res = tsc.check_pair(str(src), str(out), tolerance=TOL, grad_bound=1.0, fixture="cnn_adamw.pt", steps=100)
+    assert errors == []
+    assert sum(k.endswith("x100") for k in res) == 5
+    assert all(r["ok"] for r in res.values()), res
