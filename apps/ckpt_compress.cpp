@@ -1,10 +1,10 @@
 // ckpt-compress IN -o OUT.ckz.h5: guarded compression of the Adam/AdamW moments.
-// ckpt-compress DIR -o OUT_DIR: folder mode (lib/ckpt/folder.h), also under mpirun / srun.
+// ckpt-compress DIR -o OUT_DIR: folder mode (lib/folder/folder.h), also under mpirun / srun.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
 
-#include "ckpt/folder.h"
+#include "folder/folder.h"
 #include "ckpt/pipeline.h"
 #include "container/h5.h"
 #include "cli.h"

@@ -1,10 +1,10 @@
 // ckpt-restore IN.ckz.h5 -o OUT: the checkpoint back, in its source format.
-// ckpt-restore OUT_DIR -o DIR2: folder mode (lib/ckpt/folder.h), also under mpirun / srun.
+// ckpt-restore OUT_DIR -o DIR2: folder mode (lib/folder/folder.h), also under mpirun / srun.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
 
-#include "ckpt/folder.h"
+#include "folder/folder.h"
 #include "ckpt/pipeline.h"
 #include "cli.h"
 #include "folder_cli.h"

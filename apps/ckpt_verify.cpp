@@ -1,10 +1,10 @@
 // ckpt-verify IN.ckz.h5 [--original ORIG]: integrity + re-derived certificates (+ original).
-// ckpt-verify OUT_DIR [--original DIR]: folder mode (lib/ckpt/folder.h), also under mpirun / srun.
+// ckpt-verify OUT_DIR [--original DIR]: folder mode (lib/folder/folder.h), also under mpirun / srun.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
 
-#include "ckpt/folder.h"
+#include "folder/folder.h"
 #include "ckpt/pipeline.h"
 #include "cli.h"
 #include "folder_cli.h"

@@ -6,7 +6,7 @@
 #include <functional>
 #include <iostream>
 
-#include "ckpt/folder.h"
+#include "folder/folder.h"
 #include "cli.h"
 
 namespace ckpt::app {
@@ -19,7 +19,7 @@ inline void add_folder_help(Cli& cli, const std::string& what) {
                                 : "Built without MPI (CKPTKIT_MPI=OFF or not found): one process."));
 }
 
-/// Run a folder job (lib/ckpt/folder.h) with `fo` plus --force and a per-file progress line
+/// Run a folder job (lib/folder/folder.h) with `fo` plus --force and a per-file progress line
 /// (stderr a terminal, no --json or --quiet); rank 0 prints the summary (Cli::print_report). Returns the exit
 /// code: 0 ok, 1 a check failed; errors propagate to Cli::main (exit 2 naming the file).
 inline int run_folder(const Cli& cli, const std::function<folder::FolderReport(const folder::FolderOptions&)>& job,

@@ -1,5 +1,5 @@
 // ckptkit._ckptkit: the Python package's bindings over the library the tools call
-// (lib/ckpt/pipeline.h, lib/ckpt/folder.h, lib/replay/job.h); the package's Python side (ckptkit/__init__.py)
+// (lib/ckpt/pipeline.h, lib/folder/folder.h, lib/replay/job.h); the package's Python side (ckptkit/__init__.py)
 // checks the options and shapes the results. Every call releases the GIL around the C++
 // work and holds one process-wide lock meanwhile (libhdf5 is not thread-safe: one job at a
 // time). Library errors become the package's exceptions with the CLI's one-line message:
@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/folder.h"
+#include "folder/folder.h"
 #include "ckpt/pipeline.h"
 #include "codec/codec.h"
 #include "common/error.h"

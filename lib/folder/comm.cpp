@@ -1,5 +1,5 @@
 // Comm for one process (always built) and, with CKPTKIT_HAVE_MPI, MPI_COMM_WORLD.
-#include "ckpt/comm.h"
+#include "folder/comm.h"
 
 #include <chrono>
 #include <cstdlib>

@@ -1,6 +1,6 @@
-// DCP moments in folder mode (folder_dcp.h): gather into one safetensors file, cut the
+// DCP moments in folder mode (dcp.h): gather into one safetensors file, cut the
 // moment storages out of the .distcp files (shells), put them back on restore.
-#include "ckpt/folder_dcp.h"
+#include "folder/dcp.h"
 
 #include <fmt/format.h>
 #include <isa-l/crc.h>
@@ -13,7 +13,7 @@
 #include <map>
 #include <set>
 
-#include "ckpt/folder_files.h"
+#include "folder/files.h"
 #include "common/json_num.h"
 #include "ckpt/optimizer.h"
 #include "ckpt/values.h"

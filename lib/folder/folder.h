@@ -5,7 +5,7 @@
 // manifest (formats/folder.md) at the output's root lists every file with its XXH3-64 hash.
 // The output is built in a temporary sibling folder and renamed at the very end, so a killed
 // run leaves no partial output (an existing one, replaced under --force, stays whole until
-// that rename). Under MPI (ckpt/comm.h) whole files are shared among ranks by size; the
+// that rename). Under MPI (folder/comm.h) whole files are shared among ranks by size; the
 // output is the same as one process's; rank 0 writes the manifest and the summary.
 #pragma once
 #include <cstdint>
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/comm.h"
+#include "folder/comm.h"
 #include "ckpt/pipeline.h"
 
 namespace ckpt::folder {

@@ -1,4 +1,4 @@
-// DCP (torch.distributed.checkpoint) moments in folder mode (internal to lib/ckpt/folder*.cpp).
+// DCP (torch.distributed.checkpoint) moments in folder mode (internal to lib/folder).
 //
 // A DCP folder keeps every item (one torch.save zip per tensor chunk or bytes object) in
 // .distcp files at the offsets its .metadata records (storage_data: MetadataIndex(fqn, offset)

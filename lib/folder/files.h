@@ -1,4 +1,4 @@
-// File-tree helpers of folder mode (internal to lib/ckpt/folder*.cpp): listing a tree,
+// File-tree helpers of folder mode (internal to lib/folder): listing a tree,
 // hashing and copying files with XXH3-64, the temporary output folder and its final rename.
 #pragma once
 #include <cstdint>

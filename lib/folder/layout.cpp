@@ -12,9 +12,9 @@
 #include <map>
 #include <set>
 
-#include "ckpt/folder.h"
-#include "ckpt/folder_dcp.h"
-#include "ckpt/folder_files.h"
+#include "folder/folder.h"
+#include "folder/dcp.h"
+#include "folder/files.h"
 #include "common/error.h"
 #include "io/file.h"
 

@@ -1,5 +1,5 @@
 // File-tree helpers of folder mode: list, hash, copy, temporary folder, final rename.
-#include "ckpt/folder_files.h"
+#include "folder/files.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,6 +1,6 @@
 // Folder mode (folder.h): the three jobs over a tree of files, shared among the ranks of a
 // Comm, built on the single-file compress / verify / restore of pipeline.h.
-#include "ckpt/folder.h"
+#include "folder/folder.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -16,8 +16,8 @@
 #include <set>
 #include <sstream>
 
-#include "ckpt/folder_dcp.h"
-#include "ckpt/folder_files.h"
+#include "folder/dcp.h"
+#include "folder/files.h"
 #include "common/cleanup.h"
 #include "common/error.h"
 #include "common/file.h"
@@ -26,7 +26,7 @@
 #include "io/torch_file.h"
 
 #ifndef CKPTKIT_VERSION
-#error "CKPTKIT_VERSION must be defined (lib/ckpt/CMakeLists.txt)"
+#error "CKPTKIT_VERSION must be defined (lib/folder/CMakeLists.txt)"
 #endif
 
 namespace ckpt::folder {
@@ -207,10 +207,89 @@ void agree(Comm& c, bool root_only, const std::function<void()>& f) {
     }
 }
 
-/// A piece of work given to one rank: one file, or (dcp_dir set) the moment-holding
-/// .distcp files of a DCP folder.
+// ---------------------------------------------------------------- output and scratch folders
+
+/// Create `tmp` and every sub-folder of the tree in it.
+void make_dirs(const std::string& tmp, const std::vector<std::string>& dirs) {
+    std::error_code ec;
+    temp_note(tmp, true);  // removed if a signal ends the process (common/cleanup.h); noted before it exists
+    if (!fs::create_directory(tmp, ec) || ec) {
+        temp_forget(tmp);
+        throw BadInput(tmp, "cannot create the temporary folder: " + ec.message());
+    }
+    for (const auto& d : dirs)
+        if (fs::create_directories(join(tmp, d), ec); ec) throw BadInput(join(tmp, d), "cannot create folder: " + ec.message());
+}
+
+void remove_tree(const std::string& p) {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+    temp_forget(p);
+}
+
+/// Where a job writes: nothing (verify: both paths empty), or the temporary sibling `tmp`
+/// of the output folder `out`, renamed onto it at the very end (compress, restore).
+struct Output {
+    std::string tmp, out;
+
+    /// The output of compress / restore: `tmp` named by rank 0 (temp_sibling) for every
+    /// rank and created by rank 0 with the sub-folders `dirs`. Throws on every rank when it
+    /// cannot be created (BadInput naming it).
+    static Output open(Comm& c, const std::string& out, const std::vector<std::string>& dirs) {
+        Output o{c.broadcast(temp_sibling(out, long(::getpid()))), out};
+        agree(c, true, [&] { make_dirs(o.tmp, dirs); });
+        return o;
+    }
+    /// Rank 0's clean-up after a failed work unit: the temporary folder goes (verify: nothing).
+    void discard() const {
+        if (!tmp.empty()) remove_tree(tmp);
+    }
+    /// The end of a job that writes: rank 0 runs `seal` (compress: the manifest, written into
+    /// `tmp`), then commit_folder(tmp, out); on any failure the temporary folder goes and
+    /// every rank throws that failure.
+    void commit(Comm& c, const std::function<void()>& seal = {}) const {
+        agree(c, true, [&] {
+            try {
+                if (seal) seal();
+                commit_folder(tmp, out);
+            } catch (...) {
+                remove_tree(tmp);
+                throw;
+            }
+        });
+    }
+};
+
+/// A work unit's scratch folder (DCP moments gathered, re-gathered or restored): created
+/// empty (an old one of that name removed), noted for removal on a signal, and removed when
+/// the unit ends, however it ends. Throws std::filesystem::filesystem_error when it cannot
+/// be created.
+class Scratch {
+public:
+    explicit Scratch(std::string path) : path_(std::move(path)) {
+        remove_tree(path_);
+        temp_note(path_, true);
+        try {
+            fs::create_directories(path_);
+        } catch (...) {
+            remove_tree(path_);
+            throw;
+        }
+    }
+    ~Scratch() { remove_tree(path_); }
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    const std::string& path() const { return path_; }
+
+private:
+    std::string path_;
+};
+
+/// A piece of compress's work given to one rank: one file, or (dcp) moment-holding .distcp
+/// files of the DCP folder dcp_dir.
 struct Unit {
-    std::string dcp_dir;
+    bool dcp = false;
+    std::string dcp_dir;              ///< DCP: the folder, relative to the input root ("" = the root)
     std::vector<std::string> files;   ///< relative to the input root
     uint64_t weight = 0;              ///< bytes
     std::size_t index = 0;            ///< DCP: unit number in its folder (dcp_moments_name)
@@ -233,12 +312,12 @@ std::vector<int> share(const std::vector<uint64_t>& weights, int ranks) {
 }
 
 /// Run `job(i)` (the rows of work unit i: one file, or a DCP folder's moment files) for this
-/// rank's units, then gather every rank's rows (sorted by file).
-/// A rank stops at its first failure; afterwards every rank throws the failure with the
-/// smallest file name (after `cleanup` ran on rank 0).
+/// rank's units (units shared by `weights`, bytes), then gather every rank's rows (sorted by
+/// file). A rank stops at its first failure; afterwards every rank throws the failure with
+/// the smallest file name (after rank 0 ran output.discard()).
 std::vector<FileRow> run_shared(Comm& c, const std::vector<uint64_t>& weights,
                                 const std::function<std::vector<FileRow>(std::size_t)>& job,
-                                const std::function<void()>& cleanup, bool progress) {
+                                const Output& output, bool progress) {
     const std::vector<int> owner = share(weights, c.size());
     json mine{{"rows", json::array()}, {"failure", nullptr}};
     const std::size_t my_count = std::size_t(std::count(owner.begin(), owner.end(), c.rank()));
@@ -269,7 +348,7 @@ std::vector<FileRow> run_shared(Comm& c, const std::vector<uint64_t>& weights,
         }
     }
     if (first) {
-        agree(c, true, cleanup);
+        agree(c, true, [&] { output.discard(); });
         first->raise();
     }
     std::sort(rows.begin(), rows.end(), [](const FileRow& a, const FileRow& b) { return a.file < b.file; });
@@ -330,24 +409,6 @@ void fill_from(FileRow& r, const Report& rep, const std::string& in, const std::
     j["input"] = in;
     if (j.contains("output")) j["output"] = out;
     r.report_json = j.dump();
-}
-
-/// Create `tmp` and every sub-folder of the tree in it.
-void make_dirs(const std::string& tmp, const std::vector<std::string>& dirs) {
-    std::error_code ec;
-    temp_note(tmp, true);  // removed if a signal ends the process (common/cleanup.h); noted before it exists
-    if (!fs::create_directory(tmp, ec) || ec) {
-        temp_forget(tmp);
-        throw BadInput(tmp, "cannot create the temporary folder: " + ec.message());
-    }
-    for (const auto& d : dirs)
-        if (fs::create_directories(join(tmp, d), ec); ec) throw BadInput(join(tmp, d), "cannot create folder: " + ec.message());
-}
-
-void remove_tree(const std::string& p) {
-    std::error_code ec;
-    fs::remove_all(p, ec);
-    temp_forget(p);
 }
 
 std::string folder_name(const std::string& p) {
@@ -454,18 +515,16 @@ bool is_folder(const std::string& path) {
 
 // ---------------------------------------------------------------- compress
 
-FolderReport compress_folder(const std::string& in, const std::string& out_arg, const CompressOptions& o,
-                             const FolderOptions& fo, Comm& c) {
-    const std::string out = without_trailing_slash(out_arg);  // "-o out/" names the folder out
-    FolderReport rep = new_report("ckpt-compress", in, out, c);
-    rep.codec = codec::kind_name(o.codec);
-    rep.tolerance = o.tolerance;
-    rep.grad_bound = o.grad_bound;
+namespace {
+
+/// compress_folder's checks before any work (on every rank, agreed): the input a folder, the
+/// output allowed (check_output_folder), no input file named like folder mode's output.
+/// Returns the input tree; sets rep.layouts. Throws BadInput.
+Tree check_compress_input(Comm& c, const std::string& in, const std::string& out, bool force, FolderReport& rep) {
     Tree tree;
-    std::string tmp;
     agree(c, false, [&] {
         if (!is_folder(in)) throw BadInput(in, "not a folder");
-        check_output_folder(in, out, fo.force);
+        check_output_folder(in, out, force);
         tree = list_tree(in);
         std::set<std::string> names(tree.files.begin(), tree.files.end());
         for (const auto& f : tree.files)
@@ -475,23 +534,26 @@ FolderReport compress_folder(const std::string& in, const std::string& out_arg, 
                                                 f + kSuffix + "); rename it first");
         rep.layouts = detect_layouts(in, tree.files);
     });
-    tmp = c.broadcast(temp_sibling(out, long(::getpid())));
-    agree(c, true, [&] { make_dirs(tmp, tree.dirs); });
+    return tree;
+}
 
-    // Work units: one per file, except the .distcp files holding moment items of a DCP
-    // folder whose .metadata reads: those form one unit with the moments gathered from them.
+/// compress's work units: one per file, except the .distcp files holding moment items of a
+/// DCP folder whose .metadata reads (dcp_units, `unit_bytes` each): those form units with the
+/// moments gathered from them. Weights are file sizes.
+std::vector<Unit> compress_units(const std::string& in, const Tree& tree, const std::vector<Layout>& layouts,
+                                 uint64_t unit_bytes) {
     std::vector<Unit> units;
     std::set<std::string> in_dcp;
-    for (const auto& l : rep.layouts) {
+    for (const auto& l : layouts) {
         if (l.kind != "dcp") continue;
         std::vector<std::vector<std::string>> groups;
         try {
-            groups = dcp_units(join(in, l.dir), fo.dcp_unit_bytes);
+            groups = dcp_units(join(in, l.dir), unit_bytes);
         } catch (const BadInput&) {
             continue;   // the layout note says why; its files are copied
         }
         for (std::size_t n = 0; n < groups.size(); ++n) {
-            Unit u{l.dir, {}, 0, n};
+            Unit u{true, l.dir, {}, 0, n};
             for (const auto& f : groups[n]) {
                 const std::string rel = join(l.dir, f);
                 if (!std::binary_search(tree.files.begin(), tree.files.end(), rel)) continue;
@@ -503,40 +565,53 @@ FolderReport compress_folder(const std::string& in, const std::string& out_arg, 
         }
     }
     for (const auto& f : tree.files)
-        if (!in_dcp.count(f)) units.push_back({"", {f}, fs::file_size(join(in, f)), 0});
-    std::vector<uint64_t> weights;
-    for (const auto& u : units) weights.push_back(u.weight);
+        if (!in_dcp.count(f)) units.push_back({false, "", {f}, fs::file_size(join(in, f)), 0});
+    return units;
+}
 
-    auto copy_row = [&](const std::string& file, const std::string& note) {
+/// One rank's compress work: the rows of a unit, its files written into the temporary folder.
+struct CompressWork {
+    const std::string& in;
+    const Output& output;
+    const CompressOptions& o;
+    const std::vector<Layout>& layouts;
+    int rank;
+
+    /// The rows of unit `u`: one file, or a DCP unit.
+    std::vector<FileRow> rows(const Unit& u) const { return u.dcp ? dcp_unit(u) : std::vector<FileRow>{one_file(u.files[0])}; }
+
+    /// `file` copied byte for byte, with `note` saying why.
+    FileRow copy_row(const std::string& file, const std::string& note) const {
         FileRow r;
         r.file = r.stored = file;
-        r.layout = layout_of(rep.layouts, file);
-        const Digest d = copy_file(join(in, file), join(tmp, file));
+        r.layout = layout_of(layouts, file);
+        const Digest d = copy_file(join(in, file), join(output.tmp, file));
         r.action = "copied";
         r.bytes_in = r.bytes_out = d.size;
         r.xxh3 = r.source_xxh3 = d.xxh3;
         r.note = note;
         return r;
-    };
-    // compress `src` into tmp/<stored>; when Adam's L2 domain lacks theta, retry with the
-    // bound `theta_bound()` gives (nullopt: rethrow). Fills the row's figures and hashes.
-    auto compress_row = [&](FileRow& r, const std::string& src, const std::string& stored,
-                            const std::function<std::optional<std::pair<double, std::string>>()>& theta_bound) {
+    }
+
+    /// Compress `src` into tmp/<stored>; when Adam's L2 domain lacks theta, retry with the
+    /// bound `theta_bound()` gives (nullopt: rethrow). Fills the row's figures and hashes.
+    void compress_row(FileRow& r, const std::string& src, const std::string& stored,
+                      const std::function<std::optional<std::pair<double, std::string>>()>& theta_bound) const {
         CompressOptions oo = o;
         oo.progress = false;
         Report cr("", "", "", "", 0, 0);
         try {
-            cr = compress(src, join(tmp, stored), oo);
+            cr = compress(src, join(output.tmp, stored), oo);
         } catch (const NeedsParamBound&) {  // theta not in the file
             if (o.param_bound) throw;
             const auto b = theta_bound();
             if (!b) throw;
             oo.param_bound = b->first;
             r.note = fmt::format("Adam L2 domain with |theta| <= {:.6g} from {}", b->first, b->second);
-            cr = compress(src, join(tmp, stored), oo);
+            cr = compress(src, join(output.tmp, stored), oo);
         }
-        fill_from(r, cr, src, join(out, stored));
-        const Digest sd = hash_file(src), cd = hash_file(join(tmp, stored));
+        fill_from(r, cr, src, join(output.out, stored));
+        const Digest sd = hash_file(src), cd = hash_file(join(output.tmp, stored));
         r.stored = stored;
         r.action = "compressed";
         r.bytes_in = sd.size;
@@ -544,19 +619,22 @@ FolderReport compress_folder(const std::string& in, const std::string& out_arg, 
         r.source_xxh3 = sd.xxh3;
         r.xxh3 = cd.xxh3;
         if (!r.ok) r.note += (r.note.empty() ? "" : "; ") + std::string("bound above tolerance");
-    };
-    auto one_file = [&](const std::string& file) -> FileRow {
+    }
+
+    /// One file: compressed, or copied (not a checkpoint, no Adam/AdamW state, or its
+    /// container not smaller).
+    FileRow one_file(const std::string& file) const {
         const std::string src = join(in, file);
         if (!looks_like_checkpoint(src)) return copy_row(file, "");
         try {
             (void)read_checkpoint(src, o.limits);
         } catch (const BadInput& e) {
-            if (declared_optimizer(rep.layouts, file)) throw;
+            if (declared_optimizer(layouts, file)) throw;
             return copy_row(file, std::string("not read as a checkpoint: ") + e.what());
         }
         FileRow r;
         r.file = file;
-        r.layout = layout_of(rep.layouts, file);
+        r.layout = layout_of(layouts, file);
         try {
             // HF Trainer optimizer.pt holds no parameters: Adam's L2 domain takes
             // |theta| <= the largest |value| of the model file(s) next to it.
@@ -567,24 +645,23 @@ FolderReport compress_folder(const std::string& in, const std::string& out_arg, 
         } catch (const NoAdamState&) {  // nothing to compress: copied as it is
             return copy_row(file, "no Adam/AdamW state");
         }
-        if (r.ok && r.bytes_out >= r.bytes_in) {  // a container's fixed overhead (~13 KB) beats a tiny file
+        if (r.ok && r.bytes_out >= r.bytes_in) {  // a container's fixed overhead beats a tiny file
             std::error_code ec;
-            fs::remove(join(tmp, r.stored), ec);
+            fs::remove(join(output.tmp, r.stored), ec);
             return copy_row(file, fmt::format("copied as is: its container would be {} bytes, not smaller", r.bytes_out));
         }
         return r;
-    };
-    // A DCP folder's moment files: gathered moments -> one container, each file -> a shell.
-    auto dcp_unit = [&](const Unit& u) {
+    }
+
+    /// A DCP folder's moment files: gathered moments -> one container, each file -> a shell.
+    std::vector<FileRow> dcp_unit(const Unit& u) const {
         std::vector<FileRow> rows;
-        const std::string scratch = join(tmp, ".ckptkit-scratch-" + std::to_string(c.rank()));
-        remove_tree(scratch);
-        fs::create_directories(scratch);
+        const Scratch scratch(join(output.tmp, ".ckptkit-scratch-" + std::to_string(rank)));
         const std::string name = dcp_moments_name(u.index);
-        const std::string dir = join(in, u.dcp_dir), moments = join(scratch, name);
+        const std::string dir = join(in, u.dcp_dir), moments = join(scratch.path(), name);
         std::vector<std::string> local;   // the unit's files relative to the DCP folder
         for (const auto& f : u.files) local.push_back(u.dcp_dir.empty() ? f : f.substr(u.dcp_dir.size() + 1));
-        const DcpMoments dm = gather_dcp_moments(dir, local, moments, scratch, o.limits);
+        const DcpMoments dm = gather_dcp_moments(dir, local, moments, scratch.path(), o.limits);
         std::map<std::string, const DcpFile*> cut_of;
         if (dm.params) {
             FileRow r;
@@ -593,7 +670,7 @@ FolderReport compress_folder(const std::string& in, const std::string& out_arg, 
             r.virtual_input = true;
             r.manifest_extra = json{{"virtual", true}, {"files", local}}.dump();
             compress_row(r, moments, r.file + kSuffix, [&]() -> std::optional<std::pair<double, std::string>> {
-                return std::make_pair(dcp_param_bound(dir, scratch, o.limits), std::string("the DCP model items"));
+                return std::make_pair(dcp_param_bound(dir, scratch.path(), o.limits), std::string("the DCP model items"));
             });
             r.note += (r.note.empty() ? "" : "; ") + fmt::format("moments of {} parameter chunks gathered from .distcp items", dm.params);
             if (!dm.note.empty()) r.note += "; " + dm.note;
@@ -611,8 +688,8 @@ FolderReport compress_folder(const std::string& in, const std::string& out_arg, 
             r.stored = file + kShellSuffix;
             r.layout = "dcp";
             r.action = "shell";
-            write_shell(join(in, file), *it->second, join(tmp, r.stored));
-            const Digest sd = hash_file(join(in, file)), hd = hash_file(join(tmp, r.stored));
+            write_shell(join(in, file), *it->second, join(output.tmp, r.stored));
+            const Digest sd = hash_file(join(in, file)), hd = hash_file(join(output.tmp, r.stored));
             r.bytes_in = sd.size;
             r.bytes_out = hd.size;
             r.source_xxh3 = sd.xxh3;
@@ -622,16 +699,13 @@ FolderReport compress_folder(const std::string& in, const std::string& out_arg, 
                                     {"cuts", cuts_json(it->second->cuts)}}.dump();
             rows.push_back(r);
         }
-        remove_tree(scratch);
         return rows;
-    };
-    auto job = [&](std::size_t i) -> std::vector<FileRow> {
-        const Unit& u = units[i];
-        return u.dcp_dir.empty() && u.files.size() == 1 && !in_dcp.count(u.files[0]) ? std::vector<FileRow>{one_file(u.files[0])}
-                                                                                      : dcp_unit(u);
-    };
-    rep.files = run_shared(c, weights, job, [&] { remove_tree(tmp); }, fo.progress);
+    }
+};
 
+/// The manifest of a compressed folder from its rows (sorted by file); marks `rep` not ok
+/// with each row that is not.
+Manifest compress_manifest(const std::string& in, const Tree& tree, FolderReport& rep) {
     Manifest m;
     m.source = folder_name(in);
     m.layouts = rep.layouts;
@@ -642,15 +716,27 @@ FolderReport compress_folder(const std::string& in, const std::string& out_arg, 
         rep.ok = rep.ok && r.ok;
         if (!r.ok) rep.failures.push_back(r.file + ": " + r.note);
     }
-    agree(c, true, [&] {
-        try {
-            write_manifest(tmp, m);
-            commit_folder(tmp, out);
-        } catch (...) {
-            remove_tree(tmp);
-            throw;
-        }
-    });
+    return m;
+}
+
+}  // namespace
+
+FolderReport compress_folder(const std::string& in, const std::string& out_arg, const CompressOptions& o,
+                             const FolderOptions& fo, Comm& c) {
+    const std::string out = without_trailing_slash(out_arg);  // "-o out/" names the folder out
+    FolderReport rep = new_report("ckpt-compress", in, out, c);
+    rep.codec = codec::kind_name(o.codec);
+    rep.tolerance = o.tolerance;
+    rep.grad_bound = o.grad_bound;
+    const Tree tree = check_compress_input(c, in, out, fo.force, rep);
+    const Output output = Output::open(c, out, tree.dirs);
+    const std::vector<Unit> units = compress_units(in, tree, rep.layouts, fo.dcp_unit_bytes);
+    std::vector<uint64_t> weights;
+    for (const auto& u : units) weights.push_back(u.weight);
+    const CompressWork work{in, output, o, rep.layouts, c.rank()};
+    rep.files = run_shared(c, weights, [&](std::size_t i) { return work.rows(units[i]); }, output, fo.progress);
+    const Manifest m = compress_manifest(in, tree, rep);
+    output.commit(c, [&] { write_manifest(output.tmp, m); });
     return rep;
 }
 
@@ -714,17 +800,15 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
             fail(fmt::format("size/xxh3 {}/{} differ from the manifest's {}/{}", d.size, hex64(d.xxh3), e.size, hex64(e.xxh3)));
             return {r};
         }
-        std::string orig, scratch;
+        std::string orig;
+        std::optional<Scratch> scratch;
         if (original && e.is_virtual()) {
             // the gathered moments of a DCP folder: gather them again from the original
-            scratch = (fs::temp_directory_path() / fmt::format("ckptkit-verify-{}-{}", ::getpid(), i)).string();
-            remove_tree(scratch);
-            temp_note(scratch, true);
-            fs::create_directories(scratch);
-            orig = join(scratch, base_of(e.path));
+            scratch.emplace((fs::temp_directory_path() / fmt::format("ckptkit-verify-{}-{}", ::getpid(), i)).string());
+            orig = join(scratch->path(), base_of(e.path));
             try {
                 (void)gather_dcp_moments(join(*original, parent_of(e.path)), e.extra.at("files").get<std::vector<std::string>>(),
-                                         orig, scratch, Limits{});
+                                         orig, scratch->path(), Limits{});
                 if (const Digest od = hash_file(orig); od.size != e.source_size || od.xxh3 != e.source_xxh3) {
                     fail("moments gathered from the original DCP folder differ from those compressed");
                     orig.clear();
@@ -758,10 +842,9 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
                 fail(ex.what());
             }
         }
-        if (!scratch.empty()) remove_tree(scratch);
         return {r};
     };
-    rep.files = run_shared(c, weights, job, [] {}, vo.progress);
+    rep.files = run_shared(c, weights, job, Output{}, vo.progress);
     rep.failures = pre;
     rep.ok = pre.empty();
     for (const auto& r : rep.files)
@@ -787,8 +870,7 @@ FolderReport restore_folder(const std::string& dir, const std::string& out_arg, 
         check_output_folder(dir, out, fo.force);
     });
     rep.layouts = m.layouts;
-    const std::string tmp = c.broadcast(temp_sibling(out, long(::getpid())));
-    agree(c, true, [&] { make_dirs(tmp, m.dirs); });
+    const Output output = Output::open(c, out, m.dirs);
     // Work units: one per entry, except a DCP folder's gathered moments with its shells.
     std::vector<std::vector<std::size_t>> units;
     std::vector<uint64_t> weights;
@@ -822,20 +904,19 @@ FolderReport restore_folder(const std::string& dir, const std::string& out_arg, 
     };
     auto job = [&](std::size_t ui) -> std::vector<FileRow> {
         std::vector<FileRow> rows;
-        std::string moments, scratch;
+        std::string moments;
+        std::optional<Scratch> scratch;
         for (std::size_t i : units[ui]) {
         const Entry& e = m.files[i];
-        const std::string src = join(dir, e.stored), dst = join(tmp, e.path);
+        const std::string src = join(dir, e.stored), dst = join(output.tmp, e.path);
         FileRow r;
         r.file = e.path;
         r.stored = e.stored;
         r.layout = layout_of(m.layouts, e.path);
         r.action = "restored";
         if (e.is_virtual()) {   // restored next to the output, used by the shells that follow
-            scratch = join(tmp, ".ckptkit-scratch-" + std::to_string(c.rank()));
-            remove_tree(scratch);
-            fs::create_directories(scratch);
-            moments = join(scratch, base_of(e.path));
+            scratch.emplace(join(output.tmp, ".ckptkit-scratch-" + std::to_string(c.rank())));
+            moments = join(scratch->path(), base_of(e.path));
             RestoreOptions oo = ro;
             oo.progress = false;
             const Report rr = restore(src, moments, oo);
@@ -867,18 +948,10 @@ FolderReport restore_folder(const std::string& dir, const std::string& out_arg, 
         }
         rows.push_back(r);
         }
-        if (!scratch.empty()) remove_tree(scratch);
         return rows;
     };
-    rep.files = run_shared(c, weights, job, [&] { remove_tree(tmp); }, fo.progress);
-    agree(c, true, [&] {
-        try {
-            commit_folder(tmp, out);
-        } catch (...) {
-            remove_tree(tmp);
-            throw;
-        }
-    });
+    rep.files = run_shared(c, weights, job, output, fo.progress);
+    output.commit(c);
     return rep;
 }
 
