@@ -9,7 +9,7 @@
 #include "container/h5.h"
 #include "cli.h"
 #include "folder_cli.h"
-#include "gpu_codec.h"
+#include "codec/backend.h"
 
 int main(int argc, char** argv) {
     ckpt::container::enable_direct_chunk_writes();  // before any other HDF5 call (container/h5.h says why)
@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
     app.add_option("--amsgrad", o.hyper.amsgrad, "override amsgrad (true/false)");
     app.add_option("--maximize", o.hyper.maximize, "override maximize (true/false)");
     app.add_option("--chunk", o.chunk, "coordinates per chunk (memory bound; rounded down to a multiple of 64; default " +
-                   std::to_string(ckpt::kCpuChunk) + " on the CPU, " + std::to_string(ckpt::kDeviceChunk) + " on a CUDA device)")
+                   std::to_string(ckpt::codec::kCpuChunk) + " on the CPU, " + std::to_string(ckpt::codec::kDeviceChunk) + " on a CUDA device)")
         ->check(CLI::Range(std::size_t(64), std::size_t(1) << 30));
     app.add_option("--max-header-bytes", o.limits.max_header_bytes, "safetensors header limit")->capture_default_str();
     app.add_option("--max-pickle-bytes", o.limits.max_pickle_bytes, "data.pkl / legacy pickle limit")->capture_default_str();
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
         }
         o.codec = ckpt::codec::kind_from_name(codec);
         try {
-            ckpt::gpu::resolve_device(o.device);
+            ckpt::codec::resolve_device(o.device);
         } catch (const std::exception& e) {
             throw ckpt::BadInput(in, e.what());
         }

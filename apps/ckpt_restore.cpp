@@ -8,7 +8,7 @@
 #include "ckpt/pipeline.h"
 #include "cli.h"
 #include "folder_cli.h"
-#include "gpu_codec.h"
+#include "codec/backend.h"
 
 int main(int argc, char** argv) {
     ckpt::app::Cli cli("ckpt-restore", "Rebuild the checkpoint from a container (torch.load / safetensors "
@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
             ckpt::app::require_container(in, "pass the container (.ckz.h5) that ckpt-compress wrote");
         }
         try {
-            ckpt::gpu::set_decode_device(ckpt::gpu::resolve_device(device));
+            ckpt::codec::set_decode_device(ckpt::codec::resolve_device(device));
         } catch (const std::exception& e) {
             throw ckpt::BadInput(in, e.what());
         }

@@ -31,20 +31,20 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max
 nvcc --version | tail -1
 g++ --version | head -1
 t0=$(date +%s)
-INC="-Ilib -Icuda -I.gpu_vendor -DCKPTKIT_HAVE_CUDA=1"
+INC="-Ilib -I.gpu_vendor"
 # host code: no fast-math, no FMA contraction (the device runs with --fmad=false)
 CXX="g++ -std=c++20 -O2 -ffp-contract=off $INC"
 NV="nvcc -std=c++20 -O2 --fmad=false -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 $INC"
 build() { echo "+ $*"; "$@"; }
 pids=()
-for f in lib/codec/codec.cpp lib/codec/blockwise8.cpp cuda/device.cpp test/doctest_main.cpp test/cuda/test_hd.cpp test/cuda/test_gpu.cpp; do
+for f in lib/codec/codec.cpp lib/codec/blockwise8.cpp lib/codec/backend.cpp test/doctest_main.cpp test/cuda/test_hd.cpp test/cuda/test_gpu.cpp; do
   build $CXX -c "$f" -o "$B/$(basename "$f").o" & pids+=($!)
 done
-for f in cuda/gpu_codec.cu cuda/kernels.cu cuda/bench_gpu.cu; do
+for f in lib/codec/cuda/gpu_codec.cu lib/codec/cuda/kernels.cu lib/codec/cuda/bench_gpu.cu; do
   build $NV -c "$f" -o "$B/$(basename "$f").o" & pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
-LIB="$B/codec.cpp.o $B/blockwise8.cpp.o $B/device.cpp.o $B/gpu_codec.cu.o $B/kernels.cu.o"
+LIB="$B/codec.cpp.o $B/blockwise8.cpp.o $B/backend.cpp.o $B/gpu_codec.cu.o $B/kernels.cu.o"
 build nvcc -o "$B/test_cuda_hd" "$B/test_hd.cpp.o" "$B/doctest_main.cpp.o" $LIB
 build nvcc -o "$B/test_cuda_gpu" "$B/test_gpu.cpp.o" "$B/doctest_main.cpp.o" $LIB
 build nvcc -o "$B/bench_gpu" "$B/bench_gpu.cu.o" $LIB

@@ -22,7 +22,7 @@
 #include "container/h5.h"
 #include "container/manifest.h"
 #include "container/writer.h"
-#include "gpu_codec.h"
+#include "codec/backend.h"
 #include "io/file.h"
 
 namespace ckpt {
@@ -205,7 +205,7 @@ using CodeHashes = std::array<uint64_t, 3>;
 /// when it has one that `raw` has not copied yet, goes into /raw as it is read. Returns
 /// the hashes of its codes.
 CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntry& e, const codec::TensorSetup& setup,
-                        const gpu::Device device, std::size_t chunk, ct::ContainerWriter& out, RawWriter& raw,
+                        const codec::Device device, std::size_t chunk, ct::ContainerWriter& out, RawWriter& raw,
                         Progress& prog, ChunkBuffers& buf) {
     const int nm = e.moments();
     const Xxh3State ht = make_xxh3();
@@ -219,7 +219,7 @@ CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntr
     for (uint64_t i0 = 0; i0 < e.numel; i0 += chunk) {
         const std::size_t n = std::size_t(std::min<uint64_t>(chunk, e.numel - i0));
         const codec::ChunkIn ci = read_chunk(f, man, e, i0, n, buf, hs, &prog, fused ? &to_raw : nullptr);
-        const codec::ChunkOut co = gpu::encode_chunk_on(device, setup, ci);
+        const codec::ChunkOut co = codec::backend(device).encode(setup, ci);
         for (int k = 0; k < nm; ++k) {
             XXH3_64bits_update(hc[k].get(), co.codes[k].data(), co.codes[k].size());
             bits[std::size_t(k)].clear();
@@ -242,13 +242,13 @@ CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntr
 /// self-check: VerifyOptions::code_hashes, manifest_xxh3).
 std::pair<std::vector<CodeHashes>, uint64_t> write_container(const std::string& path, const io::InputFile& f,
                                                              ct::Manifest& man, const CompressOptions& o,
-                                                             gpu::Device device) {
+                                                             codec::Device device) {
     ct::ContainerWriter out(path);
     Progress prog(o.progress, "ckpt-compress", f.size(), man.params.size());
     out.begin_moments(man);
     RawWriter raw(out, f, man, prog);
     const std::size_t unit = codec::entropy_coded(o.codec) ? codec::kSegment : codec::kBlock;  // chunks start on segments
-    const std::size_t want = o.chunk ? o.chunk : default_chunk(device == gpu::Device::Cuda);
+    const std::size_t want = o.chunk ? o.chunk : codec::backend(device).chunk;
     const std::size_t chunk = std::max<std::size_t>(unit, want / unit * unit);
     std::vector<CodeHashes> hashes;
     ChunkBuffers buf;
@@ -266,12 +266,12 @@ std::pair<std::vector<CodeHashes>, uint64_t> write_container(const std::string& 
 /// Throws CheckFailed when the written container fails. On the CPU it decodes codes only
 /// and compares them with `codes` (what was encoded); the manifest is compared with
 /// `planned`, the plan phase 1 made (VerifyOptions::planned).
-Report self_check(const std::string& path, const std::string& in, gpu::Device device, const std::vector<CodeHashes>& codes,
+Report self_check(const std::string& path, const std::string& in, codec::Device device, const std::vector<CodeHashes>& codes,
                   const Layout& planned, uint64_t manifest_xxh3) {
     VerifyOptions vo;
     vo.planned = &planned;
     vo.manifest_xxh3 = manifest_xxh3;
-    vo.certificates = device != gpu::Device::Cpu;  // a device encoder is checked in full
+    vo.certificates = device != codec::Device::Cpu;  // a device encoder is checked in full
     vo.code_hashes = &codes;
     Report chk = verify(path, vo);
     if (!chk.ok) {
@@ -286,17 +286,17 @@ Report self_check(const std::string& path, const std::string& in, gpu::Device de
 
 namespace {
 /// The options' checks, before the input is opened; returns the device to encode on.
-gpu::Device check_options(const std::string& in, const CompressOptions& o) {
+codec::Device check_options(const std::string& in, const CompressOptions& o) {
     if (!(o.tolerance > 0 && o.tolerance <= 1)) throw BadInput(in, "--tolerance must be in (0, 1] (units of lr)");
     if (!(o.grad_bound > 0)) throw BadInput(in, "grad bound must be positive");
-    try { return gpu::resolve_device(o.device); } catch (const std::exception& e) { throw BadInput(in, e.what()); }
+    try { return codec::resolve_device(o.device); } catch (const std::exception& e) { throw BadInput(in, e.what()); }
 }
 
-Report compress_input(const io::InputFile& f, const std::string& out, const CompressOptions& o, gpu::Device device);
+Report compress_input(const io::InputFile& f, const std::string& out, const CompressOptions& o, codec::Device device);
 }  // namespace
 
 Report compress(const std::string& in, const std::string& out, const CompressOptions& o) {
-    const gpu::Device device = check_options(in, o);
+    const codec::Device device = check_options(in, o);
     const io::InputFile f(in);
     return compress_input(f, out, o, device);
 }
@@ -306,7 +306,7 @@ Report compress(const io::InputFile& f, const std::string& out, const CompressOp
 }
 
 namespace {
-Report compress_input(const io::InputFile& f, const std::string& out, const CompressOptions& o, gpu::Device device) {
+Report compress_input(const io::InputFile& f, const std::string& out, const CompressOptions& o, codec::Device device) {
     const std::string& in = f.path();
     // phase 1; the parsed checkpoint is dropped once planned (only the plan is needed
     // after, and the tree is the largest object on files of many tensors)

@@ -6,18 +6,15 @@
 #include <bit>
 #include <cmath>
 
-#include "ckpt/pipeline.h"
 #include "ckpt/values.h"
 #include "codec/rans.h"
 #include "codec/vlog.h"
 #include "common/error.h"
-#include "gpu_codec.h"
+#include "codec/backend.h"
 
 namespace ckpt {
 
-std::size_t ContainerReader::default_decode_chunk() {
-    return default_chunk(gpu::decode_device() == gpu::Device::Cuda);
-}
+std::size_t ContainerReader::default_decode_chunk() { return codec::backend(codec::decode_device()).chunk; }
 
 namespace ct = container;
 
@@ -337,8 +334,8 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want 
         if (with_bounds) c.bounds.resize(n);
         else c.bounds.clear();
         if (values || with_bounds)
-            gpu::decode_chunk_on(gpu::decode_device(), setup(j), cp, pp, n, out, c.theta.empty() ? nullptr : c.theta.data(),
-                                 with_bounds ? c.bounds.data() : nullptr);
+            codec::backend(codec::decode_device())
+                .decode(setup(j), cp, pp, n, out, c.theta.empty() ? nullptr : c.theta.data(), with_bounds ? c.bounds.data() : nullptr);
         // escapes of this chunk
         c.escaped.clear();
         for (auto& b : c.escaped_bits) b.clear();

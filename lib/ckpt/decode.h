@@ -94,8 +94,8 @@ public:
         std::array<std::vector<int16_t>, 3> params;
         std::vector<uint8_t> theta_bytes;
     };
-    /// The decode chunk for this process: pipeline.h's default_chunk for the device that
-    /// decode_chunk_on uses (gpu::decode_device()).
+    /// The decode chunk for this process: the chunk of the backend chunks are decoded
+    /// with (codec/backend.h, codec::decode_device()).
     static std::size_t default_decode_chunk();
     /// Iterate parameter j in chunks of `chunk` coordinates; calls fn(Chunk&) (fn may
     /// change the chunk's buffers: restore applies escapes in place). `scratch`, when given,

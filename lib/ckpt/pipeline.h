@@ -16,12 +16,6 @@
 
 namespace ckpt {
 
-/// Coordinates per chunk, every tool's default: on the CPU one chunk's values, codes and
-/// streams (~2 MiB) stay in L2 between the passes over them (read, encode or decode,
-/// entropy coding, write), and are paged in once; a device wants large transfers.
-constexpr std::size_t kCpuChunk = std::size_t(1) << 16, kDeviceChunk = std::size_t(1) << 20;
-constexpr std::size_t default_chunk(bool device) { return device ? kDeviceChunk : kCpuChunk; }
-
 struct CompressOptions {
     double tolerance = 0.01;          ///< tau, in units of lr
     double grad_bound = 1.0;          ///< G per coordinate, may be +inf
@@ -32,8 +26,8 @@ struct CompressOptions {
     /// first only (--horizon 1: smaller files).
     int horizon = 0;
     HyperOverrides hyper;
-    /// Coordinates per chunk (bounded memory); 0: kCpuChunk on the CPU, kDeviceChunk on a
-    /// CUDA device. Any value gives the same datasets (codes, escapes, segments); only
+    /// Coordinates per chunk (bounded memory); 0: the backend's (codec/backend.h:
+    /// kCpuChunk on the CPU, kDeviceChunk on a CUDA device). Any value gives the same datasets (codes, escapes, segments); only
     /// where HDF5 places their chunks in the file follows the order of the appends.
     std::size_t chunk = 0;
     bool progress = false;            ///< progress line on stderr

@@ -30,7 +30,7 @@
 #include "common/error.h"
 #include "common/file.h"
 #include "container/h5.h"
-#include "gpu_codec.h"
+#include "codec/backend.h"
 #include "io/checkpoint.h"
 #include "io/file.h"
 #include "replay/job.h"
@@ -175,7 +175,7 @@ py::tuple result(const std::string& json, const std::string& table, const std::v
 
 void set_decode_device(const std::string& name, const std::string& file) {
     try {
-        gpu::set_decode_device(gpu::resolve_device(name));
+        codec::set_decode_device(codec::resolve_device(name));
     } catch (const std::exception& e) {
         throw BadInput(file, e.what());
     }

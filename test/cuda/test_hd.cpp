@@ -1,5 +1,6 @@
-// CPU checks of what cuda/ relies on: the shared helpers in lib/codec/block.h equal the
-// host-only code they replaced, and the device selection answers as documented.
+// CPU checks of what lib/codec/cuda/ relies on: the shared helpers in lib/codec/block.h equal
+// the host-only code they replaced, and the backend table and device selection
+// (codec/backend.h) answer as documented.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -7,8 +8,9 @@
 #include <random>
 #include <stdexcept>
 
+#include "codec/backend.h"
 #include "codec/block.h"
-#include "gpu_codec.h"
+#include "codec/cuda/gpu_codec.h"
 
 using namespace ckpt::codec;
 
@@ -79,9 +81,13 @@ TEST_CASE("log8 step cap precomputed in GuardConst matches the exp2 rule") {
 }
 
 TEST_CASE("device selection") {
-    using namespace ckpt::gpu;
+    using namespace ckpt::codec;
     std::string why;
-    const bool have = gpu_available(&why);
+    const bool have = ckpt::gpu::gpu_available(&why);
+    CHECK(backend(Device::Cpu).available(nullptr));
+    CHECK(std::string(backend(Device::Cpu).name) == "cpu");
+    CHECK(std::string(backend(Device::Cuda).name) == "cuda");
+    CHECK(backend(Device::Cuda).available(nullptr) == have);
     CHECK(resolve_device("cpu") == Device::Cpu);
     CHECK(resolve_device("auto") == (have ? Device::Cuda : Device::Cpu));
     CHECK_THROWS_AS(resolve_device("tpu"), std::invalid_argument);
@@ -93,7 +99,8 @@ TEST_CASE("device selection") {
         } catch (const std::runtime_error& e) {
             CHECK(std::string(e.what()) == "--device cuda: no CUDA device (" + why + ")");
         }
-        CHECK_THROWS(encode_chunk_gpu(TensorSetup{}, ChunkIn{}));
+        CHECK_THROWS(ckpt::gpu::encode_chunk_gpu(TensorSetup{}, ChunkIn{}));
+        CHECK_THROWS(backend(Device::Cuda).encode(TensorSetup{}, ChunkIn{}));
     } else {
         CHECK(resolve_device("cuda") == Device::Cuda);
     }

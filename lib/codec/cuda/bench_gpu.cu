@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "codec/codec.h"
-#include "gpu_codec.h"
-#include "kernels.cuh"
+#include "codec/cuda/gpu_codec.h"
+#include "codec/cuda/kernels.cuh"
 
 using namespace ckpt;
 using gpu::detail::check;

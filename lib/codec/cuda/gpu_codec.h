@@ -1,7 +1,8 @@
-// GPU encode + certify + escape compaction and decode (docs/design.md §4). The math is
+// GPU encode + certify + escape compaction and decode (docs/design.md §4): the CUDA row of
+// the backend table (codec/backend.h), which the pipeline goes through. The math is
 // lib/codec/block.h, shared with the CPU loops, so the output is byte-identical to
 // codec::encode_chunk / codec::decode_chunk. Built when nvcc is found (CKPTKIT_CUDA);
-// otherwise a stub answers gpu_available() == false and the GPU calls throw.
+// otherwise a stub (gpu_stub.cpp) answers gpu_available() == false and the GPU calls throw.
 #pragma once
 #include <array>
 #include <cstddef>
@@ -32,24 +33,5 @@ codec::ChunkOut encode_chunk_gpu_ex(const codec::TensorSetup&, const codec::Chun
 void decode_chunk_gpu(const codec::TensorSetup&, const std::array<const uint8_t*, 3>& codes,
                       const std::array<const int16_t*, 3>& params, std::size_t n, std::array<float*, 3> out,
                       const float* theta, double* bounds);
-
-/// Which implementation the pipeline uses.
-enum class Device { Cpu, Cuda };
-
-/// "cpu" | "cuda" | "auto" -> Device. auto: Cuda when gpu_available(), else Cpu. "cuda"
-/// without a device throws std::runtime_error("--device cuda: no CUDA device (reason)").
-/// Anything else throws std::invalid_argument.
-Device resolve_device(const std::string& name);
-
-/// The device decode_chunk_on() uses (ckpt-restore / ckpt-verify). Default: resolved
-/// "auto" on first use; ckpt-restore --device sets it.
-void set_decode_device(Device);
-Device decode_device();
-
-/// Dispatch helpers for lib/ckpt: the CPU or GPU implementation.
-codec::ChunkOut encode_chunk_on(Device, const codec::TensorSetup&, const codec::ChunkIn&);
-void decode_chunk_on(Device, const codec::TensorSetup&, const std::array<const uint8_t*, 3>& codes,
-                     const std::array<const int16_t*, 3>& params, std::size_t n, std::array<float*, 3> out,
-                     const float* theta, double* bounds);
 
 }  // namespace ckpt::gpu

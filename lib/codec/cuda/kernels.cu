@@ -8,7 +8,7 @@
 #include <algorithm>
 
 #include "codec/block.h"
-#include "kernels.cuh"
+#include "codec/cuda/kernels.cuh"
 
 namespace ckpt::gpu::detail {
 

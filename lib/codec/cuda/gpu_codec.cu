@@ -8,8 +8,8 @@
 #include <cstring>
 #include <mutex>
 
-#include "gpu_codec.h"
-#include "kernels.cuh"
+#include "codec/cuda/gpu_codec.h"
+#include "codec/cuda/kernels.cuh"
 
 namespace ckpt::gpu {
 
