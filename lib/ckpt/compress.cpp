@@ -14,10 +14,11 @@
 
 #include "ckpt/layout.h"
 #include "ckpt/pipeline.h"
-#include "ckpt/values.h"
+#include "container/values.h"
 #include "common/chunk_buffer.h"
 #include "common/error.h"
 #include "common/file.h"
+#include "common/progress.h"
 #include "common/xxh3.h"
 #include "container/h5.h"
 #include "container/manifest.h"

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "ckpt/values.h"
+#include "container/values.h"
 #include "common/chunk_buffer.h"
 #include "common/error.h"
 

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "container/reader.h"
+
 namespace ckpt {
 
 uint64_t Report::moment_values() const { uint64_t s = 0; for (auto& r : rows) s += r.values; return s; }
@@ -125,6 +127,84 @@ std::string Report::json() const {
                       {"maximize", g.maximize}, {"tensors", g.tensors}});
     j["param_groups"] = gs;
     return j.dump(2);
+}
+
+std::vector<TensorRow> tensor_rows(const container::ContainerReader& cr) {
+    const container::Manifest& man = cr.manifest();
+    std::vector<TensorRow> rows;
+    std::vector<double> weight;
+    double total = 0;
+    for (const auto& p : man.params) {
+        weight.push_back(double(container::stream_bytes(p, man.codec, cr.coded_bytes(weight.size()))));
+        total += weight.back();
+    }
+    const uint64_t bytes = cr.moment_bytes();
+    for (std::size_t j = 0; j < man.params.size(); ++j) {
+        const auto& p = man.params[j];
+        TensorRow r;
+        r.name = p.name;
+        r.shape = p.shape;
+        r.values = p.numel * uint64_t(p.moments());
+        r.escapes = p.escapes * uint64_t(p.moments());
+        r.bytes_fp32 = 4 * r.values;
+        r.bytes_out = total > 0 ? uint64_t(std::llround(double(bytes) * weight[j] / total)) : 0;
+        r.max_bound = p.max_bound;
+        rows.push_back(r);
+    }
+    for (const auto& k : man.kept) {
+        TensorRow r;
+        r.name = k.name;
+        r.values = k.values;
+        r.escapes = k.values;
+        r.bytes_fp32 = 4 * k.values;
+        r.bytes_out = k.nbytes;
+        r.note = k.note;
+        rows.push_back(r);
+    }
+    return rows;
+}
+
+MomentBits moment_bits(const container::ContainerReader& cr) {
+    MomentBits b;
+    uint64_t all = 0;
+    for (const auto& p : cr.manifest().params)
+        for (int k = 0; k < p.moments(); ++k) b.values[std::size_t(k)] += p.numel, all += p.numel;
+    for (std::size_t k = 0; k < 3; ++k)
+        if (b.values[k]) b.role[k] = 8.0 * double(cr.role_bytes(k)) / double(b.values[k]);
+    if (all) b.shared = 8.0 * double(cr.shared_bytes()) / double(all);
+    return b;
+}
+
+std::array<uint64_t, 3> escape_causes(const container::ContainerReader& cr) {
+    std::array<uint64_t, 3> c{};
+    for (const auto& p : cr.manifest().params)
+        for (std::size_t k = 0; k < 3; ++k) c[k] += p.escape_causes[k] * uint64_t(p.moments());
+    return c;
+}
+
+std::vector<GroupRow> param_groups(const container::ContainerReader& cr) {
+    const container::Manifest& man = cr.manifest();
+    std::vector<GroupRow> out;
+    for (const auto& p : man.params) {
+        GroupRow g;
+        g.optimizer = !p.domain.l2 ? (p.hyper.weight_decay != 0 ? "adamw" : "adam|adamw") : p.domain.plain ? "adam|adamw" : "adam";
+        const std::string G = std::isfinite(man.grad_bound) ? fmt::format("{}", man.grad_bound) : "inf";
+        if (man.horizon == 0) g.domain = "every update, any gradient sequence";  // closed_all needs no domain
+        else if (!p.domain.l2 || !std::isfinite(man.grad_bound)) g.domain = "|g| <= " + G;
+        else {
+            const std::string shift = p.theta_storage >= 0 ? "wd*theta" : fmt::format("wd*theta, |theta| <= {:.6g}", p.domain.theta_bound);
+            g.domain = p.domain.plain ? "|g| <= " + G + ", and shifted by " + shift : "|g| <= " + G + " shifted by " + shift;
+        }
+        g.lr = p.hyper.lr; g.beta1 = p.hyper.beta1; g.beta2 = p.hyper.beta2; g.eps = p.hyper.eps;
+        g.weight_decay = p.hyper.weight_decay; g.step = p.hyper.step; g.amsgrad = p.hyper.amsgrad; g.maximize = p.hyper.maximize;
+        auto same = [&](const GroupRow& x) {
+            return x.optimizer == g.optimizer && x.domain == g.domain && x.lr == g.lr && x.beta1 == g.beta1 && x.beta2 == g.beta2 &&
+                   x.eps == g.eps && x.weight_decay == g.weight_decay && x.step == g.step && x.amsgrad == g.amsgrad && x.maximize == g.maximize;
+        };
+        auto it = std::find_if(out.begin(), out.end(), same);
+        if (it == out.end()) { g.tensors = 1; out.push_back(g); } else ++it->tensors;
+    }
+    return out;
 }
 
 }  // namespace ckpt

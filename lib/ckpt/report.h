@@ -1,5 +1,7 @@
 // Results of compress / verify / restore, printed as a table (stdout) or one JSON object
-// (--json, for CI). Keys: docs/design.md §3 byte accounting, issue "main job" JSON contract.
+// (--json, for CI), and the figures a container gives them (rows, bits, escape causes,
+// param groups, read through container/reader.h). Keys: docs/design.md §3 byte accounting,
+// issue "main job" JSON contract.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -7,6 +9,10 @@
 #include <vector>
 
 namespace ckpt {
+
+namespace container {
+class ContainerReader;
+}
 
 /// Per-parameter row of the summary table.
 struct TensorRow {
@@ -69,5 +75,18 @@ struct Report {
     std::string table() const;           ///< human-readable summary
     std::string json() const;            ///< one JSON object
 };
+
+/// A container's summary rows, one accounting for every tool: coded parameters get the
+/// stored moment bytes (ContainerReader::moment_bytes) apportioned by the uncompressed size
+/// of their streams (codes, block parameters, escape rows), kept-exact states their source
+/// bytes; stored max bound.
+std::vector<TensorRow> tensor_rows(const container::ContainerReader&);
+/// A container's stored bits per coded moment value, per role and shared.
+MomentBits moment_bits(const container::ContainerReader&);
+/// A container's escaped moment values per codec::EscapeCause (the manifest's
+/// escape_causes x moments).
+std::array<uint64_t, 3> escape_causes(const container::ContainerReader&);
+/// What a container certified, per distinct (hyper-parameters, gradient domain).
+std::vector<GroupRow> param_groups(const container::ContainerReader&);
 
 }  // namespace ckpt

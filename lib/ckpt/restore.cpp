@@ -8,14 +8,17 @@
 #include <algorithm>
 #include <memory>
 
-#include "ckpt/decode.h"
+#include "container/reader.h"
 #include "ckpt/pipeline.h"
-#include "ckpt/values.h"
+#include "container/values.h"
 #include "common/error.h"
 #include "common/file.h"
+#include "common/progress.h"
 #include "io/file.h"
 
 namespace ckpt {
+
+using container::ContainerReader;
 
 namespace {
 
@@ -92,9 +95,9 @@ Report restore_report(const ContainerReader& cr, const std::string& path, const 
     Report rep("ckpt-restore", path, out, codec::kind_name(man.codec), man.tolerance, man.grad_bound);
     rep.horizon = man.horizon;
     rep.file_bytes_in = io::InputFile(path).size();
-    rep.rows = cr.rows();
-    rep.bits = cr.moment_bits();
-    rep.escape_causes = cr.escape_causes();
+    rep.rows = tensor_rows(cr);
+    rep.bits = moment_bits(cr);
+    rep.escape_causes = escape_causes(cr);
     return rep;
 }
 

@@ -17,16 +17,19 @@
 #include <optional>
 
 #include "common/xxh3.h"
-#include "ckpt/decode.h"
+#include "container/reader.h"
 #include "ckpt/grid.h"
 #include "ckpt/layout.h"
 #include "common/file.h"
+#include "common/progress.h"
 #include "ckpt/pipeline.h"
-#include "ckpt/values.h"
+#include "container/values.h"
 #include "common/error.h"
 #include "io/file.h"
 
 namespace ckpt {
+
+using container::ContainerReader;
 
 namespace {
 
@@ -406,13 +409,13 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     rep.horizon = man.horizon;
     rep.file_bytes_in = man.source_size;
     rep.file_bytes_out = io::InputFile(path).size();
-    rep.rows = cr.rows();
-    rep.bits = cr.moment_bits();
-    rep.escape_causes = cr.escape_causes();
+    rep.rows = tensor_rows(cr);
+    rep.bits = moment_bits(cr);
+    rep.escape_causes = escape_causes(cr);
     std::optional<SourceSkeleton> skel;  // check 2's copy of the source, filled by check 1's pass
     if (!o.planned) skel.emplace();
     const uint64_t raw_checked = check_integrity(cr, rep, skel ? &*skel : nullptr);  // 1, /raw
-    rep.groups = cr.groups();
+    rep.groups = param_groups(cr);
     if (rep.ok) check_manifest(cr, rep, skel ? &*skel : nullptr, o.planned);  // 2
     std::unique_ptr<io::InputFile> orig;
     if (o.original) orig = open_original(cr, o, rep);

@@ -131,7 +131,7 @@ std::vector<SourceSpan> source_spans(const Manifest&);
 /// Uncompressed bytes of parameter p's streams under `kind`: codes (for an entropy-coded
 /// codec: `coded`, its segments' bytes over all roles) and block parameters of its moments,
 /// and its escape rows (8-byte index + 4 bytes per moment). The weight by which
-/// ContainerReader::rows() shares the stored moment bytes among the parameters.
+/// ckpt/report.h tensor_rows shares the stored moment bytes among the parameters.
 uint64_t stream_bytes(const ParamEntry& p, codec::Kind kind, uint64_t coded = 0);
 /// Row length of parameter p for vlog's row prediction: numel / shape[0] when the shape
 /// has at least two dimensions, else 0 (no prediction possible).

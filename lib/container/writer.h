@@ -1,5 +1,5 @@
-// Writing a container (formats/container.md), the counterpart of ckpt::ContainerReader
-// (lib/ckpt/decode.h): /raw (the source bytes outside moment storages, in file order), the
+// Writing a container (formats/container.md), the counterpart of ContainerReader
+// (reader.h): /raw (the source bytes outside moment storages, in file order), the
 // moment streams of every role (codes, block parameters, escape rows, escape index) with
 // each parameter's stream offsets, then the manifest and the root attributes. /raw may
 // still grow while parameters are encoded (their chunks then interleave in the file); the

@@ -16,7 +16,7 @@
 #include "folder/files.h"
 #include "common/json_num.h"
 #include "ckpt/optimizer.h"
-#include "ckpt/values.h"
+#include "container/values.h"
 #include "common/error.h"
 #include "common/file.h"
 #include "io/file.h"

@@ -15,7 +15,7 @@
 #include "common/error.h"
 #include "common/file.h"
 #include "common/xxh3.h"
-#include "ckpt/values.h"
+#include "container/values.h"
 
 #include <cmath>
 

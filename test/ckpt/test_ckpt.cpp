@@ -17,16 +17,17 @@
 #include <vector>
 
 #include "../temp_dir.h"
-#include "ckpt/decode.h"
+#include "container/reader.h"
 #include "ckpt/layout.h"
 #include "ckpt/optimizer.h"
 #include "ckpt/pipeline.h"
-#include "ckpt/values.h"
+#include "container/values.h"
 #include "container/manifest.h"
 #include "io/checkpoint.h"
 #include "io/file.h"
 
 using namespace ckpt;
+using ckpt::container::ContainerReader;
 using ckpt::test::TempDir;
 
 namespace {
@@ -213,11 +214,22 @@ TEST_CASE("the storage walk: /raw holds exactly the non-moment spans; restore pu
     }
     CHECK(same == raw);
     // compress's rows are the reader's (one byte accounting)
-    const std::vector<TensorRow> rows = cr.rows();
+    const std::vector<TensorRow> rows = tensor_rows(cr);
     REQUIRE(rows.size() == rc.rows.size());
     for (std::size_t i = 0; i < rows.size(); ++i) {
         CHECK(rows[i].name == rc.rows[i].name);
         CHECK(rows[i].bytes_out == rc.rows[i].bytes_out);
+    }
+    // ... which share the stored moment bytes by stream_bytes (vlog: each parameter's segments)
+    double total = 0;
+    for (std::size_t j = 0; j < man.params.size(); ++j)
+        total += double(container::stream_bytes(man.params[j], man.codec, cr.coded_bytes(j)));
+    for (std::size_t j = 0; j < man.params.size(); ++j) {
+        const auto& p = man.params[j];
+        CHECK(rows[j].values == p.numel * uint64_t(p.moments()));
+        CHECK(rows[j].escapes == p.escapes * uint64_t(p.moments()));
+        const double w = double(container::stream_bytes(p, man.codec, cr.coded_bytes(j)));
+        CHECK(rows[j].bytes_out == uint64_t(std::llround(double(cr.moment_bytes()) * w / total)));
     }
     // restore: the same non-moment bytes but for the zip CRC-32 fields of the moment entries,
     // which hold the CRC of the restored moment bytes; and a clean verify against the source

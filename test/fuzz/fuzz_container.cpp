@@ -5,7 +5,7 @@
 #include <hdf5.h>
 
 #include "fuzz_common.h"
-#include "ckpt/decode.h"
+#include "container/reader.h"
 #include "common/error.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -16,10 +16,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string& path = fuzz::as_file(data, size);
     try {
-        const ckpt::ContainerReader cr(path);
+        const ckpt::container::ContainerReader cr(path);
         (void)cr.scan_source([](const uint8_t*, std::size_t) {}, [](uint64_t) {});
         (void)cr.damaged_datasets();
-        (void)cr.rows();
+        (void)cr.moment_bytes();
+        for (std::size_t j = 0; j < cr.manifest().params.size(); ++j) (void)cr.coded_bytes(j);
         const auto& man = cr.manifest();
         std::vector<uint8_t> buf;
         for (const auto& s : man.storages) {
@@ -32,8 +33,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             const uint64_t n = man.params[j].numel;
             if (n > budget) break;
             budget -= n;
-            for (auto w : {ckpt::ContainerReader::Want::Codes, ckpt::ContainerReader::Want::Bounds})
-                cr.for_each_chunk(j, 4096, w, [](const ckpt::ContainerReader::Chunk&) {});
+            for (auto w : {ckpt::container::ContainerReader::Want::Codes, ckpt::container::ContainerReader::Want::Bounds})
+                cr.for_each_chunk(j, 4096, w, [](const ckpt::container::ContainerReader::Chunk&) {});
         }
     } catch (const ckpt::BadInput&) {
     } catch (const ckpt::CheckFailed&) {

@@ -1,4 +1,4 @@
-#include "ckpt/decode.h"
+#include "container/reader.h"
 
 #include <fmt/format.h>
 
@@ -6,17 +6,17 @@
 #include <bit>
 #include <cmath>
 
-#include "ckpt/values.h"
+#include "container/values.h"
 #include "codec/rans.h"
 #include "codec/vlog.h"
 #include "common/error.h"
 #include "codec/backend.h"
 
-namespace ckpt {
+namespace ckpt::container {
 
 std::size_t ContainerReader::default_decode_chunk() { return codec::backend(codec::decode_device()).chunk; }
 
-namespace ct = container;
+namespace ct = ::ckpt::container;
 
 ContainerReader::ContainerReader(const std::string& path, const ct::Manifest* written, uint64_t written_xxh3)
     : path_(path) {
@@ -138,94 +138,19 @@ uint64_t ContainerReader::param_metadata_bytes() const {
     return *param_metadata_;
 }
 
-uint64_t ContainerReader::moment_bytes() const {
-    uint64_t b = escidx_ ? escidx_->stored_bytes() : 0;
-    for (auto* v : {&codes_, &params_, &escv_, &segs_})
-        for (auto& d : *v) b += d->stored_bytes();
-    return b + param_metadata_bytes();
-}
-
-std::vector<TensorRow> ContainerReader::rows() const {
-    std::vector<TensorRow> rows;
-    std::vector<double> weight;
-    double total = 0;
-    for (const auto& p : man_.params) {
-        weight.push_back(double(ct::stream_bytes(p, man_.codec, coded_bytes(weight.size()))));
-        total += weight.back();
-    }
-    const uint64_t bytes = moment_bytes();
-    for (std::size_t j = 0; j < man_.params.size(); ++j) {
-        const auto& p = man_.params[j];
-        TensorRow r;
-        r.name = p.name;
-        r.shape = p.shape;
-        r.values = p.numel * uint64_t(p.moments());
-        r.escapes = p.escapes * uint64_t(p.moments());
-        r.bytes_fp32 = 4 * r.values;
-        r.bytes_out = total > 0 ? uint64_t(std::llround(double(bytes) * weight[j] / total)) : 0;
-        r.max_bound = p.max_bound;
-        rows.push_back(r);
-    }
-    for (const auto& k : man_.kept) {
-        TensorRow r;
-        r.name = k.name;
-        r.values = k.values;
-        r.escapes = k.values;
-        r.bytes_fp32 = 4 * k.values;
-        r.bytes_out = k.nbytes;
-        r.note = k.note;
-        rows.push_back(r);
-    }
-    return rows;
-}
-
-MomentBits ContainerReader::moment_bits() const {
-    MomentBits b;
-    uint64_t all = 0;
-    for (const auto& p : man_.params)
-        for (int k = 0; k < p.moments(); ++k) b.values[std::size_t(k)] += p.numel, all += p.numel;
-    for (std::size_t k = 0; k < codes_.size(); ++k) {
-        if (!b.values[k]) continue;
-        uint64_t bytes = codes_[k]->stored_bytes() + params_[k]->stored_bytes() + escv_[k]->stored_bytes();
-        if (k < segs_.size()) bytes += segs_[k]->stored_bytes();
-        b.role[k] = 8.0 * double(bytes) / double(b.values[k]);
-    }
-    if (all) {
-        const uint64_t shared = (escidx_ ? escidx_->stored_bytes() : 0) + param_metadata_bytes();
-        b.shared = 8.0 * double(shared) / double(all);
-    }
+uint64_t ContainerReader::role_bytes(std::size_t k) const {
+    if (k >= codes_.size()) return 0;
+    uint64_t b = codes_[k]->stored_bytes() + params_[k]->stored_bytes() + escv_[k]->stored_bytes();
+    if (k < segs_.size()) b += segs_[k]->stored_bytes();
     return b;
 }
 
-std::array<uint64_t, 3> ContainerReader::escape_causes() const {
-    std::array<uint64_t, 3> c{};
-    for (const auto& p : man_.params)
-        for (std::size_t k = 0; k < 3; ++k) c[k] += p.escape_causes[k] * uint64_t(p.moments());
-    return c;
-}
+uint64_t ContainerReader::shared_bytes() const { return (escidx_ ? escidx_->stored_bytes() : 0) + param_metadata_bytes(); }
 
-std::vector<GroupRow> ContainerReader::groups() const {
-    std::vector<GroupRow> out;
-    for (const auto& p : man_.params) {
-        GroupRow g;
-        g.optimizer = !p.domain.l2 ? (p.hyper.weight_decay != 0 ? "adamw" : "adam|adamw") : p.domain.plain ? "adam|adamw" : "adam";
-        const std::string G = std::isfinite(man_.grad_bound) ? fmt::format("{}", man_.grad_bound) : "inf";
-        if (man_.horizon == 0) g.domain = "every update, any gradient sequence";  // closed_all needs no domain
-        else if (!p.domain.l2 || !std::isfinite(man_.grad_bound)) g.domain = "|g| <= " + G;
-        else {
-            const std::string shift = p.theta_storage >= 0 ? "wd*theta" : fmt::format("wd*theta, |theta| <= {:.6g}", p.domain.theta_bound);
-            g.domain = p.domain.plain ? "|g| <= " + G + ", and shifted by " + shift : "|g| <= " + G + " shifted by " + shift;
-        }
-        g.lr = p.hyper.lr; g.beta1 = p.hyper.beta1; g.beta2 = p.hyper.beta2; g.eps = p.hyper.eps;
-        g.weight_decay = p.hyper.weight_decay; g.step = p.hyper.step; g.amsgrad = p.hyper.amsgrad; g.maximize = p.hyper.maximize;
-        auto same = [&](const GroupRow& x) {
-            return x.optimizer == g.optimizer && x.domain == g.domain && x.lr == g.lr && x.beta1 == g.beta1 && x.beta2 == g.beta2 &&
-                   x.eps == g.eps && x.weight_decay == g.weight_decay && x.step == g.step && x.amsgrad == g.amsgrad && x.maximize == g.maximize;
-        };
-        auto it = std::find_if(out.begin(), out.end(), same);
-        if (it == out.end()) { g.tensors = 1; out.push_back(g); } else ++it->tensors;
-    }
-    return out;
+uint64_t ContainerReader::moment_bytes() const {
+    uint64_t b = shared_bytes();
+    for (std::size_t k = 0; k < codes_.size(); ++k) b += role_bytes(k);
+    return b;
 }
 
 uint64_t ContainerReader::coded_bytes(std::size_t j) const {
@@ -369,4 +294,4 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want 
     }
 }
 
-}  // namespace ckpt
+}  // namespace ckpt::container

@@ -1,13 +1,12 @@
-// Conversions between a moment storage's bytes and float values (F32, F16, BF16), and
-// the progress line (common/progress.h). Shared by compress, verify and restore. Every
-// function takes one of the three moment floats (io/dtype.h float_dtype_size != 0);
-// any other DType is treated as F16.
+// Conversions between a moment storage's bytes and float values (F32, F16, BF16), for the
+// container reader and the compress / verify / restore jobs. Every function takes one of
+// the three moment floats (io/dtype.h float_dtype_size != 0); any other DType is treated
+// as F16. In namespace ckpt, as io/dtype.h.
 #pragma once
 #include <cstdint>
 #include <vector>
 
-#include "common/progress.h"  // Progress (moved to lib/common for every tool)
-#include "io/dtype.h"         // DType, float_dtype_size
+#include "io/dtype.h"   // DType, float_dtype_size
 
 namespace ckpt {
 

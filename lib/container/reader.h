@@ -1,6 +1,8 @@
-// Streaming access to a container: the manifest, raw bytes by source offset, and one
-// parameter's decoded moments chunk by chunk with its escapes applied. Used by
-// ckpt-verify and ckpt-restore. Errors: BadInput naming the container and the part.
+// Streaming access to a container (the reader beside writer.h): the manifest, raw bytes by
+// source offset, one parameter's decoded moments chunk by chunk with its escapes applied
+// (decoded by the backend of codec::decode_device(), codec/backend.h), and the stored bytes
+// the report figures share out (ckpt/report.h). Used by ckpt-verify and ckpt-restore.
+// Errors: BadInput naming the container and the part.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -13,10 +15,9 @@
 #include "common/error.h"
 #include "common/xxh3.h"
 #include "container/h5.h"
-#include "ckpt/report.h"
 #include "container/manifest.h"
 
-namespace ckpt {
+namespace ckpt::container {
 
 class ContainerReader {
 public:
@@ -56,18 +57,18 @@ public:
     std::vector<std::string> damaged_datasets() const;
     /// Tensor setup (codec, hyper-parameters, domain) of parameter j.
     codec::TensorSetup setup(std::size_t j) const;
-    /// Stored (compressed) bytes of all moment datasets plus the manifest's params part.
+    /// Stored (compressed) bytes of all moment datasets plus the manifest's params part:
+    /// role_bytes over the roles plus shared_bytes.
     uint64_t moment_bytes() const;
-    /// Summary rows, one accounting for every tool: coded parameters get the stored moment
-    /// bytes apportioned by the uncompressed size of their streams (codes, block
-    /// parameters, escape rows), kept-exact states their source bytes; stored max bound.
-    std::vector<struct TensorRow> rows() const;
-    /// Stored bits per coded moment value, per role and shared (report.h MomentBits).
-    MomentBits moment_bits() const;
-    /// Escaped moment values per codec::EscapeCause (the manifest's escape_causes x moments).
-    std::array<uint64_t, 3> escape_causes() const;
-    /// What was certified, per distinct (hyper-parameters, gradient domain).
-    std::vector<struct GroupRow> groups() const;
+    /// Stored bytes of role k's moment datasets (0 exp_avg, 1 exp_avg_sq, 2 max_exp_avg_sq):
+    /// codes, block parameters, escape values and, for entropy-coded codecs, the segment
+    /// index; 0 for a role the container does not store.
+    uint64_t role_bytes(std::size_t k) const;
+    /// Stored bytes every role shares: the escape index and the manifest's params part.
+    uint64_t shared_bytes() const;
+    /// Stored bytes of parameter j's segments, all roles (its share of /moments/codes);
+    /// 0 for a codec without entropy coding.
+    uint64_t coded_bytes(std::size_t j) const;
 
     /// What a chunk read decodes: the codes only (entropy decoding and row prediction
     /// undone: compress's self-check compares them with what it encoded), the values too
@@ -122,8 +123,6 @@ private:
     std::vector<std::vector<uint64_t>> seg_end_;
     mutable std::vector<uint8_t> seg_buf_;
     mutable std::vector<uint16_t> seg_codes_[2];
-    /// Stored bytes of parameter j's segments, all roles (its share of /moments/codes).
-    uint64_t coded_bytes(std::size_t j) const;
     /// Decode role k's codes of parameter e's coordinates [begin, begin + n) (begin a
     /// multiple of kSegment) into `codes` as little-endian uint16 (2-byte aligned: on a
     /// little-endian host they are decoded in place); `params`: role k's block
@@ -209,4 +208,4 @@ void ContainerReader::for_each_chunk(std::size_t j, std::size_t chunk, Want want
     }
 }
 
-}  // namespace ckpt
+}  // namespace ckpt::container

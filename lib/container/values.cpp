@@ -1,4 +1,4 @@
-#include "ckpt/values.h"
+#include "container/values.h"
 
 #include <cstdio>
 #include <cstring>
