@@ -204,7 +204,7 @@ USAGE = [
     ("ckpt-verify", [], "input is required"),
     ("ckpt-restore", ["IN", "-o", "OUT", "--device", "tpu"], "--device: tpu not in {cpu,cuda,auto}"),
     ("replay-plan", ["IN", "--planner", "magic"], "--planner: magic not in {joint,eager,stateless,all,none}"),
-    ("replay-plan", ["IN"], "give at least one --budget or a --sweep"),
+    ("replay-plan", ["IN"], "give at least one --budget, --activation-budget or a --sweep"),
 ]
 
 
