@@ -3,12 +3,13 @@
 gradient sequences of many steps from each restored checkpoint (docs/benchmarks.md).
 
 Usage: /usr/bin/python3 scripts/bench_horizon.py [--bin build/apps] [--steps 1000]
-           [--reps 3] [--models DIR] [--out FILE.md]
+           [--reps 3] [--models DIR] [--bench-steps 100] [--only NAME ...] [--out FILE.md]
 
 For every bundled fixture (data/, each with the model and optimizer class that made it:
 Adam + L2, AdamW, maximize, amsgrad, dead units, safetensors) and, when present, the two
-bench models in --models (scripts/train_bench_models.py; reduction and time only, their
-training code is not in ckpt_models): compress with --horizon 1 and all (vlog, tau 0.01,
+bench models in --models (scripts/train_bench_models.py; their gradient sequences run for
+--bench-steps steps, G = 1 only: an 11M-parameter step is ~10^3 times a fixture's):
+compress with --horizon 1 and all (vlog, tau 0.01,
 G 1), the reduction of each and the CPU-time ratio all / 1 (median of --reps runs, both in
 the same loop); then for --horizon all at G = 1 and G = inf: ckpt-verify --original, and
 scripts/torch_step_check.py --steps N (the fixture's own optimizer class, the same gradient
@@ -50,6 +51,21 @@ def compress(bin_dir, src, out, horizon, G="1.0"):
     return json.loads(p.stdout), t
 
 
+def bench_sequences(a, src, out, tmp, name):
+    """A bench checkpoint through the gradient sequences (G = 1, --bench-steps steps, its own
+    AdamW from train_bench_models.model_and_optimizer); one table row."""
+    compress(a.bin, src, out, "all", "1.0")
+    v = subprocess.run([os.path.join(a.bin, "ckpt-verify"), out, "--original", src], capture_output=True, text=True)
+    back = os.path.join(tmp, "r.pt")
+    subprocess.run([os.path.join(a.bin, "ckpt-restore"), out, "-o", back, "--force"], check=True, capture_output=True)
+    o_sd, r_sd = tsc.split_state(tsc.load_any(src), src), tsc.split_state(tsc.load_any(back), back)
+    res = tsc.multi_step_check(name, o_sd, r_sd, 0.01, 1.0, a.bench_steps)
+    worst = max(r["max_lr"] for r in res.values())
+    bad = sum(not r["ok"] for r in res.values())
+    return (f"| {name} | 1.0 | {'pass' if v.returncode == 0 else 'FAIL'} | {worst:.3e} | "
+            f"{len(res)} x {a.bench_steps} | {bad} |")
+
+
 def main():
     """Print the two tables (and write them to --out)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -57,11 +73,14 @@ def main():
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--models", default=os.path.expanduser("~/.cache/ckptkit-bench"))
+    ap.add_argument("--bench-steps", type=int, default=100)
+    ap.add_argument("--only", action="append", help="checkpoint file name to run (repeatable)")
     ap.add_argument("--out")
     a = ap.parse_args()
     files = [os.path.join(DATA, f) for f in FIXTURES]
-    files += [os.path.join(a.models, f) for f in ("resnet18_adamw.pt", "lm10m_adamw.pt")
-              if os.path.exists(os.path.join(a.models, f))]
+    files += [os.path.join(a.models, f) for f in tsc.BENCH_FILES if os.path.exists(os.path.join(a.models, f))]
+    if a.only:
+        files = [f for f in files if os.path.basename(f) in a.only]
     red = ["| checkpoint | reduction, horizon 1 | reduction, horizon all | escapes (all) | compress CPU all / 1 |",
            "|---|---:|---:|---:|---:|"]
     seq = ["| fixture | G | verify --original | worst step max abs(dTheta)/lr | sequences x steps | violations |",
@@ -84,6 +103,9 @@ def main():
             red.append(f"| {name} | {100 * reps['1']['moment_reduction']:.1f}% | {100 * reps['all']['moment_reduction']:.1f}% "
                        f"| {reps['all']['escapes']} | {ratio:.3f}x |")
             if name not in FIXTURES:
+                if a.bench_steps:
+                    seq.append(bench_sequences(a, src, out, tmp, name))
+                    print(seq[-1], flush=True)
                 continue
             for G in ("1.0", "inf"):
                 compress(a.bin, src, out, "all", G)

@@ -316,12 +316,19 @@ def _compare_sharing(a, b):
 
 
 def build_pair(fixture, model_sd, optim_sd):
-    """Fresh model + optimizer of `fixture` with `model_sd` and `optim_sd` loaded (stock API)."""
-    run = cm.FIXTURES[fixture][0]
-    model = cm.build(fixture)
+    """Fresh model + optimizer of `fixture` (a data/ fixture, or a bench checkpoint of
+    scripts/train_bench_models.py: resnet18_adamw.pt, lm10m_adamw.pt) with `model_sd` and
+    `optim_sd` loaded (stock API)."""
+    if fixture in BENCH_FILES:
+        import train_bench_models
+        model, opt = train_bench_models.model_and_optimizer(fixture)
+    else:
+        model = cm.build(fixture)
+        opt = None
     if model_sd is not None:
         model.load_state_dict(model_sd)
-    opt = cm.make_optimizer(run, model)
+    if opt is None:
+        opt = cm.make_optimizer(cm.FIXTURES[fixture][0], model)
     opt.load_state_dict(optim_sd)
     return model, opt
 
@@ -555,13 +562,17 @@ def multi_step_check(fixture, orig_sd, rest_sd, tolerance, G, steps=1000, seed=0
     return out
 
 
+BENCH_FILES = ("resnet18_adamw.pt", "lm10m_adamw.pt")   # scripts/train_bench_models.py
+
+
 def fixture_of(path):
-    """The fixture file name (key of ckpt_models.FIXTURES) that `path` was made from."""
+    """The fixture file name (key of ckpt_models.FIXTURES, or a bench checkpoint's name) that
+    `path` was made from."""
     base = os.path.basename(path)
     for suffix in (".ckz.h5",):
         if base.endswith(suffix):
             base = base[:-len(suffix)]
-    if base in cm.FIXTURES:
+    if base in cm.FIXTURES or base in BENCH_FILES:
         return base
     raise BadInput(f"{path}: not a known fixture ({', '.join(cm.FIXTURES)}); pass --fixture")
 

@@ -123,19 +123,31 @@ def decay_groups(model, wd):
             {"params": [p for _, p in params if p.dim() <= 1], "weight_decay": 0.0}]
 
 
-def train(kind, steps, out_path):
-    """Train one model for `steps` AdamW steps; save the checkpoint; return a log dict."""
+FILES = {"resnet": "resnet18_adamw.pt", "lm": "lm10m_adamw.pt"}
+
+
+def model_and_optimizer(kind):
+    """A freshly seeded model of `kind` ("resnet" / "lm", or its file name in FILES) and its
+    AdamW optimizer, as train() starts them (scripts/torch_step_check.py builds the bench
+    checkpoints' pairs with it)."""
+    kind = {f: k for k, f in FILES.items()}.get(kind, kind)
     torch.manual_seed(SEED)
-    g = torch.Generator().manual_seed(SEED)
     if kind == "resnet":
         model = ResNet18()
+        return model, torch.optim.AdamW(decay_groups(model, 0.05), lr=1e-3, betas=(0.9, 0.999))
+    model = ckpt_models.ByteLM(vocab=256, d=384, n_layers=6, n_heads=6, d_ff=1536, ctx=64)
+    return model, torch.optim.AdamW(decay_groups(model, 0.1), lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
+
+
+def train(kind, steps, out_path):
+    """Train one model for `steps` AdamW steps; save the checkpoint; return a log dict."""
+    model, opt = model_and_optimizer(kind)
+    g = torch.Generator().manual_seed(SEED)
+    if kind == "resnet":
         x, y = digits_images()
-        opt = torch.optim.AdamW(decay_groups(model, 0.05), lr=1e-3, betas=(0.9, 0.999))
         bs, data_desc = 8, "sklearn load_digits (1797 real 8x8 digits) upsampled to 16x16, batch 8"
     else:
-        model = ckpt_models.ByteLM(vocab=256, d=384, n_layers=6, n_heads=6, d_ff=1536, ctx=64)
         text, nfiles = text_bytes()
-        opt = torch.optim.AdamW(decay_groups(model, 0.1), lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
         bs, ctx = 1, 64
         data_desc = (f"{text.numel()} bytes: /usr/share/common-licenses/* + "
                      f"/usr/lib/python3.11/*.py ({nfiles} files), batch 1 x 64 bytes")
