@@ -365,15 +365,22 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
     return res;
 }
 
-double dcp_param_bound(const std::string& dir, const std::string& scratch, const Limits& limits) {
+std::optional<double> dcp_param_bound(const std::string& dir, const std::string& scratch, const Limits& limits) {
     double bound = 0;
+    bool found = false;
     for (const auto& it : dcp_items(dir)) {
         if (it.fqn.find(".state.") != std::string::npos || it.fqn.find(".param_groups.") != std::string::npos) continue;
         const Parsed pa = parse_item(dir, it, scratch, limits);
-        if (!std::holds_alternative<Value::Tensor>(pa.ck.root.v)) continue;
+        bool model = std::holds_alternative<Value::Tensor>(pa.ck.root.v);
+        if (const auto* d = std::get_if<Value::Dict>(&pa.ck.root.v); d && !d->empty()) {   // a state_dict
+            model = true;
+            for (const auto& kv : *d) model = model && std::holds_alternative<Value::Tensor>(kv.second.v);
+        }
+        if (!model) continue;
         bound = std::max(bound, max_abs_storages(pa.ck, io::InputFile(pa.path), it.fqn));
+        for (const auto& s : pa.ck.storages) found = found || float_dtype_size(s.dtype);
     }
-    return bound;
+    return found ? std::optional<double>(bound) : std::nullopt;
 }
 
 void write_shell(const std::string& src, const DcpFile& df, const std::string& dst) {

@@ -14,6 +14,7 @@
 // the zip CRC-32 fields that cover them, so torch's DCP reader loads the file.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,10 +87,13 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
 /// Same result on every rank. Throws BadInput when the .metadata cannot be read.
 std::vector<std::vector<std::string>> dcp_units(const std::string& dir, uint64_t unit_bytes);
 
-/// The largest |value| of every float tensor item of the DCP folder that is not optimizer
-/// state (not under `<X>.state.` / `<X>.param_groups.`): a |theta| bound for Adam's L2 domain.
-/// Throws BadInput on a non-finite value.
-double dcp_param_bound(const std::string& dir, const std::string& scratch, const Limits&);
+/// The largest |value| of the DCP folder's model tensors: every float tensor item that is not
+/// optimizer state (not under `<X>.state.` / `<X>.param_groups.`), and every bytes item that
+/// holds a module state_dict (a dict of tensors: torch 1.13's nested
+/// `save_state_dict({"model": sd, "optimizer": ..., ...})` pickles each value whole). A
+/// |theta| bound for Adam's L2 domain; nullopt when the folder holds no model tensor (no
+/// bound). Throws BadInput on a non-finite value.
+std::optional<double> dcp_param_bound(const std::string& dir, const std::string& scratch, const Limits&);
 
 /// Write `src` without the byte ranges of `f.cuts` to `dst`. Throws BadInput.
 void write_shell(const std::string& src, const DcpFile& f, const std::string& dst);

@@ -637,10 +637,16 @@ struct CompressWork {
         r.layout = layout_of(layouts, file);
         try {
             // HF Trainer optimizer.pt holds no parameters: Adam's L2 domain takes
-            // |theta| <= the largest |value| of the model file(s) next to it.
+            // |theta| <= the largest |value| of the model file(s) next to it; a .distcp
+            // item holding a whole optimizer state_dict (torch 1.13's nested DCP form) the
+            // largest of the DCP folder's model items.
             compress_row(r, src, file + kSuffix, [&]() -> std::optional<std::pair<double, std::string>> {
-                if (r.layout != "hf-trainer") return std::nullopt;
-                return model_param_bound(join(in, parent_of(file)), o.limits);
+                if (r.layout == "hf-trainer") return model_param_bound(join(in, parent_of(file)), o.limits);
+                if (r.layout != "dcp") return std::nullopt;
+                const Scratch scratch(join(output.tmp, ".ckptkit-scratch-" + std::to_string(rank)));
+                const auto b = dcp_param_bound(join(in, parent_of(file)), scratch.path(), o.limits);
+                if (!b) return std::nullopt;
+                return std::make_pair(*b, std::string("the DCP folder's model items"));
             });
         } catch (const NoAdamState&) {  // nothing to compress: copied as it is
             return copy_row(file, "no Adam/AdamW state");
@@ -670,7 +676,9 @@ struct CompressWork {
             r.virtual_input = true;
             r.manifest_extra = json{{"virtual", true}, {"files", local}}.dump();
             compress_row(r, moments, r.file + kSuffix, [&]() -> std::optional<std::pair<double, std::string>> {
-                return std::make_pair(dcp_param_bound(dir, scratch.path(), o.limits), std::string("the DCP model items"));
+                const auto b = dcp_param_bound(dir, scratch.path(), o.limits);
+                if (!b) return std::nullopt;
+                return std::make_pair(*b, std::string("the DCP model items"));
             });
             r.note += (r.note.empty() ? "" : "; ") + fmt::format("moments of {} parameter chunks gathered from .distcp items", dm.params);
             if (!dm.note.empty()) r.note += "; " + dm.note;

@@ -427,3 +427,36 @@ def test_tiny_optimizer_file_is_copied_not_grown(tmp_path):
     for f in pathlib.Path(src).rglob("*"):
         if f.is_file():
             assert (back / f.relative_to(src)).read_bytes() == f.read_bytes()
+
+
+def test_dcp_nested_torch113_adam_l2_horizon_1(tmp_path):
+    """torch 1.13's nested form, save_state_dict({"model": sd, "optimizer":
+    opt.state_dict(), "step": n}), pickles each value whole into a .distcp item. Under
+    --horizon 1 the Adam + L2 state's gradient domain takes |theta| <= the largest |value| of
+    the folder's model item (it was refused for lack of theta); torch's DCP load_state_dict
+    reads the restored folder, and one real Adam step from it matches the original's."""
+    dcp = mf.import_dcp()
+    net, opt = mf.train_adamw(WIDTH, 20, opt_cls=torch.optim.Adam)   # Adam, weight decay 0.01: L2
+    src = tmp_path / "nested"
+    dcp.save_state_dict({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": 20},
+                        dcp.FileSystemWriter(str(src)), no_dist=True)
+    rep, out, back = roundtrip(tmp_path, str(src), "--horizon", "1")
+    (row,) = [r for r in rep["files"] if r["action"] == "compressed"]
+    bound = max(float(v.abs().max()) for v in net.state_dict().values() if v.is_floating_point())
+    assert f"Adam L2 domain with |theta| <= {bound:.6g} from the DCP folder's model items" in row["note"], row
+
+    def load(path):
+        n2, o2 = mf.train_adamw(WIDTH, 1, opt_cls=torch.optim.Adam)   # same structure, other values
+        got = {"model": n2.state_dict(), "optimizer": o2.state_dict(), "step": 0}
+        dcp.load_state_dict(got, dcp.FileSystemReader(str(path)), no_dist=True)
+        return got
+    orig, rest = load(src), load(back)
+    assert rest["step"] == 20
+    for k, v in orig["model"].items():
+        assert torch.equal(v, rest["model"][k]), k
+    non_moment_equal(orig["optimizer"], rest["optimizer"])
+    osd, rsd = orig["optimizer"], rest["optimizer"]
+    assert any(not torch.equal(osd["state"][i]["exp_avg_sq"], rsd["state"][i]["exp_avg_sq"]) for i in osd["state"])
+    params = list(orig["model"][n] for n, _ in mf.Net(WIDTH).named_parameters())
+    groups = [(g["params"], {k: v for k, v in g.items() if k != "params"}) for g in osd["param_groups"]]
+    assert_same_step(params, osd, rsd, groups, 1e-3, opt_cls=torch.optim.Adam)
