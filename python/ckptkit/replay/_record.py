@@ -109,6 +109,9 @@ class SavedState:
 
 
 MIN_SEGMENTS = 4   # fewer default segments than this: the nn.Sequential ones are opened
+# Counted as memory outside segments: small allocations of a step that vary between runs of
+# the same step (0-dim tensors, autograd and allocator bookkeeping; docs/benchmarks.md).
+SMALL_ALLOC_SLACK = 4096
 
 
 def discover_segments(model, batch, loss_fn):
@@ -285,6 +288,7 @@ class Recorder:
         self.source = source
         self.timing = {}
         self.owners = {}   # buffer name -> (module, attribute), found once
+        self.views = {}    # buffer name -> (tensor, its flat byte view): snap's compares
 
     # ---- driver
     def record(self):
@@ -366,7 +370,14 @@ class Recorder:
             data = None
             if k == "buffer":
                 old = prev.get(n) if prev else None
-                bv = byte_view(t)
+                view = self.views.get(n)   # a contiguous buffer's flat byte view, while it is bound
+                if (view is not None and view[0] is t and view[1].data_ptr() == t.data_ptr()
+                        and view[1].numel() == t.numel() * t.element_size()):   # not resized in place
+                    bv = view[1]
+                else:
+                    bv = byte_view(t)
+                    if t.is_contiguous():
+                        self.views[n] = (t, bv)
                 if old is not None and old[3] is not None and old[3].shape == bv.shape and torch.equal(old[3], bv):
                     data = old[3]
                 else:
@@ -733,7 +744,9 @@ class Recorder:
                     mems.append((e.start_us(), e.nbytes()))
             elif nm.startswith(_MARK):
                 marks[nm[len(_MARK):]] = (e.start_us(), e.start_us() + e.duration_us())
-        mems.sort(key=lambda x: x[0])   # stable: same-microsecond events keep their order
+        # events of one microsecond: allocations before frees, the worst order any run of
+        # the same step can show (the measured peak never depends on how ties were logged)
+        mems.sort(key=lambda x: (x[0], x[1] < 0))
         t_start, t_end = marks["start"][0], marks["end"][1]
         # live bytes after each event
         times, live = [], []
@@ -835,6 +848,7 @@ class Recorder:
                 seen.add(k)
                 outside += nb
         outside += getattr(self, "loss_bytes", 0)   # the loss the caller holds through the step
+        outside += SMALL_ALLOC_SLACK
         for name, b in model.named_buffers():   # buffers no segment touches
             if name not in listed:
                 outside += b.numel() * b.element_size()
