@@ -2,8 +2,8 @@
 # The whole test suite, in three stages (CI runs this through .ci/run):
 #  1. install packages, build (build/), run every doctest unit, the fuzz regression replays
 #     and the real-torch pytest round trips through CTest;
-#  2. scripts/test_sanitize.sh: the same CTest suite built with ASan + UBSan (build-asan);
-#  3. scripts/fuzz.sh FUZZ_SECONDS (default 60) for every libFuzzer target (build-fuzz).
+#  2. scripts/ci/test_sanitize.sh: the same CTest suite built with ASan + UBSan (build-asan);
+#  3. scripts/ci/fuzz.sh FUZZ_SECONDS (default 60) for every libFuzzer target (build-fuzz).
 # Every stage runs; the exit status is non-zero when any failed. Stage times are printed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,8 +19,8 @@ stage() {  # stage NAME CMD...: run, record exit status and seconds
   names+=("$name"); results+=("$rc"); times+=("$(( $(date +%s) - t0 ))")
 }
 stage "build + ctest" sh -c 'scripts/build.sh && cd build && ctest --output-on-failure -j 2'
-stage "sanitizers (build-asan)" scripts/test_sanitize.sh
-stage "fuzz ${FUZZ_SECONDS:-60}s x 6 targets (build-fuzz)" scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
+stage "sanitizers (build-asan)" scripts/ci/test_sanitize.sh
+stage "fuzz ${FUZZ_SECONDS:-60}s x 6 targets (build-fuzz)" scripts/ci/fuzz.sh "${FUZZ_SECONDS:-60}"
 fail=0
 for i in "${!names[@]}"; do
   printf 'test.sh: %-40s exit %-3s %5s s\n' "${names[$i]}" "${results[$i]}" "${times[$i]}" >&2

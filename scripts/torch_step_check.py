@@ -6,7 +6,7 @@ Usage: /usr/bin/python3 scripts/torch_step_check.py ORIG RESTORED [--tolerance 0
 
 Loads both files with stock torch (or, for .safetensors, with the tiny strict reader below),
 checks that every non-moment value is bit-identical, rebuilds the model and optimizer of the
-fixture (scripts/ckpt_models.py) twice, loads the original state into one pair and the
+fixture (scripts/fixtures/ckpt_models.py) twice, loads the original state into one pair and the
 restored state into the other, applies the SAME gradient g to both and calls
 `optimizer.step()` once on each, for several gradient kinds:
   real       the real next gradient (next training batch, on the original model), clipped to G
@@ -48,7 +48,9 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(_HERE, "fixtures"))   # ckpt_models
+sys.path.insert(0, os.path.join(_HERE, "bench"))      # train_bench_models (the bench checkpoints)
 import ckpt_models as cm  # noqa: E402
 
 MOMENT_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
@@ -317,7 +319,7 @@ def _compare_sharing(a, b):
 
 def build_pair(fixture, model_sd, optim_sd):
     """Fresh model + optimizer of `fixture` (a data/ fixture, or a bench checkpoint of
-    scripts/train_bench_models.py: resnet18_adamw.pt, lm10m_adamw.pt) with `model_sd` and
+    scripts/bench/train_bench_models.py: resnet18_adamw.pt, lm10m_adamw.pt) with `model_sd` and
     `optim_sd` loaded (stock API)."""
     if fixture in BENCH_FILES:
         import train_bench_models
@@ -562,7 +564,7 @@ def multi_step_check(fixture, orig_sd, rest_sd, tolerance, G, steps=1000, seed=0
     return out
 
 
-BENCH_FILES = ("resnet18_adamw.pt", "lm10m_adamw.pt")   # scripts/train_bench_models.py
+BENCH_FILES = ("resnet18_adamw.pt", "lm10m_adamw.pt")   # scripts/bench/train_bench_models.py
 
 
 def fixture_of(path):

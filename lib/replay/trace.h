@@ -1,6 +1,6 @@
 // The execution trace of one training step (formats/trace.md, docs/design.md §5): segments in forward
 // order with their activation sizes, times and state accesses. Framework-neutral; produced by
-// scripts/record_trace.py, scripts/synth_trace.py or imported from a PyTorch Execution Trace.
+// scripts/record_trace.py, scripts/fixtures/synth_trace.py or imported from a PyTorch Execution Trace.
 #pragma once
 #include <cstdint>
 #include <string>

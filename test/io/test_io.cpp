@@ -1,5 +1,5 @@
-// Reader tests against real files written by Debian's torch 1.13 (scripts/make_io_samples.py)
-// and the hostile corpus (scripts/make_bad_corpus.py).
+// Reader tests against real files written by Debian's torch 1.13 (scripts/fixtures/make_io_samples.py)
+// and the hostile corpus (scripts/fixtures/make_bad_corpus.py).
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -249,7 +249,7 @@ TEST_CASE("Limits are enforced on good files") {
 }
 
 TEST_CASE("zip variants: ZIP64 extras + descriptors without signature + comment; no descriptors") {
-    // Same objects as dtypes.pt, re-zipped by hand (scripts/make_io_samples.py hand_zip) and by
+    // Same objects as dtypes.pt, re-zipped by hand (scripts/fixtures/make_io_samples.py hand_zip) and by
     // Python's zipfile (CRC in the local header). torch.load accepts both.
     check_expected("handzip.pt");
     check_expected("rezipped.pt");

@@ -2,7 +2,7 @@
 import live in testlib.py."""
 import pytest
 
-import testlib  # noqa: F401  (puts scripts/ on sys.path for every test)
+import testlib  # noqa: F401  (puts scripts/ and scripts/fixtures/ on sys.path for every test)
 
 
 @pytest.fixture(scope="session", autouse=True)

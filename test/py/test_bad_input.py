@@ -1,6 +1,6 @@
 """CLI-level bad input (docs/design.md §6): every hostile file is refused by the tools themselves.
 
-For every file in test/corpus/bad/ (scripts/make_bad_corpus.py), `ckpt-compress FILE -o OUT`
+For every file in test/corpus/bad/ (scripts/fixtures/make_bad_corpus.py), `ckpt-compress FILE -o OUT`
 must
   * exit 2,
   * print exactly one stderr line, "ckpt-compress: error: FILE: <reason>", where <reason>

@@ -24,7 +24,7 @@ def big_tensors(tmp_path_factory):
     thread ranges per chunk, and several 2^18-value chunks per tensor)."""
     d = tmp_path_factory.mktemp("det")
     out = d / "g.pt"
-    subprocess.run(["/usr/bin/python3", f"{ROOT}/scripts/gen_checkpoint.py", "--gib", "0.02",
+    subprocess.run(["/usr/bin/python3", f"{ROOT}/scripts/fixtures/gen_checkpoint.py", "--gib", "0.02",
                     "--numel-per-tensor", "400000", "-o", str(out)], check=True, capture_output=True)
     return out
 

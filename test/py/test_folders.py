@@ -1,4 +1,4 @@
-"""Folder mode on real checkpoint folders (scripts/make_folders.py, torch 1.13's own writers).
+"""Folder mode on real checkpoint folders (scripts/fixtures/make_folders.py, torch 1.13's own writers).
 
 For each layout: ckpt-compress DIR -o OUT -> ckpt-verify OUT --original DIR -> ckpt-restore
 OUT -o BACK; every file but the optimizer files byte-identical; each restored optimizer file

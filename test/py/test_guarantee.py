@@ -292,7 +292,7 @@ def test_optimizer_flag_contradicting_decoupled_weight_decay(tmp_path):
 
 
 def _manifest(path):
-    # zstd chunks decoded by scripts/make_bad_containers.py itself, not through our filter
+    # zstd chunks decoded by scripts/fixtures/make_bad_containers.py itself, not through our filter
     # plugin: an ASan build's plugin cannot load into a plain python
     import make_bad_containers as mbc
     with h5py.File(path, "r") as f:
@@ -300,7 +300,7 @@ def _manifest(path):
 
 
 def _rewrite_manifest(path, m):
-    import make_bad_containers as mbc  # scripts/: recomputes the dataset's count and xxh3
+    import make_bad_containers as mbc  # scripts/fixtures/: recomputes the dataset's count and xxh3
     with h5py.File(path, "r+") as f:
         mbc._set_manifest_bytes(f, json.dumps(m).encode())
 

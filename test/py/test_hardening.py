@@ -1,6 +1,6 @@
 """Hardening of the container tools and of the outputs (docs/design.md §6).
 
-  * hostile containers (scripts/make_bad_containers.py, built from a real container made at
+  * hostile containers (scripts/fixtures/make_bad_containers.py, built from a real container made at
     test time from data/lm_adamw.pt): ckpt-verify and ckpt-restore exit 1 or 2 with one clear
     line, never a crash (signal), never exit 0, never an output file;
   * corruption: 200 seeded single-byte flips of a real container; neither tool may exit 0
@@ -34,7 +34,7 @@ from testlib import require_ckptkit_bin  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DATA = os.path.join(ROOT, "data")
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "fixtures"))
 import make_bad_containers  # noqa: E402
 
 TOOLS = ("ckpt-compress", "ckpt-verify", "ckpt-restore")
@@ -45,7 +45,7 @@ KILLS = 24
 RETRIES = 4  # _kill_trials: shorter delays for a trial that finished before its kill
 GOOD_ARGS = ("--tolerance", "0.005", "--codec", "log8")  # log8 escapes ~3% here; vlog: test_hostile_vlog
 STATS = {}
-# scripts/test_sanitize.sh sets ASAN_OPTIONS: there a crash (one inside libhdf5 included) is
+# scripts/ci/test_sanitize.sh sets ASAN_OPTIONS: there a crash (one inside libhdf5 included) is
 # ASan's report and exit 99, not the tools' exit 2 (common/cleanup.h leaves it to ASan)
 SANITIZED = "ASAN_OPTIONS" in os.environ
 
@@ -380,11 +380,11 @@ SIGNAL_TRIALS = 4
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    """A 48 MiB generated checkpoint (scripts/gen_checkpoint.py; long enough a run to
+    """A 48 MiB generated checkpoint (scripts/fixtures/gen_checkpoint.py; long enough a run to
     interrupt), its container, and a folder holding it and a small file."""
     d = tmp_path_factory.mktemp("big")
     src = str(d / "big.pt")
-    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_checkpoint.py"), "--gib", "0.047", "-o", src],
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "fixtures", "gen_checkpoint.py"), "--gib", "0.047", "-o", src],
                    check=True, capture_output=True)
     folder = d / "ckpt"
     folder.mkdir()

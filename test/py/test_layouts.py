@@ -1,4 +1,4 @@
-"""The layouts real training stacks write (scripts/make_layouts.py), each round-tripped:
+"""The layouts real training stacks write (scripts/fixtures/make_layouts.py), each round-tripped:
 compress -> verify --original -> restore -> torch.load -> every non-moment leaf
 bit-identical -> one real step of each optimizer (its own torch class) from the original and
 the restored state, within tolerance * lr where coded."""
@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from testlib import ROOT, parse_json_stdout, require_ckptkit_bin, run_tool
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "fixtures"))
 import make_layouts as ml  # noqa: E402
 
 TOL = 0.01

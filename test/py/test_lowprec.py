@@ -139,7 +139,7 @@ def test_step_dtype_is_recorded(tmp_path, dtype, name):
     the container records the step dtype, verify re-derives it from the source and checks
     the certificates, and a real step from the restored file keeps the step where torch does."""
     import h5py
-    from testlib import torch_step_check  # noqa: F401 (puts scripts/ on the path)
+    from testlib import torch_step_check  # noqa: F401 (puts scripts/ and scripts/fixtures/ on the path)
     import make_bad_containers as mbc
     bin_dir = require_ckptkit_bin()
     torch.manual_seed(2)

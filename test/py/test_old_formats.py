@@ -12,7 +12,7 @@ import h5py
 import pytest
 
 from testlib import DATA, parse_json_stdout, require_ckptkit_bin, run_tool, torch_step_check as tsc
-import make_bad_containers as mbc  # scripts/ (testlib): reads zstd-filtered datasets without our plugin
+import make_bad_containers as mbc  # scripts/fixtures/ (testlib): reads zstd-filtered datasets without our plugin
 
 SRC = os.path.join(DATA, "cnn_adamw.pt")
 OLD = {1: ("cnn_adamw.v1.ckz.h5", "log8"), 2: ("cnn_adamw.v2.ckz.h5", "vlog"), 3: ("cnn_adamw.v3.ckz.h5", "vlog"),

@@ -205,7 +205,7 @@ def test_training_loop_saves_in_background_and_resumes(tmp_path):
 
 
 def test_folder_compress_verify_restore(tmp_path):
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    sys.path.insert(0, os.path.join(ROOT, "scripts", "fixtures"))
     import make_folders as mf
     src = mf.make_hf(str(tmp_path / "in"), 160, mf.STEPS)
     top = os.path.dirname(src)
@@ -423,7 +423,7 @@ class CkptkitCheckpointIO(CheckpointIO):
 
 def test_recipe_hf_trainer_callback(tmp_path):
     import types
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    sys.path.insert(0, os.path.join(ROOT, "scripts", "fixtures"))
     import make_folders as mf
     src = mf.make_hf(str(tmp_path / "run"), 160, mf.STEPS)   # <output_dir>/checkpoint-5 as Trainer writes it
     out_dir = os.path.dirname(src)

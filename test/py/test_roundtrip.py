@@ -9,7 +9,7 @@ For every fixture in data/ (see data/README.md) and codec x gradient bound G, th
   3. runs `ckpt-restore`, loads the result with stock torch (weights_only allowlist) or the
      strict safetensors reader, and asserts every non-moment value is bit-identical (dtype,
      shape, stride, offset, bytes; step; param_groups; epoch; tied-weight storage sharing);
-  4. rebuilds model + optimizer (scripts/ckpt_models.py) from the original and from the
+  4. rebuilds model + optimizer (scripts/fixtures/ckpt_models.py) from the original and from the
      restored file, applies the same gradients (real next batch, 0, +-G, uniform in [-G, G],
      +-sqrt(v_hat), near sqrt(v_hat)) and asserts, per coordinate,
      |dTheta_restored - dTheta_original| <= tolerance * lr + slack (slack: float32 rounding

@@ -15,7 +15,8 @@ import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DATA = os.path.join(ROOT, "data")
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))               # torch_step_check
+sys.path.insert(0, os.path.join(ROOT, "scripts", "fixtures"))   # ckpt_models, make_*
 
 import ckpt_models  # noqa: E402,F401  (re-exported for the tests)
 import torch_step_check  # noqa: E402,F401

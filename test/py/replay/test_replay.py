@@ -62,7 +62,7 @@ def three_budgets(replay_plan, trace):
 
 
 def torch_heavy(model, keep="bn"):
-    """Under the sanitizer stage (scripts/test_sanitize.sh sets CKPTKIT_SANITIZED=1) the
+    """Under the sanitizer stage (scripts/ci/test_sanitize.sh sets CKPTKIT_SANITIZED=1) the
     round trips spend their time in uninstrumented torch, not in the sanitized replay-plan:
     one model (`keep`) still runs there end to end, the others in stage 1 only."""
     if os.environ.get("CKPTKIT_SANITIZED") and model != keep:
