@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Recording time of ckptkit.replay.record against one plain training step (issue 46: at most
-5x a plain step plus the replay probe). Per model: the median plain step (forward + backward,
-3 runs after a warm-up), record()'s total and its phases (segment discovery, the op-logged step,
-the probe, the memory step with optimizer.step), and (total - probe) / step.
+5x a plain step plus the replay probe). Per model: the median forward + backward and the
+median training step (forward + backward + Adam's step: record() runs the optimizer's step
+too), 3 runs after a warm-up; record()'s total and its phases (segment discovery, the
+op-logged step, the probe, the memory step with optimizer.step), and (total - probe) over each.
 
 Usage: bench_replay_record.py [--threads N]   (package from $CKPTKIT_PYTHONPATH or build/python)
 """
@@ -39,23 +40,31 @@ def main():
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    print("| model | plain step ms | record s | segments / op-logged step / probe / memory+opt s | (record - probe) / step |")
-    print("|---|---|---|---|---|")
+    print("| model | fwd+bwd ms | + Adam step ms | record s | segments / op-logged step / probe / memory+opt s "
+          "| (record - probe) / fwd+bwd | / training step |")
+    print("|---|---|---|---|---|---|---|")
     for name, model, batch, loss_fn in models():
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         loss_fn(model, batch).backward()
-        ts = []
+        opt.step()   # the Adam state exists, as in training (record() restores the model after)
+        fb, full = [], []
         for _ in range(3):
             t = time.perf_counter()
             loss_fn(model, batch).backward()
-            ts.append(time.perf_counter() - t)
-        step = statistics.median(ts)
+            t1 = time.perf_counter()
+            opt.step()
+            opt.zero_grad()
+            t2 = time.perf_counter()
+            fb.append(t1 - t)
+            full.append(t2 - t)
+        step, train = statistics.median(fb), statistics.median(full)
         rec = _record.Recorder(model, batch, loss_fn, None, opt)
         rec.record()
         tm = rec.timing
-        ratio = (tm["total"] - tm["probe"]) / step
-        print(f"| {name} | {step * 1e3:.1f} | {tm['total']:.2f} | {tm['segments']:.2f} / {tm['step']:.2f} / "
-              f"{tm['probe']:.2f} / {tm['memory']:.2f} | {ratio:.1f}x |", flush=True)
+        work = tm["total"] - tm["probe"]
+        print(f"| {name} | {step * 1e3:.1f} | {train * 1e3:.1f} | {tm['total']:.2f} | {tm['segments']:.2f} / "
+              f"{tm['step']:.2f} / {tm['probe']:.2f} / {tm['memory']:.2f} | {work / step:.1f}x | {work / train:.1f}x |",
+              flush=True)
 
 
 if __name__ == "__main__":
