@@ -228,8 +228,8 @@ def test_torchvision_bitwise_and_peak_bound(name):
     tight = plan.entries[0]
     assert tight["decisions"]["recompute+snapshot"] + tight["decisions"]["recompute+selective"] >= 1
     build = lambda: vision(name)   # noqa: E731
-    ref_losses, ref = run_steps(build, steps=2, evals=True)
-    got_losses, got = run_steps(build, plan, lo, steps=2, evals=True)
+    ref_losses, ref = run_steps(build, steps=50, evals=True, last_small=True)
+    got_losses, got = run_steps(build, plan, lo, steps=50, evals=True, last_small=True)
     assert torch.equal(ref_losses, got_losses)
     assert_same(ref, got)
     if name == "resnet18":   # plain checkpointing over the same segments changes BN buffers
@@ -273,6 +273,9 @@ def pattern(name):
     return lambda: mod.build()[:3]
 
 
+GROWING = ("kvcache", "sparse_write", "dense_queue")   # state grows every step: 10 steps (CI time)
+
+
 @pytest.mark.parametrize("name", PATTERNS)
 def test_pattern_models_bitwise_and_peak_bound(name):
     build = pattern(name)
@@ -281,8 +284,9 @@ def test_pattern_models_bitwise_and_peak_bound(name):
     plan, lo = tight_plan(model, batch, loss_fn, opt)
     every = plan.every
     assert sum(s["decision"].startswith("recompute+") for s in every.entries[0]["segments"]) >= 1
-    ref_losses, ref = run_steps(build, steps=3, evals=True)
-    got_losses, got = run_steps(build, every, None, steps=3, evals=True)
+    steps = 10 if name in GROWING else 50
+    ref_losses, ref = run_steps(build, steps=steps, evals=True)
+    got_losses, got = run_steps(build, every, None, steps=steps, evals=True)
     assert torch.equal(ref_losses, got_losses)
     assert_same(ref, got)
     check_peaks(build, plan)
