@@ -5,6 +5,8 @@
 #include <cmath>
 #include <map>
 #include <stdexcept>
+#include <string_view>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -22,11 +24,18 @@ json regions_json(const std::vector<Region>& rs) {
     return a;
 }
 
-// The kind of state `id` ("buffer", "param", "input") as the trace lists it.
-std::string state_kind(const Trace& t, const std::string& id) {
-    for (const auto& b : t.buffers)
-        if (b.id == id) return b.kind;
-    return "buffer";
+// State id -> its kind ("buffer", "param", "input") as the trace lists it; built once per
+// plan (a contract entry looks its state up here, not by scanning every buffer).
+using Kinds = std::unordered_map<std::string_view, std::string_view>;
+Kinds state_kinds(const Trace& t) {
+    Kinds k;
+    k.reserve(t.buffers.size());
+    for (const auto& b : t.buffers) k.emplace(b.id, b.kind);
+    return k;
+}
+std::string state_kind(const Kinds& k, const std::string& id) {
+    const auto it = k.find(id);
+    return it == k.end() ? "buffer" : std::string(it->second);
 }
 
 // The index of segment s's tensor argument that is state `id`, or -1.
@@ -36,13 +45,13 @@ int64_t state_arg(const Segment& s, const std::string& id) {
     return -1;
 }
 
-json contract_json(const Trace& t, const Segment& s, const Contract& c, Decision d) {
+json contract_json(const Kinds& kinds, const Segment& s, const Contract& c, Decision d) {
     json restore = json::array(), rng = json::array(), discard = json::array();
     if (d == Decision::Snapshot || d == Decision::Selective) {
         for (const auto& r : c.restore) {
             json o = {{"buffer", r.buffer}, {"version", r.version}, {"bytes", r.bytes},
                       {"mode", d == Decision::Snapshot ? "whole" : "regions"},
-                      {"kind", state_kind(t, r.buffer)}};
+                      {"kind", state_kind(kinds, r.buffer)}};
             if (const int64_t arg = state_arg(s, r.buffer); arg >= 0) o["arg"] = arg;
             if (d == Decision::Selective) o["regions"] = regions_json(r.regions);
             restore.push_back(o);
@@ -50,7 +59,7 @@ json contract_json(const Trace& t, const Segment& s, const Contract& c, Decision
         for (const auto& g : c.rng) rng.push_back({{"stream", g.stream}, {"state_bytes", g.state_bytes}});
         for (const auto& x : c.discard) {
             json o = {{"buffer", x.buffer}, {"version_written", x.version_written},
-                      {"regions", regions_json(x.regions)}, {"kind", state_kind(t, x.buffer)}};
+                      {"regions", regions_json(x.regions)}, {"kind", state_kind(kinds, x.buffer)}};
             if (const int64_t arg = state_arg(s, x.buffer); arg >= 0) o["arg"] = arg;
             discard.push_back(o);
         }
@@ -87,6 +96,7 @@ json entry_json(const Problem& p, const PlanResult& r) {
 
 json plan_to_json(const Problem& p, const std::string& trace_path, const std::string& planner,
                   const std::vector<PlanResult>& results, const FeasibleRange& range) {
+    const Kinds kinds = state_kinds(*p.trace);
     json budgets = json::array();
     for (const auto& r : results) {
         json segs = json::array();
@@ -107,7 +117,7 @@ json plan_to_json(const Problem& p, const std::string& trace_path, const std::st
             if (!sg.non_replayable.empty()) s["non_replayable"] = sg.non_replayable;
             if (!sg.ops_hash.empty()) s["ops_hash"] = sg.ops_hash;
             if (r.decisions[i] != Decision::Keep)
-                s["contract"] = contract_json(*p.trace, sg, p.contracts[i], r.decisions[i]);
+                s["contract"] = contract_json(kinds, sg, p.contracts[i], r.decisions[i]);
             segs.push_back(s);
         }
         json b = entry_json(p, r);

@@ -10,7 +10,6 @@ The package is found at $CKPTKIT_PYTHONPATH, else next to $CKPTKIT_BIN (<build>/
 absent the module is skipped, saying so.
 """
 import copy
-import importlib
 import io
 import os
 import pickle
@@ -20,24 +19,10 @@ import sys
 import pytest
 import torch
 
-from testlib import ROOT, ckpt_models, fixture_path, moment_count, torch_step_check as tsc
+from testlib import ROOT, ckpt_models, fixture_path, import_package, moment_count, torch_step_check as tsc
 
 TOL = 0.01
-
-
-def _package_dir():
-    d = os.environ.get("CKPTKIT_PYTHONPATH")
-    if not d:
-        bin_dir = os.environ.get("CKPTKIT_BIN") or os.path.join(ROOT, "build", "apps")
-        d = os.path.join(os.path.dirname(os.path.abspath(bin_dir)), "python")
-    return d
-
-
-PKG = _package_dir()
-if not os.path.isdir(os.path.join(PKG, "ckptkit")):
-    pytest.skip(f"{PKG}/ckptkit not built (pybind11-dev missing at configure time?)", allow_module_level=True)
-sys.path.insert(0, PKG)
-ckptkit = importlib.import_module("ckptkit")
+ckptkit, PKG = import_package()
 
 TORCH_FIXTURES = [f for f in ckpt_models.FIXTURES if f.endswith(".pt")]
 

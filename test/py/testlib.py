@@ -41,6 +41,30 @@ def require_ckptkit_bin():
     return d
 
 
+def package_dir():
+    """Where the built Python package lives: $CKPTKIT_PYTHONPATH, else next to $CKPTKIT_BIN
+    (<build>/apps -> <build>/python), else build/python."""
+    d = os.environ.get("CKPTKIT_PYTHONPATH")
+    if not d:
+        bin_dir = os.environ.get("CKPTKIT_BIN") or os.path.join(ROOT, "build", "apps")
+        d = os.path.join(os.path.dirname(os.path.abspath(bin_dir)), "python")
+    return d
+
+
+def import_package(module="ckptkit"):
+    """Import `module` (ckptkit or one of its submodules) from package_dir(), or skip the
+    calling test module when the package is not built (it is optional in the build, and
+    absent from the sanitizer and fuzz builds); returns (module, the package folder)."""
+    import importlib
+    d = package_dir()
+    if not os.path.isfile(os.path.join(d, *module.split("."), "__init__.py")) and \
+            not os.path.isfile(os.path.join(d, *module.split(".")) + ".py"):
+        pytest.skip(f"{d}/{module.replace('.', '/')} not built (pybind11-dev missing at configure time?)",
+                    allow_module_level=True)
+    sys.path.insert(0, d)
+    return importlib.import_module(module), d
+
+
 def run_tool(bin_dir, tool, *args, timeout=120):
     """Run one CLI tool; return CompletedProcess (text mode, stdout/stderr captured)."""
     return subprocess.run([os.path.join(bin_dir, tool), *map(str, args)],

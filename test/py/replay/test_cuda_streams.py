@@ -2,19 +2,15 @@
 replaced by a fake two-device CUDA whose states are plain tensors, so the recorder's and
 ckptkit.replay's stream plumbing ("cuda:N" streams saved, restored, compared) is exercised
 exactly as on a GPU machine. (On a real GPU the same functions are torch's.)"""
-import importlib
 import os
 import sys
 
 import pytest
 import torch
 
-_bin = os.environ.get("CKPTKIT_BIN") or os.path.join(os.path.dirname(__file__), "..", "..", "..", "build", "apps")
-PKG = os.environ.get("CKPTKIT_PYTHONPATH") or os.path.join(os.path.dirname(os.path.abspath(_bin)), "python")
-if not os.path.isdir(os.path.join(PKG, "ckptkit", "replay")):
-    pytest.skip(f"{PKG}/ckptkit/replay not built", allow_module_level=True)
-sys.path.insert(0, PKG)
-streams = importlib.import_module("ckptkit.replay._common")   # the RNG stream helpers
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from testlib import import_package  # noqa: E402
+streams, _ = import_package("ckptkit.replay._common")   # the RNG stream helpers
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ exceeds the plan's predicted peak.
 
 The package comes from $CKPTKIT_PYTHONPATH, else next to $CKPTKIT_BIN (<build>/apps ->
 <build>/python); the module is skipped when it is absent (the ASan build has none)."""
-import bisect
 import importlib
 import json
 import os
@@ -21,20 +20,10 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
-def _package_dir():
-    d = os.environ.get("CKPTKIT_PYTHONPATH")
-    if not d:
-        bin_dir = os.environ.get("CKPTKIT_BIN") or os.path.join(ROOT, "build", "apps")
-        d = os.path.join(os.path.dirname(os.path.abspath(bin_dir)), "python")
-    return d
-
-
-PKG = _package_dir()
-if not os.path.isdir(os.path.join(PKG, "ckptkit", "replay")):
-    pytest.skip(f"{PKG}/ckptkit/replay not built", allow_module_level=True)
-sys.path.insert(0, PKG)
+sys.path.insert(0, str(ROOT / "test" / "py"))
+from testlib import import_package  # noqa: E402
+replay, _ = import_package("ckptkit.replay")
 ckptkit = importlib.import_module("ckptkit")
-replay = importlib.import_module("ckptkit.replay")
 sys.path.insert(0, str(ROOT / "test" / "models"))
 import nanogpt  # noqa: E402
 
