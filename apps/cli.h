@@ -125,8 +125,7 @@ public:
         // Ctrl-C, kill and crashes remove the temporaries being written (common/cleanup.h);
         // a crash exits 2 with the usual error line and object
         install_signal_cleanup([&](const char* signame) {
-            const std::string what = std::string("fatal signal ") + signame +
-                                     " while processing it (a malformed container can crash libhdf5); no output was written";
+            const std::string what = fatal_signal_reason(signame);
             FatalMessages m;
             m.err = file.empty() ? fmt::format("{}: error: {}\n", tool_, what) : fmt::format("{}: error: {}: {}\n", tool_, file, what);
             if (json) m.out = json_text(file, what, kExitBadInput) + "\n";

@@ -4,6 +4,7 @@
 #include <cpuid.h>
 #endif
 
+#include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -187,10 +188,20 @@ private:
     bool stop_ = false;
 };
 
-/// The process's one WorkerPool.
+/// The process's one WorkerPool. A child made by fork() (common/isolate.h) has none of
+/// the parent's threads: it gets a new pool, the old one left as it was (never destroyed:
+/// its destructor would wait for threads that do not exist there).
+std::atomic<WorkerPool*> g_pool{nullptr};
+
 WorkerPool& worker_pool() {
-    static WorkerPool pool;
-    return pool;
+    static WorkerPool* const first = [] {
+        ::pthread_atfork(nullptr, nullptr, [] { g_pool.store(new WorkerPool); });
+        auto* p = new WorkerPool;
+        g_pool.store(p);
+        return p;
+    }();
+    (void)first;
+    return *g_pool.load();
 }
 
 /// Run fn(part, first_block, end_block) over `parts` contiguous ranges of `blocks` blocks,

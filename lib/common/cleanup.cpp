@@ -32,8 +32,10 @@ constexpr int kFatalCount = sizeof kFatalSignals / sizeof kFatalSignals[0];
 FatalMessages g_fatal[2][kFatalCount];
 std::atomic<int> g_active{-1};           // which set of g_fatal the handler prints (-1: none)
 std::atomic<bool> g_cleaning{false};     // the first signal removes; a second one waits for nothing
+std::atomic<int> g_err_fd{STDERR_FILENO}, g_out_fd{STDOUT_FILENO};  // where on_fatal writes (-1: nowhere)
 
 void write_all(int fd, const std::string& s) {
+    if (fd < 0) return;
     const char* p = s.data();
     std::size_t n = s.size();
     while (n > 0) {
@@ -97,8 +99,8 @@ void on_fatal(int sig) {
     const int set = g_active.load(std::memory_order_acquire);
     for (int i = 0; i < kFatalCount && set >= 0; ++i)
         if (kFatalSignals[i] == sig) {
-            write_all(STDERR_FILENO, g_fatal[set][i].err);
-            write_all(STDOUT_FILENO, g_fatal[set][i].out);
+            write_all(g_err_fd.load(), g_fatal[set][i].err);
+            write_all(g_out_fd.load(), g_fatal[set][i].out);
         }
     ::_exit(2);
 }
@@ -126,10 +128,16 @@ void temp_forget(const std::string& path) {
 
 bool remove_path_now(const std::string& path) { return remove_at(AT_FDCWD, path.c_str(), 0); }
 
-void install_signal_cleanup(const std::function<FatalMessages(const char* signame)>& messages) {
+std::string fatal_signal_reason(const std::string& signame) {
+    return "fatal signal " + signame + " while processing it (a malformed container can crash libhdf5); no output was written";
+}
+
+void install_signal_cleanup(const std::function<FatalMessages(const char* signame)>& messages, int err_fd, int out_fd) {
     // fill the set not in use, then switch to it: a handler running meanwhile reads a whole set
     const int set = g_active.load() == 0 ? 1 : 0;
     for (int i = 0; i < kFatalCount; ++i) g_fatal[set][i] = messages(kFatalNames[i]);
+    g_err_fd.store(err_fd);
+    g_out_fd.store(out_fd);
     const bool first = g_active.exchange(set) < 0;
     if (!first) return;
     struct sigaction sa {};

@@ -35,8 +35,15 @@ struct FatalMessages {
 ///   messages(SIGNAME) (made here, once per signal, so that the handler only writes), and
 ///   exit 2. Not installed in a sanitizer build, whose own report of the crash comes first.
 /// The handlers call only async-signal-safe functions (write, unlinkat, openat,
-/// getdents64, lseek, close, sigaction, raise, _exit).
-void install_signal_cleanup(const std::function<FatalMessages(const char* signame)>& messages);
+/// getdents64, lseek, close, sigaction, raise, _exit). The messages go to err_fd and out_fd
+/// (-1: not written; common/isolate.cpp's child sends them through its pipe).
+void install_signal_cleanup(const std::function<FatalMessages(const char* signame)>& messages, int err_fd = 2,
+                            int out_fd = 1);
+
+/// The reason the tools and the package give when a fatal signal ended their work on a file:
+/// "fatal signal SIGSEGV while processing it (a malformed container can crash libhdf5); no
+/// output was written".
+std::string fatal_signal_reason(const std::string& signame);
 
 /// Remove `path` and everything under it now (no error when it is not there); the same
 /// routine the handler uses. Returns false when something could not be removed.

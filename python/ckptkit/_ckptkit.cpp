@@ -13,9 +13,12 @@
 #include <spdlog/spdlog.h>
 
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -29,6 +32,8 @@
 #include "codec/codec.h"
 #include "common/error.h"
 #include "common/file.h"
+#include "common/isolate.h"
+#include "common/cleanup.h"
 #include "container/h5.h"
 #include "codec/backend.h"
 #include "io/checkpoint.h"
@@ -87,10 +92,43 @@ struct Failure {
     std::string message, file, reason;
 };
 
+/// Run `job` (no GIL, under job_mutex) and say what it raised, as the package raises it.
+/// `file` names the input for check failures.
+template <class F>
+Failure call_job(const char* tool, const std::string& file, F&& job) {
+    try {
+        job();
+    } catch (const BadInput& e) {
+        const std::string w = one_line(e.what());
+        return {"BadInput", e.file.empty() ? fmt::format("{}: error: {}", tool, w) : fmt::format("{}: error: {}: {}", tool, e.file, w),
+                e.file, w};
+    } catch (const CheckFailed& e) {
+        std::string w = one_line(e.what());
+        if (!file.empty() && w.rfind(file + ": ", 0) == 0) w = w.substr(file.size() + 2);  // name the file once
+        return {"CheckFailed", fmt::format("{}: check failed: {}: {}", tool, file, w), file, w};
+    } catch (const std::bad_alloc&) {
+        return {"BadInput", fmt::format("{}: error: {}: out of memory", tool, file), file, "out of memory"};
+    } catch (const py::error_already_set&) {
+        throw;   // raised by a Python callback (alloc): its own exception
+    } catch (const std::exception& e) {
+        const std::string w = one_line(e.what());
+        return {"BadInput", fmt::format("{}: error: {}", tool, w), "", w};
+    }
+    return {};
+}
+
+/// Raise `fail` as the package's exception (with the GIL held); nothing when none.
+void raise_failure(const Failure& fail) {
+    if (!fail.cls) return;
+    py::object cls = py::module_::import("ckptkit._errors").attr(fail.cls);
+    py::object exc = cls(fail.message, fail.file, fail.reason);
+    PyErr_SetObject(cls.ptr(), exc.ptr());
+    throw py::error_already_set();
+}
+
 /// Run `job` without the GIL under job_mutex; a library error is raised as the package's
-/// exception (after the GIL is back). `file` names the input for check failures. Returns
-/// the lines the library logged during the job (taken under the lock: a concurrent job's
-/// lines are its own).
+/// exception (after the GIL is back). Returns the lines the library logged during the job
+/// (taken under the lock: a concurrent job's lines are its own).
 template <class F>
 std::vector<std::string> run_job(const char* tool, const std::string& file, unsigned threads, F&& job) {
     Failure fail;
@@ -99,35 +137,106 @@ std::vector<std::string> run_job(const char* tool, const std::string& file, unsi
         py::gil_scoped_release nogil;
         std::lock_guard<std::mutex> lock(job_mutex());
         codec::set_cpu_threads(threads);   // 0: every core the process may use
-        try {
-            job();
-        } catch (const BadInput& e) {
-            const std::string w = one_line(e.what());
-            fail = {"BadInput", e.file.empty() ? fmt::format("{}: error: {}", tool, w)
-                                               : fmt::format("{}: error: {}: {}", tool, e.file, w),
-                    e.file, w};
-        } catch (const CheckFailed& e) {
-            std::string w = one_line(e.what());
-            if (!file.empty() && w.rfind(file + ": ", 0) == 0) w = w.substr(file.size() + 2);  // name the file once
-            fail = {"CheckFailed", fmt::format("{}: check failed: {}: {}", tool, file, w), file, w};
-        } catch (const std::bad_alloc&) {
-            fail = {"BadInput", fmt::format("{}: error: {}: out of memory", tool, file), file, "out of memory"};
-        } catch (const py::error_already_set&) {
-            throw;   // raised by a Python callback (alloc): its own exception
-        } catch (const std::exception& e) {
-            const std::string w = one_line(e.what());
-            fail = {"BadInput", fmt::format("{}: error: {}", tool, w), "", w};
-        }
+        fail = call_job(tool, file, job);
         codec::set_cpu_threads(0);
         lines = sink()->take();
     }
-    if (fail.cls) {
-        py::object cls = py::module_::import("ckptkit._errors").attr(fail.cls);
-        py::object exc = cls(fail.message, fail.file, fail.reason);
-        PyErr_SetObject(cls.ptr(), exc.ptr());
-        throw py::error_already_set();
-    }
+    raise_failure(fail);
     return lines;
+}
+
+/// Strings in one message and back: a count, then each as its length and bytes.
+std::string pack(const std::vector<std::string>& v) {
+    std::string m;
+    auto put = [&](uint64_t x) { m.append(reinterpret_cast<const char*>(&x), 8); };
+    put(v.size());
+    for (const auto& s : v) put(s.size()), m += s;
+    return m;
+}
+std::vector<std::string> unpack(const std::string& m) {
+    std::size_t at = 0;
+    auto get = [&]() {
+        uint64_t x = 0;
+        if (m.size() - at < 8) throw std::runtime_error("isolated job: short message");
+        std::memcpy(&x, m.data() + at, 8);
+        at += 8;
+        return x;
+    };
+    std::vector<std::string> v(get());
+    for (auto& s : v) {
+        const uint64_t n = get();
+        if (m.size() - at < n) throw std::runtime_error("isolated job: short message");
+        s.assign(m, at, n);
+        at += n;
+    }
+    return v;
+}
+
+/// run_job for the jobs that read containers, in a child process (common/isolate.h): a
+/// container that crashes libhdf5 ends the child, and this raises BadInput with the tools'
+/// line ("fatal signal SIGSEGV while processing it ..."), the child's temporaries removed.
+/// `job` fills `outs` (what the caller needs back: json, table, ...), which arrive here.
+/// In-process instead when `in_process` (the CUDA decode backend: a forked child cannot
+/// use the parent's device) or when no child can be made.
+template <class F>
+std::vector<std::string> run_job_isolated(const char* tool, const std::string& file, unsigned threads, bool in_process,
+                                          std::vector<std::string>& outs, F&& job) {
+    Failure fail;
+    std::vector<std::string> lines;
+    {
+        py::gil_scoped_release nogil;
+        std::lock_guard<std::mutex> lock(job_mutex());   // held across fork: no other thread is in the library
+        std::optional<Isolated> child;
+        if (!in_process) {
+            try {
+                child = run_isolated([&] {
+                    codec::set_cpu_threads(threads);
+                    const Failure f = call_job(tool, file, job);
+                    std::vector<std::string> m = {f.cls ? f.cls : "", f.message, f.file, f.reason};
+                    std::vector<std::string> logged = sink()->take();
+                    m.push_back(std::to_string(logged.size()));
+                    m.insert(m.end(), logged.begin(), logged.end());
+                    m.insert(m.end(), outs.begin(), outs.end());
+                    return pack(m);
+                });
+            } catch (const std::system_error&) {
+                child.reset();   // no child (out of processes or memory): run here
+            }
+        }
+        if (!child) {
+            codec::set_cpu_threads(threads);
+            fail = call_job(tool, file, job);
+            codec::set_cpu_threads(0);
+            lines = sink()->take();
+        } else if (!child->ran) {
+            const std::string why = !child->signal.empty() ? fatal_signal_reason(child->signal)
+                : fmt::format("the isolated reader ended with exit status {} while processing it; no output was written",
+                              WIFEXITED(child->status) ? WEXITSTATUS(child->status) : -1);
+            fail = {"BadInput", fmt::format("{}: error: {}: {}", tool, file, why), file, why};
+        } else {
+            std::vector<std::string> m = unpack(child->message);
+            static const char* const kinds[] = {"BadInput", "CheckFailed"};
+            for (const char* k : kinds)
+                if (m[0] == k) fail = {k, m[1], m[2], m[3]};
+            const std::size_t n = std::stoul(m[4]);
+            lines.assign(m.begin() + 5, m.begin() + 5 + std::ptrdiff_t(n));
+            outs.assign(m.begin() + 5 + std::ptrdiff_t(n), m.end());
+        }
+    }
+    raise_failure(fail);
+    return lines;
+}
+
+/// Whether a container read with --device `name` runs in this process: with the CUDA
+/// backend (a forked child cannot use the parent's device), or when CKPTKIT_ISOLATE=0 (saves
+/// the fork, docs/python.md; a libhdf5 crash then ends the interpreter). An unknown name is left to the job to refuse.
+bool decode_in_process(const std::string& name) {
+    if (const char* e = std::getenv("CKPTKIT_ISOLATE"); e && std::string(e) == "0") return true;
+    try {
+        return codec::resolve_device(name) != codec::Device::Cpu;
+    } catch (const std::exception&) {
+        return false;
+    }
 }
 
 /// The options dict the Python side checked: typed getters with defaults.
@@ -202,16 +311,14 @@ Spans make_spans(const py::list& parts) {
     return s;
 }
 
-/// Writable anonymous memory for a restored checkpoint, mapped with MAP_POPULATE: the
-/// kernel backs it in one call instead of one page fault per 4 KiB as it is written (half the
-/// time of a bytearray on a 268 MB checkpoint in a VM). Python sees it through the buffer
-/// protocol; tensors made with torch.frombuffer keep it alive; munmap-ed with the last.
+/// A restored checkpoint's memory: the memfd the job filled (restore_bytes), mapped shared
+/// and writable. Python sees it through the buffer protocol; tensors made with
+/// torch.frombuffer keep it alive; munmap-ed with the last.
 struct MemBuffer {
     void* p = nullptr;
     std::size_t n = 0;
-    explicit MemBuffer(std::size_t size) : n(size) {
-        void* q = ::mmap(nullptr, std::max<std::size_t>(n, 1), PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    MemBuffer(int fd, std::size_t size) : n(size) {
+        void* q = ::mmap(nullptr, std::max<std::size_t>(n, 1), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (q == MAP_FAILED) throw std::bad_alloc();
         p = q;
     }
@@ -290,67 +397,82 @@ PYBIND11_MODULE(_ckptkit, m) {
 
     m.def("verify", [](const std::string& path, std::optional<std::string> original, py::dict d) {
         const Opts o{d};
-        std::string json, table, first;
-        bool ok = true;
-        const auto lines = run_job("ckpt-verify", path, o.get<unsigned>("threads", 0), [&] {
+        std::vector<std::string> outs;   // json, table, ok ("1" / "0"), first failure
+        const auto lines = run_job_isolated("ckpt-verify", path, o.get<unsigned>("threads", 0), decode_in_process("auto"), outs, [&] {
             VerifyOptions v;
             v.grid = o.get<int>("grid", v.grid);
             v.strict = o.get<bool>("strict", false);
             if (folder::is_folder(path)) {
                 const auto r = folder::verify_folder(path, original, v);
-                json = r.json(), table = r.table(), ok = r.ok;
-                if (!r.failures.empty()) first = r.failures.front();
+                outs = {r.json(), r.table(), r.ok ? "1" : "0", r.failures.empty() ? "" : r.failures.front()};
                 return;
             }
             if (readable_non_hdf5(path))
                 throw BadInput(path, "not a ckptkit container; pass the container (.ckz.h5), and the checkpoint with --original");
             v.original = original;
             const Report r = verify(path, v);
-            json = r.json(), table = r.table(), ok = r.ok;
-            if (!r.failures.empty()) first = r.failures.front();
+            outs = {r.json(), r.table(), r.ok ? "1" : "0", r.failures.empty() ? "" : r.failures.front()};
         });
-        return py::make_tuple(json, table, lines, ok, first);
+        return py::make_tuple(outs.at(0), outs.at(1), lines, outs.at(2) == "1", outs.at(3));
     }, py::arg("path"), py::arg("original"), py::arg("opts"),
-       "ckpt-verify PATH [--original ORIGINAL]; returns (json, table, warnings, ok, first failure)");
+       "ckpt-verify PATH [--original ORIGINAL] (in a child process); returns (json, table, warnings, ok, first failure)");
 
     m.def("restore", [](const std::string& src, const std::string& dst, py::dict d) {
         const Opts o{d};
-        std::string json, table;
-        const auto lines = run_job("ckpt-restore", src, o.get<unsigned>("threads", 0), [&] {
-            set_decode_device(o.get<std::string>("device", "auto"), src);
+        const std::string device = o.get<std::string>("device", "auto");
+        std::vector<std::string> outs;   // json, table
+        const auto lines = run_job_isolated("ckpt-restore", src, o.get<unsigned>("threads", 0), decode_in_process(device), outs, [&] {
+            set_decode_device(device, src);
             RestoreOptions r;
             if (folder::is_folder(src)) {
                 const auto f = folder::restore_folder(src, dst, r, folder_options(o));
-                json = f.json(), table = f.table();
+                outs = {f.json(), f.table()};
                 return;
             }
             check_outputs({src}, {dst}, o.get<bool>("force", false));
             if (readable_non_hdf5(src)) throw BadInput(src, "not a ckptkit container; pass the container (.ckz.h5) that ckpt-compress wrote");
             const Report rep = restore(src, dst, r);
-            json = rep.json(), table = rep.table();
+            outs = {rep.json(), rep.table()};
         });
-        return result(json, table, lines);
-    }, py::arg("src"), py::arg("dst"), py::arg("opts"), "ckpt-restore SRC -o DST; returns (json, table, warnings)");
+        return result(outs.at(0), outs.at(1), lines);
+    }, py::arg("src"), py::arg("dst"), py::arg("opts"),
+       "ckpt-restore SRC -o DST (in a child process); returns (json, table, warnings)");
 
     m.def("restore_bytes", [](const std::string& src, py::dict d, const char* tool) {
         const Opts o{d};
-        std::string json, table;
-        py::object out;   // the restored file: a Buffer filled in place (writable: tensors may share it)
-        const auto lines = run_job(tool, src, o.get<unsigned>("threads", 0), [&] {
-            set_decode_device(o.get<std::string>("device", "auto"), src);
+        const std::string device = o.get<std::string>("device", "auto");
+        // the restored file: memory the job fills (a memfd shared with the child), mapped here
+        // as a Buffer (writable: tensors may share it)
+        const int fd = ::memfd_create("ckptkit.load", MFD_CLOEXEC);
+        if (fd < 0) throw std::bad_alloc();
+        struct Fd {
+            int fd;
+            ~Fd() { ::close(fd); }
+        } hold{fd};
+        std::vector<std::string> outs;   // json, table, restored bytes
+        const auto lines = run_job_isolated(tool, src, o.get<unsigned>("threads", 0), decode_in_process(device), outs, [&] {
+            set_decode_device(device, src);
             if (readable_non_hdf5(src)) throw BadInput(src, "not a ckptkit container");
+            struct Mapping {   // the job's view of the memfd (unmapped when the job ends)
+                void* p = nullptr;
+                std::size_t n = 0;
+                ~Mapping() { if (p) ::munmap(p, std::max<std::size_t>(n, 1)); }
+            } view;
             const Report rep = restore_to_memory(src, [&](uint64_t n) -> void* {
-                auto b = std::make_unique<MemBuffer>(std::size_t(n));   // mapped without the GIL
-                void* p = b->p;
-                py::gil_scoped_acquire gil;
-                out = py::cast(b.release(), py::return_value_policy::take_ownership);
+                if (::ftruncate(fd, off_t(n)) != 0) throw std::bad_alloc();
+                void* p = ::mmap(nullptr, std::max<std::size_t>(n, 1), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+                if (p == MAP_FAILED) throw std::bad_alloc();
+                view.p = p;
+                view.n = std::size_t(n);
                 return p;
             }, RestoreOptions{});
-            json = rep.json(), table = rep.table();
+            outs = {rep.json(), rep.table(), std::to_string(view.n)};
         });
-        return py::make_tuple(out, json, table, lines);
+        py::object out = py::cast(new MemBuffer(fd, std::size_t(std::stoull(outs.at(2)))), py::return_value_policy::take_ownership);
+        return py::make_tuple(out, outs.at(0), outs.at(1), lines);
     }, py::arg("src"), py::arg("opts"), py::arg("tool") = "ckptkit.load",
-       "the checkpoint restored from the container SRC, in memory (no file); returns (Buffer, json, table, warnings)");
+       "the checkpoint restored from the container SRC, in memory (no file; decoded in a child process); "
+       "returns (Buffer, json, table, warnings)");
 
     m.def("check_checkpoint", [](py::object what, bool strict, const char* tool) {
         // what: a path (str) or a list of parts (compress_memory's) named "<memory>"

@@ -346,6 +346,39 @@ def test_hostile_containers_raise_never_crash(tmp_path):
     assert p.returncode == 0 and "done" in p.stdout, (p.returncode, p.stderr[-2000:])
 
 
+def test_libhdf5_crash_ends_only_a_child(tmp_path):
+    """Two object-header bytes that make libhdf5 itself die (SIGFPE in H5D__chunk_set_info on
+    /manifest's chunked layout: dimensionality 0, or layout version 1;
+    scripts/fixtures/make_bad_containers.py): load, verify and restore read containers in a
+    child process (common/isolate.h), so each raises BadInput with the tools' line, leaves no
+    output, and this interpreter goes on (the next load works)."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts", "fixtures"))
+    import make_bad_containers
+    good = tmp_path / "good.ckz.h5"
+    ckptkit.save(torch.load(fixture_path("cnn_adamw.pt")), good)
+    out = tmp_path / "out"
+    out.mkdir()
+    for at, value in ((2, 0), (0, 1)):
+        bad = tmp_path / f"bad{at}{value}.ckz.h5"
+        bad.write_bytes(good.read_bytes())
+        make_bad_containers._layout_patch("manifest", at, value)(str(bad))
+        before = bad.read_bytes()
+        calls = {"ckptkit.load": lambda: ckptkit.load(bad),
+                 "ckpt-verify": lambda: ckptkit.verify(bad),
+                 "ckpt-restore": lambda: ckptkit.restore(bad, out / "r.pt")}
+        for tool, call in calls.items():
+            with pytest.raises(ckptkit.BadInput) as e:
+                call()
+            msg = str(e.value)
+            assert "\n" not in msg and msg.startswith(f"{tool}: error: {bad}: "), msg
+            assert msg.endswith(": fatal signal SIGFPE while processing it (a malformed container can crash "
+                                "libhdf5); no output was written"), msg
+            assert e.value.file == str(bad)
+            assert os.listdir(out) == [], (tool, os.listdir(out))
+        assert bad.read_bytes() == before
+    assert set(ckptkit.load(good)["model"]) == set(torch.load(fixture_path("cnn_adamw.pt"))["model"])
+
+
 # ------------------------------------------------------------------------------ README recipes
 # Neither transformers nor lightning is in Debian 12: each recipe runs against a minimal
 # stand-in of the interface it implements, copied from the framework's source
