@@ -130,6 +130,9 @@ for t in $TARGETS; do
       echo "  finding: test/corpus/fuzz/$t/$(basename "$a")" | tee -a "$SUM"
     done
     grep -E 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error|SUMMARY' "$B/fuzz_$t.log" | head -5 | tee -a "$SUM"
+    # the report itself (stack, the signal, the unit in base64 when small): a CI run's finding
+    # can then be studied without its machine (its artifact does not come back)
+    awk '/^==[0-9]+==|runtime error|deadly signal/ {on = 1} on' "$B/fuzz_$t.log" | grep -v '^MS: \|^#[0-9]' | head -60 | sed 's/^/    | /' | tee -a "$SUM"
   fi
 done
 exit $found
