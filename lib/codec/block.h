@@ -321,13 +321,21 @@ CKPT_HD_FORCE bool vlog_sens(const GuardConst& gc, const float* const* src, std:
     return true;
 }
 
+/// The exponent p = kPlanMA / kPlanMB of vlog_plan's objective dm^p delta^(2 - p): p = 1
+/// (each halving of a step costs one bit per value) gives each coordinate's constraint
+/// equally to the two moments; p = 2/3 gives a third to exp_avg (2/3 of its error, 4/3 of
+/// exp_avg_sq's, log2(9/8) = 0.17 bits a coordinate more): exp_avg's error moves each
+/// later update the same way until b1^t forgets it, so it is what a resumed run drifts by
+/// most (docs/benchmarks.md, "Resume drift").
+constexpr int kPlanMA = 2, kPlanMB = 3;
+
 /// vlog's step plan for a block: from the closed form (guard.h closed_bound) each live
 /// coordinate's certificate is about A*dm + B*delta, with dm the exp_avg step (units of
 /// sqrt(v~)) and delta the relative half-width of the exp_avg_sq cell:
 ///   A = b1 sqrt(max(v, vmax)) / (2 D(0) bc1),  B = sqrt(bc2) (b1 |m| / sqrt(C) + closed_g) * max(1, vmax/C) / (2 bc1)
-/// with C = b2 v. The plan maximises dm * delta (each halving of a step costs one bit per
-/// value) subject to A_j dm + B_j delta <= budget for every live j, over dm/delta ratios
-/// r0 = max B / max A times 2^(k/2), |k| <= 2; a coordinate whose constraint alone costs the block more bits
+/// with C = b2 v. The plan maximises dm^p delta^(2-p) (kPlanMA) subject to
+/// A_j dm + B_j delta <= budget for every live j, over dm/delta ratios
+/// r0 p / (2 - p) times 2^(k/2), |k| <= 2, r0 = max B / max A; a coordinate whose constraint alone costs the block more bits
 /// than its escape is dropped (it escapes unless it certifies anyway). Writes the steps
 /// into p; returns false when no coordinate constrains the block.
 template <class Q>
@@ -395,14 +403,22 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
         while (!(w.settled[at] == w1)) ++at;
         return at;
     };
-    auto best_ratio = [&]() {  // r / worst(r)^2 is unimodal in r (worst is convex): 5 points, one pass
+    // r^p / worst(r)^2 is unimodal in r (worst is convex): 5 points around the single
+    // coordinate's optimum r0 p / (2 - p), one pass; scores relative to the middle point's
+    // (mult^a (w_2 / w_k)^2b = its score^b, p = a/b), so that nothing overflows and every
+    // level and the device compute the same IEEE operations (no pow)
+    const double rc = r0 * double(kPlanMA) / double(2 * kPlanMB - kPlanMA);
+    auto best_ratio = [&]() {
         const double mult[5] = {0.5, 0.7071067811865476, 1.0, 1.4142135623730951, 2.0};
         double rk[5], wc[5];
-        for (int k = 0; k < 5; ++k) rk[k] = r0 * mult[k];
+        for (int k = 0; k < 5; ++k) rk[k] = rc * mult[k];
         block_max_affine<5>(A, B, bn8, rk, wc);
-        double best = r0, score = -1;
+        double best = rc, score = -1;
         for (int k = 0; k < 5; ++k) {
-            const double sc = rk[k] / (wc[k] * wc[k]);  // dm * delta = budget^2 * r / worst^2
+            const double q = wc[2] / wc[k];
+            double sc = 1;
+            for (int e = 0; e < kPlanMA; ++e) sc *= mult[k];
+            for (int e = 0; e < 2 * kPlanMB; ++e) sc *= q;
             if (sc > score) { score = sc; best = rk[k]; }
         }
         return best;

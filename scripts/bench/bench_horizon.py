@@ -8,7 +8,7 @@ Usage: /usr/bin/python3 scripts/bench/bench_horizon.py [--bin build/apps] [--ste
 For every bundled fixture (data/, each with the model and optimizer class that made it:
 Adam + L2, AdamW, maximize, amsgrad, dead units, safetensors) and, when present, the two
 bench models in --models (scripts/bench/train_bench_models.py; their gradient sequences run for
---bench-steps steps, G = 1 only: an 11M-parameter step is ~10^3 times a fixture's):
+--bench-steps steps: an 11M-parameter step is ~10^3 times a fixture's):
 compress with --horizon 1 and all (vlog, tau 0.01,
 G 1), the reduction of each and the CPU-time ratio all / 1 (median of --reps runs, both in
 the same loop); then for --horizon all at G = 1 and G = inf: ckpt-verify --original, and
@@ -51,18 +51,18 @@ def compress(bin_dir, src, out, horizon, G="1.0"):
     return json.loads(p.stdout), t
 
 
-def bench_sequences(a, src, out, tmp, name):
-    """A bench checkpoint through the gradient sequences (G = 1, --bench-steps steps, its own
-    AdamW from train_bench_models.model_and_optimizer); one table row."""
-    compress(a.bin, src, out, "all", "1.0")
+def bench_sequences(a, src, out, tmp, name, G):
+    """A bench checkpoint through the gradient sequences (--bench-steps steps, grad bound G,
+    its own AdamW from train_bench_models.model_and_optimizer); one table row."""
+    compress(a.bin, src, out, "all", G)
     v = subprocess.run([os.path.join(a.bin, "ckpt-verify"), out, "--original", src], capture_output=True, text=True)
     back = os.path.join(tmp, "r.pt")
     subprocess.run([os.path.join(a.bin, "ckpt-restore"), out, "-o", back, "--force"], check=True, capture_output=True)
     o_sd, r_sd = tsc.split_state(tsc.load_any(src), src), tsc.split_state(tsc.load_any(back), back)
-    res = tsc.multi_step_check(name, o_sd, r_sd, 0.01, 1.0, a.bench_steps)
+    res = tsc.multi_step_check(name, o_sd, r_sd, 0.01, float(G), a.bench_steps)
     worst = max(r["max_lr"] for r in res.values())
     bad = sum(not r["ok"] for r in res.values())
-    return (f"| {name} | 1.0 | {'pass' if v.returncode == 0 else 'FAIL'} | {worst:.3e} | "
+    return (f"| {name} | {G} | {'pass' if v.returncode == 0 else 'FAIL'} | {worst:.3e} | "
             f"{len(res)} x {a.bench_steps} | {bad} |")
 
 
@@ -103,8 +103,8 @@ def main():
             red.append(f"| {name} | {100 * reps['1']['moment_reduction']:.1f}% | {100 * reps['all']['moment_reduction']:.1f}% "
                        f"| {reps['all']['escapes']} | {ratio:.3f}x |")
             if name not in FIXTURES:
-                if a.bench_steps:
-                    seq.append(bench_sequences(a, src, out, tmp, name))
+                for G in ("1.0", "inf") if a.bench_steps else ():
+                    seq.append(bench_sequences(a, src, out, tmp, name, G))
                     print(seq[-1], flush=True)
                 continue
             for G in ("1.0", "inf"):
