@@ -188,8 +188,8 @@ private:
     bool stop_ = false;
 };
 
-/// The process's one WorkerPool. A child made by fork() (common/isolate.h) has none of
-/// the parent's threads: it gets a new pool, the old one left as it was (never destroyed:
+/// The process's one WorkerPool. A child made by fork() (a training script's data-loader
+/// workers) has none of the parent's threads: it gets a new pool, the old one left as it was (never destroyed:
 /// its destructor would wait for threads that do not exist there).
 std::atomic<WorkerPool*> g_pool{nullptr};
 

@@ -346,11 +346,11 @@ def test_hostile_containers_raise_never_crash(tmp_path):
     assert p.returncode == 0 and "done" in p.stdout, (p.returncode, p.stderr[-2000:])
 
 
-def test_libhdf5_crash_ends_only_a_child(tmp_path):
+def test_libhdf5_crash_ends_only_the_reader(tmp_path):
     """Two object-header bytes that make libhdf5 itself die (SIGFPE in H5D__chunk_set_info on
     /manifest's chunked layout: dimensionality 0, or layout version 1;
-    scripts/fixtures/make_bad_containers.py): load, verify and restore read containers in a
-    child process (common/isolate.h), so each raises BadInput with the tools' line, leaves no
+    scripts/fixtures/make_bad_containers.py): load, verify and restore read containers in the
+    helper process ckptkit-reader (python/ckptkit/reader.h), so each raises BadInput with the tools' line, leaves no
     output, and this interpreter goes on (the next load works)."""
     sys.path.insert(0, os.path.join(ROOT, "scripts", "fixtures"))
     import make_bad_containers
