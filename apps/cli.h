@@ -28,6 +28,7 @@
 
 #include "codec/codec.h"
 #include "common/cleanup.h"
+#include "common/process.h"
 #include "common/error.h"
 #include "common/file.h"
 
@@ -102,15 +103,7 @@ public:
     /// Parse argv, then run `body` (returns the exit code). `file` names the main input for
     /// error objects (it is read after parsing). Returns the process exit code.
     int main(int argc, char** argv, const std::string& file, const std::function<int()>& body) {
-        std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit becomes a write error (exit 2), not a kill
-#if defined(__GLIBC__)
-        // Chunk buffers (MBs, allocated per parameter and chunk) stay in the heap for reuse:
-        // by default glibc maps each one afresh and unmaps it on free, so every chunk paid
-        // its page faults and the kernel's zeroing again (3-4x the faults; restore ~0.84x
-        // CPU without them). Memory is returned at exit; peak RSS is unchanged in kind.
-        mallopt(M_MMAP_THRESHOLD, 256 << 20);
-        mallopt(M_TRIM_THRESHOLD, 512 << 20);
-#endif
+        tool_process_setup();  // SIGXFSZ ignored, chunk buffers kept in the heap (common/process.h)
         spdlog::set_default_logger(spdlog::stderr_color_mt(tool_));
         spdlog::set_pattern("%n: %l: %v");
         try {

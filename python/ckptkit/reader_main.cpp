@@ -3,11 +3,13 @@
 // (common/isolate.h) and, for restore_bytes, the memfd to fill at fd 4. Exit 0 after
 // sending the result; a crash inside libhdf5 is reported by its signal's name.
 #include "common/isolate.h"
+#include "common/process.h"
 #include "codec/codec.h"
 #include "reader.h"
 
 int main(int argc, char** argv) {
     ckpt::isolated_begin();
+    ckpt::tool_process_setup();  // as the tools (common/process.h)
     if (argc != 2) return 64;
     const auto sink = ckpt::pkg::collect_logs();
     nlohmann::json req;
