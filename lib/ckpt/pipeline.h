@@ -5,7 +5,6 @@
 #pragma once
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -84,10 +83,9 @@ struct RestoreOptions {
 /// Rebuild the checkpoint (same format as the source) from the container.
 Report restore(const std::string& container, const std::string& out, const RestoreOptions&);
 
-/// The same into memory (no file): `alloc(n)` is called once with the restored size n and
-/// returns where the n bytes go (it may throw; the bytes are only whole when this returns).
-/// Report::output is "" and file_bytes_out n. The Python package's load.
-Report restore_to_memory(const std::string& container, const std::function<void*(uint64_t)>& alloc,
-                         const RestoreOptions&);
+/// The same into the open descriptor `fd` (no file name: the package's memfd, which the
+/// interpreter maps), sized to the restored bytes; Report::output is "" and file_bytes_out
+/// their count. Written with pwrite, so the writer maps none of its pages.
+Report restore_to_fd(const std::string& container, int fd, const RestoreOptions&);
 
 }  // namespace ckpt

@@ -101,7 +101,7 @@ Report restore_report(const ContainerReader& cr, const std::string& path, const 
     return rep;
 }
 
-/// The source rebuilt into `w` (a file or memory), every check made; closes `w`. Errors
+/// The source rebuilt into `w` (a file or a descriptor), every check made; closes `w`. Errors
 /// other than BadInput and CheckFailed are BadInput naming `out`.
 void restore_into(const ContainerReader& cr, FileWriter& w, const std::string& out, const RestoreOptions& o) {
     const auto& man = cr.manifest();
@@ -149,12 +149,11 @@ Report restore(const std::string& path, const std::string& out, const RestoreOpt
     return rep;
 }
 
-Report restore_to_memory(const std::string& path, const std::function<void*(uint64_t)>& alloc, const RestoreOptions& o) {
+Report restore_to_fd(const std::string& path, int fd, const RestoreOptions& o) {
     const ContainerReader cr(path);
     Report rep = restore_report(cr, path, "");
     const uint64_t n = cr.manifest().source_size;
-    void* dst = alloc(n);
-    FileWriter w(dst, n, path + " (restored in memory)");
+    FileWriter w(fd, n, path + " (restored into memory)");
     restore_into(cr, w, path, o);
     rep.file_bytes_out = n;
     return rep;

@@ -131,20 +131,17 @@ FileWriter::FileWriter(const std::string& path) : path_(path) {
     if (fd_ < 0) throw std::runtime_error(path + ": cannot create: " + errtext());
 }
 
-FileWriter::FileWriter(void* mem, uint64_t capacity, std::string name)
-    : path_(std::move(name)), mem_(static_cast<char*>(mem)), mem_size_(capacity) {}
+FileWriter::FileWriter(int fd, uint64_t size, std::string name) : path_(std::move(name)) {
+    fd_ = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (fd_ < 0) throw std::runtime_error(path_ + ": cannot use the descriptor: " + errtext());
+    if (::ftruncate(fd_, off_t(size)) != 0) throw std::runtime_error(path_ + ": cannot size it: " + errtext());
+}
 
 FileWriter::~FileWriter() {
     if (fd_ >= 0) ::close(fd_);
 }
 
 void FileWriter::pwrite_now(uint64_t offset, const char* p, uint64_t n) {
-    if (mem_) {
-        if (offset > mem_size_ || n > mem_size_ - offset)
-            throw std::runtime_error(path_ + ": write past the end of the memory output");
-        std::memcpy(mem_ + offset, p, n);
-        return;
-    }
     while (n > 0) {
         const ssize_t r = ::pwrite(fd_, p, n, off_t(offset));
         if (r < 0 && errno == EINTR) continue;
@@ -187,18 +184,12 @@ void FileWriter::skip(uint64_t n) {
         if (buf_.capacity() < kBuffer) buf_.reserve(kBuffer);
         buf_.insert(buf_.end(), std::size_t(n), '\0');
     } else {
-        flush();
-        if (mem_) {   // a file's hole reads as zeros; memory is zeroed to match
-            if (off_ > mem_size_ || n > mem_size_ - off_)
-                throw std::runtime_error(path_ + ": write past the end of the memory output");
-            std::memset(mem_ + off_, 0, n);
-        }
+        flush();   // a hole, which reads as zeros
     }
     off_ += n;
 }
 
 void FileWriter::close() {
-    if (mem_) return flush();
     if (fd_ < 0) return;
     flush();
     if (::fsync(fd_) != 0) throw std::runtime_error(path_ + ": fsync failed: " + errtext());

@@ -55,9 +55,10 @@ bool readable_non_hdf5(const std::string& path);
 class FileWriter {
 public:
     explicit FileWriter(const std::string& path);
-    /// A writer into memory: [mem, mem + capacity) (no file; close() only flushes). Writing
-    /// past `capacity` throws std::runtime_error naming `name`; skipped bytes are zeroed.
-    FileWriter(void* mem, uint64_t capacity, std::string name);
+    /// A writer into the open descriptor `fd` (a duplicate of it; the package's memfd),
+    /// truncated to `size` bytes first, so that skipped bytes read as zeros; `name` names it
+    /// in errors.
+    FileWriter(int fd, uint64_t size, std::string name);
     ~FileWriter();
     void write(const void* data, uint64_t n);
     void pwrite(uint64_t offset, const void* data, uint64_t n);  ///< after the buffered bytes
@@ -71,8 +72,6 @@ private:
     static constexpr std::size_t kBuffer = 1 << 20, kZeroSkip = 64 * 1024;  ///< kZeroSkip: the small-piece bound
     std::string path_;
     int fd_ = -1;
-    char* mem_ = nullptr;        ///< memory mode: the destination (fd_ < 0)
-    uint64_t mem_size_ = 0;
     uint64_t off_ = 0;           ///< logical end: buffered bytes included
     std::vector<char> buf_;      ///< bytes [off_ - buf_.size(), off_)
 };

@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -76,22 +74,8 @@ std::vector<std::string> restore_bytes_job(const nlohmann::json& req, const nloh
     const std::string src = req.at("src").get<std::string>();
     set_decode_device(opt<std::string>(o, "device", "auto"), src);
     if (readable_non_hdf5(src)) throw BadInput(src, "not a ckptkit container");
-    struct Mapping {  // the job's view of the memfd, unmapped when the job ends
-        void* p = nullptr;
-        std::size_t n = 0;
-        ~Mapping() {
-            if (p) ::munmap(p, std::max<std::size_t>(n, 1));
-        }
-    } view;
-    const Report rep = restore_to_memory(src, [&](uint64_t n) -> void* {
-        if (::ftruncate(memfd, off_t(n)) != 0) throw std::bad_alloc();
-        void* p = ::mmap(nullptr, std::max<std::size_t>(n, 1), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd, 0);
-        if (p == MAP_FAILED) throw std::bad_alloc();
-        view.p = p;
-        view.n = std::size_t(n);
-        return p;
-    }, RestoreOptions{});
-    return {rep.json(), rep.table(), std::to_string(view.n)};
+    const Report rep = restore_to_fd(src, memfd, RestoreOptions{});
+    return {rep.json(), rep.table(), std::to_string(rep.file_bytes_out)};
 }
 
 void put(std::string& m, uint64_t x) { m.append(reinterpret_cast<const char*>(&x), 8); }
