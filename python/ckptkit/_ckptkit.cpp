@@ -113,13 +113,15 @@ bool read_in_process(const std::string& device) {
 /// A container read (pkg::run_read_job's request `req`), in the helper process
 /// ckptkit-reader (common/isolate.h) unless read_in_process: a container that crashes
 /// libhdf5 ends the helper, and this raises BadInput with the tools' line ("fatal signal
-/// SIGFPE while processing it ..."), the helper's temporaries removed. In this process
-/// too when the helper cannot be started. Returns the job's outputs; *lines: what it logged.
+/// SIGFPE while processing it ..."), the helper's temporaries removed; a helper ended by
+/// SIGINT / SIGTERM raises the interpreter's pending KeyboardInterrupt, else BadInput
+/// "interrupted". In this process too when the helper cannot be started. Returns the job's outputs; *lines: what it logged.
 std::vector<std::string> run_read(const nlohmann::json& req, int memfd, std::vector<std::string>& lines) {
     const std::string tool = req.at("tool").get<std::string>(), file = req.at("src").get<std::string>();
     const std::string device = req.at("opts").value("device", "auto");
     pkg::Failure fail;
     std::vector<std::string> outs;
+    bool interrupted = false;
     {
         py::gil_scoped_release nogil;
         std::lock_guard<std::mutex> lock(job_mutex());
@@ -139,14 +141,23 @@ std::vector<std::string> run_read(const nlohmann::json& req, int memfd, std::vec
             codec::set_cpu_threads(0);
             lines = sink()->take();
         } else if (!helper->ran) {
-            const std::string why = !helper->signal.empty() ? fatal_signal_reason(helper->signal)
+            interrupted = helper->signal == "SIGINT" || helper->signal == "SIGTERM" || helper->signal == "SIGHUP";
+            const std::string why =
+                interrupted ? "interrupted by " + helper->signal + "; no output was written"
+                : !helper->signal.empty() ? fatal_signal_reason(helper->signal)
                 : fmt::format("the reader process ended with exit status {} while processing it; no output was written",
                               WIFEXITED(helper->status) ? WEXITSTATUS(helper->status) : -1);
             fail = {"BadInput", fmt::format("{}: error: {}: {}", tool, file, why), file, why};
         } else {
-            pkg::unpack_result(helper->message, fail, lines, outs);
+            try {
+                pkg::unpack_result(helper->message, fail, lines, outs);
+            } catch (const std::exception& e) {
+                fail = {"BadInput", fmt::format("{}: error: {}: {}", tool, file, e.what()), file, e.what()};
+            }
         }
     }
+    // Ctrl-C reached the helper and this interpreter alike: KeyboardInterrupt, as Python raises it
+    if (interrupted && PyErr_CheckSignals() != 0) throw py::error_already_set();
     raise_failure(fail);
     return outs;
 }
