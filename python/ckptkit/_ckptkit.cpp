@@ -69,6 +69,18 @@ void raise_failure(const pkg::Failure& fail) {
     throw py::error_already_set();
 }
 
+/// Run `job` on this thread (the caller released the GIL and holds job_mutex) with
+/// `threads` codec threads (0: every core the process may use): what it raised, and into
+/// *lines what it logged.
+template <class F>
+pkg::Failure run_here(const char* tool, const std::string& file, unsigned threads, F&& job, std::vector<std::string>& lines) {
+    codec::set_cpu_threads(threads);
+    pkg::Failure fail = pkg::call_job(tool, file, job);
+    codec::set_cpu_threads(0);
+    lines = sink()->take();
+    return fail;
+}
+
 /// Run `job` without the GIL under job_mutex; a library error is raised as the package's
 /// exception (after the GIL is back). `file` names the input for check failures. Returns
 /// the lines the library logged during the job (taken under the lock: a concurrent job's
@@ -80,10 +92,7 @@ std::vector<std::string> run_job(const char* tool, const std::string& file, unsi
     {
         py::gil_scoped_release nogil;
         std::lock_guard<std::mutex> lock(job_mutex());
-        codec::set_cpu_threads(threads);   // 0: every core the process may use
-        fail = pkg::call_job(tool, file, job);
-        codec::set_cpu_threads(0);
-        lines = sink()->take();
+        fail = run_here(tool, file, threads, job, lines);
     }
     raise_failure(fail);
     return lines;
@@ -118,7 +127,7 @@ bool read_in_process(const std::string& device) {
 /// "interrupted". In this process too when the helper cannot be started. Returns the job's outputs; *lines: what it logged.
 std::vector<std::string> run_read(const nlohmann::json& req, int memfd, std::vector<std::string>& lines) {
     const std::string tool = req.at("tool").get<std::string>(), file = req.at("src").get<std::string>();
-    const std::string device = req.at("opts").value("device", "auto");
+    const std::string device = pkg::Opts{req.at("opts")}.get<std::string>("device", "auto");
     pkg::Failure fail;
     std::vector<std::string> outs;
     bool interrupted = false;
@@ -136,10 +145,7 @@ std::vector<std::string> run_read(const nlohmann::json& req, int memfd, std::vec
             }
         }
         if (!helper) {
-            codec::set_cpu_threads(req.value("threads", 0u));
-            fail = pkg::call_job(tool.c_str(), file, [&] { outs = pkg::run_read_job(req, memfd); });
-            codec::set_cpu_threads(0);
-            lines = sink()->take();
+            fail = run_here(tool.c_str(), file, req.value("threads", 0u), [&] { outs = pkg::run_read_job(req, memfd); }, lines);
         } else if (!helper->ran) {
             interrupted = helper->signal == "SIGINT" || helper->signal == "SIGTERM" || helper->signal == "SIGHUP";
             const std::string why =
@@ -162,7 +168,7 @@ std::vector<std::string> run_read(const nlohmann::json& req, int memfd, std::vec
     return outs;
 }
 
-/// A checked options dict as JSON (None, bool, int, float and str values).
+/// A checked options dict as JSON (None, bool, int, float and str values), for pkg::Opts.
 nlohmann::json to_json(const py::dict& d) {
     nlohmann::json j = nlohmann::json::object();
     for (auto item : d) {
@@ -177,17 +183,8 @@ nlohmann::json to_json(const py::dict& d) {
     return j;
 }
 
-/// The options dict the Python side checked: typed getters with defaults.
-struct Opts {
-    py::dict d;
-    bool has(const char* k) const { return d.contains(k) && !d[k].is_none(); }
-    template <class T> T get(const char* k, T def) const { return has(k) ? d[k].cast<T>() : def; }
-    template <class T> std::optional<T> opt(const char* k) const {
-        return has(k) ? std::optional<T>(d[k].cast<T>()) : std::nullopt;
-    }
-};
-
-CompressOptions compress_options(const Opts& o) {
+/// ckpt-compress's options from the package's.
+CompressOptions compress_options(const pkg::Opts& o) {
     CompressOptions c;
     c.tolerance = o.get<double>("tolerance", c.tolerance);
     c.grad_bound = o.get<double>("grad_bound", c.grad_bound);
@@ -205,14 +202,6 @@ CompressOptions compress_options(const Opts& o) {
     c.chunk = o.get<std::size_t>("chunk", 0);
     c.limits.strict = o.get<bool>("strict", false);
     c.device = o.get<std::string>("device", "auto");
-    return c;
-}
-
-/// compress_options read with the GIL held (before the job releases it); an option the
-/// library refuses raises as the job's errors do.
-CompressOptions checked_options(const char* tool, const std::string& file, const Opts& o) {
-    CompressOptions c;
-    raise_failure(pkg::call_job(tool, file, [&] { c = compress_options(o); }));
     return c;
 }
 
@@ -291,11 +280,11 @@ PYBIND11_MODULE(_ckptkit, m) {
        "(formats/plan.md) as text; infeasible budgets are entries with feasible false");
 
     m.def("compress", [](const std::string& src, const std::string& dst, py::dict d) {
-        const Opts o{d};
-        const CompressOptions c = checked_options("ckpt-compress", src, o);
-        const folder::FolderOptions fo = pkg::folder_options(to_json(d));
+        const pkg::Opts o{to_json(d)};
         std::string json, table;
         const auto lines = run_job("ckpt-compress", src, o.get<unsigned>("threads", 0), [&] {
+            const CompressOptions c = compress_options(o);
+            const folder::FolderOptions fo = pkg::folder_options(o);
             if (folder::is_folder(src)) {
                 const auto r = folder::compress_folder(src, dst, c, fo);
                 json = r.json(), table = r.table();
@@ -311,11 +300,11 @@ PYBIND11_MODULE(_ckptkit, m) {
 
     m.def("compress_memory", [](const std::string& name, py::list parts, const std::string& dst, py::dict d,
                                 const char* tool) {
-        const Opts o{d};
-        const CompressOptions c = checked_options(tool, name, o);
+        const pkg::Opts o{to_json(d)};
         std::string json, table;
         Spans s = make_spans(parts);
         const auto lines = run_job(tool, name, o.get<unsigned>("threads", 0), [&] {
+            const CompressOptions c = compress_options(o);
             check_outputs({}, {dst}, true);   // a folder, or not a regular file: refused
             const io::InputFile in(name, s.spans);
             const Report r = compress(in, dst, c);
@@ -327,10 +316,10 @@ PYBIND11_MODULE(_ckptkit, m) {
        "concatenated) into the container DST (replaced atomically); returns (json, table, warnings)");
 
     m.def("verify", [](const std::string& path, std::optional<std::string> original, py::dict d) {
-        const nlohmann::json opts = to_json(d);
+        const pkg::Opts o{to_json(d)};
         const nlohmann::json req = {{"job", "verify"}, {"tool", "ckpt-verify"}, {"src", path},
                                     {"original", original ? nlohmann::json(*original) : nlohmann::json(nullptr)},
-                                    {"threads", opts.value("threads", 0)}, {"opts", opts}};
+                                    {"threads", o.get<unsigned>("threads", 0)}, {"opts", o.j}};
         std::vector<std::string> lines;
         const auto outs = run_read(req, -1, lines);   // json, table, ok, first failure
         return py::make_tuple(outs.at(0), outs.at(1), lines, outs.at(2) == "1", outs.at(3));
@@ -338,9 +327,9 @@ PYBIND11_MODULE(_ckptkit, m) {
        "ckpt-verify PATH [--original ORIGINAL] (in the reader process); returns (json, table, warnings, ok, first failure)");
 
     m.def("restore", [](const std::string& src, const std::string& dst, py::dict d) {
-        const nlohmann::json opts = to_json(d);
+        const pkg::Opts o{to_json(d)};
         const nlohmann::json req = {{"job", "restore"}, {"tool", "ckpt-restore"}, {"src", src}, {"dst", dst},
-                                    {"threads", opts.value("threads", 0)}, {"opts", opts}};
+                                    {"threads", o.get<unsigned>("threads", 0)}, {"opts", o.j}};
         std::vector<std::string> lines;
         const auto outs = run_read(req, -1, lines);   // json, table
         return result(outs.at(0), outs.at(1), lines);
@@ -348,9 +337,9 @@ PYBIND11_MODULE(_ckptkit, m) {
        "ckpt-restore SRC -o DST (in the reader process); returns (json, table, warnings)");
 
     m.def("restore_bytes", [](const std::string& src, py::dict d, const char* tool) {
-        const nlohmann::json opts = to_json(d);
+        const pkg::Opts o{to_json(d)};
         const nlohmann::json req = {{"job", "restore_bytes"}, {"tool", tool}, {"src", src},
-                                    {"threads", opts.value("threads", 0)}, {"opts", opts}};
+                                    {"threads", o.get<unsigned>("threads", 0)}, {"opts", o.j}};
         // the restored file: a memfd the job fills, mapped here as a Buffer (writable:
         // tensors may share it)
         const int fd = ::memfd_create("ckptkit.load", MFD_CLOEXEC);

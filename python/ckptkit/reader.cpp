@@ -25,11 +25,6 @@ std::string one_line(std::string s) {
     return s;
 }
 
-template <class T>
-T opt(const nlohmann::json& o, const char* k, T def) {
-    return o.contains(k) && !o[k].is_null() ? o[k].get<T>() : def;
-}
-
 void set_decode_device(const std::string& name, const std::string& file) {
     try {
         codec::set_decode_device(codec::resolve_device(name));
@@ -38,14 +33,14 @@ void set_decode_device(const std::string& name, const std::string& file) {
     }
 }
 
-std::vector<std::string> verify_job(const nlohmann::json& req, const nlohmann::json& o) {
+std::vector<std::string> verify_job(const nlohmann::json& req, const Opts& o) {
     const std::string path = req.at("src").get<std::string>();
     const std::optional<std::string> original =
         req.contains("original") && !req["original"].is_null() ? std::optional<std::string>(req["original"].get<std::string>())
                                                                : std::nullopt;
     VerifyOptions v;
-    v.grid = opt<int>(o, "grid", v.grid);
-    v.strict = opt<bool>(o, "strict", false);
+    v.grid = o.get<int>("grid", v.grid);
+    v.strict = o.get<bool>("strict", false);
     if (folder::is_folder(path)) {
         const auto r = folder::verify_folder(path, original, v);
         return {r.json(), r.table(), r.ok ? "1" : "0", r.failures.empty() ? "" : r.failures.front()};
@@ -57,22 +52,22 @@ std::vector<std::string> verify_job(const nlohmann::json& req, const nlohmann::j
     return {r.json(), r.table(), r.ok ? "1" : "0", r.failures.empty() ? "" : r.failures.front()};
 }
 
-std::vector<std::string> restore_job(const nlohmann::json& req, const nlohmann::json& o) {
+std::vector<std::string> restore_job(const nlohmann::json& req, const Opts& o) {
     const std::string src = req.at("src").get<std::string>(), dst = req.at("dst").get<std::string>();
-    set_decode_device(opt<std::string>(o, "device", "auto"), src);
+    set_decode_device(o.get<std::string>("device", "auto"), src);
     if (folder::is_folder(src)) {
         const auto f = folder::restore_folder(src, dst, RestoreOptions{}, folder_options(o));
         return {f.json(), f.table()};
     }
-    check_outputs({src}, {dst}, opt<bool>(o, "force", false));
+    check_outputs({src}, {dst}, o.get<bool>("force", false));
     if (readable_non_hdf5(src)) throw BadInput(src, "not a ckptkit container; pass the container (.ckz.h5) that ckpt-compress wrote");
     const Report rep = restore(src, dst, RestoreOptions{});
     return {rep.json(), rep.table()};
 }
 
-std::vector<std::string> restore_bytes_job(const nlohmann::json& req, const nlohmann::json& o, int memfd) {
+std::vector<std::string> restore_bytes_job(const nlohmann::json& req, const Opts& o, int memfd) {
     const std::string src = req.at("src").get<std::string>();
-    set_decode_device(opt<std::string>(o, "device", "auto"), src);
+    set_decode_device(o.get<std::string>("device", "auto"), src);
     if (readable_non_hdf5(src)) throw BadInput(src, "not a ckptkit container");
     const Report rep = restore_to_fd(src, memfd, RestoreOptions{});
     return {rep.json(), rep.table(), std::to_string(rep.file_bytes_out)};
@@ -82,10 +77,10 @@ void put(std::string& m, uint64_t x) { m.append(reinterpret_cast<const char*>(&x
 
 }  // namespace
 
-folder::FolderOptions folder_options(const nlohmann::json& o) {
+folder::FolderOptions folder_options(const Opts& o) {
     folder::FolderOptions f;
-    f.force = opt<bool>(o, "force", false);
-    f.dcp_unit_bytes = opt<uint64_t>(o, "dcp_unit_mib", 256) << 20;
+    f.force = o.get<bool>("force", false);
+    f.dcp_unit_bytes = o.get<uint64_t>("dcp_unit_mib", 256) << 20;
     return f;
 }
 
@@ -111,7 +106,7 @@ Failure call_job(const char* tool, const std::string& file, const std::function<
 
 std::vector<std::string> run_read_job(const nlohmann::json& req, int memfd) {
     const std::string job = req.at("job").get<std::string>();
-    const nlohmann::json o = req.contains("opts") ? req["opts"] : nlohmann::json::object();
+    const Opts o{req.contains("opts") ? req["opts"] : nlohmann::json::object()};
     if (job == "verify") return verify_job(req, o);
     if (job == "restore") return restore_job(req, o);
     if (job == "restore_bytes") return restore_bytes_job(req, o, memfd);

@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,8 +30,19 @@ struct Failure {
 /// `file` names the input of check failures.
 Failure call_job(const char* tool, const std::string& file, const std::function<void()>& job);
 
+/// The package's options (the Python side checked them; _ckptkit.cpp's to_json), with typed
+/// getters and defaults. Plain JSON: read without the GIL.
+struct Opts {
+    nlohmann::json j = nlohmann::json::object();
+    bool has(const char* k) const { return j.contains(k) && !j[k].is_null(); }
+    template <class T> T get(const char* k, T def) const { return has(k) ? j[k].get<T>() : def; }
+    template <class T> std::optional<T> opt(const char* k) const {
+        return has(k) ? std::optional<T>(j[k].get<T>()) : std::nullopt;
+    }
+};
+
 /// Folder mode's options from the package's options (force, dcp_unit_mib).
-folder::FolderOptions folder_options(const nlohmann::json& opts);
+folder::FolderOptions folder_options(const Opts& o);
 
 /// One container read. req: {"job": "verify" | "restore" | "restore_bytes", "tool", "src",
 /// "dst" (restore), "original" (verify; null for none), "threads", "opts": {"grid",
