@@ -213,27 +213,22 @@ def targets(d, w):
             r = [p["moment_reduction"] for p in pts]
             ok = (ok is not False) and all(b > a for a, b in zip(r, r[1:]))
     row("vlog: the reduction keeps rising past tau 0.01 (0.01 < 0.03 < 0.1)", ["see the sweep"], ok)
-    vals, ok = [], None
-    for n in big:
-        v, l8 = d.comp(n, "vlog"), d.comp(n, "log8")
-        if v and l8:
-            vals.append(f"{n}: vlog / log8 encode {both(v, l8)}")
-            ok = (ok is not False) and v[1] <= l8[1]
-    row("vlog encode not slower than log8 (CPU; wall)", vals, ok)
-    vals, ok = [], None
-    for n in big:
-        v, z3 = d.comp(n, "vlog"), d.ref(n, "zstd3")
-        if v and z3:
-            vals.append(f"{n}: {both(v, z3)}")
-            ok = (ok is not False) and v[1] <= z3[1]
-    row("ckpt-compress CPU time <= 1.0x zstd -3 -T1 on the same raw moments", vals, ok)
-    vals, ok = [], None
-    for n in big:
-        r, uz = d.rest(n, "vlog"), d.ref(n, "unzstd")
-        if r and uz:
-            vals.append(f"{n}: {both(r, uz)}")
-            ok = (ok is not False) and r[1] <= uz[1]
-    row("ckpt-restore <= 1.0x zstd -d -T1 (raw moments; the copy of other bytes not added)", vals, ok)
+    def ratio_row(target, get, prefix=""):
+        """A row of `ours <= reference` (CPU) over the bench models; get(n) -> (ours, reference)."""
+        vals, ok = [], None
+        for n in big:
+            a, b = get(n)
+            if a and b:
+                vals.append(f"{n}: {prefix}{both(a, b)}")
+                ok = (ok is not False) and a[1] <= b[1]
+        row(target, vals, ok)
+
+    ratio_row("vlog encode not slower than log8 (CPU; wall)", lambda n: (d.comp(n, "vlog"), d.comp(n, "log8")),
+              "vlog / log8 encode ")
+    ratio_row("ckpt-compress CPU time <= 1.0x zstd -3 -T1 on the same raw moments",
+              lambda n: (d.comp(n, "vlog"), d.ref(n, "zstd3")))
+    ratio_row("ckpt-restore <= 1.0x zstd -d -T1 (raw moments; the copy of other bytes not added)",
+              lambda n: (d.rest(n, "vlog"), d.ref(n, "unzstd")))
     vals, ok = [], None
     for r in d.rss:
         if r.get("rc") == 0:
