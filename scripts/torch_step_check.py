@@ -415,14 +415,10 @@ def _one_step(fixture, model_sd, optim_sd, grads):
     opt.step()
     for (p, group), (theta0, m0), g in zip(ps, before, grads):
         st = opt.state[p]
-        b1, b2 = group["betas"]
-        t = float(st["step"])
         geff = g.double() * (-1.0 if group["maximize"] else 1.0)
         if _is_l2(opt, group):
             geff = geff + group["weight_decay"] * theta0.double()
-        vm = st["max_exp_avg_sq"] if group["amsgrad"] else st["exp_avg_sq"]
-        denom = (vm.double() / _bc(b2, t)).sqrt() + group["eps"]
-        A = (group["lr"] / _bc(b1, t)) * (b1 * m0.double().abs() + (1 - b1) * geff.abs()) / denom
+        A = _bound_A(st, group, m0, geff)
         recs.append(dict(theta0=theta0, theta1=p.detach().clone(), A=A, lr=group["lr"]))
     return recs
 
@@ -469,7 +465,7 @@ def sequence_kinds(fixture, model_sd, optim_sd, G, steps, seed=0):
       spike             zeros for steps/3 steps (a long zero run), one 10 sqrt(v0 b2^s) step, zeros
       alternating       +-sqrt(v0) in turn
       noise             N(0, v0) each step
-    The gradient is the one Adam sees (torch's grad after maximize's negation and Adam's
+    Float32 gradients. The gradient is the one Adam sees (torch's grad after maximize's negation and Adam's
     L2 term); _multi_step turns it into each run's own .grad."""
     model, opt = build_pair(fixture, model_sd, optim_sd)
     ps = _params(opt)
@@ -477,32 +473,32 @@ def sequence_kinds(fixture, model_sd, optim_sd, G, steps, seed=0):
     for p, group in ps:
         st = opt.state[p]
         b1, b2 = group["betas"]
-        sv = st["exp_avg_sq"].double().sqrt()
-        sign = torch.where(st["exp_avg"] < 0, -1.0, 1.0).double()
-        base.append((sv, sign, b1, b2))
+        sv = st["exp_avg_sq"].float().sqrt()
+        sign = torch.where(st["exp_avg"] < 0, -1.0, 1.0)
+        base.append((sv, sign * sv, b1, b2))   # sqrt(v0), sqrt(v0) signed as exp_avg
     finite = math.isfinite(G)
     clip = (lambda t: t.clamp(-G, G)) if finite else (lambda t: t)
     gen = torch.Generator().manual_seed(seed)
     noise_draws = {}
+    zeros = [torch.zeros_like(sv) for sv, *_ in base]
 
     def ramp(P):
         def f(s):
             if s > P:
-                return [torch.zeros_like(sv) for sv, *_ in base]
-            return [clip(sign * 10 * sv * b2 ** (P / 2) * (b1 / b2) ** (P - s)) for sv, sign, b1, b2 in base]
+                return zeros
+            return [clip(ssv * (10 * b2 ** (P / 2) * (b1 / b2) ** (P - s))) for sv, ssv, b1, b2 in base]
         return f
 
     def spike(s):
         at = steps // 3 + 1
-        return [clip(sign * 10 * sv * b2 ** (s / 2)) if s == at else torch.zeros_like(sv)
-                for sv, sign, b1, b2 in base]
+        return [clip(ssv * (10 * b2 ** (s / 2))) for sv, ssv, b1, b2 in base] if s == at else zeros
 
     def alternating(s):
-        return [clip((1 if s % 2 else -1) * sign * sv) for sv, sign, *_ in base]
+        return [clip(ssv if s % 2 else -ssv) for sv, ssv, *_ in base]
 
     def noise(s):
         if s not in noise_draws:
-            noise_draws[s] = [clip(torch.randn(sv.shape, generator=gen, dtype=torch.float64) * sv)
+            noise_draws[s] = [clip(torch.randn(sv.shape, generator=gen) * sv)
                               for sv, *_ in base]
         return noise_draws.pop(s)
 
@@ -510,47 +506,70 @@ def sequence_kinds(fixture, model_sd, optim_sd, G, steps, seed=0):
                         ("alternating", alternating), ("noise", noise)])
 
 
+def _bound_A(st, group, m0, geff):
+    """A of the slack (module docstring) for one parameter after its step: state `st`, exp_avg
+    before the step `m0`, the effective gradient `geff` (float64); float64, elementwise."""
+    b1, b2 = group["betas"]
+    t = float(st["step"])
+    vm = st["max_exp_avg_sq"] if group["amsgrad"] else st["exp_avg_sq"]
+    denom = (vm.double() / _bc(b2, t)).sqrt() + group["eps"]
+    return (group["lr"] / _bc(b1, t)) * (b1 * m0.double().abs() + (1 - b1) * geff.abs()) / denom
+
+
 def _multi_step(pairs, grads_of, steps, tolerance):
     """Step both (model, optimizer) pairs `steps` times with the same effective gradients;
-    return (max |Delta_r - Delta_o| / lr, max excess over tolerance * lr + slack, worst)."""
+    return (max |Delta_r - Delta_o| / lr, max excess over tolerance * lr + slack, worst).
+    The slack (>= 0) is evaluated only for a parameter whose |Delta_r - Delta_o| exceeds
+    tolerance * lr at that step, so a failing check reports its exact excess and place; a
+    parameter within tolerance * lr contributes max |Delta_r - Delta_o| - tolerance * lr
+    (<= 0, an upper bound of its exact excess). The differences are float64 (exact: a float32
+    difference of nearby values)."""
     (mo, oo), (mr, orr) = pairs
     po, pr = _params(oo), _params(orr)
     max_lr, excess, worst = 0.0, -math.inf, None
     for s in range(1, steps + 1):
         geff = grads_of(s)
-        recs = []
+        before = []
         for ps, opt in ((po, oo), (pr, orr)):
-            before = [(p.detach().clone(), opt.state[p]["exp_avg"].clone()) for p, _ in ps]
+            before.append([(p.detach().clone(), opt.state[p]["exp_avg"].clone()) for p, _ in ps])
             for (p, group), g in zip(ps, geff):
-                raw = g.clone()
+                raw = g
                 if _is_l2(opt, group):  # the same g_eff for both runs, whatever their theta
                     raw = raw - group["weight_decay"] * p.detach().double()
                 if group["maximize"]:
                     raw = -raw
-                p.grad = raw.to(p.dtype)
+                p.grad = raw.to(p.dtype, copy=True)   # (the optimizer may not write into g)
             opt.step()
-            rec = []
-            for (p, group), (theta0, m0), g in zip(ps, before, geff):
-                st = opt.state[p]
-                b1, b2 = group["betas"]
-                t = float(st["step"])
-                vm = st["max_exp_avg_sq"] if group["amsgrad"] else st["exp_avg_sq"]
-                denom = (vm.double() / _bc(b2, t)).sqrt() + group["eps"]
-                A = (group["lr"] / _bc(b1, t)) * (b1 * m0.double().abs() + (1 - b1) * g.abs()) / denom
-                rec.append(dict(theta0=theta0, theta1=p.detach().clone(), A=A, lr=group["lr"]))
-            recs.append(rec)
-        for i, (o, r) in enumerate(zip(*recs)):
-            d = ((r["theta1"].double() - r["theta0"].double())
-                 - (o["theta1"].double() - o["theta0"].double())).abs()
-            if not d.numel():
+        for i, ((p_o, group), (p_r, _), g, (o0, mo0), (r0, mr0)) in enumerate(zip(po, pr, geff, *before)):
+            if not o0.numel():
                 continue
-            big = torch.maximum(torch.maximum(o["theta0"].abs(), o["theta1"].abs()), r["theta1"].abs())
-            slack = 4 * _ulp32(big.float()) + 8 * EPS32 * (o["A"] + r["A"])
-            ex = d - (tolerance * o["lr"] + slack)
-            max_lr = max(max_lr, float(d.max()) / o["lr"])
+            o1, r1 = p_o.detach(), p_r.detach()
+            d = r1.double().sub_(r0.double()).sub_(o1.double().sub_(o0.double())).abs_()   # (one dtype: fast)
+            lr = group["lr"]
+            lim = tolerance * lr
+            dmax = float(d.max())
+            max_lr = max(max_lr, dmax / lr)
+            if dmax <= lim:
+                if dmax - lim > excess:
+                    excess, worst = dmax - lim, (s, i, int(d.argmax()))
+                continue
+            big = torch.maximum(torch.maximum(o0.abs(), o1.abs()), r1.abs())
+            slack = 4 * _ulp32(big.float()) + 8 * EPS32 * (
+                _bound_A(oo.state[p_o], group, mo0, g) + _bound_A(orr.state[p_r], group, mr0, g))
+            ex = d - (lim + slack)
             if float(ex.max()) > excess:
                 excess, worst = float(ex.max()), (s, i, int(ex.argmax()))
     return max_lr, excess, worst
+
+
+def fast_malloc():
+    """Keep freed heap memory for reuse (glibc mallopt: no mmap per large tensor, no trim),
+    so that the checks' float64 temporaries do not page-fault afresh at every step."""
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (glibc's largest on 64-bit)
+    libc.mallopt(-1, 1 << 62)   # M_TRIM_THRESHOLD
+    libc.mallopt(-2, 1 << 28)   # M_TOP_PAD
 
 
 def multi_step_check(fixture, orig_sd, rest_sd, tolerance, G, steps=1000, seed=0):
@@ -621,6 +640,7 @@ def main(argv=None):
                     help="also run gradient sequences of this many steps (the --horizon all certificate)")
     args = ap.parse_args(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
+    fast_malloc()
     try:
         errors, res = check_pair(args.orig, args.restored, args.tolerance, args.grad_bound,
                                  args.fixture, args.weights, args.check_zeros, steps=args.steps)

@@ -77,6 +77,7 @@ def main():
     ap.add_argument("--only", action="append", help="checkpoint file name to run (repeatable)")
     ap.add_argument("--out")
     a = ap.parse_args()
+    tsc.fast_malloc()
     files = [os.path.join(DATA, f) for f in FIXTURES]
     files += [os.path.join(a.models, f) for f in tsc.BENCH_FILES if os.path.exists(os.path.join(a.models, f))]
     if a.only:
