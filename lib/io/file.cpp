@@ -40,7 +40,15 @@ void InputFile::copy_memory(uint64_t offset, char* p, std::size_t len) const {
     while (len > 0) {
         const uint64_t in = offset - starts_[i];
         const std::size_t k = std::size_t(std::min<uint64_t>(len, spans_[i].size - in));
-        std::memcpy(p, static_cast<const char*>(spans_[i].data) + in, k);
+        if (!spans_[i].fill) {
+            std::memcpy(p, static_cast<const char*>(spans_[i].data) + in, k);
+        } else {
+            try {
+                spans_[i].fill(in, p, k);
+            } catch (const std::exception& e) {
+                throw BadInput(path_, fmt::format("reading {} bytes at offset {} from the device: {}", k, offset, e.what()));
+            }
+        }
         p += k;
         offset += k;
         len -= k;

@@ -2,6 +2,7 @@
 // inputs are never modified). Every read is checked against the file size first.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -15,10 +16,14 @@ public:
     /// Open `path` read-only (O_CLOEXEC); BadInput when it cannot be opened or is not a regular file.
     explicit InputFile(const std::string& path);
     /// A byte range in memory, borrowed (the caller keeps it alive and unchanged while the
-    /// InputFile is used).
+    /// InputFile is used); or, with `fill` set, `size` bytes that fill(offset, dst, len)
+    /// copies on demand into dst (a GPU storage read in pieces by the Python package; it may
+    /// be called from several threads and throws std::exception on failure, which reads
+    /// report as BadInput).
     struct Span {
         const void* data = nullptr;
         uint64_t size = 0;
+        std::function<void(uint64_t offset, void* dst, std::size_t len)> fill;
     };
     /// A memory-backed input: the concatenation of `spans`, named `name` in every error
     /// (the Python package serialises an object and compresses it without a file).

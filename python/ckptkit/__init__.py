@@ -21,6 +21,7 @@ import threading
 import warnings
 
 from . import _ckptkit
+from . import _device
 from . import _safetensors
 from ._errors import BadInput, CheckFailed, CkptkitError, CkptkitWarning
 
@@ -236,7 +237,9 @@ class _Sink:
     copied (small ones gathered in bytearrays), except a storage record's data, announced by
     _Writer.write_record with its address, which is borrowed as (address, size) when
     `borrow` (after checking the view is that memory, or holds the same bytes); a
-    background save copies it too (its snapshot)."""
+    background save copies it too (its snapshot). A storage off the host (_device) becomes
+    a (fill, size) part, or a background save's copy made in pieces, and its CRC-32 fields
+    are set at once (local header) and in finish() (central directory)."""
 
     def __init__(self, borrow):
         self.borrow = borrow
@@ -247,19 +250,45 @@ class _Sink:
         self.borrowed = 0        # bytes read where the tensors are
         self.arenas = []         # staging arenas holding the copies (background saves)
         self.arena_used = 0
+        self.crcs = {}           # local header offset -> CRC-32 of each storage off the host
+        self.descriptor = None   # the CRC-32 for the data descriptor written next
+        self.error = None        # the first exception in write() (raised after torch's writer is done)
 
-    def _copy(self, b):
-        """A copy of the large write `b` (torch's view, valid during the call only)."""
-        n = len(b)
-        if self.borrow:
-            return bytes(b)
+    def _staged(self, n):
+        """n bytes of staging memory (a background save's snapshot)."""
         if not self.arenas or len(self.arenas[-1]) - self.arena_used < n:
             self.arenas.append(_staging.take(n))
             self.arena_used = 0
         mv = memoryview(self.arenas[-1])[self.arena_used:self.arena_used + n]
-        mv[:] = b
         self.arena_used += n
         return mv
+
+    def _copy(self, b):
+        """A copy of the large write `b` (torch's view, valid during the call only)."""
+        if self.borrow:
+            return bytes(b)
+        mv = self._staged(len(b))
+        mv[:] = b
+        return mv
+
+    def _device(self, rec):
+        """The data of a storage off the host (its write: the zero mapping): read in pieces."""
+        header, at = _device.local_crc_field(self.small)
+        header += self.size - len(self.small)   # its offset in the file
+        self._flush_small()
+        head = self.parts[-1]
+        if self.borrow:
+            crc = rec.crc32()
+            self.parts.append((rec.fill, rec.n))
+        else:
+            mv = self._staged(rec.n)
+            crc = rec.copy_into(mv)
+            self.parts.append(mv)
+        if at is None:
+            self.descriptor = crc
+        else:
+            head[at:at + 4] = crc.to_bytes(4, "little")
+        self.crcs[header] = crc
 
     def _flush_small(self):
         if self.small:
@@ -267,8 +296,26 @@ class _Sink:
             self.small = bytearray()
 
     def write(self, b):
+        """torch's writer's write: never raises (an exception there leaves torch's writer
+        unable to finish, and its destructor then aborts the process): the first error is
+        kept, later bytes are dropped, and _serialize raises it once torch is done."""
+        if self.error is None:
+            try:
+                self._write(b)
+            except BaseException as e:  # noqa: BLE001 - re-raised by _serialize
+                self.error = e
+        return len(b)
+
+    def _write(self, b):
         n = len(b)
         p = self.pending
+        if isinstance(p, _device.DeviceRecord):   # its data: the zero mapping's bytes
+            if n == p.n and _ckptkit.same_bytes(p.addr, b):
+                self.pending = None
+                self._device(p)
+                self.size += n
+                return
+            p = None
         if p is not None and n == p[1] and n >= _BORROW_MIN:
             self.pending = None
             self._flush_small()
@@ -281,12 +328,26 @@ class _Sink:
             self._flush_small()
             self.parts.append(self._copy(b))
         else:
+            start = len(self.small)
             self.small += b
+            if self.descriptor is not None:
+                at = _device.descriptor_crc_field(self.small, start)
+                self.small[at:at + 4] = self.descriptor.to_bytes(4, "little")
+                self.descriptor = None
         self.size += n
-        return n
 
     def flush(self):
         pass
+
+    def end(self):
+        """After torch's writer is done: the storages off the host get their CRC-32 in the
+        central directory; the first error of write() is raised."""
+        if self.error is not None:
+            raise self.error
+        self._flush_small()
+        if self.crcs:
+            _device.fix_central_directory(self.parts[-1], self.size - len(self.parts[-1]), self.crcs)
+            self.crcs = {}
 
     def finish(self):
         self._flush_small()
@@ -303,7 +364,10 @@ class _Writer:
         self.w = torch._C.PyTorchFileWriter(sink)
 
     def write_record(self, name, data, size):
-        if isinstance(data, int):
+        rec, data = _device.take(data)
+        if rec is not None:
+            self.sink.pending = rec
+        elif isinstance(data, int):
             self.sink.pending = (data, size)
         try:
             self.w.write_record(name, data, size)
@@ -314,52 +378,27 @@ class _Writer:
         return getattr(self.w, key)
 
 
-class _NullFile:
-    def write(self, b):
-        return len(b)
-
-
-def _host_only(obj):
-    """Whether every storage `obj` pickles is in host memory: a pickling pass that stops at
-    each storage (as torch.save's persistent_id does) and writes nothing."""
-    import torch
-    devices = set()
-
-    class Scan(pickle.Pickler):
-        def persistent_id(self, o):
-            if isinstance(o, (torch.storage.TypedStorage, torch.UntypedStorage)) or torch.is_storage(o):
-                devices.add(o.device.type)
-                return "s"
-            return None
-
-    try:
-        Scan(_NullFile(), protocol=2).dump(obj)
-    except Exception:  # noqa: BLE001 - torch.save will say what cannot be pickled
-        return False
-    return devices <= {"cpu"}
-
-
 def _serialize(obj, borrow):
     """The bytes torch.save(obj, buffer) writes, as parts (see _Sink). With `borrow`, storages
-    on the host of >= 64 KiB are not copied: the parts point at the tensors' memory."""
+    on the host of >= 64 KiB are not copied: the parts point at the tensors' memory, and
+    storages off the host (CUDA) are read in pieces as the compressor asks (_device)."""
     import torch
     import torch.serialization as ts
-    # a CUDA storage is copied to the host by _save and freed after its record: keep copies
-    if borrow and torch.cuda.is_available() and torch.cuda.is_initialized():
-        borrow = _host_only(obj)
     sink = _Sink(borrow)
     try:
         import inspect
         params = list(inspect.signature(ts._save).parameters)
         extra = [False] * (len(params) - 4)   # torch 2.x: _disable_byteorder_record
         w = _Writer(sink)
-        ts._save(obj, w, pickle, ts.DEFAULT_PROTOCOL, *extra)
+        with _device.cpu_hook():
+            ts._save(obj, w, pickle, ts.DEFAULT_PROTOCOL, *extra)
         w.write_end_of_file()
     except (AttributeError, TypeError, ValueError) as e:
-        if "_save" not in str(e) and not isinstance(e, AttributeError):
+        if "_save" not in str(e) and not isinstance(e, AttributeError) or sink.error is not None:
             raise
         sink = _Sink(False)   # another torch: its public torch.save into the sink
         torch.save(obj, sink)
+    sink.end()
     return sink
 
 
@@ -400,13 +439,13 @@ def save(obj, path, *, tolerance=0.01, grad_bound=1.0, optimizer="auto", codec="
     file of the full checkpoint is written. Returns the Report.
 
     Memory: the storages of host tensors (>= 64 KiB) are read where they are; what is kept
-    is the pickle, the zip records' headers and the storages under 64 KiB. When the object
-    holds CUDA tensors, torch copies each of their storages to the host whole, one at a time,
-    and the copies of every storage are kept until the end (one full copy).
+    is the pickle, the zip records' headers and the storages under 64 KiB. Storages of CUDA
+    tensors are never copied whole: they are read in pieces of 64 MiB as the compressor asks
+    (once more before, for their zip CRC-32), so a checkpoint on the GPU takes no host copy.
 
     background=True: returns a concurrent.futures.Future of the Report once the object is
     serialised, synchronously, into host staging memory (a snapshot: one full copy of the
-    serialised checkpoint, kept for the next background save as DCP's async_save keeps its
+    serialised checkpoint, CUDA storages copied into it in pieces of 64 MiB, kept for the next background save as DCP's async_save keeps its
     staging buffers; ckptkit.release_staging() frees it), so training may step the optimizer
     meanwhile; compression runs in one worker thread (saves queue in order) on half the
     cores unless `threads` says otherwise. The container is the same bytes as a synchronous

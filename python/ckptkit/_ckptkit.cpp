@@ -213,19 +213,38 @@ py::tuple result(const std::string& json, const std::string& table, const std::v
 /// Buffers and borrowed (address, size) ranges making up one in-memory checkpoint.
 struct Spans {
     std::vector<py::buffer_info> held;   ///< released with the GIL held (destroyed by the caller)
+    std::vector<py::object> fills;       ///< the parts' fill callables (likewise)
     std::vector<io::InputFile::Span> spans;
 };
 
+/// compress_memory's parts as InputFile spans: a bytes-like object; (address, size), memory
+/// the caller keeps alive; or (fill, size), `size` bytes that fill(offset, memoryview) writes
+/// into the memoryview (a CUDA storage copied in pieces; called with the GIL taken, from any
+/// thread; a Python exception becomes the read's BadInput).
 Spans make_spans(const py::list& parts) {
     Spans s;
     for (py::handle h : parts) {
-        if (py::isinstance<py::tuple>(h)) {   // (address, size): memory the caller keeps alive
+        if (py::isinstance<py::tuple>(h)) {
             auto t = h.cast<py::tuple>();
-            s.spans.push_back({reinterpret_cast<const void*>(t[0].cast<uintptr_t>()), t[1].cast<uint64_t>()});
+            if (t.size() == 2 && PyCallable_Check(t[0].ptr())) {
+                s.fills.push_back(py::reinterpret_borrow<py::object>(t[0]));
+                PyObject* fn = s.fills.back().ptr();
+                s.spans.push_back({nullptr, t[1].cast<uint64_t>(), [fn](uint64_t off, void* dst, std::size_t len) {
+                    py::gil_scoped_acquire gil;
+                    try {
+                        const py::handle f{fn};
+                        f(off, py::memoryview::from_memory(dst, py::ssize_t(len), false));
+                    } catch (py::error_already_set& e) {
+                        throw std::runtime_error(e.what());
+                    }
+                }});
+                continue;
+            }
+            s.spans.push_back({reinterpret_cast<const void*>(t[0].cast<uintptr_t>()), t[1].cast<uint64_t>(), {}});
         } else {
             s.held.push_back(py::reinterpret_borrow<py::buffer>(h).request());
             const auto& b = s.held.back();
-            s.spans.push_back({b.ptr, uint64_t(b.size) * uint64_t(b.itemsize)});
+            s.spans.push_back({b.ptr, uint64_t(b.size) * uint64_t(b.itemsize), {}});
         }
     }
     return s;
@@ -312,8 +331,8 @@ PYBIND11_MODULE(_ckptkit, m) {
         });
         return result(json, table, lines);
     }, py::arg("name"), py::arg("parts"), py::arg("dst"), py::arg("opts"), py::arg("tool") = "ckptkit.save",
-       "compress the checkpoint made of `parts` (bytes-like objects and (address, size) tuples, "
-       "concatenated) into the container DST (replaced atomically); returns (json, table, warnings)");
+       "compress the checkpoint made of `parts` (bytes-like objects, (address, size) and "
+       "(fill, size) tuples, concatenated) into the container DST (replaced atomically); returns (json, table, warnings)");
 
     m.def("verify", [](const std::string& path, std::optional<std::string> original, py::dict d) {
         const pkg::Opts o{to_json(d)};

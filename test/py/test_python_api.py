@@ -560,12 +560,92 @@ def test_legacy_format_container(tmp_path):
                           fixture_path("cnn_adamw.pt"))
 
 
-def test_host_only_scan():
-    """The pickling pass that decides whether a save may read storages where they are (it may
-    not when torch copies CUDA storages to the host during the save: no CUDA here, so only
-    host storages, nested and bare, and an unpicklable object, which disables borrowing)."""
-    obj = torch.load(fixture_path("lm_adamw.pt"))
-    assert ckptkit._host_only(obj)
-    nested = {"a": [torch.ones(3), {"b": torch.zeros(2, 2).t()}], "c": torch.arange(5).storage()}
-    assert ckptkit._host_only(nested)
-    assert not ckptkit._host_only({"f": lambda x: x})   # not picklable: no borrowing
+def test_gpu_storages_are_read_in_pieces(tmp_path, monkeypatch):
+    """Storages off the host (no GPU here: every storage of the fixture reports device
+    cuda:0, so torch pickles it with location 'cuda:0' and its serializer asks for a
+    whole-storage `storage.cpu()`, as for a real CUDA tensor; python/ckptkit/_device.py
+    reads it through `device_bytes`, here its host memory): save never makes the whole
+    copy, reads in pieces of at most CHUNK bytes, and writes what torch.save writes,
+    CRC-32 fields included (the restored file equals the restore of torch.save(obj,
+    buffer)'s bytes compressed by ckpt-compress, byte for byte; every zip CRC checks); a
+    background save is the same container; the state loads (map_location='cpu') within
+    tolerance of one real AdamW step."""
+    import zipfile
+    from ckptkit import _device
+    obj = torch.load(fixture_path("cnn_adamw.pt"))
+    fake = set()
+    sizes = []
+    for path, t in tsc._walk(obj):
+        if isinstance(t, torch.Tensor):
+            fake.add(t.storage()._storage._cdata)
+            sizes.append(t.storage().nbytes())
+    real_device, real_cpu = torch._C.StorageBase.device, torch.UntypedStorage.cpu
+    monkeypatch.setattr(torch.UntypedStorage, "device", property(
+        lambda st: torch.device("cuda", 0) if st._cdata in fake else real_device.__get__(st)))
+    buf = io.BytesIO()
+    torch.save(obj, buf)   # the reference: torch's own whole-storage copies
+    assert buf.getvalue().count(b"cuda:0") == len(fake)
+    (tmp_path / "ref.pt").write_bytes(buf.getvalue())
+
+    def no_whole_copy(st):
+        assert st._cdata not in fake, "a whole-storage copy to the host"
+        return real_cpu(st)
+    pieces = []
+
+    class Device:   # a storage's bytes "on the device": records each piece read
+        def __init__(self, st):
+            self.t = torch.empty(0, dtype=torch.uint8).set_(st)
+
+        def __getitem__(self, s):
+            pieces.append(s.stop - s.start)
+            return self.t[s]
+    monkeypatch.setattr(torch.UntypedStorage, "cpu", no_whole_copy)
+    monkeypatch.setattr(_device, "device_bytes", Device)
+    monkeypatch.setattr(_device, "CHUNK", 4096)
+    rep = ckptkit.save(obj, tmp_path / "a.ckz.h5")
+    assert rep.ok and rep.moment_reduction > 0.5
+    assert max(pieces) == 4096 and sum(pieces) >= 2 * sum(sizes)   # the CRC pass, then the compressor's reads
+    assert ckptkit.save(obj, tmp_path / "b.ckz.h5", background=True).result().ok
+    assert (tmp_path / "b.ckz.h5").read_bytes() == (tmp_path / "a.ckz.h5").read_bytes()
+    assert ckptkit.verify(tmp_path / "a.ckz.h5", original=tmp_path / "ref.pt").ok
+    ckptkit.restore(tmp_path / "a.ckz.h5", tmp_path / "a.pt")
+    ckptkit.compress(tmp_path / "ref.pt", tmp_path / "ref.ckz.h5")
+    ckptkit.restore(tmp_path / "ref.ckz.h5", tmp_path / "ref_r.pt")
+    assert (tmp_path / "a.pt").read_bytes() == (tmp_path / "ref_r.pt").read_bytes()
+    assert zipfile.ZipFile(tmp_path / "a.pt").testzip() is None
+    monkeypatch.undo()
+    _assert_same_step("cnn_adamw.pt", obj, ckptkit.load(tmp_path / "a.ckz.h5", map_location="cpu"),
+                      fixture_path("cnn_adamw.pt"))
+
+
+def test_error_inside_torch_writer_raises_without_abort(tmp_path):
+    """An exception while torch's zip writer writes into the save (here MemoryError on its
+    third write) is raised by save, nothing is left at the path, and the interpreter goes on
+    and exits normally (torch's writer, left unfinished, would abort the process in its
+    destructor: the sink keeps the error and lets torch finish)."""
+    code = f"""
+import gc, sys, torch
+sys.path.insert(0, {PKG!r})
+import ckptkit
+obj = torch.load({fixture_path("cnn_adamw.pt")!r})
+calls = [0]
+orig = ckptkit._Sink._write
+def failing(self, b):
+    calls[0] += 1
+    if calls[0] == 3:
+        raise MemoryError("injected")
+    return orig(self, b)
+ckptkit._Sink._write = failing
+try:
+    ckptkit.save(obj, {str(tmp_path / "x.ckz.h5")!r})
+except MemoryError as e:
+    print("raised", e)
+gc.collect()
+ckptkit._Sink._write = orig
+print("then", ckptkit.save(obj, {str(tmp_path / "y.ckz.h5")!r}).ok)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split("\n")[:2] == ["raised injected", "then True"], r.stdout
+    assert sorted(os.listdir(tmp_path)) == ["y.ckz.h5"]
+
