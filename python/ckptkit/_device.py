@@ -85,9 +85,12 @@ class DeviceRecord:
         copy_pieces(device_bytes(self.storage), off, dst)
 
     def crc32(self):
-        """The storage's CRC-32 (zip's), read in pieces through one host buffer."""
+        """The storage's CRC-32 (zip's), read in pieces through one host buffer (this
+        thread's, kept for the next record)."""
         src, crc = device_bytes(self.storage), 0
-        buf = memoryview(bytearray(min(self.n, CHUNK)))
+        if len(getattr(_tls, "scratch", b"")) < min(self.n, CHUNK):
+            _tls.scratch = bytearray(min(self.n, CHUNK))
+        buf = memoryview(_tls.scratch)
         for a in range(0, self.n, CHUNK):
             piece = buf[:min(CHUNK, self.n - a)]
             copy_pieces(src, a, piece)
@@ -137,7 +140,7 @@ def cpu_hook():
     try:
         yield
     finally:
-        _tls.on, _tls.last = False, None
+        _tls.on, _tls.last, _tls.scratch = False, None, b""
         with _hook_lock:
             _hook_users -= 1
             if _hook_users == 0:
