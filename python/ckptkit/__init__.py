@@ -238,8 +238,9 @@ class _Sink:
     _Writer.write_record with its address, which is borrowed as (address, size) when
     `borrow` (after checking the view is that memory, or holds the same bytes); a
     background save copies it too (its snapshot). A storage off the host (_device) becomes
-    a (fill, size) part, or a background save's copy made in pieces, and its CRC-32 fields
-    are set at once (local header) and in finish() (central directory)."""
+    a (fill, size) part, or a background save's copy made in pieces; its CRC-32 goes into
+    its local header or data descriptor as they pass, and into the central directory in
+    end()."""
 
     def __init__(self, borrow):
         self.borrow = borrow
