@@ -36,7 +36,6 @@ relative roundings of |u| <= A): in total < 12 u_r * A = 6 eps32 * A per run, bo
 Exit status: 0 all checks hold, 1 a check failed, 2 bad input.
 """
 import argparse
-import io
 import json
 import math
 import os
