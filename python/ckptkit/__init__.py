@@ -395,7 +395,7 @@ def _serialize(obj, borrow):
             ts._save(obj, w, pickle, ts.DEFAULT_PROTOCOL, *extra)
         w.write_end_of_file()
     except (AttributeError, TypeError, ValueError) as e:
-        if "_save" not in str(e) and not isinstance(e, AttributeError) or sink.error is not None:
+        if "_save" not in str(e) and not isinstance(e, AttributeError):
             raise
         sink = _Sink(False)   # another torch: its public torch.save into the sink
         torch.save(obj, sink)

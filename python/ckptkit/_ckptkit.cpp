@@ -153,12 +153,12 @@ std::vector<std::string> run_read(const nlohmann::json& req, int memfd, std::vec
                 : !helper->signal.empty() ? fatal_signal_reason(helper->signal)
                 : fmt::format("the reader process ended with exit status {} while processing it; no output was written",
                               WIFEXITED(helper->status) ? WEXITSTATUS(helper->status) : -1);
-            fail = {"BadInput", fmt::format("{}: error: {}: {}", tool, file, why), file, why};
+            fail = pkg::bad_input(tool, file, why);
         } else {
             try {
                 pkg::unpack_result(helper->message, fail, lines, outs);
             } catch (const std::exception& e) {
-                fail = {"BadInput", fmt::format("{}: error: {}: {}", tool, file, e.what()), file, e.what()};
+                fail = pkg::bad_input(tool, file, e.what());
             }
         }
     }

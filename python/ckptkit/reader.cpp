@@ -84,22 +84,24 @@ folder::FolderOptions folder_options(const Opts& o) {
     return f;
 }
 
+Failure bad_input(const std::string& tool, const std::string& file, const std::string& why) {
+    return {"BadInput", file.empty() ? fmt::format("{}: error: {}", tool, why) : fmt::format("{}: error: {}: {}", tool, file, why),
+            file, why};
+}
+
 Failure call_job(const char* tool, const std::string& file, const std::function<void()>& job) {
     try {
         job();
     } catch (const BadInput& e) {
-        const std::string w = one_line(e.what());
-        return {"BadInput", e.file.empty() ? fmt::format("{}: error: {}", tool, w) : fmt::format("{}: error: {}: {}", tool, e.file, w),
-                e.file, w};
+        return bad_input(tool, e.file, one_line(e.what()));
     } catch (const CheckFailed& e) {
         std::string w = one_line(e.what());
         if (!file.empty() && w.rfind(file + ": ", 0) == 0) w = w.substr(file.size() + 2);  // name the file once
         return {"CheckFailed", fmt::format("{}: check failed: {}: {}", tool, file, w), file, w};
     } catch (const std::bad_alloc&) {
-        return {"BadInput", fmt::format("{}: error: {}: out of memory", tool, file), file, "out of memory"};
+        return bad_input(tool, file, "out of memory");
     } catch (const std::exception& e) {
-        const std::string w = one_line(e.what());
-        return {"BadInput", fmt::format("{}: error: {}", tool, w), "", w};
+        return bad_input(tool, "", one_line(e.what()));
     }
     return {};
 }

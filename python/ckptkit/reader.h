@@ -25,6 +25,10 @@ struct Failure {
     std::string cls, message, file, reason;
 };
 
+/// BadInput's Failure with the tools' line "TOOL: error: FILE: WHY" ("TOOL: error: WHY"
+/// when `file` is empty).
+Failure bad_input(const std::string& tool, const std::string& file, const std::string& why);
+
 /// Run job() and say what it raised, as the package raises it (BadInput, CheckFailed,
 /// std::bad_alloc as BadInput "out of memory", any other std::exception as BadInput);
 /// `file` names the input of check failures.
