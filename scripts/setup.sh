@@ -16,3 +16,21 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   python3 python3-torch python3-torchvision python3-numpy python3-h5py python3-hdf5plugin python3-pytest \
   python3-sklearn python3-xxhash python3-matplotlib zstd time openmpi-bin libopenmpi-dev \
   clang libclang-rt-14-dev llvm pybind11-dev python3-dev >/dev/null
+
+# The torch 2.x line of the test matrix: a virtual environment .venv (CPython 3.11, the ABI
+# the package is built for: it imports in both interpreters) with the pinned
+# scripts/requirements.txt (torch 2.13, transformers, Lightning, safetensors, ...). Re-installed
+# only when the requirements change. CKPTKIT_NO_VENV=1 skips it (the torch 2.x tests then skip).
+if [ "${CKPTKIT_NO_VENV:-0}" != 1 ]; then
+  cd "$(dirname "$0")/.."
+  py=${CKPTKIT_VENV_PYTHON:-python3}
+  stamp=.venv/.requirements
+  if ! cmp -s scripts/requirements.txt "$stamp" 2>/dev/null; then
+    rm -rf .venv
+    "$py" -m venv .venv
+    .venv/bin/pip install -q --disable-pip-version-check -r scripts/requirements.txt 2>&1 \
+      | grep -v "^WARNING: Location" || true
+    .venv/bin/python -c "import torch, transformers, lightning, safetensors, sklearn"  # fails setup
+    cp scripts/requirements.txt "$stamp"
+  fi
+fi
