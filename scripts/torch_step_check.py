@@ -36,6 +36,7 @@ relative roundings of |u| <= A): in total < 12 u_r * A = 6 eps32 * A per run, bo
 Exit status: 0 all checks hold, 1 a check failed, 2 bad input.
 """
 import argparse
+import copy
 import json
 import math
 import os
@@ -330,7 +331,9 @@ def build_pair(fixture, model_sd, optim_sd):
         model.load_state_dict(model_sd)
     if opt is None:
         opt = cm.make_optimizer(cm.FIXTURES[fixture][0], model)
-    opt.load_state_dict(optim_sd)
+    # torch 2.x's load_state_dict keeps the given tensors where dtype and device already fit
+    # (1.13 deep-copied them): the steps taken here must not change the caller's state
+    opt.load_state_dict(copy.deepcopy(optim_sd))
     return model, opt
 
 

@@ -23,6 +23,7 @@ import warnings
 from . import _ckptkit
 from . import _device
 from . import _safetensors
+from . import _torch
 from ._errors import BadInput, CheckFailed, CkptkitError, CkptkitWarning
 
 __all__ = ["save", "load", "compress", "verify", "restore", "release_staging", "Report", "BadInput", "CheckFailed",
@@ -240,7 +241,7 @@ class _Sink:
     background save copies it too (its snapshot). A storage off the host (_device) becomes
     a (fill, size) part, or a background save's copy made in pieces; its CRC-32 goes into
     its local header or data descriptor as they pass, and into the central directory in
-    end()."""
+    end(), as does torch 2.x's serialization_id, a fold of every record's CRC-32."""
 
     def __init__(self, borrow):
         self.borrow = borrow
@@ -254,6 +255,9 @@ class _Sink:
         self.crcs = {}           # local header offset -> CRC-32 of each storage off the host
         self.descriptor = None   # the CRC-32 for the data descriptor written next
         self.error = None        # the first exception in write() (raised after torch's writer is done)
+        # torch 2.x's serialization_id CRC fold (as torch saw the CRCs, as they are), before the
+        # last data descriptor (the serialization_id record's own, the last record) and after it
+        self.combined = self.folded = (0, 0)
 
     def _staged(self, n):
         """n bytes of staging memory (a background save's snapshot)."""
@@ -331,10 +335,17 @@ class _Sink:
         else:
             start = len(self.small)
             self.small += b
+            seen = _device.descriptor_crc(b)
             if self.descriptor is not None:
                 at = _device.descriptor_crc_field(self.small, start)
                 self.small[at:at + 4] = self.descriptor.to_bytes(4, "little")
+                seen = (seen, self.descriptor)
                 self.descriptor = None
+            elif seen is not None:
+                seen = (seen, seen)
+            if seen is not None:
+                self.combined = self.folded
+                self.folded = tuple(_device.hash_combine(c, v) for c, v in zip(self.folded, seen))
         self.size += n
 
     def flush(self):
@@ -347,7 +358,9 @@ class _Sink:
             raise self.error
         self._flush_small()
         if self.crcs:
-            _device.fix_central_directory(self.parts[-1], self.size - len(self.parts[-1]), self.crcs)
+            tail, tail_start = self.parts[-1], self.size - len(self.parts[-1])
+            _device.fix_serialization_id(tail, tail_start, *self.combined, self.crcs)
+            _device.fix_central_directory(tail, tail_start, self.crcs)
             self.crcs = {}
 
     def finish(self):
@@ -355,50 +368,28 @@ class _Sink:
         return self.parts
 
 
-class _Writer:
-    """torch._C.PyTorchFileWriter for torch.serialization._save, telling the sink which
-    storage each record's data is."""
+def _serialize(obj, borrow):
+    """The bytes torch.save(obj, buffer) writes, as parts (see _Sink): torch.save itself runs
+    (python/ckptkit/_torch.py). With `borrow`, storages on the host of >= 64 KiB are not
+    copied where this torch lets the sink know them: the parts point at the tensors' memory;
+    storages off the host (CUDA) are read in pieces as the compressor asks (_device)."""
+    sink = _Sink(borrow)
 
-    def __init__(self, sink):
-        import torch
-        self.sink = sink
-        self.w = torch._C.PyTorchFileWriter(sink)
-
-    def write_record(self, name, data, size):
+    def on_record(data, size):
         rec, data = _device.take(data)
         if rec is not None:
-            self.sink.pending = rec
-        elif isinstance(data, int):
-            self.sink.pending = (data, size)
-        try:
-            self.w.write_record(name, data, size)
-        finally:
-            self.sink.pending = None
+            sink.pending = rec
+        else:
+            addr = _torch.record_address(data)
+            if addr is not None:
+                sink.pending = (addr, size)
+        return data
 
-    def __getattr__(self, key):
-        return getattr(self.w, key)
+    def on_done():
+        sink.pending = None
 
-
-def _serialize(obj, borrow):
-    """The bytes torch.save(obj, buffer) writes, as parts (see _Sink). With `borrow`, storages
-    on the host of >= 64 KiB are not copied: the parts point at the tensors' memory, and
-    storages off the host (CUDA) are read in pieces as the compressor asks (_device)."""
-    import torch
-    import torch.serialization as ts
-    sink = _Sink(borrow)
-    try:
-        import inspect
-        params = list(inspect.signature(ts._save).parameters)
-        extra = [False] * (len(params) - 4)   # torch 2.x: _disable_byteorder_record
-        w = _Writer(sink)
-        with _device.cpu_hook():
-            ts._save(obj, w, pickle, ts.DEFAULT_PROTOCOL, *extra)
-        w.write_end_of_file()
-    except (AttributeError, TypeError, ValueError) as e:
-        if "_save" not in str(e) and not isinstance(e, AttributeError):
-            raise
-        sink = _Sink(False)   # another torch: its public torch.save into the sink
-        torch.save(obj, sink)
+    with _device.cpu_hook():
+        _torch.serialize(obj, sink, on_record, on_done)
     sink.end()
     return sink
 
@@ -469,141 +460,26 @@ def save(obj, path, *, tolerance=0.01, grad_bound=1.0, optimizer="auto", codec="
 
 # ------------------------------------------------------------------------------ load
 
-class _RestrictedUnpickler(pickle.Unpickler):
-    """pickle.Unpickler resolving only torch.load(weights_only=True)'s allowlist (torch
-    1.13's own weights_only unpickler lacks BINFLOAT and refuses every optimizer state)."""
-
-    def find_class(self, module, name):
-        from torch import _weights_only_unpickler as wou
-        allowed = dict(wou._get_allowed_globals())
-        import _codecs
-        allowed["_codecs.encode"] = _codecs.encode
-        key = f"{module}.{name}"
-        if key in allowed:
-            return allowed[key]
-        raise pickle.UnpicklingError(f"global {key} is not in the weights_only allowlist")
+def _load_failed(e, name):
+    what = f"torch.load failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    return _bad("ckptkit.load", what, name)
 
 
-class _RestrictedPickle:
-    Unpickler = _RestrictedUnpickler
-    load = pickle.load
-
-
-def _torch_load(f, name, map_location, weights_only):
-    import torch
+def _torch_load(f, name, map_location, weights_only, mmap):
+    """torch.load(f) of a plain file; any failure is BadInput."""
     try:
-        if not weights_only:
-            return torch.load(f, map_location=map_location)
-        try:
-            return torch.load(f, map_location=map_location, weights_only=True)
-        except pickle.UnpicklingError as e:
-            if "Unsupported operand 71" not in str(e):
-                raise
-            if hasattr(f, "seek"):
-                f.seek(0)
-            return torch.load(f, map_location=map_location, pickle_module=_RestrictedPickle)
+        return _torch.load_file(f, map_location, weights_only, mmap)
     except Exception as e:  # noqa: BLE001 - any failure of torch.load is bad input
-        what = f"torch.load failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-        raise _bad("ckptkit.load", what, name) from None
+        raise _load_failed(e, name) from None
 
 
-class _MemoryFile(io.RawIOBase):
-    """A read-only file over a buffer, without copying it (io.BytesIO would)."""
-
-    def __init__(self, buf):
-        self.buf, self.pos = memoryview(buf).cast("B"), 0
-
-    def readable(self):
-        return True
-
-    def seekable(self):
-        return True
-
-    def tell(self):
-        return self.pos
-
-    def seek(self, off, whence=0):
-        self.pos = max(0, off if whence == 0 else (self.pos + off if whence == 1 else len(self.buf) + off))
-        return self.pos
-
-    def readinto(self, b):
-        n = max(0, min(len(b), len(self.buf) - self.pos))
-        b[:n] = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return n
-
-
-class _MemoryZip:
-    """The reader torch.serialization._load takes (torch._C.PyTorchFileReader's get_record,
-    has_record, get_storage_from_record), over a torch zip in a writable buffer: each storage
-    is a view of the buffer (torch.frombuffer), not a copy, so the restored checkpoint's
-    memory becomes the tensors'."""
-
-    def __init__(self, buf):
-        import zipfile
-        self.buf = buf
-        self.records = {}
-        with zipfile.ZipFile(_MemoryFile(buf)) as z:
-            infos = z.infolist()
-        prefix = infos[0].filename.split("/", 1)[0] + "/" if infos and "/" in infos[0].filename else ""
-        mv = memoryview(buf)
-        for zi in infos:
-            if zi.compress_type != 0 or not zi.filename.startswith(prefix):
-                raise ValueError("not a stored torch zip")
-            h = zi.header_offset
-            if bytes(mv[h:h + 4]) != b"PK\x03\x04":
-                raise ValueError("bad local header")
-            start = h + 30 + int.from_bytes(mv[h + 26:h + 28], "little") + int.from_bytes(mv[h + 28:h + 30], "little")
-            if start + zi.file_size > len(buf):
-                raise ValueError("record past the end")
-            self.records[zi.filename[len(prefix):]] = (start, zi.file_size)
-
-    def has_record(self, name):
-        return name in self.records
-
-    def get_record(self, name):
-        start, n = self.records[name]
-        return bytes(memoryview(self.buf)[start:start + n])
-
-    def get_storage_from_record(self, name, numel, _dtype):
-        import torch
-        start, n = self.records[name]
-        if numel > n:
-            raise ValueError(f"{name}: record of {n} bytes holds no {numel} bytes")
-        if numel == 0:
-            return torch.empty(0, dtype=torch.uint8)
-        return torch.frombuffer(self.buf, dtype=torch.uint8, count=numel, offset=start)
-
-    def get_all_records(self):
-        return list(self.records)
-
-
-def _torch_load_memory(raw, name, map_location, weights_only):
-    """torch.load of a torch zip in the bytearray `raw`, its storages views of `raw` (no copy).
-    Falls back to torch.load(io.BytesIO(raw)) where torch's private _load differs."""
-    import inspect
-    import torch.serialization as ts
+def _torch_load_memory(raw, name, map_location, weights_only, mmap):
+    """torch.load of a torch zip restored into `raw` (a _ckptkit.Buffer), without a copy
+    where this torch allows (python/ckptkit/_torch.py); any failure is BadInput."""
     try:
-        z = _MemoryZip(raw)
-        params = list(inspect.signature(ts._load).parameters)
-        ok = params[:3] == ["zip_file", "map_location", "pickle_module"]
-    except Exception:  # noqa: BLE001 - legacy format, another torch: the public path
-        ok = False
-    if not ok:
-        return _torch_load(io.BytesIO(raw), name, map_location, weights_only)
-    try:
-        if not weights_only:
-            return ts._load(z, map_location, pickle, encoding="utf-8")
-        try:
-            from torch import _weights_only_unpickler
-            return ts._load(z, map_location, _weights_only_unpickler, encoding="utf-8")
-        except (pickle.UnpicklingError, RuntimeError) as e:
-            if "Unsupported operand 71" not in str(e):
-                raise
-            return ts._load(z, map_location, _RestrictedPickle, encoding="utf-8")
+        return _torch.load_restored(raw, map_location, weights_only, mmap)
     except Exception as e:  # noqa: BLE001 - any failure of torch's unpickler is bad input
-        what = f"torch.load failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-        raise _bad("ckptkit.load", what, name) from None
+        raise _load_failed(e, name) from None
 
 
 def _safetensors_dict(raw, name, map_location):
@@ -613,31 +489,39 @@ def _safetensors_dict(raw, name, map_location):
     return tensors
 
 
-def load(path, map_location=None, weights_only=False):
+def load(path, map_location=None, weights_only=None, mmap=None):
     """torch.load(path) for a ckptkit container (decoded in memory: no file) or a plain
     torch / safetensors file, so switching is one line. Returns what torch.load returns for
-    the restored checkpoint; a safetensors checkpoint gives a dict name -> tensor.
+    the restored checkpoint, with map_location, weights_only and mmap as this torch defines
+    them (weights_only=None: torch's default, True from torch 2.6 on; False on 1.13); a
+    safetensors checkpoint gives a dict name -> tensor.
 
-    Memory: a container is restored into one buffer and the tensors of a torch zip are
-    views of it (as torch.load(mmap=True) of torch 2.x): no second copy; the buffer is freed
-    when the last of them is. Such tensors cannot be resized (resize_), as mmap-ed ones.
+    Memory: a container is restored into one buffer (a memfd) and the tensors of a torch zip
+    are its pages (torch >= 2.1: torch.load(mmap=True) of it, unless mmap=False asks torch
+    for copies; 1.13: views of it): no second copy; the buffer is freed when the last tensor
+    is. Such tensors cannot be resized (resize_), as mmap-ed ones.
 
     Before torch.load sees any byte, the checkpoint is parsed by ckptkit's reader: a pickle
     naming a global that runs code (os, subprocess, eval, ...) raises BadInput and nothing
-    is run; weights_only=True accepts only torch.load(weights_only=True)'s globals."""
+    is run; weights_only accepts only torch.load(weights_only=True)'s globals (torch 2.x:
+    checked by torch's own unpickler, with what add_safe_globals allows)."""
     path = _path(path)
+    if weights_only is None:
+        weights_only = None if _torch.has_mmap() else False
+    # torch 2.x checks weights_only itself (its allowlist, add_safe_globals); 1.13's reader: ours
+    strict = bool(weights_only) and not _torch.has_mmap()
     if os.path.isdir(path):
         raise _bad("ckptkit.load", "is a folder; ckptkit.restore(folder, out_folder) restores folders", path)
     if _ckptkit.is_container(path):
         raw, _js, _table, _lines = _ckptkit.restore_bytes(path, {"threads": 0}, "ckptkit.load")
-        fmt = _ckptkit.check_checkpoint([raw], bool(weights_only), "ckptkit.load")
+        fmt = _ckptkit.check_checkpoint([raw], strict, "ckptkit.load")
         if fmt == "safetensors":
             return _safetensors_dict(raw, path, map_location)
         if fmt == "torch-zip":
-            return _torch_load_memory(raw, path, map_location, weights_only)
-        return _torch_load(io.BytesIO(raw), path, map_location, weights_only)
-    fmt = _ckptkit.check_checkpoint(path, bool(weights_only), "ckptkit.load")
+            return _torch_load_memory(raw, path, map_location, weights_only, mmap)
+        return _torch_load(_torch.file_object(raw), path, map_location, weights_only, mmap)
+    fmt = _ckptkit.check_checkpoint(path, strict, "ckptkit.load")
     if fmt == "safetensors":
         with open(path, "rb") as f:
             return _safetensors_dict(f.read(), path, map_location)
-    return _torch_load(path, path, map_location, weights_only)
+    return _torch_load(path, path, map_location, weights_only, mmap)

@@ -252,17 +252,23 @@ Spans make_spans(const py::list& parts) {
 
 /// A restored checkpoint's memory: the memfd the job filled (restore_bytes), mapped shared
 /// and writable (MAP_POPULATE: its pages exist; mapping them in one call saves a fault per
-/// 4 KiB). Python sees it through the buffer protocol; tensors made with
-/// torch.frombuffer keep it alive; munmap-ed with the last.
+/// 4 KiB). Python sees it through the buffer protocol (tensors made with torch.frombuffer
+/// keep it alive; munmap-ed with the last) and, as a file, through fileno() (the memfd,
+/// owned here, closed with the buffer: torch 2.x's torch.load(mmap=True) maps its pages).
 struct MemBuffer {
     void* p = nullptr;
     std::size_t n = 0;
-    MemBuffer(int fd, std::size_t size) : n(size) {
-        void* q = ::mmap(nullptr, std::max<std::size_t>(n, 1), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    int fd = -1;
+    MemBuffer(int memfd, std::size_t size) : n(size) {
+        void* q = ::mmap(nullptr, std::max<std::size_t>(n, 1), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd, 0);
         if (q == MAP_FAILED) throw std::bad_alloc();
         p = q;
+        fd = memfd;
     }
-    ~MemBuffer() { ::munmap(p, std::max<std::size_t>(n, 1)); }
+    ~MemBuffer() {
+        ::munmap(p, std::max<std::size_t>(n, 1));
+        ::close(fd);
+    }
     MemBuffer(const MemBuffer&) = delete;
     MemBuffer& operator=(const MemBuffer&) = delete;
 };
@@ -280,7 +286,8 @@ PYBIND11_MODULE(_ckptkit, m) {
             return py::buffer_info(b.p, 1, py::format_descriptor<uint8_t>::format(), 1, {py::ssize_t(b.n)}, {py::ssize_t(1)},
                                    false);
         })
-        .def("__len__", [](const MemBuffer& b) { return b.n; });
+        .def("__len__", [](const MemBuffer& b) { return b.n; })
+        .def("fileno", [](const MemBuffer& b) { return b.fd; }, "the memfd holding the bytes (valid while the buffer lives)");
 
     m.def("replay_plan", [](py::bytes trace, const std::string& name, std::vector<uint64_t> budgets,
                             std::vector<uint64_t> activation_budgets, const std::string& planner) {
@@ -365,11 +372,15 @@ PYBIND11_MODULE(_ckptkit, m) {
         if (fd < 0) throw std::bad_alloc();
         struct Fd {
             int fd;
-            ~Fd() { ::close(fd); }
+            ~Fd() {
+                if (fd >= 0) ::close(fd);
+            }
         } hold{fd};
         std::vector<std::string> lines;
         const auto outs = run_read(req, fd, lines);   // json, table, bytes
-        py::object out = py::cast(new MemBuffer(fd, std::size_t(std::stoull(outs.at(2)))), py::return_value_policy::take_ownership);
+        auto* mem = new MemBuffer(fd, std::size_t(std::stoull(outs.at(2))));
+        hold.fd = -1;   // the buffer owns it now
+        py::object out = py::cast(mem, py::return_value_policy::take_ownership);
         return py::make_tuple(out, outs.at(0), outs.at(1), lines);
     }, py::arg("src"), py::arg("opts"), py::arg("tool") = "ckptkit.load",
        "the checkpoint restored from the container SRC, in memory (no file; decoded in the reader process); "

@@ -106,8 +106,9 @@ class DeviceRecord:
 def take(data):
     """The DeviceRecord that write_record's `data` (an address or a storage object) stands
     for, or None; and the data to hand torch's zip writer."""
-    if isinstance(data, DeviceRecord):
-        return data, _zeros.address(data.n)
+    if isinstance(data, DeviceRecord):   # torch 2.x hands write_record what cpu() returned
+        data.addr = _zeros.address(data.n)
+        return data, data.addr
     last = getattr(_tls, "last", None)
     if last is not None and isinstance(data, int) and data == last.addr:
         _tls.last = None
@@ -174,6 +175,52 @@ def descriptor_crc_field(small, start):
     if small[start:start + 4] != b"PK\x07\x08" or len(small) < start + 16:
         raise _layout_error("no data descriptor after a storage's data")
     return start + 4
+
+
+def descriptor_crc(b):
+    """The CRC-32 in `b` when it is one data descriptor as torch's writer (miniz) writes it,
+    signature first; else None."""
+    if len(b) >= 8 and b[:4] == b"PK\x07\x08":
+        return int.from_bytes(b[4:8], "little")
+    return None
+
+
+def hash_combine(seed, value):
+    """c10::hash_combine on 64-bit size_t: torch 2.x folds each record's CRC-32 (as its data
+    descriptor passes) into the second half of its .data/serialization_id record."""
+    m = (1 << 64) - 1
+    return (seed ^ ((value + 0x9E3779B9 + ((seed << 6) & m) + (seed >> 2)) & m)) & m
+
+
+def fix_serialization_id(tail, tail_start, seen, true, crcs):
+    """torch 2.x writes .data/serialization_id (20 digits of a hash of the record names, 20
+    of the fold of the records' CRC-32 as its writer saw them: the zero mapping's for the
+    storages read here). Where the record exists (in `tail`, before the central directory)
+    and its fold is `seen`, it is set to `true` (the storages' own CRC-32), and its CRC-32
+    is set in its data descriptor and recorded in `crcs` for the central directory."""
+    name = b".data/serialization_id"
+    at = tail.rfind(b"PK\x03\x04")
+    while at >= 0:
+        nl, xl = struct.unpack_from("<HH", tail, at + 26)
+        if bytes(tail[at + 30:at + 30 + nl]).endswith(b"/" + name):
+            break
+        at = tail.rfind(b"PK\x03\x04", 0, at)
+    if at < 0 or seen == true:
+        return
+    flags, = struct.unpack_from("<H", tail, at + 6)
+    size, start = 40, at + 30 + nl + xl
+    sid = bytes(tail[start:start + size])
+    if size != 40 or not sid.isdigit() or int(sid[20:]) != seen:
+        raise _layout_error("a serialization_id not made as torch 2.x makes it")
+    new = sid[:20] + b"%020d" % true
+    tail[start:start + size] = new
+    crc = zlib.crc32(new)
+    if flags & 8:
+        d = descriptor_crc_field(tail, start + size)
+        tail[d:d + 4] = crc.to_bytes(4, "little")
+    else:
+        tail[at + 14:at + 18] = crc.to_bytes(4, "little")
+    crcs[tail_start + at] = crc
 
 
 def fix_central_directory(tail, tail_start, crcs):

@@ -577,7 +577,7 @@ def test_gpu_storages_are_read_in_pieces(tmp_path, monkeypatch):
     sizes = []
     for path, t in tsc._walk(obj):
         if isinstance(t, torch.Tensor):
-            fake.add(t.storage()._storage._cdata)
+            fake.add(t.untyped_storage()._cdata if hasattr(t, "untyped_storage") else t.storage()._storage._cdata)
             sizes.append(t.storage().nbytes())
     real_device, real_cpu = torch._C.StorageBase.device, torch.UntypedStorage.cpu
     monkeypatch.setattr(torch.UntypedStorage, "device", property(
