@@ -406,16 +406,13 @@ def gradient_kinds(fixture, model_sd, optim_sd, G, seed=0):
     return kinds
 
 
-def _one_step(fixture, model_sd, optim_sd, grads):
-    """Apply one optimizer.step() with `grads`; return per-param records for the bound."""
-    model, opt = build_pair(fixture, model_sd, optim_sd)
+def step_records(opt, before, grads):
+    """Per-parameter records for the bound of one optimizer.step() of `opt` (torch Adam/AdamW)
+    that has just run: `before` the [(theta, exp_avg)] of each parameter before it, `grads`
+    the raw .grad it saw, both in _params(opt) order; the parameters and state are read now.
+    Any caller that steps a real optimizer (a framework's training loop) records with this."""
     recs = []
-    ps = _params(opt)
-    before = [(p.detach().clone(), opt.state[p]["exp_avg"].clone()) for p, _ in ps]
-    for (p, _), g in zip(ps, grads):
-        p.grad = g.clone()
-    opt.step()
-    for (p, group), (theta0, m0), g in zip(ps, before, grads):
+    for (p, group), (theta0, m0), g in zip(_params(opt), before, grads):
         st = opt.state[p]
         geff = g.double() * (-1.0 if group["maximize"] else 1.0)
         if _is_l2(opt, group):
@@ -423,6 +420,17 @@ def _one_step(fixture, model_sd, optim_sd, grads):
         A = _bound_A(st, group, m0, geff)
         recs.append(dict(theta0=theta0, theta1=p.detach().clone(), A=A, lr=group["lr"]))
     return recs
+
+
+def _one_step(fixture, model_sd, optim_sd, grads):
+    """Apply one optimizer.step() with `grads`; return per-param records for the bound."""
+    model, opt = build_pair(fixture, model_sd, optim_sd)
+    ps = _params(opt)
+    before = [(p.detach().clone(), opt.state[p]["exp_avg"].clone()) for p, _ in ps]
+    for (p, _), g in zip(ps, grads):
+        p.grad = g.clone()
+    opt.step()
+    return step_records(opt, before, grads)
 
 
 def _ulp32(x):
@@ -442,18 +450,32 @@ def step_check(fixture, orig_sd, rest_sd, tolerance, G, seed=0):
     for kind, grads in kinds.items():
         ro = _one_step(fixture, orig_sd[0], orig_sd[1], grads)
         rr = _one_step(fixture, rest_sd[0], rest_sd[1], grads)
-        max_lr, excess, worst = 0.0, -math.inf, None
-        for i, (o, r) in enumerate(zip(ro, rr)):
-            d = ((r["theta1"].double() - r["theta0"].double())
-                 - (o["theta1"].double() - o["theta0"].double())).abs()
-            big = torch.maximum(torch.maximum(o["theta0"].abs(), o["theta1"].abs()),
-                                r["theta1"].abs())
-            slack = 4 * _ulp32(big) + 8 * EPS32 * (o["A"] + r["A"])
-            ex = d - (tolerance * o["lr"] + slack)
-            max_lr = max(max_lr, float(d.max()) / o["lr"]) if d.numel() else max_lr
-            if d.numel() and float(ex.max()) > excess:
-                excess, worst = float(ex.max()), (i, int(ex.argmax()))
-        out[kind] = dict(max_lr=max_lr, excess=excess, ok=excess <= 0.0, worst=worst)
+        out[kind] = compare_steps(ro, rr, tolerance)
+    return out
+
+
+def compare_steps(ro, rr, tolerance, limits=False):
+    """The pass criterion (module docstring) of one update, the same gradient in both runs:
+    records `ro` (original) and `rr` (restored) of step_records. Returns dict(max_lr, excess,
+    ok, worst = (param index, flat index)); with `limits`, also limits = [tolerance * lr +
+    slack per coordinate] (float64, one tensor per parameter), the bound each |Delta_r -
+    Delta_o| was held to."""
+    max_lr, excess, worst, lims = 0.0, -math.inf, None, []
+    for i, (o, r) in enumerate(zip(ro, rr)):
+        d = ((r["theta1"].double() - r["theta0"].double())
+             - (o["theta1"].double() - o["theta0"].double())).abs()
+        big = torch.maximum(torch.maximum(o["theta0"].abs(), o["theta1"].abs()),
+                            r["theta1"].abs())
+        slack = 4 * _ulp32(big) + 8 * EPS32 * (o["A"] + r["A"])
+        ex = d - (tolerance * o["lr"] + slack)
+        if limits:
+            lims.append(tolerance * o["lr"] + slack)
+        max_lr = max(max_lr, float(d.max()) / o["lr"]) if d.numel() else max_lr
+        if d.numel() and float(ex.max()) > excess:
+            excess, worst = float(ex.max()), (i, int(ex.argmax()))
+    out = dict(max_lr=max_lr, excess=excess, ok=excess <= 0.0, worst=worst)
+    if limits:
+        out["limits"] = lims
     return out
 
 

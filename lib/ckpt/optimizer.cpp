@@ -45,9 +45,10 @@ double* hyper_field(codec::AdamHyper& h, int k) {
 }
 
 /// Hyper-parameters of one param group given as a key -> number/bool lookup; sets the
-/// HyperKey bit of every key the group states.
+/// HyperKey bit of every key the group states, and lr_divides when torch 2.x's
+/// `capturable` or `differentiable` is set (out_of_range).
 template <class Get>
-void read_group(codec::AdamHyper& h, unsigned& stated, std::optional<bool>& decoupled, Get get) {
+void read_group(codec::AdamHyper& h, unsigned& stated, std::optional<bool>& decoupled, bool& lr_divides, Get get) {
     for (int k = 0; k < 7; ++k)
         if (auto v = get(kHyperNames[k])) {
             stated |= 1u << k;
@@ -55,6 +56,8 @@ void read_group(codec::AdamHyper& h, unsigned& stated, std::optional<bool>& deco
             else (k == 5 ? h.amsgrad : h.maximize) = *v != 0;
         }
     if (auto v = get("decoupled_weight_decay")) decoupled = *v != 0;
+    for (const char* k : {"capturable", "differentiable"})
+        if (auto v = get(k)) lr_divides = lr_divides || *v != 0;
 }
 
 /// Overrides fill in what the file does not state; a different value for a stated key is
@@ -85,7 +88,12 @@ void apply(codec::AdamHyper& h, unsigned stated, const int* bits, const HyperOve
 /// own argument checks (0 <= betas < 1, eps >= 0, lr >= 0), a whole step count >= 0, and
 /// lr / (1 - beta1^t) <= 2 (the FP32 range argument of the guard, codec/guard.h fp32_gate).
 /// load_state_dict accepts all of these, so such states are kept exact, never refused.
-std::string out_of_range(const codec::AdamHyper& h) {
+/// With `lr_divides` (torch 2.x's capturable / differentiable Adam: denom =
+/// sqrt(v) / (sqrt(bc2) * lr / bc1) + eps / (lr / bc1), torch/optim/adam.py) lr must be at
+/// least 2^-40: then sqrt(v) <= 2^64 over sqrt(bc2) lr / bc1 >= 2^-60 cannot overflow FP32
+/// (beta2 <= 1 - 2^-40, eps <= 2^60 there), and the update keeps the FP32 margin's roundings; below it
+/// one run's denominator can become inf and its update 0 (issue: 118x tolerance at lr 5e-20).
+std::string out_of_range(const codec::AdamHyper& h, bool lr_divides) {
     for (double x : {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step})
         if (!std::isfinite(x)) return "non-finite hyper-parameter";
     if (!(h.lr >= 0)) return fmt::format("lr = {} < 0", h.lr);
@@ -94,6 +102,9 @@ std::string out_of_range(const codec::AdamHyper& h) {
     if (!(h.eps >= 0)) return fmt::format("eps = {} < 0", h.eps);
     if (!(h.step >= 0) || h.step != std::floor(h.step) || h.step > 1e15) return fmt::format("step = {} is not a whole count >= 0", h.step);
     if (h.lr / (1 - std::pow(h.beta1, h.step + 1)) > 2) return "lr / (1 - beta1^t) > 2 (outside the FP32-safe range)";
+    if (lr_divides && !(h.lr >= 0x1p-40 && h.beta2 <= 1 - 0x1p-40 && h.eps <= 0x1p60))
+        return fmt::format("capturable / differentiable Adam divides by lr (lr = {}, beta2 = {}): certified only for "
+                           "lr >= 2^-40, beta2 <= 1 - 2^-40 and eps <= 2^60", h.lr, h.beta2);
     return "";
 }
 
@@ -479,7 +490,7 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
         }
         if (w == where.end()) throw BadInput(f.path(), "optimizer state " + p.index + " belongs to no param group");
         const Value& g = *w->second.first;
-        read_group(p.hyper, p.stated, p.decoupled, [&](const char* key) -> std::optional<double> {
+        read_group(p.hyper, p.stated, p.decoupled, p.lr_divides, [&](const char* key) -> std::optional<double> {
             std::string kk = key;
             if (kk == "beta1" || kk == "beta2") {
                 const Value* b = g.get("betas");
@@ -520,7 +531,7 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
         if (p.name.rfind(prefix + "state/", 0) == 0 && likely_name.count(p.index)) p.name = likely_name[p.index];
         apply(p.hyper, p.stated, p.stated_bits, o, f.path(), p.name);
         p.why_not = fused ? fused_adam(g, ds_config, p) : not_adam(dict_keys(g), dict_keys(st));
-        if (p.why_not.empty()) p.why_not = out_of_range(p.hyper);
+        if (p.why_not.empty()) p.why_not = out_of_range(p.hyper, p.lr_divides);
         check_compressible(ck, refs, p);
         out.push_back(std::move(p));
     }
@@ -653,7 +664,7 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
         ParamState& ps = p;  // a structured binding cannot be captured (clang 14)
         auto read_json_group = [&](const nlohmann::json& g) {
             for (auto it = g.begin(); it != g.end(); ++it) gkeys.push_back(it.key());
-            read_group(ps.hyper, ps.stated, ps.decoupled, [&](const char* key) -> std::optional<double> {
+            read_group(ps.hyper, ps.stated, ps.decoupled, ps.lr_divides, [&](const char* key) -> std::optional<double> {
                 std::string kk = key;
                 if ((kk == "beta1" || kk == "beta2") && g.contains("betas") && g["betas"].is_array() && g["betas"].size() == 2 && g["betas"][kk == "beta1" ? 0 : 1].is_number())
                     return g["betas"][kk == "beta1" ? 0 : 1].get<double>();
@@ -700,7 +711,7 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
             if (!found && !flat) p.why_not = "no param_groups entry in __metadata__ (optimizer unknown)";
             else p.why_not = not_adam(gkeys, fields[idx]);
         }
-        if (p.why_not.empty()) p.why_not = out_of_range(p.hyper);
+        if (p.why_not.empty()) p.why_not = out_of_range(p.hyper, p.lr_divides);
         check_compressible(ck, refs, p);
         out.push_back(std::move(p));
     }

@@ -49,6 +49,7 @@ struct ParamState {
     /// an override is compared with the file's value in that dtype.
     int stated_bits[5] = {0, 0, 0, 0, 0};
     std::optional<bool> decoupled;    ///< AdamW (true) / Adam (false) when the file says so
+    bool lr_divides = false;          ///< capturable / differentiable: torch divides by lr/bc1
     bool compressible = false;        ///< provably Adam/AdamW, moments are whole, contiguous,
                                       ///< unshared FP32/F16/BF16 storages, hyper-parameters in range
     std::string why_not;              ///< reason when !compressible ("NAdam state (not Adam)")

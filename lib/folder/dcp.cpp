@@ -245,8 +245,9 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
                 json v;
                 if (!to_json(pa.ck.root, v) || !v.is_array()) continue;
                 std::set<std::string> fqns;
-                for (const auto& e : v)
-                    if (e.is_string()) fqns.insert(e.get<std::string>());
+                for (const auto& e : v)   // FQNs (get_state_dict), or the state ids of a plain
+                    if (e.is_string()) fqns.insert(e.get<std::string>());   // optimizer.state_dict()
+                    else if (e.is_number_integer()) fqns.insert(std::to_string(e.get<int64_t>()));
                 known->second.push_back({gp + rest.substr(0, dot) + ".", std::move(fqns)});
             }
         }
@@ -298,10 +299,12 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
                 p.step = v[0];
             } else { skip("step is not a number"); continue; }
         }
-        // the flattened form's X.param_groups.<P>.<key>, else the default form's group
+        // the flattened form's X.param_groups.<P>.<key>, else the default form's group (also
+        // when P is a state id equal to a group index: a group has its .params item)
         std::string gp = X + ".param_groups." + P + ".";
         const auto flat_it = by_fqn.lower_bound(gp);
-        if (flat_it == by_fqn.end() || flat_it->first.rfind(gp, 0) != 0) gp = default_group(X, P);
+        if (flat_it == by_fqn.end() || flat_it->first.rfind(gp, 0) != 0 || by_fqn.count(gp + "params"))
+            gp = default_group(X, P);
         p.group = json::object();
         for (auto it = gp.empty() ? by_fqn.end() : by_fqn.lower_bound(gp); it != by_fqn.end() && it->first.rfind(gp, 0) == 0 && ok; ++it) {
             const std::string key = it->first.substr(gp.size());

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from testlib import require_ckptkit_bin, run_tool  # noqa: E402
+from testlib import require_ckptkit_bin, run_tool, torch_load_pair  # noqa: E402
 
 TOL = 0.01
 
@@ -212,7 +212,7 @@ def test_ultralytics_half_ema_copy(tmp_path):
     v = run_tool(bin_dir, "ckpt-verify", ckz, "--original", src)
     assert v.returncode == 0, v.stdout + v.stderr
     assert run_tool(bin_dir, "ckpt-restore", ckz, "-o", out).returncode == 0
-    a, b = torch.load(src), torch.load(out)
+    a, b = torch_load_pair(src, out)
     grid = torch.cat([torch.zeros(1), torch.logspace(-6, 0, 61), -torch.logspace(-6, 0, 61)]).double()
     worst, changed = 0.0, 0
     for gi, group in enumerate(a["optimizer"]["param_groups"]):

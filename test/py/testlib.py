@@ -4,10 +4,12 @@
 The CLI tools are located through the environment variable CKPTKIT_BIN (a directory holding
 ckpt-compress, ckpt-verify and ckpt-restore). Missing tools are a test FAILURE, never a skip:
 the round trip is the product's proof and must not silently disappear.
-Run with /usr/bin/python3 -m pytest test/py (Debian's torch 1.13).
+Run with /usr/bin/python3 -m pytest test/py (Debian's torch 1.13) and .venv/bin/python -m
+pytest test/py (torch 2.13, scripts/setup.sh makes .venv): CTest runs both.
 """
 import json
 import os
+import pickle
 import subprocess
 import sys
 
@@ -22,6 +24,23 @@ import ckpt_models  # noqa: E402,F401  (re-exported for the tests)
 import torch_step_check  # noqa: E402,F401
 
 TOOLS = ("ckpt-compress", "ckpt-verify", "ckpt-restore")
+
+
+def torch_load_pair(orig, restored):
+    """torch.load of an original checkpoint and its restored copy with torch's default
+    weights_only (True from torch 2.6 on) where the original loads that way, and then the
+    restored file must load too. An original whose pickle names classes outside torch's
+    allowlist (DeepSpeed's loss scaler, Lightning's AttributeDict) is refused by that
+    default: the restored file must be refused the same way, and both load with
+    weights_only=False."""
+    import torch
+    try:
+        a = torch.load(orig)
+    except pickle.UnpicklingError:
+        with pytest.raises(pickle.UnpicklingError):
+            torch.load(restored)
+        return torch.load(orig, weights_only=False), torch.load(restored, weights_only=False)
+    return a, torch.load(restored)
 
 
 def require_ckptkit_bin():
