@@ -252,11 +252,22 @@ def _unlogged():
         yield
 
 
+def _start_us(e):
+    """A kineto event's start in whole microseconds (torch 1.13: start_us(); torch 2.x:
+    start_ns() only, truncated to the same microsecond grid, so ties order as before)."""
+    return e.start_us() if hasattr(e, "start_us") else e.start_ns() // 1000
+
+
+def _duration_us(e):
+    """A kineto event's duration in whole microseconds (see _start_us)."""
+    return e.duration_us() if hasattr(e, "duration_us") else e.duration_ns() // 1000
+
+
 @contextlib.contextmanager
 def _memory_events():
     """torch's CPU profiler with memory events, without torch.profiler's parse of every event
     into Python objects on exit (most of the profiled step's cost): yields a list that holds
-    the raw kineto events (name(), start_us(), duration_us(), nbytes(), device_type()) when the
+    the raw kineto events (name(), start time, duration, nbytes(), device_type()) when the
     block ends."""
     from torch._C._profiler import _ExperimentalConfig
     from torch.autograd import (ProfilerConfig, ProfilerState, _disable_profiler, _enable_profiler,
@@ -741,9 +752,9 @@ class Recorder:
             nm = e.name()
             if nm == "[memory]":
                 if e.device_type() == torch.device("cpu").type or str(e.device_type()).endswith("CPU"):
-                    mems.append((e.start_us(), e.nbytes()))
+                    mems.append((_start_us(e), e.nbytes()))
             elif nm.startswith(_MARK):
-                marks[nm[len(_MARK):]] = (e.start_us(), e.start_us() + e.duration_us())
+                marks[nm[len(_MARK):]] = (_start_us(e), _start_us(e) + _duration_us(e))
         # events of one microsecond: allocations before frees, the worst order any run of
         # the same step can show (the measured peak never depends on how ties were logged)
         mems.sort(key=lambda x: (x[0], x[1] < 0))

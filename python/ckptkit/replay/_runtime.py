@@ -71,7 +71,11 @@ class _Segment:
             return self.run_checked(self.orig, args, kw)
         call = _Call(self, args)
         watch = self.watch_before()
-        out = tuc.checkpoint(call, *args, use_reentrant=False, preserve_rng_state=False, **kw)
+        # The positional arguments stay with `call`, not torch: torch 2.x's checkpoint keeps its
+        # inputs as saved tensors, version-checked when the recompute unpacks them, so an input
+        # written in place after its read (by this segment or a later one) would fail before
+        # the recompute restores it; torch 1.13 kept plain references, as `call` does.
+        out = tuc.checkpoint(call, use_reentrant=False, preserve_rng_state=False, **kw)
         self.watch_after(watch)
         for t in tensors_in(out):
             if t.requires_grad:
@@ -137,6 +141,7 @@ class _Call:
 
     def __init__(self, seg, args):
         self.seg = seg
+        self.args = args   # the segment's positional arguments (torch.utils.checkpoint gets none: _Seg.forward)
         self.positions = [i for i, x in enumerate(args) if torch.is_tensor(x)]
         self.kept = {}
         for r in seg.contract.get("restore", []):
@@ -155,9 +160,9 @@ class _Call:
     def __call__(self, *a, **k):
         self.calls += 1
         if self.calls == 1:
-            self.args_for_build = list(a)
-            return self.seg.run_checked(self.seg.orig, a, k)
-        return self.recompute(list(a), k)
+            self.args_for_build = list(self.args)
+            return self.seg.run_checked(self.seg.orig, self.args, k)
+        return self.recompute(list(self.args), k)
 
     def build(self, a):
         """Scratch copies of every touched state at the version the segment read, checked
