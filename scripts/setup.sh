@@ -34,3 +34,14 @@ if [ "${CKPTKIT_NO_VENV:-0}" != 1 ]; then
     cp scripts/requirements.txt "$stamp"
   fi
 fi
+
+# The opt-in torchvision line (CKPTKIT_TORCHVISION=1): .venv-tv with torch 2.14.1 + torchvision
+# 0.29.1 (scripts/requirements-torchvision.txt); CTest's package_pytest_torchvision runs there.
+if [ "${CKPTKIT_TORCHVISION:-0}" = 1 ] && ! cmp -s scripts/requirements-torchvision.txt .venv-tv/.requirements 2>/dev/null; then
+  rm -rf .venv-tv
+  "${CKPTKIT_VENV_PYTHON:-python3}" -m venv .venv-tv
+  .venv-tv/bin/pip install -q --disable-pip-version-check -r scripts/requirements-torchvision.txt 2>&1 \
+    | grep -v "^WARNING: Location" || true
+  .venv-tv/bin/python -c "import torch, torchvision"
+  cp scripts/requirements-torchvision.txt .venv-tv/.requirements
+fi
