@@ -311,7 +311,15 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
             if (key.find('.') != std::string::npos || it->second.size() != 1 || key == "params") continue;
             const Parsed pa = parse_item(dir, *it->second[0], scratch, limits);
             json v;
-            if (!to_json(pa.ck.root, v)) { skip("param_groups." + key + " is not a plain value"); ok = false; break; }
+            const auto* t = std::get_if<Value::Tensor>(&pa.ck.root.v);
+            const TensorInfo* ti = t ? &pa.ck.tensors.at(t->index) : nullptr;
+            if (ti && ti->numel() == 1 && (float_dtype_size(ti->dtype) || ti->dtype == DType::F64)) {
+                // a one-value float tensor (lr=torch.tensor(...)), as find_param_states reads it in a file
+                const io::InputFile f(pa.path);
+                const auto x = read_small_tensor(pa.ck, f, int(t->index));
+                if (x.size() != 1 || !std::isfinite(x[0])) { skip("param_groups." + key + " is not a finite scalar"); ok = false; break; }
+                v = x[0];
+            } else if (!to_json(pa.ck.root, v)) { skip("param_groups." + key + " is not a plain value"); ok = false; break; }
             p.group[key] = v;
         }
         if (!ok) continue;
