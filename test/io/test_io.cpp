@@ -464,6 +464,34 @@ TEST_CASE("torch 2.x forms (hand-pickled with torch 2.x names, protocols 2 and 4
     }
 }
 
+TEST_CASE("torch 2.x forms written by torch 2.13 itself (data/io/torch213.pt) read in both modes") {
+    check_expected("torch213.pt");
+    for (bool strict : {false, true}) {
+        Limits lim;
+        lim.strict = strict;
+        Checkpoint ck = read_checkpoint(data_path("torch213.pt"), lim);
+        auto tensor = [&](std::initializer_list<const char*> keys) -> const TensorInfo& {
+            return ck.tensors.at(std::get<Value::Tensor>(at(ck.root, keys).v).index);
+        };
+        CHECK(tensor({"model", "f8"}).dtype == DType::F8_E4M3);
+        CHECK(tensor({"model", "u16"}).dtype == DType::U16);
+        CHECK(tensor({"model", "u64"}).dtype == DType::U64);
+        CHECK(tensor({"model", "u64"}).storage_offset == 1);
+        CHECK(tensor({"model", "c32"}).dtype == DType::C32);
+        CHECK(tensor({"model", "fnuz"}).dtype == DType::F8_E5M2FNUZ);
+        CHECK(tensor({"model", "conj"}).dtype == DType::C64);
+        CHECK(tensor({"model", "w"}).shape == std::vector<int64_t>{2, 3});
+        CHECK(std::get<std::string>(at(ck.root, {"device"}).v) == "cuda:0");
+        CHECK(at(ck.root, {"size"}).is_tuple);
+        const auto& group = std::get<Value::List>(at(ck.root, {"optimizer", "param_groups"}).v).at(0);
+        const auto& lr = ck.tensors.at(std::get<Value::Tensor>(at(group, {"lr"}).v).index);   // 0-d lr
+        CHECK(lr.shape.empty());
+        CHECK(lr.path == "optimizer/param_groups/0/lr");
+        CHECK(std::get<bool>(at(group, {"decoupled_weight_decay"}).v));
+        CHECK(std::get<Value::List>(at(group, {"param_names"}).v).size() == 4);
+    }
+}
+
 TEST_CASE("globals that run code are refused in both modes, also dotted, nested in objects or via NEWOBJ") {
     const std::pair<std::string, std::string> evil[] = {
         {"subprocess", "Popen"}, {"runpy", "_run_code"}, {"nt", "system"}, {"sys", "modules"},
