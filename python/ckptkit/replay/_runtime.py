@@ -1,11 +1,19 @@
 """The contract runtime: a plan applied to a live model in the user's own training loop. See
 ckptkit.replay.apply."""
+import weakref
+
 import torch
 import torch.utils.checkpoint as tuc
+
+from .._errors import BadInput
 
 from ._common import (ContractError, OpsHash, SegmentOpsMode, StalePlan, all_streams, buffer_owner,
                       byte_view, digest, generator_names, model_fingerprint, stream_state,
                       set_stream_state, tensors_in)
+
+
+# module -> the Applied handle whose segment patches its forward: one plan at a time per module
+_patched = weakref.WeakKeyDictionary()
 
 
 class _Segment:
@@ -250,10 +258,15 @@ class Applied:
         if missing:
             raise StalePlan(missing[0], "no module of that name in the model: the plan was made for "
                                         "another model; record and plan again")
+        busy = [s["name"] for s in entry["segments"] if mods[s["name"]] in _patched]
+        if busy:
+            raise BadInput(f"ckptkit.replay: error: segment {busy[0]}: a plan is already applied to this module; "
+                           "remove() that handle (or leave its with block) first", None, "already applied")
         self.segments = []
         try:
             for s in entry["segments"]:
                 self.segments.append(_Segment(self, s["name"], mods[s["name"]], s, layout))
+                _patched[mods[s["name"]]] = self
         except BaseException:
             self.remove()
             raise
@@ -262,7 +275,10 @@ class Applied:
     def remove(self):
         """Stop following the plan: every segment's forward is the module's own again."""
         while self.segments:
-            self.segments.pop().remove()
+            seg = self.segments.pop()
+            seg.remove()
+            if _patched.get(seg.module) is self:
+                del _patched[seg.module]
 
     def __enter__(self):
         return self

@@ -357,3 +357,28 @@ def test_zz_report_peaks():
     """The margins (for docs/benchmarks.md): printed with -s."""
     for row in PEAKS:
         print("peak", *row, f"margin {row[4] - row[3]}")
+
+
+def test_one_plan_at_a_time_and_any_removal_order_restores():
+    """A second apply() on modules a plan already patches is refused ("already applied"), not
+    stacked; removing the handle (once or twice, in any order with others) gives every module
+    its own forward back, and the model trains as before."""
+    model, batch, loss_fn = pattern("bn")()
+    plan, lo = tight_plan(model, batch, loss_fn)
+    every = plan.every
+    h1 = replay.apply(model, every)
+    assert any("forward" in m.__dict__ for m in model.modules())
+    with pytest.raises(ckptkit.BadInput, match="already applied"):
+        replay.apply(model, every)
+    h1.remove()
+    h1.remove()
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    h2 = replay.apply(model, every)
+    with replay.apply(nanogpt.build()[0], replay.plan(replay.record(*nanogpt.build()))) as h3:
+        h2.remove()   # another model's handle, removed out of order
+        assert not any("forward" in m.__dict__ for m in model.modules())
+        assert h3.recomputed is not None
+    ref_losses, ref = run_steps(pattern("bn"), steps=3)
+    got_losses, got = run_steps(pattern("bn"), every, None, steps=3)
+    assert torch.equal(ref_losses, got_losses)
+    assert_same(ref, got)
