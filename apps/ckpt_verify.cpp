@@ -21,6 +21,9 @@ int main(int argc, char** argv) {
     auto* og = app.add_option("--original", orig, "the checkpoint (or folder) that was compressed");
     app.add_option("--grid", o.grid, "gradient points per coordinate (dense check with --original)")->capture_default_str()
         ->check(CLI::Range(5, 1 << 20));
+    app.add_option("--tolerance", o.tolerance, "the largest certificate accepted, in units of lr, whatever tolerance the "
+                   "container states (as ckpt-compress's --tolerance: pass the one a container was compressed at)")
+        ->capture_default_str()->check(ckpt::app::unit_interval());
     app.add_flag("--strict", o.strict, "read --original accepting only torch.load(weights_only=True) globals");
     ckpt::app::add_threads_option(app);
     return cli.main(argc, argv, in, [&] {

@@ -13,7 +13,7 @@ CKPT=data/lm_adamw.pt
 echo "== ckpt-compress $CKPT"
 $B/ckpt-compress "$CKPT" -o "$OUT/lm_adamw.ckz.h5" --tolerance 0.01 --grad-bound 1.0 --force
 echo "== ckpt-verify (with the original)"
-$B/ckpt-verify "$OUT/lm_adamw.ckz.h5" --original "$CKPT"
+$B/ckpt-verify "$OUT/lm_adamw.ckz.h5" --original "$CKPT" --tolerance 0.01
 echo "== ckpt-restore"
 $B/ckpt-restore "$OUT/lm_adamw.ckz.h5" -o "$OUT/lm_adamw.restored.pt" --force
 echo "== stock torch: load, load_state_dict, one optimizer.step() per gradient kind, then 200 steps of gradient sequences"

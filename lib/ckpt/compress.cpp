@@ -271,6 +271,7 @@ Report self_check(const std::string& path, const std::string& in, codec::Device 
                   const Layout& planned, uint64_t manifest_xxh3) {
     VerifyOptions vo;
     vo.planned = &planned;
+    vo.tolerance = planned.man.tolerance;  // the certificates are held to compress's own --tolerance
     vo.manifest_xxh3 = manifest_xxh3;
     vo.certificates = device != codec::Device::Cpu;  // a device encoder is checked in full
     vo.code_hashes = &codes;
@@ -314,6 +315,8 @@ Report compress_input(const io::InputFile& f, const std::string& out, const Comp
     Layout L = plan_layout(read_checkpoint(f, o.limits), f, o);
     ct::Manifest& man = L.man;
     warn_kept(in, L.kept);
+    if (man.params.empty() && L.kept.empty())  // CompressOptions::allow_no_state
+        spdlog::warn("{}: no optimizer state: nothing was coded, the checkpoint is stored exactly", in);
     for (const auto& k : L.kept) man.kept.push_back({k.name, k.values, k.bytes_out, k.note});
 
     AtomicOutput atomic(out);
@@ -330,8 +333,10 @@ Report compress_input(const io::InputFile& f, const std::string& out, const Comp
         throw;
     } catch (const CheckFailed&) {
         throw;
-    } catch (const std::runtime_error& e) {  // HDF5 write failures: name the output
-        throw BadInput(out, e.what());
+    } catch (const std::runtime_error& e) {  // HDF5 write failures: name the output, not the temporary
+        std::string why = e.what();
+        if (why.rfind(atomic.temp_path() + ": ", 0) == 0) why.erase(0, atomic.temp_path().size() + 2);
+        throw BadInput(out, why);
     }
     try {
         atomic.commit();

@@ -520,6 +520,15 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
             p.hyper.step_bits = significant_bits(ck.tensors[ti->index].dtype);
         } else {
             p.hyper.step = as_double(*step, "step", f.path());
+            if (!fused) {
+                // torch's Adam / AdamW turn a number step into a float32 tensor when they load
+                // it (__setstate__: torch.tensor(float(step)); 16777217 becomes 16777216) and
+                // count on in float32: certify for that count. DeepSpeed's FusedAdam keeps an
+                // exact int in its group.
+                p.hyper.step = codec::round_to_bits(p.hyper.step, 24);
+                p.hyper.step_bits = 24;
+                p.stated |= kStepNumber;
+            }
         }
         if (masters) {  // DeepSpeed: state i of flat group g <-> master partition g
             const auto gi = std::size_t(std::find_if(groups->begin(), groups->end(), [&](const Value& x) { return &x == &g; }) - groups->begin());

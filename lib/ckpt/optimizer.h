@@ -27,6 +27,9 @@ struct HyperOverrides {
 
 /// Hyper-parameter keys a file may state (ParamState::stated bits).
 enum HyperKey : unsigned { kLr = 1, kBeta1 = 2, kBeta2 = 4, kEps = 8, kWeightDecay = 16, kAmsgrad = 32, kMaximize = 64 };
+/// ParamState::stated bit (not a hyper-parameter): the step is a number in the file, which
+/// torch Adam / AdamW load as a float32 tensor (certified as one: step_bits 24).
+constexpr unsigned kStepNumber = 128;
 
 /// One parameter's optimizer state.
 struct ParamState {

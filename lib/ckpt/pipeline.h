@@ -32,6 +32,11 @@ struct CompressOptions {
     bool progress = false;            ///< progress line on stderr
     Limits limits;                    ///< reader limits (header, pickle, memo sizes)
     std::string device = "auto";      ///< cpu | cuda | auto (cuda when a device is present)
+    /// A checkpoint with no optimizer state at all (model-only, EMA or best-weights
+    /// exports) is stored exactly (a container with no coded moments, one warning saying
+    /// nothing was coded) instead of refused with NoAdamState. The Python package's save
+    /// sets it; the tools and folder mode do not (ckpt-compress exits 2, a folder copies it).
+    bool allow_no_state = false;
 };
 
 /// Compress `in` (torch.save zip/legacy or safetensors) into the container `out`.
@@ -47,6 +52,11 @@ struct Layout;  // layout.h
 
 struct VerifyOptions {
     std::optional<std::string> original;  ///< also check against the original checkpoint
+    /// The largest certificate accepted (lr units; ckpt-verify --tolerance, default
+    /// ckpt-compress's): a certificate above it fails whatever tolerance the manifest states
+    /// (a manifest's tolerance is the writer's word, not a proof). compress's self-check
+    /// passes its own --tolerance.
+    double tolerance = 0.01;
     int grid = 257;                       ///< gradient points per coordinate on the dense grid
     bool strict = false;                  ///< read the original with Limits::strict
     /// Re-derive every certificate from the codes (ckpt-verify always does). compress's

@@ -78,7 +78,11 @@ std::string Report::table() const {
                          g.amsgrad ? " amsgrad" : "", g.maximize ? " maximize" : "");
     for (auto& c : checks) s += "check: " + c + "\n";
     for (auto& f : failures) s += "FAILED: " + f + "\n";
-    s += ok ? "ok\n" : "NOT OK\n";
+    if (ok && tool == "ckpt-verify")  // what "ok" proved: the certificates against --tolerance; the manifest's claim
+        s += fmt::format("ok (certificates up to {:.4g} lr, within --tolerance {}; compressed at tolerance {})\n", max_bound(),
+                         accepted_tolerance, tolerance);
+    else
+        s += ok ? "ok\n" : "NOT OK\n";
     return s;
 }
 
@@ -90,6 +94,7 @@ std::string Report::json() const {
     else j["output"] = output;
     j["codec"] = codec;
     j["tolerance"] = tolerance;
+    if (accepted_tolerance >= 0) j["accepted_tolerance"] = accepted_tolerance;
     if (horizon >= 0) j["horizon"] = horizon == 0 ? nlohmann::json("all") : nlohmann::json(horizon);
     j["grad_bound"] = std::isfinite(grad_bound) ? nlohmann::json(grad_bound) : nlohmann::json("inf");
     j["moment_values"] = moment_values();

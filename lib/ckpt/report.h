@@ -53,6 +53,8 @@ struct Report {
           codec(std::move(codec_)), tolerance(tolerance_), grad_bound(grad_bound_) {}
     std::string tool, input, output, codec;
     double tolerance = 0, grad_bound = 0;
+    /// ckpt-verify: the largest certificate it accepts (VerifyOptions::tolerance); -1 elsewhere.
+    double accepted_tolerance = -1;
     /// Updates the certificates cover: 0 every update after restore, 1 the first
     /// (container::Manifest::horizon); -1 where no container is involved.
     int horizon = -1;

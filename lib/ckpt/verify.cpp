@@ -107,6 +107,9 @@ Layout derive_layout(const ContainerReader& cr, const SourceSkeleton& src) {
     if (man.param_bound >= 0) o.param_bound = man.param_bound;
     o.horizon = man.horizon;
     o.hyper.unstated_ok = true;
+    // a container of a checkpoint with no optimizer state (CompressOptions::allow_no_state):
+    // the source must still have none (else the plan has states the manifest lacks)
+    o.allow_no_state = man.params.empty() && man.kept.empty();
     // hyper-parameters the source does not state were filled in by overrides: take them
     // from the manifest (compare_layout checks only what the source states)
     const io::InputFile f(src.path());
@@ -262,6 +265,8 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
     const Want want = cmp ? Want::Bounds : o.certificates ? Want::Certificates : codes_only ? Want::Codes : Want::Values;
     uint64_t certified = 0, grid_points = 0, escapes_checked = 0, seq_checked = 0, seq_points = 0;
     double max_true = 0, max_seq = 0;
+    double max_certified = 0;  // the largest re-derived certificate of every parameter (against o.tolerance)
+    uint64_t above_limit = 0;  // parameters with a certificate above o.tolerance
     GridPoints grid(o.grid);
     const std::size_t code_bytes = std::size_t(codec::code_bytes(man.codec));
     ContainerReader::Chunk chunk;  // reused by every parameter (for_each_chunk)
@@ -386,11 +391,23 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
         if (grid_fail) fail(fmt::format("{}: {} grid points exceed their certificate", e.name, grid_fail));
         if (seq_fail) fail(fmt::format("{}: {} gradient sequences exceed their certificate", e.name, seq_fail));
         if (esc_fail) fail(fmt::format("{}: {} escaped values differ from the original", e.name, esc_fail));
-        if (o.certificates || cmp) rep.rows[j].max_bound = max_bound;
+        if (o.certificates || cmp) {
+            rep.rows[j].max_bound = max_bound;
+            max_certified = std::max(max_certified, max_bound);
+            above_limit += max_bound > o.tolerance;
+        }
         prog.item_done();
     }
+    // The manifest's tolerance is the writer's word: certificates are held to the caller's
+    // (--tolerance), whatever the manifest says (a raised manifest tolerance with its max
+    // bounds rewritten is otherwise a consistent forgery)
+    if (above_limit)
+        fail(fmt::format("certificates up to {:.4g} lr ({} of {} tensors) exceed --tolerance {}: the container was compressed "
+                         "at tolerance {}: pass --tolerance {} to accept it",
+                         max_certified, above_limit, man.params.size(), o.tolerance, man.tolerance, man.tolerance));
     if (o.certificates || cmp)
-        rep.checks.push_back(fmt::format("certificates: {} coordinates re-derived from codes, all <= tolerance {}", certified, man.tolerance));
+        rep.checks.push_back(fmt::format("certificates: {} coordinates re-derived from codes, all <= tolerance {}", certified,
+                                         std::min(man.tolerance, o.tolerance)));
     if (cmp)
         rep.checks.push_back(fmt::format("original: {} escaped values exact; {} gradient grid points, max |u-u~| = {:.3e} lr",
                                          escapes_checked, grid_points, max_true));
@@ -407,6 +424,7 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     Report rep("ckpt-verify", path, o.original.value_or(""), codec::kind_name(man.codec), man.tolerance,
                man.grad_bound);
     rep.horizon = man.horizon;
+    rep.accepted_tolerance = o.tolerance;
     rep.file_bytes_in = man.source_size;
     rep.file_bytes_out = io::InputFile(path).size();
     rep.rows = tensor_rows(cr);

@@ -33,8 +33,9 @@ struct Backend {
     /// encode_chunk's semantics and output, escape causes classified (classify_escapes).
     /// Throws std::runtime_error when the backend is not available or a device call fails.
     ChunkOut (*encode)(const TensorSetup&, const ChunkIn&);
-    /// decode_chunk's semantics and output. Throws std::runtime_error as encode does.
-    void (*decode)(const TensorSetup&, const std::array<const uint8_t*, 3>& codes,
+    /// decode_chunk's semantics and output (the first block with a used code outside the
+    /// float range, or SIZE_MAX). Throws std::runtime_error as encode does.
+    std::size_t (*decode)(const TensorSetup&, const std::array<const uint8_t*, 3>& codes,
                    const std::array<const int16_t*, 3>& params, std::size_t n, std::array<float*, 3> out,
                    const float* theta, double* bounds);
 };

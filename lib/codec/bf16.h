@@ -28,6 +28,10 @@ struct BF16 {
         const uint32_t u = bits(x);
         return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
     }
+    /// Whether a code stands for a value other than +-0 (a nonzero magnitude): block.h
+    /// code_in_range (infinities, NaNs and negative second moments have no code).
+    CKPT_HD static bool used(uint16_t code, Role) { return (code & 0x7fffu) != 0; }
+    static constexpr bool kUsedMayDecodeZero = false;
     CKPT_HD static bool encode(float x, Role r, const int16_t*, double, uint16_t* code) {
         if (!isfinite(x) || (r != Role::ExpAvg && signbit(x) && x != 0)) return false;
         const uint16_t c = rne(x);

@@ -85,6 +85,20 @@ CKPT_HD double decoded_of<VLog>(const TensorSetup& s, uint16_t code, Role r, con
     return round_to_type(s.type, VLog::decoded(code, r, p, scale));
 }
 
+/// Whether a used code's cell (Q::cell's, before round_to_type) lies in the float range:
+/// its value finite and, where the codec's used codes never decode to 0
+/// (!Q::kUsedMayDecodeZero), nonzero; a second moment not negative; the cell ordered and not
+/// the single point 0. A code outside it comes only from corrupted or forged block
+/// parameters (the encoders never write one): e.g. a vlog anchor of -32768 decodes every
+/// nonzero code of its block to +0 with an empty cell, which a certificate would call exact.
+/// Verify and restore refuse such a block (codec.h decode_chunk).
+template <class Q>
+CKPT_HD_FORCE bool code_in_range(const Cell& c, Role r) {
+    const double a = fabs(c.dec);
+    const bool nonzero = a > 0 || (Q::kUsedMayDecodeZero && c.lo < c.hi);
+    return (a < INFINITY) & (c.lo <= c.hi) & nonzero & (r == Role::ExpAvg || !(c.dec < 0));
+}
+
 CKPT_HD uint16_t load_code(const uint8_t* codes, int cb, std::size_t i) {
     return cb == 1 ? codes[i] : uint16_t(codes[2 * i] | (codes[2 * i + 1] << 8));
 }
@@ -604,49 +618,67 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
 
 /// Decoded values and cells of coordinate i of a chunk (c[k] for k < s.moments()), or
 /// values only when `cells` is false (restore: c[k].dec alone is set). codes[k] /
-/// params[k] are chunk-based.
+/// params[k] are chunk-based. Returns false when a used code decodes outside the float
+/// range (code_in_range; the same answer with and without cells).
 template <class Q>
-CKPT_HD void decode_cells(const TensorSetup& s, const uint8_t* const* codes, const int16_t* const* params,
+CKPT_HD bool decode_cells(const TensorSetup& s, const uint8_t* const* codes, const int16_t* const* params,
                           std::size_t i, bool cells, Cell* c) {
     const int nm = s.moments();
     const std::size_t b = i / kBlock;
     const int order[3] = {1, 2, 0};  // exp_avg_sq, max_exp_avg_sq, then exp_avg (relative to both)
+    bool ok = true;
     for (int oi = 0; oi < 3; ++oi) {
         const int k = order[oi];
         if (k >= nm) continue;
         const double scale = k == 0 ? m_scale(c[1].dec, nm == 3 ? c[2].dec : 0.0) : 0.0;
         const uint16_t code = load_code(codes[k], Q::kCodeBytes, i);
         const int16_t* p = params[k] + b * Q::kParams;
+        const Role r = role_of(k);
         if constexpr (std::is_same<Q, VLog>::value) {
+            // vlog's cells are ordered and its values never negative, so its check is on the
+            // value alone (the check of vlog_decode_block, which has no cells on restore)
             if (k == 2) {  // on exp_avg_sq's grid, relative to its index
                 c[2] = VLog::vmax_cell(code, load_code(codes[1], Q::kCodeBytes, i), params[1] + b * Q::kParams);
+                ok = ok & (code == 0 || code_in_range<VLog>(Cell{c[2].dec, 0, 0}, r));
                 c[2].dec = round_to_type(s.type, c[2].dec);
                 continue;
             }
+            if (cells) c[k] = VLog::cell(code, r, p, scale);
+            else c[k].dec = VLog::decoded(code, r, p, scale);  // restore: no cells needed
+            ok = ok & (!VLog::used(code, r) || code_in_range<VLog>(Cell{c[k].dec, 0, 0}, r));
+            c[k].dec = round_to_type(s.type, c[k].dec);
+        } else {
+            const Cell raw = Q::cell(code, r, p, scale);
+            ok = ok & (!Q::used(code, r) || code_in_range<Q>(raw, r));
+            if (cells) c[k] = raw;
+            c[k].dec = round_to_type(s.type, raw.dec);
         }
-        if (cells) c[k] = cell_of<Q>(s, code, role_of(k), p, scale);
-        else c[k].dec = decoded_of<Q>(s, code, role_of(k), p, scale);  // restore: no cells needed
     }
+    return ok;
 }
 
 /// Decode coordinate i of a chunk: out[k][i] (when out[k] is non-null) and, when bounds
 /// is non-null, its re-derived certificate bounds[i]. codes[k] / params[k] are chunk-based.
+/// Returns decode_cells' flag (false: a used code outside the float range).
 template <class Q>
-CKPT_HD void decode_coord(const TensorSetup& s, const GuardConst& gc, const uint8_t* const* codes,
+CKPT_HD bool decode_coord(const TensorSetup& s, const GuardConst& gc, const uint8_t* const* codes,
                           const int16_t* const* params, std::size_t i, float* const* out, const float* theta,
                           double* bounds) {
     Cell c[3];
-    decode_cells<Q>(s, codes, params, i, bounds != nullptr, c);
+    const bool ok = decode_cells<Q>(s, codes, params, i, bounds != nullptr, c);
     for (int k = 0; k < s.moments(); ++k)
         if (out[k]) out[k][i] = float(c[k].dec);
     if (bounds) bounds[i] = certify(gc, guard_input(s, c, theta, i));
+    return ok;
 }
 
 /// vlog's decode of one block, role by role without decode_cells' per-coordinate role
 /// loop: exactly decode_cells<VLog>'s values, and with `with_cells` its cells, for
 /// coordinates [i0, i0 + bn) of block i0 / kBlock, into cells[k] (SoA; .dec only without
 /// with_cells) and out[k] where non-null (test_codec compares the two bit for bit).
-CKPT_HD void vlog_decode_block(const TensorSetup& s, const uint8_t* const* codes, const int16_t* const* params,
+/// Returns decode_cells' flag over the block: false when a used code decodes outside the
+/// float range (to 0 or inf; code_in_range), checked in loops of their own.
+CKPT_HD bool vlog_decode_block(const TensorSetup& s, const uint8_t* const* codes, const int16_t* const* params,
                                std::size_t i0, int bn, bool with_cells, float* const* out, BlockCells* cells) {
     const int nm = s.moments();
     const std::size_t b = i0 / kBlock;
@@ -661,6 +693,10 @@ CKPT_HD void vlog_decode_block(const TensorSetup& s, const uint8_t* const* codes
         e = e < -lim ? -lim : e;
         return VLog::value32(int32_t(e));
     };
+    // 1.0 where a coordinate's codes decode inside the float range (code 0, or a value in
+    // (0, inf) before round_to_type), else 0.0: flags as doubles, in loops of their own
+    double in_range[kBlock];
+    bool ok = true;
     auto second = [&](int k, auto with) {  // with: whether the cells are wanted (a compile-time flag)
         BlockCells& r = cells[k];
         const double rel = k == 2 ? 1.0 : 0.0;  // max_exp_avg_sq: relative to exp_avg_sq's index
@@ -675,6 +711,8 @@ CKPT_HD void vlog_decode_block(const TensorSetup& s, const uint8_t* const* codes
             zf[j] = flag_hd(c == 0);
         }
         for (int j = 0; j < bn; ++j) r.dec[j] = grid(ex[j]);
+        for (int j = 0; j < bn; ++j) in_range[j] = zf[j] + (1 - zf[j]) * flag_hd(r.dec[j] > 0) * flag_hd(r.dec[j] < INFINITY);
+        ok = ok & block_all_nonzero(in_range, bn);
         if constexpr (decltype(with)::value) {
             for (int j = 0; j < bn; ++j) {
                 r.lo[j] = grid(ex[j] - st);
@@ -707,27 +745,35 @@ CKPT_HD void vlog_decode_block(const TensorSetup& s, const uint8_t* const* codes
             m.hi[j] = neg != 0 ? -lo : hi;
         }
     }
+    for (int j = 0; j < bn; ++j) {
+        const double q0 = flag_hd((load_code(codes[0], 2, i0 + j) >> 1) == 0), a = fabs(m.dec[j]);
+        in_range[j] = q0 + (1 - q0) * flag_hd(a > 0) * flag_hd(a < INFINITY);
+    }
+    ok = ok & block_all_nonzero(in_range, bn);
     if (t != MomentType::F32)
         for (int j = 0; j < bn; ++j) m.dec[j] = round_to_type(t, m.dec[j]);
     for (int k = 0; k < nm; ++k)
         if (out[k])
             for (int j = 0; j < bn; ++j) out[k][i0 + j] = float(cells[k].dec[j]);
+    return ok;
 }
 
 /// decode_coord with bounds for the bn coordinates of the block starting at chunk index
 /// i0 (the same values and bounds): the cells of the whole block first, then
-/// certify_cells. `cells` / `closed`: scratch of 3 and 1 block rows.
+/// certify_cells. `cells` / `closed`: scratch of 3 and 1 block rows. Returns false when a
+/// used code of the block decodes outside the float range (decode_coord's flag).
 template <class Q>
-CKPT_HD void decode_block_bounds(const TensorSetup& s, const GuardConst& gc, const uint8_t* const* codes,
+CKPT_HD bool decode_block_bounds(const TensorSetup& s, const GuardConst& gc, const uint8_t* const* codes,
                                  const int16_t* const* params, std::size_t i0, int bn, float* const* out,
                                  const float* theta, double* bounds, BlockCells* cells, double* closed) {
     const int nm = s.moments();
+    bool ok = true;
     if constexpr (std::is_same<Q, VLog>::value) {
-        vlog_decode_block(s, codes, params, i0, bn, true, out, cells);
+        ok = vlog_decode_block(s, codes, params, i0, bn, true, out, cells);
     } else {
         for (int j = 0; j < bn; ++j) {
             Cell c[3];
-            decode_cells<Q>(s, codes, params, i0 + std::size_t(j), true, c);
+            ok = decode_cells<Q>(s, codes, params, i0 + std::size_t(j), true, c) & ok;
             for (int k = 0; k < nm; ++k) {
                 cells[k].set(j, c[k]);
                 if (out[k]) out[k][i0 + std::size_t(j)] = float(c[k].dec);
@@ -735,6 +781,7 @@ CKPT_HD void decode_block_bounds(const TensorSetup& s, const GuardConst& gc, con
         }
     }
     certify_cells(s, gc, cells, theta, i0, bn, nullptr, bounds + i0, closed);
+    return ok;
 }
 
 }  // namespace ckpt::codec

@@ -48,6 +48,16 @@ struct Blockwise8 {
     /// Index of the map's +0.0 entry (signed map: 127; unsigned: 0).
     CKPT_HD static int zero_code(Role r) { return r == Role::ExpAvg ? 127 : 0; }
     CKPT_HD static float absmax(const int16_t* p) { float f; memcpy(&f, p, 4); return f; }
+    /// Whether a code stands for a value other than the map's zero entry: block.h
+    /// code_in_range. exp_avg's code 0 (the map's lowest entry) is skipped too: it is also
+    /// what every escaped coordinate carries, whatever its block's absmax.
+    CKPT_HD static bool used(uint16_t code, Role r) {
+        const int k = code & 0xff;
+        return k != zero_code(r) && !(r == Role::ExpAvg && k == 0);
+    }
+    /// A used code decodes to 0 under a subnormal absmax (map entry x absmax underflows);
+    /// its cell then still reaches the value it holds.
+    static constexpr bool kUsedMayDecodeZero = true;
     CKPT_HD static double dec(int k, Role r, const int16_t* p) {
         return double(map_at(k, r) * absmax(p));
     }

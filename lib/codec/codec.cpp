@@ -303,17 +303,20 @@ void encode_blocks(const TensorSetup& s, const GuardConst& gc, const float* cons
 }
 CKPT_ISA_CLONES(encode_blocks_isa, encode_blocks)
 
-/// decode_impl's work on blocks [b0, b1) (see decode_chunk).
+/// decode_impl's work on blocks [b0, b1) (see decode_chunk); `bad`: the first of them with
+/// a used code outside the float range (block.h code_in_range), or left as it is.
 template <class Q>
 void decode_blocks(const TensorSetup& s, const GuardConst& gc, const std::array<const uint8_t*, 3>& codes,
                    const std::array<const int16_t*, 3>& params, std::size_t n, std::array<float*, 3>& out,
-                   const float* theta, double* bounds, std::size_t b0, std::size_t b1) {
+                   const float* theta, double* bounds, std::size_t b0, std::size_t b1, std::size_t& bad) {
     if constexpr (std::is_same_v<Q, VLog>) {
         if (!bounds) {  // restore: values only, a block at a time
             auto cells = std::make_unique<BlockCells[]>(3);
             for (std::size_t b = b0; b < b1; ++b)
-                vlog_decode_block(s, codes.data(), params.data(), b * kBlock,
-                                  int(std::min(n, (b + 1) * kBlock) - b * kBlock), false, out.data(), cells.get());
+                if (!vlog_decode_block(s, codes.data(), params.data(), b * kBlock,
+                                       int(std::min(n, (b + 1) * kBlock) - b * kBlock), false, out.data(), cells.get()) &&
+                    b < bad)
+                    bad = b;
             return;
         }
     }
@@ -321,13 +324,16 @@ void decode_blocks(const TensorSetup& s, const GuardConst& gc, const std::array<
         auto cells = std::make_unique<BlockCells[]>(3);
         double closed[kBlock];
         for (std::size_t b = b0; b < b1; ++b)
-            decode_block_bounds<Q>(s, gc, codes.data(), params.data(), b * kBlock,
-                                   int(std::min(n, (b + 1) * kBlock) - b * kBlock), out.data(), theta, bounds,
-                                   cells.get(), closed);
+            if (!decode_block_bounds<Q>(s, gc, codes.data(), params.data(), b * kBlock,
+                                        int(std::min(n, (b + 1) * kBlock) - b * kBlock), out.data(), theta, bounds,
+                                        cells.get(), closed) &&
+                b < bad)
+                bad = b;
         return;
     }
     for (std::size_t i = b0 * kBlock; i < std::min(n, b1 * kBlock); ++i)
-        decode_coord<Q>(s, gc, codes.data(), params.data(), i, out.data(), theta, bounds);
+        if (!decode_coord<Q>(s, gc, codes.data(), params.data(), i, out.data(), theta, bounds) && i / kBlock < bad)
+            bad = i / kBlock;
 }
 CKPT_ISA_CLONES(decode_blocks_isa, decode_blocks)
 
@@ -357,14 +363,17 @@ ChunkOut encode_impl(const TensorSetup& s, const ChunkIn& in) {
 }
 
 template <class Q>
-void decode_impl(const TensorSetup& s, const std::array<const uint8_t*, 3>& codes,
-                 const std::array<const int16_t*, 3>& params, std::size_t n,
-                 std::array<float*, 3> out, const float* theta, double* bounds) {
+std::size_t decode_impl(const TensorSetup& s, const std::array<const uint8_t*, 3>& codes,
+                        const std::array<const int16_t*, 3>& params, std::size_t n,
+                        std::array<float*, 3> out, const float* theta, double* bounds) {
     const GuardConst gc = make_guard_const(s.hyper, s.tolerance);
     const std::size_t blocks = (n + kBlock - 1) / kBlock;
-    for_block_ranges(blocks, parts_for(n), [&](unsigned, std::size_t b0, std::size_t b1) {
-        decode_blocks_isa<Q>(s, gc, codes, params, n, out, theta, bounds, b0, b1);
+    const unsigned parts = parts_for(n);
+    std::vector<std::size_t> bad(parts, SIZE_MAX);
+    for_block_ranges(blocks, parts, [&](unsigned part, std::size_t b0, std::size_t b1) {
+        decode_blocks_isa<Q>(s, gc, codes, params, n, out, theta, bounds, b0, b1, bad[part]);
     });
+    return *std::min_element(bad.begin(), bad.end());
 }
 
 template <class Q>
@@ -396,12 +405,37 @@ void classify_escapes(const TensorSetup& s, const ChunkIn& in, ChunkOut& out) {
     }
 }
 
-std::size_t invalid_block_param(Kind kind, int k, const int16_t* params, std::size_t blocks) {
-    // vlog's max_exp_avg_sq has no grid of its own (params 0, 0: exp_avg_sq's grid)
-    if (k == 0 || (kind != Kind::Log8 && kind != Kind::VLog) || (kind == Kind::VLog && k == 2)) return SIZE_MAX;
-    for (std::size_t b = 0; b < blocks; ++b)
-        if (params[2 * b + 1] < 1) return b;
-    return SIZE_MAX;
+std::size_t invalid_block_param(Kind kind, int k, const int16_t* params, std::size_t blocks, const char** rule) {
+    const char* why = nullptr;
+    std::size_t b = 0;
+    switch (kind) {
+        case Kind::BF16: return SIZE_MAX;  // no block parameters
+        case Kind::Blockwise8:  // absmax: a finite float >= +0 (its sign bit clear)
+            for (; b < blocks; ++b) {
+                const float a = Blockwise8::absmax(params + 2 * b);
+                if (!(std::isfinite(a) && !std::signbit(a))) { why = "an absmax that is a finite float >= +0"; break; }
+            }
+            break;
+        case Kind::Log8:
+            for (; b < blocks; ++b) {
+                if (k == 0 && params[2 * b + 1] != 0) { why = "exp_avg's second parameter 0"; break; }
+                if (k != 0 && params[2 * b + 1] < 1) { why = "a step >= 1"; break; }
+            }
+            break;
+        case Kind::VLog:
+            for (; b < blocks; ++b) {
+                const int16_t p0 = params[2 * b], p1 = params[2 * b + 1];
+                // max_exp_avg_sq has no grid of its own (params 0, 0: exp_avg_sq's grid)
+                if (k == 2 && (p0 != 0 || p1 != 0)) { why = "max_exp_avg_sq's parameters (0, 0)"; break; }
+                if (k == 0 && p1 != 0) { why = "exp_avg's second parameter 0"; break; }
+                if (k != 2 && p0 == INT16_MIN) { why = "parameters in [-32767, 32767]"; break; }
+                if (k == 1 && p1 < 1) { why = "a step >= 1"; break; }
+            }
+            break;
+    }
+    if (!why) return SIZE_MAX;
+    if (rule) *rule = why;
+    return b;
 }
 
 ChunkOut encode_chunk(const TensorSetup& s, const ChunkIn& in) {
@@ -414,15 +448,16 @@ ChunkOut encode_chunk(const TensorSetup& s, const ChunkIn& in) {
     throw std::logic_error("codec kind");
 }
 
-void decode_chunk(const TensorSetup& s, const std::array<const uint8_t*, 3>& codes,
-                  const std::array<const int16_t*, 3>& params, std::size_t n,
-                  std::array<float*, 3> out, const float* theta, double* bounds) {
+std::size_t decode_chunk(const TensorSetup& s, const std::array<const uint8_t*, 3>& codes,
+                         const std::array<const int16_t*, 3>& params, std::size_t n,
+                         std::array<float*, 3> out, const float* theta, double* bounds) {
     switch (s.kind) {
         case Kind::Log8: return decode_impl<Log8>(s, codes, params, n, out, theta, bounds);
         case Kind::BF16: return decode_impl<BF16>(s, codes, params, n, out, theta, bounds);
         case Kind::Blockwise8: return decode_impl<Blockwise8>(s, codes, params, n, out, theta, bounds);
         case Kind::VLog: return decode_impl<VLog>(s, codes, params, n, out, theta, bounds);
     }
+    return SIZE_MAX;
 }
 
 }  // namespace ckpt::codec

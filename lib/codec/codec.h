@@ -109,11 +109,16 @@ void parallel_ranges(std::size_t n, const std::function<void(unsigned, std::size
 unsigned parallel_parts(std::size_t n);
 
 /// The first of `blocks` blocks whose parameters (params_per_block each) for moment k
-/// (0 exp_avg, 1 exp_avg_sq, 2 max_exp_avg_sq) are outside the format, or SIZE_MAX: log8's
-/// exp_avg_sq / max_exp_avg_sq steps and vlog's exp_avg_sq steps must be >= 1
-/// (formats/container.md; vlog's max_exp_avg_sq uses exp_avg_sq's grid); a
-/// step <= 0 would decode every code of the block to one value with a zero-width cell.
-std::size_t invalid_block_param(Kind kind, int k, const int16_t* params, std::size_t blocks);
+/// (0 exp_avg, 1 exp_avg_sq, 2 max_exp_avg_sq) are outside the format, or SIZE_MAX; *rule
+/// (when given) then says what the format requires (formats/container.md): log8's
+/// exp_avg_sq / max_exp_avg_sq steps and vlog's exp_avg_sq steps >= 1 (a step <= 0 would
+/// decode every code of the block to one value with a zero-width cell); the parameters the
+/// format reserves as 0 (log8's and vlog's exp_avg second parameter, vlog's
+/// max_exp_avg_sq pair, which uses exp_avg_sq's grid) 0; vlog's anchor and exp_avg
+/// exponent in [-32767, 32767] (the encoder's range); blockwise8's absmax a finite float
+/// >= +0.
+std::size_t invalid_block_param(Kind kind, int k, const int16_t* params, std::size_t blocks,
+                                const char** rule = nullptr);
 
 /// Encode and certify one chunk (n need not be a multiple of kBlock only for the last).
 ChunkOut encode_chunk(const TensorSetup&, const ChunkIn&);
@@ -123,9 +128,14 @@ ChunkOut encode_chunk(const TensorSetup&, const ChunkIn&);
 void classify_escapes(const TensorSetup&, const ChunkIn&, ChunkOut& out);
 
 /// Decode codes (escapes not yet applied) into out[role][i]; returns, per coordinate,
-/// its re-derived certificate in `bounds` when non-null (verify's path).
-void decode_chunk(const TensorSetup&, const std::array<const uint8_t*, 3>& codes,
-                  const std::array<const int16_t*, 3>& params, std::size_t n,
-                  std::array<float*, 3> out, const float* theta, double* bounds);
+/// its re-derived certificate in `bounds` when non-null (verify's path). Returns the first
+/// block (chunk-local) holding a used code (one that stands for a value other than an exact
+/// zero) that decodes outside the float range (to 0 or inf, or to an empty or reversed
+/// cell: block.h code_in_range), or SIZE_MAX. Only corrupted or forged block parameters
+/// make one (the encoders never write one); the container reader refuses the container
+/// then. Everything is decoded either way.
+std::size_t decode_chunk(const TensorSetup&, const std::array<const uint8_t*, 3>& codes,
+                         const std::array<const int16_t*, 3>& params, std::size_t n,
+                         std::array<float*, 3> out, const float* theta, double* bounds);
 
 }  // namespace ckpt::codec

@@ -93,6 +93,11 @@ struct Log8 {
         if (k == 0) lo = -hi;
     }
 
+    /// Whether code `code` of role r stands for a value other than an exact zero (a nonzero
+    /// code; for exp_avg a nonzero magnitude): block.h code_in_range.
+    CKPT_HD static bool used(uint16_t code, Role r) { return (r == Role::ExpAvg ? code & 0x7f : code) != 0; }
+    static constexpr bool kUsedMayDecodeZero = false;  ///< steps <= kMaxStep keep a used code's cell off 0
+
     /// Encode one value. `scale` is sqrt of the decoded exp_avg_sq of the same coordinate
     /// (used by exp_avg only). Returns false when x has no code (escape). Deterministic.
     CKPT_HD static bool encode(float x, Role r, const int16_t* p, double scale, uint16_t* code) {

@@ -99,6 +99,12 @@ struct VLog {
     /// exp_avg_sq value of index j under block params p.
     CKPT_HD_FORCE static double vval(const int16_t* p, int64_t j) { return value(int64_t(p[0]) * 16 + j * p[1]); }
 
+    /// Whether code `code` of role r stands for a value other than an exact zero (a nonzero
+    /// code; for exp_avg a nonzero |q|): such a code must decode inside the float range
+    /// (block.h code_in_range).
+    CKPT_HD_FORCE static bool used(uint16_t code, Role r) { return (r == Role::ExpAvg ? code >> 1 : code) != 0; }
+    static constexpr bool kUsedMayDecodeZero = false;  ///< a used code never decodes to 0 (the encoder's cells hold it away)
+
     /// Encode one value (see Log8::encode for the contract); `scale` = sqrt of the decoded
     /// denominator state (exp_avg only).
     CKPT_HD static bool encode(float x, Role r, const int16_t* p, double scale, uint16_t* code) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -259,8 +260,10 @@ Handle::~Handle() {
 
 Handle create_file(const std::string& path) {
     register_zstd_filter();
+    errno = 0;
     const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0) fail(path + ": cannot create HDF5 file");
+    // the reason: errno of the failed open(2) in libhdf5's file driver, when it set one
+    if (f < 0) fail(path + ": cannot create HDF5 file" + (errno ? std::string(": ") + std::strerror(errno) : ""));
     return Handle(f, H5Fclose);
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 
 #include "container/values.h"
 #include "codec/rans.h"
@@ -233,9 +234,17 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want 
         for (int k = 0; k < nm; ++k) {
             room(params[k], blocks * pb + 1);
             if (pb) params_[std::size_t(k)]->read((e.block_offset + begin / codec::kBlock) * pb, blocks * pb, params[k].data());
-            if (const std::size_t b = codec::invalid_block_param(man_.codec, k, params[k].data(), blocks); b != SIZE_MAX)
-                throw std::runtime_error(fmt::format("param {} {}: block {} has step {} (the format requires a step >= 1)", e.name,
-                                                     ct::kRoleNames[k], begin / codec::kBlock + b, params[k][2 * b + 1]));
+            const char* rule = nullptr;
+            if (const std::size_t b = codec::invalid_block_param(man_.codec, k, params[k].data(), blocks, &rule); b != SIZE_MAX) {
+                const int16_t* p = params[k].data() + 2 * b;
+                float absmax;  // blockwise8's pair is a float's bits
+                std::memcpy(&absmax, p, 4);
+                throw std::runtime_error(fmt::format("param {} {}: block {} has {} (the format requires {})", e.name, ct::kRoleNames[k],
+                                                     begin / codec::kBlock + b,
+                                                     man_.codec == codec::Kind::Blockwise8 ? fmt::format("absmax {}", absmax)
+                                                                                           : fmt::format("parameters ({}, {})", p[0], p[1]),
+                                                     rule));
+            }
             room(codes[k], n * cb);  // grown, never shrunk (Chunk)
             if (!seg_end_.empty()) read_segments(e, k, begin, n, codes[k].data(), params[k].data());
             else codes_[std::size_t(k)]->read((e.code_offset + begin) * cb, n * cb, codes[k].data());
@@ -258,9 +267,13 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want 
         // every coordinate's bound is written by the decode (no zero-fill per chunk)
         if (with_bounds) c.bounds.resize(n);
         else c.bounds.clear();
-        if (values || with_bounds)
-            codec::backend(codec::decode_device())
+        if (values || with_bounds) {
+            const std::size_t bad = codec::backend(codec::decode_device())
                 .decode(setup(j), cp, pp, n, out, c.theta.empty() ? nullptr : c.theta.data(), with_bounds ? c.bounds.data() : nullptr);
+            if (bad != SIZE_MAX)
+                throw std::runtime_error(fmt::format("block {} of {}: a nonzero code decodes outside the float range (corrupted or "
+                                                     "forged block parameters)", begin / codec::kBlock + bad, e.name));
+        }
         // escapes of this chunk
         c.escaped.clear();
         for (auto& b : c.escaped_bits) b.clear();

@@ -2,6 +2,7 @@
 #include "replay/plan_io.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <stdexcept>
@@ -244,12 +245,16 @@ uint64_t parse_bytes(const std::string& s) {
     } catch (const std::exception&) {
         throw std::invalid_argument("not a size: '" + s + "'");
     }
+    // the unit after optional spaces, in any case ("8 MiB", "1.5mib"); spaces after it too
     std::string unit = s.substr(pos);
+    unit.erase(0, unit.find_first_not_of(" \t"));
+    unit.erase(unit.find_last_not_of(" \t") + 1);
+    for (char& c : unit) c = char(std::tolower(static_cast<unsigned char>(c)));
     static const std::map<std::string, double> units = {
-        {"", 1},         {"B", 1},         {"K", 1e3},         {"KB", 1e3},
-        {"M", 1e6},      {"MB", 1e6},      {"G", 1e9},         {"GB", 1e9},
-        {"T", 1e12},     {"TB", 1e12},     {"KiB", 1024.0},    {"MiB", 1048576.0},
-        {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+        {"", 1},         {"b", 1},         {"k", 1e3},         {"kb", 1e3},
+        {"m", 1e6},      {"mb", 1e6},      {"g", 1e9},         {"gb", 1e9},
+        {"t", 1e12},     {"tb", 1e12},     {"kib", 1024.0},    {"mib", 1048576.0},
+        {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
     auto it = units.find(unit);
     if (it == units.end() || !std::isfinite(v) || v < 0)
         throw std::invalid_argument("not a size: '" + s + "' (use e.g. 44GiB, 32GB, 512MiB)");

@@ -46,7 +46,9 @@ std::string sweep_svg(const std::vector<std::pair<std::string, std::vector<PlanR
                       const std::string& title);
 
 /// Parse "44GiB", "32GB", "512MiB", "1.5TiB", "123" (bytes). Binary (Ki/Mi/Gi/Ti) and decimal
-/// (K/M/G/T, optional B) units. Throws std::invalid_argument on anything else or overflow.
+/// (K/M/G/T, optional B) units, in any case, spaces allowed before and after them ("8 MiB",
+/// "1.5mib"). Throws std::invalid_argument on anything else or overflow. The Python package
+/// parses sizes with this function (_ckptkit.parse_bytes).
 uint64_t parse_bytes(const std::string& s);
 
 /// Parse "MIN:MAX:STEP" (each as parse_bytes) into the budgets MIN, MIN+STEP, ... <= MAX.

@@ -9,33 +9,50 @@ file), `load` decodes a container in memory and torch.loads it (a plain torch or
 safetensors file loads as well); `compress`, `verify` and `restore` are the CLI's jobs for
 files and folders, with the same reports. Everything runs in the same C++ library as the
 tools (lib/ckpt), with the GIL released. Errors: BadInput (a ValueError) and CheckFailed,
-with the CLI's one-line messages.
+with the CLI's one-line messages; path mistakes are also the OSError subclass Python users
+catch (FileNotFound is a FileNotFoundError, ...). `latest(folder)` and save's `keep_last`
+serve a training loop's checkpoint folder; the logger "ckptkit" gets INFO records at the
+start and end of each call (and `progress=` a callable, the same events).
 """
 import concurrent.futures
 import io
 import json
+import logging
 import math
 import os
 import pickle
+import shutil
+import tempfile
 import threading
+import time
 import warnings
 
 from . import _ckptkit
 from . import _device
+from . import _loop
+from . import _paths
 from . import _safetensors
 from . import _torch
-from ._errors import BadInput, CheckFailed, CkptkitError, CkptkitWarning
+from ._errors import (BadInput, CheckFailed, CkptkitError, CkptkitWarning, FileNotFound, IsADirectory,
+                      NotADirectory, OSBadInput, PermissionDenied)
+from ._loop import latest
 
-__all__ = ["save", "load", "compress", "verify", "restore", "release_staging", "Report", "BadInput", "CheckFailed",
-           "CkptkitError", "CkptkitWarning", "__version__"]
+__all__ = ["save", "load", "compress", "verify", "restore", "latest", "release_staging", "Report", "BadInput",
+           "CheckFailed", "CkptkitError", "CkptkitWarning", "FileNotFound", "PermissionDenied", "IsADirectory",
+           "NotADirectory", "OSBadInput", "__version__"]
 __version__ = _ckptkit.__version__
+
+#: INFO records at the start and the end of each save, load, compress, verify and restore
+#: (sizes, seconds; the event dict also as the record's attribute `ckptkit`)
+_log = logging.getLogger("ckptkit")
 
 
 class Report(dict):
     """A job's report: the CLI's --json object as a dict (keys also as attributes:
     r.moment_reduction, r.escapes, r.moment_bytes_fp32, r.moment_bytes_out, r.max_bound_lr,
-    r.ok, r.tensors, r.horizon, ...), its table (`r.table`, also str(r)) and the library's
-    warning lines (`r.warnings`)."""
+    r.ok, r.tensors, r.horizon, ...), the library's warning lines (`r.warnings`), a short
+    summary (`str(r)`, `r.summary()`: what was coded, the reduction, escapes, max bound, what
+    was kept exact and why) and the CLI's per-tensor table (`r.table`: one line per tensor)."""
 
     def __init__(self, data, table="", warnings_=()):
         super().__init__(data)
@@ -48,8 +65,99 @@ class Report(dict):
         except KeyError:
             raise AttributeError(key) from None
 
+    def summary(self):
+        """A few lines whatever the model's size (report.table has one line per tensor)."""
+        return _summary(self)
+
     def __str__(self):
-        return self.table or json.dumps(self)
+        return self.summary()
+
+
+def _size(n):
+    """n bytes, short: 512 B, 1.5 KiB, 3.2 MiB, 7.0 GiB."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _plural(n, word):
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def _summary(r):
+    """Report.summary(): the head line, what was coded, what was kept exact (per reason),
+    what moment_reduction counts when states were kept exact, the file sizes."""
+    tool = r.get("tool", "ckptkit")
+    where = str(r.get("input", ""))
+    if r.get("output") and tool != "ckpt-verify":
+        where += f" -> {r['output']}"
+    elif r.get("original"):
+        where += f" (original: {r['original']})"
+    lines = [f"{tool}: {where}: {'ok' if r.get('ok', True) else 'FAILED: ' + '; '.join(r.get('failures', [])[:2])}"]
+    if tool == "ckpt-restore":
+        lines.append(f"restored {r.get('file_bytes_out', 0):,} bytes from a {r.get('file_bytes_in', 0):,}-byte container")
+    else:
+        if "files" in r:
+            lines.append(f"folder: {_plural(r.get('file_count', 0), 'file')}, "
+                         f"{_plural(r.get('container_count', 0), 'container')} (the others copied as they are)")
+        rows = r.get("tensors")
+        coded = [t for t in rows if not t.get("note")] if rows is not None else None
+        kept = [t for t in rows if t.get("note")] if rows is not None else []
+        if coded is None:   # a folder: the totals
+            values, fp32, out, esc = (r.get(k, 0) for k in ("moment_values", "moment_bytes_fp32", "moment_bytes_out", "escapes"))
+            ntext = f"{values:,} moment values"
+        else:
+            values = sum(t["values"] for t in coded)
+            fp32 = sum(t["moment_bytes_fp32"] for t in coded)
+            out = sum(t["moment_bytes_out"] for t in coded)
+            esc = sum(t["escapes"] for t in coded)
+            ntext = f"{_plural(len(coded), 'tensor')}, {values:,} moment values"
+        if values:
+            how = ", ".join(f for f in (r.get("codec"),
+                                        r.get("tolerance") is not None and f"tolerance {r.get('tolerance')} lr",
+                                        r.get("horizon") is not None and f"horizon {r.get('horizon')}") if f)
+            lines.append(f"coded: {ntext}{f' ({how})' if how else ''}: "
+                         f"{_size(fp32)} as fp32 -> {_size(out)}, {1 - out / fp32 if fp32 else 0:.1%} smaller; "
+                         f"escapes {esc:,} ({esc / values:.3%}); max bound {r.get('max_bound_lr', 0):.3g} lr")
+        elif kept:
+            lines.append("coded: nothing (no Adam/AdamW moments that can be coded)")
+        else:
+            lines.append("coded: nothing: no optimizer state; the checkpoint is stored exactly")
+        groups = {}
+        for t in kept:
+            g = groups.setdefault(t["note"], [0, 0, 0, 0])
+            g[0] += 1
+            g[1] += t["values"]
+            g[2] += t["moment_bytes_out"]
+            g[3] += t["moment_bytes_fp32"]
+        for i, (note, (n, v, b, _f)) in enumerate(groups.items()):
+            if i == 3:
+                lines.append(f"kept exact: {len(groups) - 3} more reasons (report.table)")
+                break
+            why = note[len("kept exact: "):] if note.startswith("kept exact: ") else note
+            lines.append(f"kept exact: {_plural(n, 'tensor')}, {v:,} values, {_size(b)}: {why}")
+        kept_fp32 = sum(g[3] for g in groups.values())
+        kept_out = sum(g[2] for g in groups.values())
+        mr = r.get("moment_reduction", 0)
+        if kept and kept_out < kept_fp32 and not values:
+            lines.append(f"moment_reduction {mr:.1%} is only the kept-exact states' own dtype against fp32 "
+                         f"({_size(kept_out)} vs {_size(kept_fp32)}), not coding: nothing was coded")
+        elif kept and kept_out < kept_fp32:
+            lines.append(f"moment_reduction {mr:.1%} includes the states kept exact at their own dtype "
+                         f"({_size(kept_out)} vs {_size(kept_fp32)} as fp32, not coding); coded ones alone: "
+                         f"{1 - out / fp32 if fp32 else 0:.1%}")
+        elif kept and values:
+            lines.append(f"moment_reduction {mr:.1%} counts the states kept exact too (coded ones alone: "
+                         f"{1 - out / fp32 if fp32 else 0:.1%})")
+        if r.get("file_bytes_in") or r.get("file_bytes_out"):
+            lines.append(f"file: {_size(r.get('file_bytes_in', 0))} in, {_size(r.get('file_bytes_out', 0))} out")
+    if r.warnings:
+        lines.append(f"{_plural(len(r.warnings), 'warning')} (report.warnings)")
+    if r.table and r.get("tensors"):
+        lines.append("per tensor: report.table")
+    return "\n".join(lines)
 
 
 def _report(json_text, table, lines):
@@ -61,6 +169,35 @@ def _warn(rep):
     function that calls this."""
     for line in rep.warnings:
         warnings.warn(line, CkptkitWarning, stacklevel=3)
+    return rep
+
+
+# ------------------------------------------------------------------------------ progress
+
+def _check_progress(progress):
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a callable taking one event dict, not {type(progress).__name__}")
+
+
+def _event(op, stage, path, progress, t0=None, bytes_in=None, bytes_out=None):
+    """One progress event: an INFO record of the "ckptkit" logger and progress(event) when
+    given. event: op ("save", "load", ...), stage ("start" or "end"), path, and at the end
+    bytes_in, bytes_out (None where unknown) and seconds."""
+    ev = {"op": op, "stage": stage, "path": path, "bytes_in": bytes_in, "bytes_out": bytes_out,
+          "seconds": None if t0 is None else time.monotonic() - t0}
+    if _log.isEnabledFor(logging.INFO):
+        if stage == "start":
+            _log.info("ckptkit.%s: start: %s", op, path, extra={"ckptkit": ev})
+        else:
+            sizes = ", ".join(f"{_size(n)} {w}" for n, w in ((bytes_in, "in"), (bytes_out, "out")) if n is not None)
+            _log.info("ckptkit.%s: done: %s: %s in %.2f s", op, path, sizes or "-", ev["seconds"], extra={"ckptkit": ev})
+    if progress is not None:
+        progress(ev)
+    return ev
+
+
+def _ended(op, path, progress, t0, rep):
+    _event(op, "end", path, progress, t0, rep.get("file_bytes_in"), rep.get("file_bytes_out"))
     return rep
 
 
@@ -152,40 +289,69 @@ def _checked(rep, tool, file, ok=None, first=""):
     return rep
 
 
-def compress(src, dst, **opts):
+def compress(src, dst, *, progress=None, **opts):
     """ckpt-compress SRC -o DST: a checkpoint file into a container, or a checkpoint folder
     into a compressed folder. Options as the flags: tolerance=0.01, grad_bound=1.0 (or
     "inf"), codec="vlog", optimizer="auto", horizon="all" (or 1), threads=None (all cores),
     force=False, param_bound, lr, beta1, beta2, eps, weight_decay, amsgrad, maximize, strict,
-    chunk, device, dcp_unit_mib. Returns the Report (--json's fields); BadInput on bad input,
-    CheckFailed when a certificate exceeds the tolerance."""
+    chunk, device, dcp_unit_mib. Returns the Report (--json's fields); BadInput on bad input
+    (FileNotFound for a missing SRC, ...), CheckFailed when a certificate exceeds the
+    tolerance. progress: a callable given the start and end events (also logged)."""
     src, dst = _path(src, "src"), _path(dst, "dst")
     o = _compress_opts("ckpt-compress", **opts)
+    _check_progress(progress)
+    _paths.check_input("ckpt-compress", src, folder_ok=True)
+    if not os.path.isdir(src):
+        _paths.check_output("ckpt-compress", dst)
+    t0 = time.monotonic()
+    _event("compress", "start", src, progress)
     rep = _warn(_report(*_ckptkit.compress(src, dst, o)))
-    return _checked(rep, "ckpt-compress", src)
+    return _ended("compress", src, progress, t0, _checked(rep, "ckpt-compress", src))
 
 
-def verify(path, original=None, *, grid=257, strict=False, threads=None):
-    """ckpt-verify PATH [--original ORIGINAL] (a container or a compressed folder). Returns the
-    Report when every check holds; raises CheckFailed (its `report` lists every failure)
-    when one fails, BadInput when PATH cannot be read as a container."""
+def verify(path, original=None, *, tolerance=0.01, grid=257, strict=False, threads=None, progress=None):
+    """ckpt-verify PATH [--original ORIGINAL] [--tolerance T] (a container or a compressed
+    folder). Returns the Report when every check holds; raises CheckFailed (its `report`
+    lists every failure) when one fails, BadInput when PATH cannot be read as a container
+    (FileNotFound when it is missing; "truncated (N of M bytes)" when shorter than its
+    superblock states). tolerance: the largest certificate accepted (lr units; 0.01, save's
+    default): a container compressed at a larger one fails unless this is raised to it,
+    whatever its manifest says."""
     path = _path(path)
     original = None if original is None else _path(original, "original")
+    tol = _number("ckpt-verify", "tolerance", tolerance)
+    if not 0 < tol <= 1:
+        raise _bad("ckpt-verify", f"--tolerance: {tolerance} is outside (0, 1] (units of lr)")
     if isinstance(grid, bool) or not isinstance(grid, int) or not 5 <= grid <= 1 << 20:
         raise _bad("ckpt-verify", f"--grid: {grid!r} is not in [5, 1048576]")
-    o = {"grid": grid, "strict": bool(strict), "threads": _threads("ckpt-verify", threads)}
+    _check_progress(progress)
+    _paths.check_input("ckpt-verify", path, folder_ok=True)
+    if original is not None:
+        _paths.check_input("ckpt-verify", original, folder_ok=True)
+    _paths.check_container("ckpt-verify", path)
+    o = {"tolerance": tol, "grid": grid, "strict": bool(strict), "threads": _threads("ckpt-verify", threads)}
+    t0 = time.monotonic()
+    _event("verify", "start", path, progress)
     js, table, lines, ok, first = _ckptkit.verify(path, original, o)
-    return _checked(_warn(_report(js, table, lines)), "ckpt-verify", path, ok, first)
+    rep = _checked(_warn(_report(js, table, lines)), "ckpt-verify", path, ok, first)
+    return _ended("verify", path, progress, t0, rep)
 
 
-def restore(src, dst, *, force=False, threads=None, device="auto"):
+def restore(src, dst, *, force=False, threads=None, device="auto", progress=None):
     """ckpt-restore SRC -o DST: the checkpoint (its source format: name DST .pt or
     .safetensors as the source) or the whole folder back. Returns the Report."""
     src, dst = _path(src, "src"), _path(dst, "dst")
     if device not in ("cpu", "cuda", "auto"):
         raise _bad("ckpt-restore", f"--device: {device} not in {{cpu,cuda,auto}}")
+    _check_progress(progress)
+    _paths.check_input("ckpt-restore", src, folder_ok=True)
+    _paths.check_container("ckpt-restore", src)
+    if not os.path.isdir(src):
+        _paths.check_output("ckpt-restore", dst)
     o = {"force": bool(force), "threads": _threads("ckpt-restore", threads), "device": device}
-    return _warn(_report(*_ckptkit.restore(src, dst, o)))
+    t0 = time.monotonic()
+    _event("restore", "start", src, progress)
+    return _ended("restore", src, progress, t0, _warn(_report(*_ckptkit.restore(src, dst, o))))
 
 
 # ------------------------------------------------------------------------------ save
@@ -398,11 +564,56 @@ def _save_parts(parts, name, path, opts):
     return _report(*_ckptkit.compress_memory(name, parts, path, opts, "ckptkit.save"))
 
 
-def _save_staged(sink, name, path, opts):
+def _file_name(f):
+    """How errors and reports name a file object: its name when it has a str one."""
+    name = getattr(f, "name", None)
+    return name if isinstance(name, str) else f"<{type(f).__name__}>"
+
+
+def _renamed(e, old, new):
+    """The library's error `e` about the temporary `old`, naming `new` instead."""
+    e.message = e.message.replace(old, new)
+    e.args = (e.message,)
+    e.reason = e.reason.replace(old, new) if isinstance(e.reason, str) else e.reason
+    if e.file == old:
+        e.file = new
+    return e
+
+
+def _save_job(parts, name, target, opts, keep_last, progress, t0):
+    """Compress `parts` into the container `target` (a path, or a file object: a temporary
+    container copied into it, then removed); then keep_last's pruning and the end event.
+    Returns the Report (its warnings not yet raised)."""
+    if isinstance(target, str):
+        rep = _save_parts(parts, name, target, opts)
+        shown = target
+    else:
+        shown = _file_name(target)
+        tmpdir = tempfile.mkdtemp(prefix="ckptkit-save-")
+        tmp = os.path.join(tmpdir, "obj.ckz.h5")
+        try:
+            try:
+                rep = _save_parts(parts, name, tmp, opts)
+            except CkptkitError as e:
+                raise _renamed(e, tmp, shown) from None
+            with open(tmp, "rb") as src:
+                shutil.copyfileobj(src, target, 1 << 20)
+            if hasattr(target, "flush"):
+                target.flush()
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+        rep["output"] = shown
+        rep.table = rep.table.replace(tmp, shown)
+    if keep_last:
+        rep["removed"] = _loop.prune(target, keep_last)
+    return _ended("save", shown, progress, t0, rep)
+
+
+def _save_staged(sink, name, target, opts, keep_last, progress, t0):
     """A background save's job: compress the snapshot, then give its staging memory back."""
     parts = sink.finish()
     try:
-        return _warn(_save_parts(parts, name, path, opts))
+        return _warn(_save_job(parts, name, target, opts, keep_last, progress, t0))
     finally:
         for p in parts:
             if isinstance(p, memoryview):
@@ -424,11 +635,30 @@ def _background():
 
 
 def save(obj, path, *, tolerance=0.01, grad_bound=1.0, optimizer="auto", codec="vlog", horizon="all",
-         threads=None, background=False, **hyper):
+         threads=None, background=False, keep_last=None, progress=None, **hyper):
     """torch.save(obj, path), compressed: the object serialised as torch.save writes it
     (zip format, to a buffer) and its Adam/AdamW moments coded into the container `path`
     (written under a temporary name, verified, renamed; an existing file is replaced). No
     file of the full checkpoint is written. Returns the Report.
+
+    An object with no optimizer state (model weights only, an EMA, a best-weights export)
+    is stored exactly, with one CkptkitWarning saying nothing was coded; states of other
+    optimizers (SGD, Adagrad, ...) are kept exact, with a warning naming them. load() gives
+    back what torch.load of torch.save(obj) gives.
+
+    `path`: a str or os.PathLike (its folder must exist and be writable: else FileNotFound,
+    PermissionDenied, ... before any work; "~" is not expanded, as torch.save does not), or
+    a binary file object (io.BytesIO, open(..., "wb")): the container is written to a
+    temporary file (tempfile.gettempdir()), then copied into it at its position.
+
+    keep_last=N: once this container is renamed into place, the loop's older checkpoints in
+    its folder are removed so that N remain (this one and the N - 1 with the highest step):
+    the loop's names are this file's name with its last run of digits as any step
+    ("step120.ckz.h5" -> "step<digits>.ckz.h5"); no other file is ever removed; the removed
+    paths are in report["removed"]. A failed save removes nothing.
+
+    progress: a callable given a dict at the start and at the end (op, stage, path,
+    bytes_in, bytes_out, seconds); the same events are INFO records of the logger "ckptkit".
 
     Memory: the storages of host tensors (>= 64 KiB) are read where they are; what is kept
     is the pickle, the zip records' headers and the storages under 64 KiB. Storages of CUDA
@@ -445,17 +675,32 @@ def save(obj, path, *, tolerance=0.01, grad_bound=1.0, optimizer="auto", codec="
 
     Options as ckpt-compress's flags; **hyper: lr, beta1, beta2, eps, weight_decay, amsgrad,
     maximize (fill in what the file does not state), param_bound, strict, chunk, device."""
-    path = _path(path)
+    if hasattr(path, "write") and not isinstance(path, (str, os.PathLike)):
+        target = path
+    else:
+        target = _path(path)
     opts = _compress_opts("ckptkit.save", tolerance=tolerance, grad_bound=grad_bound, optimizer=optimizer,
                           codec=codec, horizon=horizon, threads=threads, force=True, **hyper)
+    opts["allow_no_state"] = True   # a model-only object: stored exactly (CompressOptions::allow_no_state)
+    if keep_last is not None:
+        if not isinstance(target, str):
+            raise TypeError("keep_last needs a path to save to, not a file object")
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+            raise _bad("ckptkit.save", f"keep_last: {keep_last!r} is not a count >= 1")
+        _loop.name_pattern(target)   # ValueError now when the name has no step
+    _check_progress(progress)
+    if isinstance(target, str):
+        _paths.check_output("ckptkit.save", target)
     name = "torch.save(obj)"   # the source's name in errors and in the manifest (not the path: same bytes anywhere)
+    t0 = time.monotonic()
+    _event("save", "start", target if isinstance(target, str) else _file_name(target), progress)
     if not background:
         sink = _serialize(obj, borrow=True)
-        return _warn(_save_parts(sink.finish(), name, path, opts))
+        return _warn(_save_job(sink.finish(), name, target, opts, keep_last, progress, t0))
     if threads is None:   # leave training half the cores (any count gives the same bytes)
         opts["threads"] = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2) // 2)
     sink = _serialize(obj, borrow=False)
-    return _background().submit(_save_staged, sink, name, path, opts)
+    return _background().submit(_save_staged, sink, name, target, opts, keep_last, progress, t0)
 
 
 # ------------------------------------------------------------------------------ load
@@ -489,12 +734,74 @@ def _safetensors_dict(raw, name, map_location):
     return tensors
 
 
-def load(path, map_location=None, weights_only=None, mmap=None):
+def _hdf5(data):
+    """Whether bytes hold the HDF5 signature where HDF5 looks for it (0, 512, 1024, ...)."""
+    off = 0
+    while off + 8 <= len(data):
+        if data[off:off + 8] == b"\x89HDF\r\n\x1a\n":
+            return True
+        off = 512 if off == 0 else 2 * off
+    return False
+
+
+def _load_path(path, map_location, weights_only, mmap, strict):
+    """load() of a path (checked: it exists, is a readable file); returns (obj, bytes restored or None)."""
+    if _ckptkit.is_container(path):
+        _paths.check_container("ckptkit.load", path)
+        raw, _js, _table, _lines = _ckptkit.restore_bytes(path, {"threads": 0}, "ckptkit.load")
+        fmt = _ckptkit.check_checkpoint([raw], strict, "ckptkit.load")
+        if fmt == "safetensors":
+            return _safetensors_dict(raw, path, map_location), len(raw)
+        if fmt == "torch-zip":
+            return _torch_load_memory(raw, path, map_location, weights_only, mmap), len(raw)
+        return _torch_load(_torch.file_object(raw), path, map_location, weights_only, mmap), len(raw)
+    fmt = _ckptkit.check_checkpoint(path, strict, "ckptkit.load")
+    if fmt == "safetensors":
+        with open(path, "rb") as f:
+            return _safetensors_dict(f.read(), path, map_location), None
+    return _torch_load(path, path, map_location, weights_only, mmap), None
+
+
+def _load_file_object(f, map_location, weights_only, mmap, strict):
+    """load() of a binary file object: its bytes from its position to the end. A container
+    is written to a temporary file (libhdf5 reads files) and loaded from there."""
+    data = f.read()
+    if isinstance(data, str):
+        raise TypeError("ckptkit.load: the file object is in text mode: open it with 'rb'")
+    shown = _file_name(f)
+    if _hdf5(data):
+        fd, tmp = tempfile.mkstemp(prefix="ckptkit-load-", suffix=".ckz.h5")
+        try:
+            with os.fdopen(fd, "wb") as w:
+                w.write(data)
+            del data
+            try:
+                return _load_path(tmp, map_location, weights_only, mmap, strict)
+            except CkptkitError as e:
+                raise _renamed(e, tmp, shown) from None
+        finally:
+            os.unlink(tmp)
+    try:
+        fmt = _ckptkit.check_checkpoint([data], strict, "ckptkit.load")
+    except CkptkitError as e:
+        raise _renamed(e, "<memory>", shown) from None
+    if fmt == "safetensors":
+        return _safetensors_dict(data, shown, map_location), None
+    return _torch_load(io.BytesIO(data), shown, map_location, weights_only, mmap), None
+
+
+def load(path, map_location=None, weights_only=None, mmap=None, *, progress=None):
     """torch.load(path) for a ckptkit container (decoded in memory: no file) or a plain
     torch / safetensors file, so switching is one line. Returns what torch.load returns for
     the restored checkpoint, with map_location, weights_only and mmap as this torch defines
     them (weights_only=None: torch's default, True from torch 2.6 on; False on 1.13); a
     safetensors checkpoint gives a dict name -> tensor.
+
+    `path`: a str or os.PathLike ("~" is not expanded, as torch.load does not; a missing
+    file raises FileNotFound, an unreadable one PermissionDenied, a folder IsADirectory: all
+    BadInput), or a binary file object (io.BytesIO, open(..., "rb")): its bytes from its
+    position on (a container goes through a temporary file in tempfile.gettempdir()).
+    progress: as save's (start and end events, also INFO records of the logger "ckptkit").
 
     Memory: a container is restored into one buffer (a memfd) and the tensors of a torch zip
     are its pages (torch >= 2.1: torch.load(mmap=True) of it, unless mmap=False asks torch
@@ -505,23 +812,25 @@ def load(path, map_location=None, weights_only=None, mmap=None):
     naming a global that runs code (os, subprocess, eval, ...) raises BadInput and nothing
     is run; weights_only accepts only torch.load(weights_only=True)'s globals (torch 2.x:
     checked by torch's own unpickler, with what add_safe_globals allows)."""
-    path = _path(path)
+    fileobj = hasattr(path, "read") and not isinstance(path, (str, os.PathLike))
+    if not fileobj:
+        path = _path(path)
+    _check_progress(progress)
     if weights_only is None:
         weights_only = None if _torch.has_mmap() else False
     # torch 2.x checks weights_only itself (its allowlist, add_safe_globals); 1.13's reader: ours
     strict = bool(weights_only) and not _torch.has_mmap()
-    if os.path.isdir(path):
-        raise _bad("ckptkit.load", "is a folder; ckptkit.restore(folder, out_folder) restores folders", path)
-    if _ckptkit.is_container(path):
-        raw, _js, _table, _lines = _ckptkit.restore_bytes(path, {"threads": 0}, "ckptkit.load")
-        fmt = _ckptkit.check_checkpoint([raw], strict, "ckptkit.load")
-        if fmt == "safetensors":
-            return _safetensors_dict(raw, path, map_location)
-        if fmt == "torch-zip":
-            return _torch_load_memory(raw, path, map_location, weights_only, mmap)
-        return _torch_load(_torch.file_object(raw), path, map_location, weights_only, mmap)
-    fmt = _ckptkit.check_checkpoint(path, strict, "ckptkit.load")
-    if fmt == "safetensors":
-        with open(path, "rb") as f:
-            return _safetensors_dict(f.read(), path, map_location)
-    return _torch_load(path, path, map_location, weights_only, mmap)
+    shown = _file_name(path) if fileobj else path
+    if not fileobj:
+        _paths.check_input("ckptkit.load", path,
+                           folder_hint="; ckptkit.restore(folder, out_folder) restores folders")
+    t0 = time.monotonic()
+    _event("load", "start", shown, progress)
+    if fileobj:
+        obj, restored = _load_file_object(path, map_location, weights_only, mmap, strict)
+        size = None
+    else:
+        obj, restored = _load_path(path, map_location, weights_only, mmap, strict)
+        size = os.path.getsize(path)
+    _event("load", "end", shown, progress, t0, size, restored)
+    return obj

@@ -41,6 +41,7 @@
 #include "container/h5.h"
 #include "codec/backend.h"
 #include "io/checkpoint.h"
+#include "replay/plan_io.h"
 #include "io/file.h"
 #include "replay/job.h"
 
@@ -202,6 +203,7 @@ CompressOptions compress_options(const pkg::Opts& o) {
     c.chunk = o.get<std::size_t>("chunk", 0);
     c.limits.strict = o.get<bool>("strict", false);
     c.device = o.get<std::string>("device", "auto");
+    c.allow_no_state = o.get<bool>("allow_no_state", false);   // ckptkit.save: model-only objects stored exactly
     return c;
 }
 
@@ -288,6 +290,10 @@ PYBIND11_MODULE(_ckptkit, m) {
         })
         .def("__len__", [](const MemBuffer& b) { return b.n; })
         .def("fileno", [](const MemBuffer& b) { return b.fd; }, "the memfd holding the bytes (valid while the buffer lives)");
+
+    m.def("parse_bytes", [](const std::string& s) { return replay::parse_bytes(s); }, py::arg("size"),
+          "a size string (\"44GiB\", \"1.5mib\", \"8 MiB\", \"123\") in bytes, as replay-plan reads it; "
+          "ValueError otherwise");
 
     m.def("replay_plan", [](py::bytes trace, const std::string& name, std::vector<uint64_t> budgets,
                             std::vector<uint64_t> activation_budgets, const std::string& planner) {

@@ -40,6 +40,7 @@ std::vector<std::string> verify_job(const nlohmann::json& req, const Opts& o) {
                                                                : std::nullopt;
     VerifyOptions v;
     v.grid = o.get<int>("grid", v.grid);
+    v.tolerance = o.get<double>("tolerance", v.tolerance);
     v.strict = o.get<bool>("strict", false);
     if (folder::is_folder(path)) {
         const auto r = folder::verify_folder(path, original, v);

@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
 
 #include "codec/bf16.h"
 #include "codec/block.h"
@@ -429,6 +430,7 @@ TEST_CASE("vlog row prediction equals the format's definition (steps of any sign
 
 TEST_CASE("block decodes (restore's values, verify's bounds) give decode_coord's bit for bit (any codes, params, type)") {
     std::mt19937_64 rng(31);
+    std::size_t flagged = 0;
     for (int trial = 0; trial < 80; ++trial) {
         TensorSetup s;
         s.kind = trial % 4 == 3 ? Kind::Log8 : Kind::VLog;
@@ -455,23 +457,32 @@ TEST_CASE("block decodes (restore's values, verify's bounds) give decode_coord's
         }
         const std::array<const uint8_t*, 3> cp{codes[0].data(), codes[1].data(), codes[2].data()};
         const std::array<const int16_t*, 3> pp{params[0].data(), params[1].data(), params[2].data()};
-        // 0: decode_chunk without bounds, 1: with bounds, 2: decode_coord one coordinate at a time
-        std::array<std::vector<float>, 3> out;
-        std::array<std::vector<double>, 3> bounds;
-        for (int path = 0; path < 3; ++path) {
+        // 0: decode_chunk without bounds, 1: with bounds, 2: decode_coord one coordinate at a
+        // time (with bounds), 3: the same without; each path's first block with a used code
+        // outside the float range (the same answer on every path)
+        std::array<std::vector<float>, 4> out;
+        std::array<std::vector<double>, 4> bounds;
+        std::array<std::size_t, 4> bad;
+        for (int path = 0; path < 4; ++path) {
             out[path].assign(3 * n, 0.0f);
             bounds[path].assign(n, 0.0);
             std::array<float*, 3> o{out[path].data(), out[path].data() + n, s.moments() == 3 ? out[path].data() + 2 * n : nullptr};
             if (path < 2) {
-                decode_chunk(s, cp, pp, n, o, nullptr, path == 1 ? bounds[path].data() : nullptr);
+                bad[path] = decode_chunk(s, cp, pp, n, o, nullptr, path == 1 ? bounds[path].data() : nullptr);
             } else {
                 const GuardConst gc = make_guard_const(s.hyper, s.tolerance);
-                if (s.kind == Kind::VLog)
-                    for (std::size_t i = 0; i < n; ++i) decode_coord<VLog>(s, gc, cp.data(), pp.data(), i, o.data(), nullptr, bounds[path].data());
-                else
-                    for (std::size_t i = 0; i < n; ++i) decode_coord<Log8>(s, gc, cp.data(), pp.data(), i, o.data(), nullptr, bounds[path].data());
+                bad[path] = SIZE_MAX;
+                double* bp = path == 2 ? bounds[path].data() : nullptr;
+                for (std::size_t i = 0; i < n; ++i) {
+                    const bool ok = s.kind == Kind::VLog ? decode_coord<VLog>(s, gc, cp.data(), pp.data(), i, o.data(), nullptr, bp)
+                                                         : decode_coord<Log8>(s, gc, cp.data(), pp.data(), i, o.data(), nullptr, bp);
+                    if (!ok) bad[path] = std::min(bad[path], i / 64);
+                }
             }
         }
+        for (int path = 1; path < 4; ++path) CHECK(bad[path] == bad[0]);
+        flagged += bad[0] != SIZE_MAX;
+        REQUIRE(std::memcmp(out[3].data(), out[2].data(), out[3].size() * sizeof(float)) == 0);
         REQUIRE(std::memcmp(out[0].data(), out[2].data(), out[0].size() * sizeof(float)) == 0);
         REQUIRE(std::memcmp(out[1].data(), out[2].data(), out[1].size() * sizeof(float)) == 0);
         REQUIRE(std::memcmp(bounds[1].data(), bounds[2].data(), n * sizeof(double)) == 0);
@@ -481,6 +492,120 @@ TEST_CASE("block decodes (restore's values, verify's bounds) give decode_coord's
             CHECK(certified > 0);
         }
     }
+    CHECK(flagged > 10);  // random parameters put some used codes outside the float range
+}
+
+namespace {
+/// decode_chunk's flag for one chunk of n coordinates of `kind` (exp_avg and exp_avg_sq),
+/// with and without bounds (both must agree).
+std::size_t decode_flag(Kind kind, const std::array<std::vector<uint8_t>, 3>& codes, const std::array<std::vector<int16_t>, 3>& params,
+                        std::size_t n) {
+    TensorSetup s;
+    s.kind = kind;
+    s.hyper.step = 100;
+    std::vector<float> out(2 * n);
+    std::vector<double> bounds(n);
+    const std::array<const uint8_t*, 3> cp{codes[0].data(), codes[1].data(), nullptr};
+    const std::array<const int16_t*, 3> pp{params[0].data(), params[1].data(), nullptr};
+    const std::size_t a = decode_chunk(s, cp, pp, n, {out.data(), out.data() + n, nullptr}, nullptr, nullptr);
+    const std::size_t b = decode_chunk(s, cp, pp, n, {out.data(), out.data() + n, nullptr}, nullptr, bounds.data());
+    CHECK(a == b);
+    return a;
+}
+}  // namespace
+
+TEST_CASE("a used code decoding outside the float range is flagged on every codec; encoder output never is") {
+    // issue 52: a vlog anchor of -32768 (or log8 exponents of -32768, a blockwise8 absmax of
+    // 0) decodes every nonzero code of the block to +0 with an empty cell, which the
+    // certificate called exact: decode_chunk names the block, the reader refuses it
+    std::mt19937_64 rng(52);
+    std::lognormal_distribution<double> L(-18, 3);
+    std::normal_distribution<double> N(0, 1);
+    const std::size_t n = 640;
+    std::vector<float> m(n), v(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        v[i] = i % 37 == 0 ? 0.0f : float(L(rng));
+        m[i] = i % 41 == 0 ? 0.0f : float(N(rng) * std::sqrt(double(v[i])));
+    }
+    v[100] = 1e-40f;  // subnormal values: codes in range too
+    m[101] = -1e-44f;
+    for (Kind kind : {Kind::VLog, Kind::Log8, Kind::BF16, Kind::Blockwise8}) {
+        CAPTURE(kind_name(kind));
+        TensorSetup s;
+        s.kind = kind;
+        s.hyper.step = 100;
+        const ChunkOut o = encode_chunk(s, ChunkIn{m.data(), v.data(), nullptr, nullptr, n});
+        std::array<std::vector<uint8_t>, 3> codes{o.codes[0], o.codes[1], {}};
+        std::array<std::vector<int16_t>, 3> params{o.params[0], o.params[1], {}};
+        for (auto& p : params) p.push_back(0);  // never empty (bf16 has no parameters)
+        CHECK(decode_flag(kind, codes, params, n) == SIZE_MAX);
+        auto forged = [&](int k, std::size_t block, int idx, int16_t value) {
+            auto p = params;
+            p[std::size_t(k)][2 * block + std::size_t(idx)] = value;
+            return decode_flag(kind, codes, p, n);
+        };
+        if (kind == Kind::VLog) {
+            CHECK(forged(1, 3, 0, INT16_MIN) == 3);  // the anchor: every nonzero code to +0
+            CHECK(forged(1, 4, 0, -32767) == 4);
+            CHECK(forged(1, 5, 0, 32767) == 5);     // and to inf
+            CHECK(forged(1, 6, 1, 32767) == 6);     // a step of 32 octaves: the outer codes over- or underflow
+            // exp_avg's exponent spans 2^-32 .. 2^32 (in range for any sqrt(v~) here): no flag,
+            // a consistent forgery that only --original sees
+            CHECK(forged(0, 2, 0, -32767) == SIZE_MAX);
+        } else if (kind == Kind::Log8) {
+            CHECK(forged(1, 3, 0, INT16_MIN) == 3);  // e_top: every nonzero code to +0
+            CHECK(forged(1, 4, 0, 32767) == 4);      // and to inf
+            CHECK(forged(0, 2, 0, INT16_MIN) == 2);  // exp_avg's exponent: nonzero magnitudes to +-0
+        } else if (kind == Kind::Blockwise8) {
+            for (int k = 0; k < 2; ++k) {
+                const float bad[] = {0.0f, 1e-45f, -1.0f, INFINITY, std::numeric_limits<float>::quiet_NaN()};
+                for (float a : bad) {
+                    auto p = params;
+                    std::memcpy(&p[std::size_t(k)][2 * 7], &a, 4);
+                    CHECK(decode_flag(kind, codes, p, n) == 7);
+                }
+            }
+        } else {  // bf16: codes of inf, NaN and negative second moments
+            for (uint16_t c : {uint16_t(0x7f80), uint16_t(0x7fc1), uint16_t(0xff80), uint16_t(0xbf80)}) {
+                auto cd = codes;
+                cd[1][2 * 200] = uint8_t(c);
+                cd[1][2 * 200 + 1] = uint8_t(c >> 8);
+                CHECK(decode_flag(kind, cd, params, n) == 200 / 64);
+                cd = codes;  // exp_avg: inf and NaN (negative values are fine)
+                cd[0][2 * 300] = uint8_t(c);
+                cd[0][2 * 300 + 1] = uint8_t(c >> 8);
+                CHECK(decode_flag(kind, cd, params, n) == ((c & 0x7fff) == 0x3f80 ? SIZE_MAX : 300 / 64));
+            }
+        }
+    }
+}
+
+TEST_CASE("block parameters the format reserves or bounds are refused (invalid_block_param)") {
+    const char* rule = nullptr;
+    const int16_t vlog_m[] = {-5000, 0, 300, 0, INT16_MIN, 0};
+    CHECK(invalid_block_param(Kind::VLog, 0, vlog_m, 2) == SIZE_MAX);
+    CHECK(invalid_block_param(Kind::VLog, 0, vlog_m, 3, &rule) == 2);  // exponent -32768: outside the encoder's range
+    const int16_t vlog_m2[] = {-5000, 0, 300, 1};
+    CHECK(invalid_block_param(Kind::VLog, 0, vlog_m2, 2, &rule) == 1);  // the reserved second parameter
+    CHECK(std::string(rule) == "exp_avg's second parameter 0");
+    const int16_t vlog_v[] = {-1000, 12, 32767, 1, INT16_MIN, 5};
+    CHECK(invalid_block_param(Kind::VLog, 1, vlog_v, 2) == SIZE_MAX);
+    CHECK(invalid_block_param(Kind::VLog, 1, vlog_v, 3) == 2);
+    const int16_t vmax[] = {0, 0, 0, 1};
+    CHECK(invalid_block_param(Kind::VLog, 2, vmax, 1) == SIZE_MAX);
+    CHECK(invalid_block_param(Kind::VLog, 2, vmax, 2, &rule) == 1);
+    CHECK(std::string(rule) == "max_exp_avg_sq's parameters (0, 0)");
+    const int16_t log8_m[] = {-400, 0, -400, 2};
+    CHECK(invalid_block_param(Kind::Log8, 0, log8_m, 1) == SIZE_MAX);
+    CHECK(invalid_block_param(Kind::Log8, 0, log8_m, 2) == 1);
+    const int16_t log8_v[] = {-900, 3, -900, 0};
+    CHECK(invalid_block_param(Kind::Log8, 2, log8_v, 2, &rule) == 1);
+    CHECK(std::string(rule) == "a step >= 1");
+    int16_t bw[4];
+    const float am[2] = {0.5f, -0.0f};
+    std::memcpy(bw, am, 8);
+    CHECK(invalid_block_param(Kind::Blockwise8, 0, bw, 1) == SIZE_MAX);
+    CHECK(invalid_block_param(Kind::Blockwise8, 0, bw, 2) == 1);  // -0.0: the sign bit
 }
 
 namespace {

@@ -165,12 +165,35 @@ void compare(const TensorSetup& s, const Moments& x, std::size_t n, bool theta) 
     std::vector<double> bc(n, 1.0), bg(n, 2.0);
     const std::array<const uint8_t*, 3> cp = {c.codes[0].data(), c.codes[1].data(), nm == 3 ? c.codes[2].data() : nullptr};
     const std::array<const int16_t*, 3> pp = {c.params[0].data(), c.params[1].data(), nm == 3 ? c.params[2].data() : nullptr};
-    decode_chunk(s, cp, pp, n, oc, in.theta, bc.data());
-    decode_chunk_gpu(s, cp, pp, n, og, in.theta, bg.data());
+    CHECK(decode_chunk(s, cp, pp, n, oc, in.theta, bc.data()) == SIZE_MAX);  // encoder output: in range
+    CHECK(decode_chunk_gpu(s, cp, pp, n, og, in.theta, bg.data()) == SIZE_MAX);
     for (int k = 0; k < nm; ++k) CHECK(std::memcmp(dc[k].data(), dg[k].data(), n * 4) == 0);
     CHECK(std::memcmp(bc.data(), bg.data(), n * 8) == 0);
-    decode_chunk_gpu(s, cp, pp, n, og, nullptr, nullptr);
+    CHECK(decode_chunk_gpu(s, cp, pp, n, og, nullptr, nullptr) == SIZE_MAX);
     for (int k = 0; k < nm; ++k) CHECK(std::memcmp(dc[k].data(), dg[k].data(), n * 4) == 0);
+    // issue 52: a forged block (the last one with a nonzero exp_avg_sq code) whose nonzero
+    // codes decode outside the float range: both backends name it (its slice offset included)
+    const int cb = code_bytes(s.kind), pb = params_per_block(s.kind);
+    std::size_t last = SIZE_MAX;
+    for (std::size_t i = 0; i < n; ++i)
+        if (load_code(c.codes[1].data(), cb, i) != 0) last = i;
+    REQUIRE(last != SIZE_MAX);
+    const std::size_t b = last / kBlock;
+    std::vector<uint8_t> fc1 = c.codes[1];
+    std::vector<int16_t> fp1 = c.params[1];
+    if (s.kind == Kind::BF16) {
+        store_code(fc1.data(), cb, last, 0x7f80);  // +inf
+    } else if (s.kind == Kind::Blockwise8) {
+        std::memset(fp1.data() + b * std::size_t(pb), 0, 4);  // absmax 0: every nonzero code to 0 with an empty cell
+    } else {
+        fp1[b * std::size_t(pb)] = INT16_MIN;  // log8 e_top / vlog anchor: every nonzero code to +0
+    }
+    const std::array<const uint8_t*, 3> fcp = {cp[0], fc1.data(), cp[2]};
+    const std::array<const int16_t*, 3> fpp = {pp[0], fp1.data(), pp[2]};
+    CHECK(decode_chunk(s, fcp, fpp, n, oc, in.theta, bc.data()) == b);
+    CHECK(decode_chunk(s, fcp, fpp, n, oc, nullptr, nullptr) == b);
+    CHECK(decode_chunk_gpu(s, fcp, fpp, n, og, in.theta, bg.data()) == b);
+    CHECK(decode_chunk_gpu(s, fcp, fpp, n, og, nullptr, nullptr) == b);
 }
 
 }  // namespace

@@ -6,7 +6,8 @@ ckpt-restore, replay-plan):
   * exit codes: 0 ok, 1 a check failed, 2 bad input or bad usage (every CLI11 parse error),
     one stderr line "TOOL: error: ... (run 'TOOL --help')"; --help and --version exit 0;
   * --json prints one object on stdout, also on failure ({"ok": false, "error", "exit_code"});
-  * --tolerance outside (0, 1] is exit 2;
+  * --tolerance outside (0, 1] is exit 2; ckpt-verify holds certificates to its own
+    --tolerance (default 0.01), not to the manifest's;
   * ckpt-verify / ckpt-restore on a file that is not a container say what to pass instead;
   * a progress line (tensors, bytes, rate, ETA) on stderr when it is a terminal.
 
@@ -310,6 +311,35 @@ def test_tolerance_one_is_accepted(tmp_path):
     src = copy_fixture(tmp_path, "cnn_adamw.pt")
     p = run("ckpt-compress", src, "-o", tmp_path / "out.ckz.h5", "--tolerance", "1")
     assert p.returncode == 0, p.stderr
+
+
+def test_verify_holds_certificates_to_its_own_tolerance(tmp_path):
+    """issue 52: a container compressed at tolerance 0.05 (certificates above 0.01) fails
+    ckpt-verify's default --tolerance 0.01 with a line that says how to accept it, and
+    verifies with --tolerance 0.05; the manifest's tolerance is printed next to "ok"."""
+    src = copy_fixture(tmp_path, "cnn_adamw.pt")
+    ckz = tmp_path / "out.ckz.h5"
+    assert run("ckpt-compress", src, "-o", ckz, "--tolerance", "0.05").returncode == 0
+    before = sha256(ckz)
+    p = run("ckpt-verify", ckz)
+    assert p.returncode == 1 and p.stdout.endswith("NOT OK\n"), p.stdout
+    line = p.stderr.splitlines()
+    assert len(line) == 1 and line[0].startswith(f"ckpt-verify: check failed: {ckz}: certificates up to "), p.stderr
+    assert line[0].endswith("exceed --tolerance 0.01: the container was compressed at tolerance 0.05: "
+                            "pass --tolerance 0.05 to accept it"), line[0]
+    j = json.loads(run("ckpt-verify", ckz, "--json").stdout)
+    assert j["ok"] is False and j["tolerance"] == 0.05 and j["accepted_tolerance"] == 0.01
+    for args in (["--tolerance", "0.05"], ["--tolerance", "0.2"], ["--tolerance", "0.05", "--original", src]):
+        p = run("ckpt-verify", ckz, *args)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert re.search(r"\nok \(certificates up to [0-9.e-]+ lr, within --tolerance 0\.(05|2); "
+                         r"compressed at tolerance 0\.05\)\n$", p.stdout), p.stdout[-300:]
+    p = run("ckpt-verify", ckz, "--tolerance", "0.02", "--original", src)  # --original too
+    assert p.returncode == 1 and "pass --tolerance 0.05 to accept it" in p.stderr, p.stderr
+    for tol in ("0", "1.5", "nan"):
+        assert_error(run("ckpt-verify", ckz, "--tolerance", tol),
+                     f"ckpt-verify: error: --tolerance: {tol} is outside (0, 1] (units of lr) (run 'ckpt-verify --help')")
+    assert sha256(ckz) == before
 
 
 # 5. not a container ----------------------------------------------------------------------------

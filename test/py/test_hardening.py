@@ -140,6 +140,11 @@ KNOWN = {
 }
 VARIANT_PARAMS = [pytest.param(v, marks=pytest.mark.xfail(strict=True, reason=KNOWN[v]))
                   if v in KNOWN else v for v in VARIANTS]
+# Consistent forgeries only ckpt-verify can refuse: restore does not re-derive certificates,
+# so it restores the forged values (exit 0, other bytes); verify must fail with this text.
+VERIFY_ONLY = {
+    "m_tolerance_raised": "compressed at tolerance 1: pass --tolerance 1 to accept it",
+}
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +166,16 @@ def test_hostile_container(variant, hostile, good, tmp_path):
         if p.returncode == 0:
             assert digest(out / "r.pt") == good["ref_hash"], f"{variant}: exit 0 with WRONG data"
     p = run("ckpt-verify", path, "--json")
+    if variant in VERIFY_ONLY:  # issue 52: the manifest's tolerance is not taken on trust
+        assert check_refusal(p, "ckpt-verify", path) == "exit1"
+        assert VERIFY_ONLY[variant] in json.loads(p.stdout)["error"], p.stdout
+        assert run("ckpt-verify", path, "--tolerance", "1").returncode == 0  # accepted when asked for
+        out = tmp_path / "out"
+        out.mkdir()
+        q = run("ckpt-restore", path, "-o", out / "r.pt")
+        assert q.returncode == 0 and digest(out / "r.pt") != good["ref_hash"], q.stderr
+        STATS.setdefault("hostile", {})[variant] = ["exit1", "forged values"]
+        return
     if variant.startswith("hdf5_") and SANITIZED:  # libhdf5 crashes on these: ASan reports it
         assert p.returncode == 99 and "AddressSanitizer" in p.stderr and "H5" in p.stderr, p.stderr[-2000:]
         return
@@ -561,10 +576,13 @@ def _vlog_variants():
         return fn
 
     def step_of_block(b, value):  # (anchor, step) per block: block b's exp_avg_sq step
+        return param_of_block(params, b, 1, value)
+
+    def param_of_block(path, b, idx, value):  # block b's parameter idx (of its pair) in `path`
         def fn(f):
-            d = read_dataset(f[params]).copy()
-            d[2 * b + 1] = value
-            _replace(f, params, d)
+            d = read_dataset(f[path]).copy()
+            d[2 * b + idx] = value
+            _replace(f, path, d)
         return fn
 
     def swap01(d):
@@ -586,6 +604,14 @@ def _vlog_variants():
         # without --original
         "params_step_0": step_of_block(0, 0),
         "params_step_negative": step_of_block(3, -7),
+        # issue 52: an anchor that puts the block's nonzero codes at +0 (an empty cell the
+        # certificate called exact) or inf; int16's -32768 and a nonzero reserved parameter
+        # are outside the format (hashes recomputed: only those rules can refuse them)
+        "params_anchor_min": param_of_block(params, 1, 0, -32768),
+        "params_anchor_underflow": param_of_block(params, 2, 0, -30000),
+        "params_anchor_overflow": param_of_block(params, 2, 0, 30000),
+        "params_m_exponent_min": param_of_block("moments/params/exp_avg", 1, 0, -32768),
+        "params_m_reserved_nonzero": param_of_block("moments/params/exp_avg", 4, 1, 1),
     }
 
 

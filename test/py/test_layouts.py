@@ -280,3 +280,42 @@ def test_safetensors_flat_optimizer_metadata(tmp_path, stated):
         osd_b["state"][i] = {k: c[f"state.{n}.{k}"] for k in ("exp_avg", "exp_avg_sq", "step")}
         assert torch.equal(a[n], c[n]) and torch.equal(a[f"state.{n}.step"], c[f"state.{n}.step"])
     _step_close(torch.optim.AdamW, {i: a[n] for i, n in enumerate(names)}, osd, osd_b)
+
+
+def test_number_step_is_certified_as_torch_loads_it(tmp_path):
+    """issue 52: a Python-int `step` (torch < 1.12 and bitsandbytes-style state dicts) becomes
+    a float32 tensor when torch's Adam / AdamW load it (__setstate__: 16777217 becomes
+    16777216) and counts on in float32: the certificate is for that count (step 16777216,
+    step_dtype F32 in the manifest and the report), and a real Adam step from the restored
+    file (which still holds the int) agrees with the original's within tolerance."""
+    import make_bad_containers as mbc  # scripts/fixtures/: reads the manifest without our plugin
+    import h5py
+    b = require_ckptkit_bin()
+    torch.manual_seed(3)
+    m = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 4))
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3, betas=(0.9, 0.999))
+    for _ in range(5):
+        opt.zero_grad()
+        (m(torch.randn(8, 16)) ** 2).mean().backward()
+        opt.step()
+    osd = opt.state_dict()
+    for st in osd["state"].values():
+        st["step"] = 16777217
+    src, ckz, back = tmp_path / "int_step.pt", tmp_path / "int_step.ckz.h5", tmp_path / "back.pt"
+    torch.save({"model": m.state_dict(), "optimizer": osd}, src)
+    c = run_tool(b, "ckpt-compress", src, "-o", ckz, "--json")
+    assert c.returncode == 0, c.stderr
+    rep = parse_json_stdout(c)
+    assert rep["ok"] and all(not t["note"] for t in rep["tensors"]) and len(rep["tensors"]) == 4
+    assert {g["step"] for g in rep["param_groups"]} == {16777216.0}
+    with h5py.File(ckz, "r") as f:
+        man = mbc.get_manifest(f)
+    assert {(p["hyper"]["step"], p["hyper"]["step_dtype"]) for p in man["params"]} == {(16777216.0, "F32")}
+    v = run_tool(b, "ckpt-verify", ckz, "--original", src)
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert run_tool(b, "ckpt-restore", ckz, "-o", back).returncode == 0
+    a, r = torch_load_pair(src, back)
+    assert {st["step"] for st in r["optimizer"]["state"].values()} == {16777217}  # the file's own value, kept
+    names = [k for k in a["model"]]
+    thetas = dict(zip(range(len(names)), (a["model"][n] for n in names)))
+    _step_close(torch.optim.Adam, thetas, a["optimizer"], r["optimizer"])

@@ -133,6 +133,10 @@ TEST_CASE("budget parsing") {
     CHECK_THROWS_AS(parse_bytes("lots"), std::invalid_argument);
     CHECK_THROWS_AS(parse_bytes("-1GiB"), std::invalid_argument);
     CHECK_THROWS_AS(parse_bytes("4 parsecs"), std::invalid_argument);
+    CHECK(parse_bytes("1.5mib") == 1572864);   // units in any case, spaces around them
+    CHECK(parse_bytes("8 MiB ") == 8388608);
+    CHECK(parse_bytes("2gb") == 2000000000ull);
+    CHECK_THROWS_AS(parse_bytes("8 M iB"), std::invalid_argument);
     CHECK(parse_sweep("1GiB:3GiB:1GiB") == std::vector<uint64_t>{1ull << 30, 2ull << 30, 3ull << 30});
     CHECK_THROWS_AS(parse_sweep("3GiB:1GiB:1GiB"), std::invalid_argument);
     CHECK_THROWS_AS(parse_sweep("1GiB:3GiB"), std::invalid_argument);

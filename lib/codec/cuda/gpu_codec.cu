@@ -45,6 +45,7 @@ struct Lane {
     double* h_max = nullptr;
     float* h_out[3] = {};        // decode output
     double* h_bounds = nullptr;
+    unsigned long long* h_bad = nullptr;  // decode: the slice's first block outside the float range (~0: none)
     // device
     float* d_in[4] = {};
     uint8_t* d_codes[3] = {};
@@ -58,6 +59,7 @@ struct Lane {
     uint32_t* d_count = nullptr;
     float* d_out[3] = {};
     double* d_bounds = nullptr;
+    unsigned long long* d_bad = nullptr;
     void* d_temp = nullptr;
     std::size_t temp_bytes = 0;
     // slice in flight on this lane
@@ -80,6 +82,7 @@ struct Context {
             l.h_bounds = host_alloc<double>(kSlice);
             l.h_count = host_alloc<uint32_t>(1);
             l.h_max = host_alloc<double>(1);
+            l.h_bad = host_alloc<unsigned long long>(1);
             for (auto& p : l.d_in) p = dev_alloc<float>(kSlice);
             for (auto& p : l.d_codes) p = dev_alloc<uint8_t>(2 * kSlice);
             for (auto& p : l.d_params) p = dev_alloc<int16_t>(2 * kSliceBlocks + 2);
@@ -92,6 +95,7 @@ struct Context {
             l.d_max = dev_alloc<double>(1);
             l.d_count = dev_alloc<uint32_t>(1);
             l.d_bounds = dev_alloc<double>(kSlice);
+            l.d_bad = dev_alloc<unsigned long long>(1);
             l.temp_bytes = detail::scan_temp_bytes(kSlice);
             CKPT_CUDA(cudaMalloc(&l.d_temp, l.temp_bytes));
         }
@@ -258,6 +262,7 @@ struct DecodeJob {
     std::array<float*, 3> out;
     const float* theta;
     double* bounds;
+    std::size_t bad = SIZE_MAX;  ///< the chunk's first block outside the float range (decode_harvest)
 };
 
 void decode_issue(Lane& l, const DecodeJob& j, const codec::GuardConst& gc, std::size_t begin, std::size_t n) {
@@ -284,35 +289,39 @@ void decode_issue(Lane& l, const DecodeJob& j, const codec::GuardConst& gc, std:
     }
     a.bounds = j.bounds ? l.d_bounds : nullptr;
     a.n = n;
+    CKPT_CUDA(cudaMemsetAsync(l.d_bad, 0xff, sizeof(unsigned long long), l.st));
+    a.bad = l.d_bad;
     detail::launch_decode(j.s, gc, a, l.st);
     for (int k = 0; k < nm; ++k)
         if (j.out[k]) CKPT_CUDA(cudaMemcpyAsync(l.h_out[k], l.d_out[k], n * sizeof(float), cudaMemcpyDeviceToHost, l.st));
     if (j.bounds) CKPT_CUDA(cudaMemcpyAsync(l.h_bounds, l.d_bounds, n * sizeof(double), cudaMemcpyDeviceToHost, l.st));
+    CKPT_CUDA(cudaMemcpyAsync(l.h_bad, l.d_bad, sizeof(unsigned long long), cudaMemcpyDeviceToHost, l.st));
     l.busy = true;
     l.begin = begin;
     l.n = n;
 }
 
-void decode_harvest(Lane& l, const DecodeJob& j) {
+void decode_harvest(Lane& l, DecodeJob& j) {
     if (!l.busy) return;
     l.busy = false;
     CKPT_CUDA(cudaStreamSynchronize(l.st));
     for (int k = 0; k < j.s.moments(); ++k)
         if (j.out[k]) std::memcpy(j.out[k] + l.begin, l.h_out[k], l.n * sizeof(float));
     if (j.bounds) std::memcpy(j.bounds + l.begin, l.h_bounds, l.n * sizeof(double));
+    if (*l.h_bad != ~0ull) j.bad = std::min<std::size_t>(j.bad, l.begin / codec::kBlock + std::size_t(*l.h_bad));
 }
 
 }  // namespace
 
-void decode_chunk_gpu(const codec::TensorSetup& s, const std::array<const uint8_t*, 3>& codes,
-                      const std::array<const int16_t*, 3>& params, std::size_t n, std::array<float*, 3> out,
-                      const float* theta, double* bounds) {
+std::size_t decode_chunk_gpu(const codec::TensorSetup& s, const std::array<const uint8_t*, 3>& codes,
+                             const std::array<const int16_t*, 3>& params, std::size_t n, std::array<float*, 3> out,
+                             const float* theta, double* bounds) {
     std::string why;
     if (!gpu_available(&why)) throw std::runtime_error("no CUDA device (" + why + ")");
     Context& ctx = context();
     std::lock_guard<std::mutex> lock(ctx.mu);
     const codec::GuardConst gc = codec::make_guard_const(s.hyper, s.tolerance);
-    const DecodeJob j{s, codes, params, out, theta, bounds};
+    DecodeJob j{s, codes, params, out, theta, bounds};
     try {
         std::size_t slice = 0;
         for (std::size_t b0 = 0; b0 < n; b0 += kSlice, ++slice) {
@@ -326,6 +335,7 @@ void decode_chunk_gpu(const codec::TensorSetup& s, const std::array<const uint8_
         for (Lane& l : ctx.lane) { l.busy = false; cudaStreamSynchronize(l.st); }
         throw;
     }
+    return j.bad;
 }
 
 }  // namespace ckpt::gpu

@@ -29,8 +29,9 @@ using EscapeBits = std::array<std::vector<uint32_t>, 3>;
 /// compaction (bits may be null).
 codec::ChunkOut encode_chunk_gpu_ex(const codec::TensorSetup&, const codec::ChunkIn&, EscapeBits* bits);
 
-/// Same semantics and output as codec::decode_chunk.
-void decode_chunk_gpu(const codec::TensorSetup&, const std::array<const uint8_t*, 3>& codes,
+/// Same semantics and output as codec::decode_chunk (the first block with a used code
+/// outside the float range, or SIZE_MAX).
+std::size_t decode_chunk_gpu(const codec::TensorSetup&, const std::array<const uint8_t*, 3>& codes,
                       const std::array<const int16_t*, 3>& params, std::size_t n, std::array<float*, 3> out,
                       const float* theta, double* bounds);
 

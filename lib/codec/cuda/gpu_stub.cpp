@@ -18,7 +18,7 @@ codec::ChunkOut encode_chunk_gpu(const codec::TensorSetup& s, const codec::Chunk
     return encode_chunk_gpu_ex(s, in, nullptr);
 }
 
-void decode_chunk_gpu(const codec::TensorSetup&, const std::array<const uint8_t*, 3>&,
+std::size_t decode_chunk_gpu(const codec::TensorSetup&, const std::array<const uint8_t*, 3>&,
                       const std::array<const int16_t*, 3>&, std::size_t, std::array<float*, 3>, const float*,
                       double*) {
     throw std::runtime_error("no CUDA device (ckptkit was built without CUDA)");

@@ -56,7 +56,8 @@ template <class Q>
 __global__ void decode_kernel(codec::TensorSetup s, codec::GuardConst gc, DecodeArgs a) {
     const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= a.n) return;
-    codec::decode_coord<Q>(s, gc, a.codes, a.params, i, a.out, a.theta, a.bounds);
+    if (!codec::decode_coord<Q>(s, gc, a.codes, a.params, i, a.out, a.theta, a.bounds) && a.bad)
+        atomicMin(a.bad, static_cast<unsigned long long>(i / codec::kBlock));
 }
 
 }  // namespace

@@ -51,6 +51,9 @@ struct DecodeArgs {
     float* out[3];          ///< null entries are not written
     const float* theta;     ///< may be null
     double* bounds;         ///< may be null
+    /// may be null: the lowest slice-local block with a used code outside the float range
+    /// (block.h code_in_range) is atomicMin-ed into it (the caller sets it to ~0 first)
+    unsigned long long* bad;
     std::size_t n;
 };
 

@@ -2,7 +2,6 @@
 views and storages, the RNG streams (default CPU / CUDA generators and the model's private
 torch.Generator attributes), sizes, the model fingerprint and the per-segment op hash."""
 import json
-import re
 
 import torch
 import xxhash
@@ -162,13 +161,10 @@ def set_rng_states(model, states):
         set_stream_state(model, stream, st)
 
 
-_UNITS = {"B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
-          "T": 10**12, "TB": 10**12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-
-
 def parse_bytes(s):
     """A size in bytes: an int, or a string '44GiB' / '1.5MiB' / '32GB' / '123' (replay-plan's
-    units). ValueError for anything else."""
+    units, any case, read by the same C++ function: _ckptkit.parse_bytes). ValueError for
+    anything else."""
     if isinstance(s, bool):
         raise ValueError(f"not a size: {s!r}")
     if isinstance(s, int):
@@ -177,10 +173,11 @@ def parse_bytes(s):
         return s
     if not isinstance(s, str):
         raise ValueError(f"not a size: {s!r}")
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([KMGT]i?B?|B)?\s*", s)
-    if not m or (m.group(2) or "B") not in _UNITS:
-        raise ValueError(f"not a size: {s}")
-    return int(round(float(m.group(1)) * _UNITS[m.group(2) or "B"]))
+    from .. import _ckptkit
+    try:
+        return _ckptkit.parse_bytes(s.strip())
+    except ValueError:
+        raise ValueError(f"not a size: {s}") from None
 
 
 def fingerprint_items(model):

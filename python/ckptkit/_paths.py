@@ -1,0 +1,126 @@
+"""Paths checked in Python before the library sees them, so that the common mistakes raise
+the user's path, the reason (strerror) and the OSError subclass Python users catch
+(_errors.FileNotFound is a FileNotFoundError and a BadInput, ...), never the name of a
+hidden temporary: a missing or unwritable output folder, "~" (not expanded, as torch.save
+and torch.load do not expand it either), a missing or unreadable input, a folder where a
+file is expected, a container shorter than its HDF5 superblock says (truncated)."""
+import errno as _errno
+import os
+import stat
+
+from ._errors import (BadInput, FileNotFound, IsADirectory, NotADirectory, OSBadInput,
+                      PermissionDenied)
+
+_CLASS = {_errno.ENOENT: FileNotFound, _errno.EACCES: PermissionDenied, _errno.EPERM: PermissionDenied,
+          _errno.EISDIR: IsADirectory, _errno.ENOTDIR: NotADirectory}
+
+
+def os_error(tool, path, code, what):
+    """The BadInput subclass for errno `code` on the user's `path`: "TOOL: error: PATH: what"."""
+    cls = _CLASS.get(code, OSBadInput)
+    return cls(f"{tool}: error: {path}: {what}", path, what, code)
+
+
+def _tilde(path):
+    """The hint for a path starting with "~" (which nothing expands here)."""
+    if path == "~" or path.startswith("~/") or (path.startswith("~") and "/" in path):
+        return (f"; '~' is not expanded (torch.save and torch.load do not expand it either): "
+                f"pass os.path.expanduser({path!r})")
+    return ""
+
+
+def check_output(tool, path):
+    """Refuse, before any work, an output file that cannot be created: its folder missing,
+    not a folder, or not writable (probed by creating and removing a hidden file there, so
+    the reason is the system's: permission denied, read-only file system, ...), or the path
+    a folder."""
+    parent = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise os_error(tool, path, _errno.EISDIR, "cannot write: it is a folder (Is a directory)")
+    try:
+        st = os.stat(parent)
+    except OSError as e:
+        if e.errno == _errno.ENOENT:
+            raise os_error(tool, path, e.errno, f"cannot write: folder {parent} does not exist "
+                                                f"({os.strerror(e.errno)}){_tilde(path)}") from None
+        raise os_error(tool, path, e.errno, f"cannot write into folder {parent}: {os.strerror(e.errno)}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise os_error(tool, path, _errno.ENOTDIR, f"cannot write: {parent} is not a folder (Not a directory)")
+    probe = os.path.join(parent, f".{os.path.basename(path)}.probe-{os.getpid()}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except FileExistsError:
+        return   # a probe of another thread of this process: the folder is writable
+    except OSError as e:
+        raise os_error(tool, path, e.errno, f"cannot write into folder {parent}: {os.strerror(e.errno)}") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_input(tool, path, folder_ok=False, folder_hint=""):
+    """Refuse an input that is missing ("no such file"), unreadable or, unless `folder_ok`,
+    a folder, with the subclass of FileNotFoundError / PermissionError / IsADirectoryError."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        what = "no such file" if e.errno == _errno.ENOENT else f"cannot read: {os.strerror(e.errno)}"
+        if e.errno == _errno.ENOENT:
+            what += f" ({os.strerror(e.errno)}){_tilde(path)}"
+        raise os_error(tool, path, e.errno, what) from None
+    if stat.S_ISDIR(st.st_mode):
+        if not folder_ok:
+            raise os_error(tool, path, _errno.EISDIR, "is a folder" + folder_hint)
+        return
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise os_error(tool, path, e.errno, f"cannot read: {os.strerror(e.errno)}") from None
+
+
+_SIG = b"\x89HDF\r\n\x1a\n"
+
+
+def hdf5_sizes(path):
+    """(size, expected) of an HDF5 file: its size and the end-of-file address its superblock
+    states (plus the superblock's offset: a user block); None when `path` has no HDF5
+    signature at 0, 512, 1024, 2048, ... (where HDF5 looks for it) or a superblock version
+    this does not know."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        off = 0
+        while off + 8 <= size:
+            f.seek(off)
+            head = f.read(64)
+            if head[:8] == _SIG:
+                break
+            off = 512 if off == 0 else 2 * off
+        else:
+            return None
+    if len(head) < 16:
+        return size, None
+    version = head[8]
+    if version in (0, 1):
+        o = head[13]
+        at = 24 + (4 if version == 1 else 0) + 2 * o     # base, free-space address, then end of file
+    elif version in (2, 3):
+        o = head[9]
+        at = 12 + 2 * o                                  # base, extension address, then end of file
+    else:
+        return size, None
+    if o not in (2, 4, 8) or len(head) < at + o:
+        return size, None
+    eof = int.from_bytes(head[at:at + o], "little")
+    return size, off + eof
+
+
+def check_container(tool, path):
+    """BadInput "truncated (N of M bytes)" for a container shorter than its superblock's
+    end-of-file address (a copy or a download cut short)."""
+    try:
+        sizes = hdf5_sizes(path)
+    except OSError:
+        return
+    if sizes and sizes[1] is not None and sizes[0] < sizes[1]:
+        what = f"truncated ({sizes[0]:,} of {sizes[1]:,} bytes): a copy or a download cut short"
+        raise BadInput(f"{tool}: error: {path}: {what}", path, what)
