@@ -575,3 +575,26 @@ print("then", ckptkit.save(obj, {str(tmp_path / "y.ckz.h5")!r}).ok)
     assert r.stdout.split("\n")[:2] == ["raised injected", "then True"], r.stdout
     assert sorted(os.listdir(tmp_path)) == ["y.ckz.h5"]
 
+
+
+def test_public_fallbacks_forced_give_the_same(tmp_path, monkeypatch):
+    """python/ckptkit/_torch.py's public fallbacks, forced (PUBLIC, as CKPTKIT_TORCH_PUBLIC=1
+    sets it): torch.save into the sink copying every byte (nothing read in place) and torch.load
+    of a file object over the restored bytes give the same container, byte for byte, and the
+    same loaded checkpoint as this torch's adapter (which does read storages in place)."""
+    from ckptkit import _torch
+    obj = torch.load(fixture_path("lm_adamw.pt"))
+    obj["ema"] = torch.randn(1 << 15)   # a storage of >= 64 KiB: read in place by the adapter
+    assert ckptkit._serialize(obj, borrow=True).borrowed == 1 << 17
+    ckptkit.save(obj, tmp_path / "a.ckz.h5")
+    a = ckptkit.load(tmp_path / "a.ckz.h5")
+    monkeypatch.setattr(_torch, "PUBLIC", True)
+    copies = []
+    load_copy = _torch.load_copy
+    monkeypatch.setattr(_torch, "load_copy", lambda *x: copies.append(1) or load_copy(*x))
+    assert ckptkit._serialize(obj, borrow=True).borrowed == 0
+    ckptkit.save(obj, tmp_path / "b.ckz.h5")
+    assert (tmp_path / "b.ckz.h5").read_bytes() == (tmp_path / "a.ckz.h5").read_bytes()
+    b = ckptkit.load(tmp_path / "b.ckz.h5")
+    assert copies
+    assert not tsc.compare_checkpoints(a, b, check_zeros=True)
