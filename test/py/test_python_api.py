@@ -598,3 +598,25 @@ def test_public_fallbacks_forced_give_the_same(tmp_path, monkeypatch):
     b = ckptkit.load(tmp_path / "b.ckz.h5")
     assert copies
     assert not tsc.compare_checkpoints(a, b, check_zeros=True)
+
+
+def test_load_arguments_mean_what_torch_load_makes_them_mean(tmp_path):
+    """ckptkit.load(container, map_location, weights_only, mmap) equals torch.load of the
+    restored file with the same arguments, for each argument form this torch has (torch 1.13:
+    no mmap, weights_only False or True)."""
+    import inspect
+    obj = torch.load(fixture_path("cnn_adamw.pt"))
+    ckptkit.save(obj, tmp_path / "c.ckz.h5")
+    ckptkit.restore(tmp_path / "c.ckz.h5", tmp_path / "r.pt")
+    has_mmap = "mmap" in inspect.signature(torch.load).parameters
+    cases = [dict(), dict(map_location="cpu"), dict(map_location=lambda storage, loc: storage),
+             dict(map_location={"cpu": "cpu"}), dict(weights_only=True), dict(weights_only=False)]
+    if has_mmap:
+        cases += [dict(mmap=True), dict(mmap=False), dict(mmap=True, weights_only=False, map_location="cpu")]
+    for kw in cases:
+        got = ckptkit.load(tmp_path / "c.ckz.h5", **kw)
+        # torch 1.13's own weights_only unpickler refuses every optimizer state (no BINFLOAT);
+        # ckptkit's allowlist check stands in for it there (docs/python.md)
+        want_kw = kw if has_mmap or not kw.get("weights_only") else {**kw, "weights_only": False}
+        want = torch.load(str(tmp_path / "r.pt"), **want_kw)
+        assert not tsc.compare_checkpoints(want, got, check_zeros=True), kw
