@@ -23,7 +23,7 @@ import tempfile
 import xxhash
 
 from .. import _ckptkit
-from .._errors import BadInput
+from .._errors import BadInput, CheckFailed
 from ._common import (ContractError, RecordError, StalePlan, model_fingerprint, parse_bytes)
 from ._record import Recorder
 from ._runtime import Applied, check_fingerprint
@@ -180,9 +180,10 @@ def plan(trace, budget=None, *, activation_budget=None, planner="joint"):
       an int (bytes), a size string ("1.5MiB", "44GiB", "32GB") or a list of them.
     activation_budget: budget(s) for the activations alone (bytes above the fixed memory).
     Neither: one entry with every activation kept. planner: joint (default), eager, stateless,
-    all, none. An infeasible budget gives an entry with feasible False (its min_peak_bytes);
-    plan.range gives the feasible range. Bad input raises ckptkit.BadInput with replay-plan's
-    one-line message.
+    all, none. When no budget asked for is feasible, raises ckptkit.CheckFailed naming the
+    smallest feasible budget (replay-plan's exit 1; the plan is its `.report`); in a list with
+    feasible ones, an infeasible budget is an entry with feasible False. plan.range gives the
+    feasible range. Bad input raises ckptkit.BadInput with replay-plan's one-line message.
     """
     name = "<trace>"
     if isinstance(trace, bytes):
@@ -226,7 +227,13 @@ def plan(trace, budget=None, *, activation_budget=None, planner="joint"):
         tr = json.loads(data)
     except ValueError:
         tr = None
-    return Plan(json.loads(text), tr if isinstance(tr, dict) else None)
+    p = Plan(json.loads(text), tr if isinstance(tr, dict) else None)
+    if p.entries and not any(e.get("feasible") for e in p.entries):
+        r = p.range
+        what = (f"no budget asked for is feasible for planner {planner}: the smallest feasible is "
+                f"budget={r.get('min_peak_bytes')} bytes (activation_budget={r.get('min_activation_bytes')})")
+        raise CheckFailed(f"ckptkit.replay: check failed: {name}: {what}", name, what, p)
+    return p
 
 
 def _layout(plan_obj):

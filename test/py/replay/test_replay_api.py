@@ -382,3 +382,19 @@ def test_one_plan_at_a_time_and_any_removal_order_restores():
     got_losses, got = run_steps(pattern("bn"), every, None, steps=3)
     assert torch.equal(ref_losses, got_losses)
     assert_same(ref, got)
+
+
+def test_infeasible_budget_raises_with_the_smallest_feasible():
+    """plan() with no feasible budget raises CheckFailed naming the smallest feasible budget
+    (the plan is its report); with a feasible one beside it, the infeasible one is an entry."""
+    model, batch, loss_fn = pattern("bn")()
+    trace = replay.record(model, batch, loss_fn)
+    try:
+        with pytest.raises(ckptkit.CheckFailed, match="the smallest feasible is budget=") as e:
+            replay.plan(trace, activation_budget=1)
+        lo = e.value.report.range["min_activation_bytes"]
+        assert f"activation_budget={lo})" in str(e.value)
+        p = replay.plan(trace, activation_budget=["1b", lo])   # units in any case
+        assert [x["feasible"] for x in p.entries] == [False, True]
+    finally:
+        os.unlink(trace)
