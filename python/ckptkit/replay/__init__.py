@@ -19,11 +19,12 @@ import json
 import os
 import subprocess
 import tempfile
+import warnings
 
 import xxhash
 
 from .. import _ckptkit
-from .._errors import BadInput, CheckFailed
+from .._errors import BadInput, CheckFailed, CkptkitWarning
 from ._common import (ContractError, RecordError, StalePlan, model_fingerprint, parse_bytes)
 from ._record import Recorder
 from ._runtime import Applied, check_fingerprint
@@ -228,6 +229,13 @@ def plan(trace, budget=None, *, activation_budget=None, planner="joint"):
     except ValueError:
         tr = None
     p = Plan(json.loads(text), tr if isinstance(tr, dict) else None)
+    r = p.range
+    if r and r.get("min_peak_bytes") == r.get("keep_all_peak_bytes"):
+        segs = [x.get("name") for x in (tr or {}).get("segments", [])] if isinstance(tr, dict) else []
+        warnings.warn(f"ckptkit.replay: {name}: recomputation saves nothing with these segments "
+                      f"({', '.join(segs[:6])}{', ...' if len(segs) > 6 else ''}): the smallest plan keeps "
+                      "everything; record with segments=[...] naming smaller modules (the layers inside "
+                      "an encoder, the blocks of a stage)", CkptkitWarning, stacklevel=2)
     if p.entries and not any(e.get("feasible") for e in p.entries):
         r = p.range
         what = (f"no budget asked for is feasible for planner {planner}: the smallest feasible is "

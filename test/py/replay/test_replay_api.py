@@ -398,3 +398,16 @@ def test_infeasible_budget_raises_with_the_smallest_feasible():
         assert [x["feasible"] for x in p.entries] == [False, True]
     finally:
         os.unlink(trace)
+
+
+def test_no_range_names_segments():
+    """Segments whose recompute saves nothing (min == keep-all) give one CkptkitWarning that
+    names them and segments=."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    trace = replay.record(model, torch.randn(2, 8), lambda m, x: m(x).sum())
+    try:
+        with pytest.warns(ckptkit.CkptkitWarning, match=r"saves nothing with these segments \(0\).*segments="):
+            p = replay.plan(trace)
+        assert p.range["min_peak_bytes"] == p.range["keep_all_peak_bytes"]
+    finally:
+        os.unlink(trace)
