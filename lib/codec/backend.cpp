@@ -1,11 +1,11 @@
-// The backend table (backend.h): the CPU row and the CUDA row (codec/cuda/: the kernels, or
+// The backend table (backend.h): the CPU row and the CUDA row (cuda/: the kernels, or
 // the stub of a build without CUDA), and the device choice of the tools.
 #include "codec/backend.h"
 
 #include <atomic>
 #include <stdexcept>
 
-#include "codec/cuda/gpu_codec.h"
+#include "cuda/gpu_codec.h"
 
 namespace ckpt::codec {
 

@@ -1,8 +1,8 @@
 // Codec backends: one table of the implementations that run a chunk's encode and decode,
 // after zfp's execution policies. The CPU loops (codec.h encode_chunk / decode_chunk) are
-// always there; CUDA (codec/cuda/) is a real backend when ckptkit was built with it
+// always there; CUDA (cuda/) is a real backend when ckptkit was built with it
 // (CKPTKIT_CUDA), otherwise its row stays and answers available() == false
-// (codec/cuda/gpu_stub.cpp). Every backend gives the same output byte for byte: they run
+// (cuda/gpu_stub.cpp). Every backend gives the same output byte for byte: they run
 // block.h's per-block math, with no FMA contraction on either side (docs/design.md §4).
 #pragma once
 #include <array>

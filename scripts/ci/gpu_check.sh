@@ -40,7 +40,7 @@ pids=()
 for f in lib/codec/codec.cpp lib/codec/blockwise8.cpp lib/codec/backend.cpp test/doctest_main.cpp test/cuda/test_hd.cpp test/cuda/test_gpu.cpp; do
   build $CXX -c "$f" -o "$B/$(basename "$f").o" & pids+=($!)
 done
-for f in lib/codec/cuda/gpu_codec.cu lib/codec/cuda/kernels.cu lib/codec/cuda/bench_gpu.cu; do
+for f in cuda/gpu_codec.cu cuda/kernels.cu cuda/bench_gpu.cu; do
   build $NV -c "$f" -o "$B/$(basename "$f").o" & pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done

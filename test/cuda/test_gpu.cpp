@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "codec/block.h"
-#include "codec/cuda/gpu_codec.h"
+#include "cuda/gpu_codec.h"
 
 using namespace ckpt::codec;
 using ckpt::gpu::decode_chunk_gpu;

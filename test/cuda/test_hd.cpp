@@ -1,4 +1,4 @@
-// CPU checks of what lib/codec/cuda/ relies on: the shared helpers in lib/codec/block.h equal
+// CPU checks of what cuda/ relies on: the shared helpers in lib/codec/block.h equal
 // the host-only code they replaced, and the backend table and device selection
 // (codec/backend.h) answer as documented.
 #include <doctest/doctest.h>
@@ -10,7 +10,7 @@
 
 #include "codec/backend.h"
 #include "codec/block.h"
-#include "codec/cuda/gpu_codec.h"
+#include "cuda/gpu_codec.h"
 
 using namespace ckpt::codec;
 

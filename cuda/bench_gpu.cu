@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "codec/codec.h"
-#include "codec/cuda/gpu_codec.h"
-#include "codec/cuda/kernels.cuh"
+#include "cuda/gpu_codec.h"
+#include "cuda/kernels.cuh"
 
 using namespace ckpt;
 using gpu::detail::check;

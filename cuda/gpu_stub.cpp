@@ -1,7 +1,7 @@
 // Built instead of gpu_codec.cu when CUDA is off or nvcc is missing: no device.
 #include <stdexcept>
 
-#include "codec/cuda/gpu_codec.h"
+#include "cuda/gpu_codec.h"
 
 namespace ckpt::gpu {
 

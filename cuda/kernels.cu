@@ -8,7 +8,7 @@
 #include <algorithm>
 
 #include "codec/block.h"
-#include "codec/cuda/kernels.cuh"
+#include "cuda/kernels.cuh"
 
 namespace ckpt::gpu::detail {
 

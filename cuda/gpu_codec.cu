@@ -8,8 +8,8 @@
 #include <cstring>
 #include <mutex>
 
-#include "codec/cuda/gpu_codec.h"
-#include "codec/cuda/kernels.cuh"
+#include "cuda/gpu_codec.h"
+#include "cuda/kernels.cuh"
 
 namespace ckpt::gpu {
 
