@@ -230,9 +230,16 @@ bool enable_direct_chunk_writes() {
 void set_direct_chunk_writes(bool on) { direct_writes = on; }
 
 void register_zstd_filter() {
+    // errors become exceptions, not prints: in every thread that opens a file (a thread-safe
+    // libhdf5 keeps the automatic error printing per thread: a background save's thread
+    // printed HDF5-DIAG stacks while the main thread was quiet)
+    thread_local bool quiet = false;
+    if (!quiet) {
+        H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+        quiet = true;
+    }
     static std::once_flag once;
     std::call_once(once, [] {
-        H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors become exceptions, not prints
         if (H5Zregister(&kZstdClass) < 0) fail("cannot register the HDF5 zstd filter");
     });
 }

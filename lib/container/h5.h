@@ -17,7 +17,8 @@ namespace ckpt::container {
 /// HDF5 filter id of Zstandard (registered by the HDF Group for HDF5Plugin-Zstandard).
 constexpr H5Z_filter_t kZstdFilter = 32015;
 
-/// Register our zstd filter implementation (idempotent; libzstd does the work).
+/// Register our zstd filter implementation (idempotent; libzstd does the work), and turn off
+/// libhdf5's automatic error printing in the calling thread (errors are exceptions).
 void register_zstd_filter();
 
 /// Let Appender write its chunks itself (H5Dwrite_chunk after shuffle_bytes and zstd:

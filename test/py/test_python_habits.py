@@ -366,3 +366,29 @@ def test_progress_logging_and_callback(tmp_path, caplog):
     assert all(hasattr(r, "ckptkit") for r in caplog.records if r.name == "ckptkit")
     with pytest.raises(TypeError):
         ckptkit.save(obj, tmp_path / "b.ckz.h5", progress=3)
+
+
+def test_background_save_failure_prints_no_hdf5_stack(tmp_path):
+    """A background save that fails inside libhdf5 (here a file-size limit) raises its one line
+    and prints no HDF5-DIAG stack: libhdf5 is thread-safe, its automatic error printing is per
+    thread, and the worker thread turns it off as the main thread does (lib/container/h5.cpp)."""
+    code = f"""
+import os, resource, signal, sys, torch
+sys.path.insert(0, {PKG!r})
+import ckptkit
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+m = torch.nn.Linear(64, 64)
+opt = torch.optim.Adam(m.parameters())
+m(torch.randn(2, 64)).sum().backward()
+opt.step()
+obj = {{"model": m.state_dict(), "optimizer": opt.state_dict()}}
+ckptkit.save(obj, {str(tmp_path / "first.ckz.h5")!r})   # libhdf5 set up on the main thread first
+resource.setrlimit(resource.RLIMIT_FSIZE, (8192, resource.RLIM_INFINITY))
+try:
+    ckptkit.save(obj, {str(tmp_path / "c.ckz.h5")!r}, background=True).result()
+except ckptkit.BadInput as e:
+    print("BadInput:", e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "BadInput: ckptkit.save: error: " in r.stdout, r.stdout + r.stderr
+    assert "HDF5-DIAG" not in r.stderr, r.stderr[:2000]
