@@ -1,7 +1,8 @@
 #!/bin/bash
 # The whole test suite, in three stages (CI runs this through .ci/run):
-#  1. install packages, build (build/), run every doctest unit, the fuzz regression replays
-#     and the real-torch pytest round trips through CTest;
+#  1. install packages (and .venv, the torch 2.13 line: scripts/requirements.txt), build
+#     (build/), run every doctest unit, the fuzz regression replays and the real-torch pytest
+#     round trips under Debian's torch 1.13 and under torch 2.13 (*_torch2) through CTest;
 #  2. scripts/ci/test_sanitize.sh: the same CTest suite built with ASan + UBSan (build-asan);
 #  3. scripts/ci/fuzz.sh FUZZ_SECONDS (default 60) for every libFuzzer target (build-fuzz).
 # Every stage runs; the exit status is non-zero when any failed. Stage times are printed.
