@@ -433,6 +433,30 @@ TEST_CASE("sparse COO tensor and nn.Parameter from torch 1.13: index/value tenso
     CHECK(std::holds_alternative<Value::Tensor>(at(ck.root, {"p"}).v));
 }
 
+namespace {
+/// The torch 2.x forms both torch2*.pt samples (hand-pickled) and torch213.pt (written by
+/// torch 2.13) hold, as the reader sees them.
+void check_torch2_forms(const Checkpoint& ck) {
+    auto tensor = [&](std::initializer_list<const char*> keys) -> const TensorInfo& {
+        return ck.tensors.at(std::get<Value::Tensor>(at(ck.root, keys).v).index);
+    };
+    CHECK(tensor({"model", "f8"}).dtype == DType::F8_E4M3);
+    CHECK(tensor({"model", "u64"}).dtype == DType::U64);
+    CHECK(tensor({"model", "u64"}).storage_offset == 1);
+    CHECK(tensor({"model", "c32"}).dtype == DType::C32);
+    CHECK(tensor({"model", "fnuz"}).dtype == DType::F8_E5M2FNUZ);
+    CHECK(tensor({"model", "conj"}).dtype == DType::C64);
+    CHECK(tensor({"model", "w"}).shape == std::vector<int64_t>{2, 3});
+    CHECK(std::get<std::string>(at(ck.root, {"device"}).v) == "cuda:0");
+    CHECK(at(ck.root, {"size"}).is_tuple);
+    const auto& group = std::get<Value::List>(at(ck.root, {"optimizer", "param_groups"}).v).at(0);
+    const auto& lr = ck.tensors.at(std::get<Value::Tensor>(at(group, {"lr"}).v).index);   // 0-d lr
+    CHECK(lr.shape.empty());
+    CHECK(lr.path == "optimizer/param_groups/0/lr");
+    CHECK(std::get<bool>(at(group, {"decoupled_weight_decay"}).v));
+}
+}  // namespace
+
 TEST_CASE("torch 2.x forms (hand-pickled with torch 2.x names, protocols 2 and 4) read in both modes") {
     for (const char* name : {"torch2.pt", "torch2_p4.pt"}) {
         CAPTURE(name);
@@ -444,22 +468,9 @@ TEST_CASE("torch 2.x forms (hand-pickled with torch 2.x names, protocols 2 and 4
             auto tensor = [&](std::initializer_list<const char*> keys) -> const TensorInfo& {
                 return ck.tensors.at(std::get<Value::Tensor>(at(ck.root, keys).v).index);
             };
-            CHECK(tensor({"model", "f8"}).dtype == DType::F8_E4M3);
+            check_torch2_forms(ck);
             CHECK(ck.storages[tensor({"model", "f8"}).storage].dtype == DType::U8);   // numel in bytes
-            CHECK(tensor({"model", "u64"}).dtype == DType::U64);
-            CHECK(tensor({"model", "u64"}).storage_offset == 1);
-            CHECK(tensor({"model", "c32"}).dtype == DType::C32);
-            CHECK(tensor({"model", "fnuz"}).dtype == DType::F8_E5M2FNUZ);
-            CHECK(tensor({"model", "conj"}).dtype == DType::C64);
-            CHECK(tensor({"model", "w"}).shape == std::vector<int64_t>{2, 3});
             CHECK(tensor({"model", "w_tp"}).storage == tensor({"model", "w"}).storage);   // parameter with state
-            CHECK(std::get<std::string>(at(ck.root, {"device"}).v) == "cuda:0");
-            CHECK(at(ck.root, {"size"}).is_tuple);
-            const auto& group = std::get<Value::List>(at(ck.root, {"optimizer", "param_groups"}).v).at(0);
-            const auto& lr = ck.tensors.at(std::get<Value::Tensor>(at(group, {"lr"}).v).index);   // 0-d lr
-            CHECK(lr.shape.empty());
-            CHECK(lr.path == "optimizer/param_groups/0/lr");
-            CHECK(std::get<bool>(at(group, {"decoupled_weight_decay"}).v));
         }
     }
 }
@@ -470,24 +481,9 @@ TEST_CASE("torch 2.x forms written by torch 2.13 itself (data/io/torch213.pt) re
         Limits lim;
         lim.strict = strict;
         Checkpoint ck = read_checkpoint(data_path("torch213.pt"), lim);
-        auto tensor = [&](std::initializer_list<const char*> keys) -> const TensorInfo& {
-            return ck.tensors.at(std::get<Value::Tensor>(at(ck.root, keys).v).index);
-        };
-        CHECK(tensor({"model", "f8"}).dtype == DType::F8_E4M3);
-        CHECK(tensor({"model", "u16"}).dtype == DType::U16);
-        CHECK(tensor({"model", "u64"}).dtype == DType::U64);
-        CHECK(tensor({"model", "u64"}).storage_offset == 1);
-        CHECK(tensor({"model", "c32"}).dtype == DType::C32);
-        CHECK(tensor({"model", "fnuz"}).dtype == DType::F8_E5M2FNUZ);
-        CHECK(tensor({"model", "conj"}).dtype == DType::C64);
-        CHECK(tensor({"model", "w"}).shape == std::vector<int64_t>{2, 3});
-        CHECK(std::get<std::string>(at(ck.root, {"device"}).v) == "cuda:0");
-        CHECK(at(ck.root, {"size"}).is_tuple);
+        check_torch2_forms(ck);
+        CHECK(ck.tensors.at(std::get<Value::Tensor>(at(ck.root, {"model", "u16"}).v).index).dtype == DType::U16);
         const auto& group = std::get<Value::List>(at(ck.root, {"optimizer", "param_groups"}).v).at(0);
-        const auto& lr = ck.tensors.at(std::get<Value::Tensor>(at(group, {"lr"}).v).index);   // 0-d lr
-        CHECK(lr.shape.empty());
-        CHECK(lr.path == "optimizer/param_groups/0/lr");
-        CHECK(std::get<bool>(at(group, {"decoupled_weight_decay"}).v));
         CHECK(std::get<Value::List>(at(group, {"param_names"}).v).size() == 4);
     }
 }

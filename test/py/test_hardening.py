@@ -575,15 +575,10 @@ def _vlog_variants():
             return d
         return fn
 
+    param_of_block = make_bad_containers.block_param   # block b's parameter idx (of its pair) in `path`
+
     def step_of_block(b, value):  # (anchor, step) per block: block b's exp_avg_sq step
         return param_of_block(params, b, 1, value)
-
-    def param_of_block(path, b, idx, value):  # block b's parameter idx (of its pair) in `path`
-        def fn(f):
-            d = read_dataset(f[path]).copy()
-            d[2 * b + idx] = value
-            _replace(f, path, d)
-        return fn
 
     def swap01(d):
         d[0], d[1] = d[1], d[0]
