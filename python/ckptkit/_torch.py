@@ -18,6 +18,7 @@ load (`load_restored`), of a torch zip restored into a memfd-backed buffer:
     storages are views of the buffer (no copy);
   - otherwise, or forced: torch.load of a file object over the buffer (a copy).
 """
+import functools
 import inspect
 import io
 import os
@@ -57,6 +58,7 @@ class _Writer:
         return getattr(self.w, key)
 
 
+@functools.lru_cache(maxsize=None)
 def _observable():
     """True when this torch's zip-writer opener can be observed (see the module's doc)."""
     import torch.serialization as ts
@@ -115,6 +117,7 @@ def record_address(data):
 
 # ------------------------------------------------------------------------------ load
 
+@functools.lru_cache(maxsize=None)
 def has_mmap():
     """torch.load takes mmap= (torch >= 2.1)."""
     import torch
