@@ -86,6 +86,11 @@ bool launched_by_mpi() {
 
 }  // namespace
 
+Comm& serial_comm() {
+    static SerialComm serial;
+    return serial;
+}
+
 Comm& world_comm() {
 #ifdef CKPTKIT_HAVE_MPI
     if (launched_by_mpi()) {

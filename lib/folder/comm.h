@@ -28,6 +28,10 @@ public:
 /// exit), else a serial world of one. Never throws for the serial case.
 Comm& world_comm();
 
+/// A world of one, whatever launched the process (ckptkit.dcp's writer: each torch rank
+/// compresses its own files).
+Comm& serial_comm();
+
 /// True when the tools were built with MPI (CKPTKIT_MPI).
 bool mpi_built();
 

@@ -160,7 +160,9 @@ void copy_range(const io::InputFile& f, uint64_t off, uint64_t n, FileWriter& w,
 
 }  // namespace
 
-std::string dcp_moments_name(std::size_t n) { return kDcpMomentsPrefix + std::to_string(n) + ".safetensors"; }
+std::string dcp_moments_name(std::size_t n, const std::string& tag) {
+    return kDcpMomentsPrefix + tag + std::to_string(n) + ".safetensors";
+}
 
 std::vector<std::vector<std::string>> dcp_units(const std::string& dir, uint64_t unit_bytes) {
     const std::vector<Item> items = dcp_items(dir);
@@ -414,12 +416,21 @@ void write_shell(const std::string& src, const DcpFile& df, const std::string& d
 }
 
 void rebuild_from_shell(const std::string& shell, const DcpFile& df, const std::string& moments, const std::string& dst) {
+    std::optional<FileWriter> w;
+    try {
+        w.emplace(dst);
+    } catch (const std::exception& e) {
+        throw BadInput(dst, e.what());
+    }
+    rebuild_from_shell(shell, df, moments, *w);
+}
+
+void rebuild_from_shell(const std::string& shell, const DcpFile& df, const std::string& moments, FileWriter& w) {
     const Checkpoint mk = read_checkpoint(moments);
     std::map<std::string, const StorageInfo*> by_name;
     for (const auto& t : mk.tensors) by_name[t.path] = &mk.storages[t.storage];
     try {
         const io::InputFile sh(shell), mf(moments);
-        FileWriter w(dst);
         uint64_t orig = 0, spos = 0;
         std::vector<std::pair<uint64_t, uint32_t>> crcs;
         for (const auto& c : df.cuts) {
@@ -446,7 +457,7 @@ void rebuild_from_shell(const std::string& shell, const DcpFile& df, const std::
     } catch (const CheckFailed&) {
         throw;
     } catch (const std::exception& e) {
-        throw BadInput(dst, e.what());
+        throw BadInput(shell, e.what());
     }
 }
 

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/file.h"
 #include "io/checkpoint.h"
 
 namespace ckpt::folder {
@@ -27,8 +28,8 @@ namespace ckpt::folder {
 /// Prefix of the gathered moments' names inside a DCP folder (virtual inputs: they never
 /// exist in the input folder; the output holds each as "<name>.ckz.h5").
 inline constexpr const char* kDcpMomentsPrefix = "ckptkit-dcp-moments-";
-/// Name of the gathered moments of DCP work unit `n`: "ckptkit-dcp-moments-<n>.safetensors".
-std::string dcp_moments_name(std::size_t n);
+/// Name of the gathered moments of DCP work unit `n`: "ckptkit-dcp-moments-<tag><n>.safetensors".
+std::string dcp_moments_name(std::size_t n, const std::string& tag = "");
 
 /// Suffix of a shell file in the output folder.
 inline constexpr const char* kShellSuffix = ".ckz-shell";
@@ -101,6 +102,8 @@ void write_shell(const std::string& src, const DcpFile& f, const std::string& ds
 /// Rebuild a .distcp file: `shell` with the restored bytes of each cut's tensor (from the
 /// safetensors `moments`) put back, CRC-32 fields recomputed. Throws BadInput / CheckFailed.
 void rebuild_from_shell(const std::string& shell, const DcpFile& f, const std::string& moments, const std::string& dst);
+/// The same into an open writer (closed here).
+void rebuild_from_shell(const std::string& shell, const DcpFile& f, const std::string& moments, FileWriter& w);
 
 /// JSON of the cuts (manifest "cuts") and back.
 nlohmann::json cuts_json(const std::vector<DcpCut>&);

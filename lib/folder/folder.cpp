@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "folder/dcp.h"
 #include "folder/files.h"
@@ -107,7 +109,7 @@ Manifest read_manifest(const std::string& dir) {
             m.files.push_back({e.at("path").get<std::string>(), e.at("stored").get<std::string>(), e.at("container").get<bool>(),
                                json_count(e, "size"), parse_hex64(e.at("xxh3").get<std::string>()),
                                json_count(e, "source_size"), parse_hex64(e.at("source_xxh3").get<std::string>())});
-            for (const char* k : {"virtual", "files", "shell", "moments", "cuts"})
+            for (const char* k : {"virtual", "files", "shell", "moments", "cuts", "dcp_metadata"})
                 if (e.contains(k)) m.files.back().extra[k] = e.at(k);
             if (m.files.back().is_shell()) (void)cuts_from(m.files.back().extra.at("cuts"));   // validate
         }
@@ -576,6 +578,7 @@ struct CompressWork {
     const CompressOptions& o;
     const std::vector<Layout>& layouts;
     int rank;
+    const std::string& tag;   ///< FolderOptions::dcp_unit_tag
 
     /// The rows of unit `u`: one file, or a DCP unit.
     std::vector<FileRow> rows(const Unit& u) const { return u.dcp ? dcp_unit(u) : std::vector<FileRow>{one_file(u.files[0])}; }
@@ -663,7 +666,7 @@ struct CompressWork {
     std::vector<FileRow> dcp_unit(const Unit& u) const {
         std::vector<FileRow> rows;
         const Scratch scratch(join(output.tmp, ".ckptkit-scratch-" + std::to_string(rank)));
-        const std::string name = dcp_moments_name(u.index);
+        const std::string name = dcp_moments_name(u.index, tag);
         const std::string dir = join(in, u.dcp_dir), moments = join(scratch.path(), name);
         std::vector<std::string> local;   // the unit's files relative to the DCP folder
         for (const auto& f : u.files) local.push_back(u.dcp_dir.empty() ? f : f.substr(u.dcp_dir.size() + 1));
@@ -741,7 +744,7 @@ FolderReport compress_folder(const std::string& in, const std::string& out_arg, 
     const std::vector<Unit> units = compress_units(in, tree, rep.layouts, fo.dcp_unit_bytes);
     std::vector<uint64_t> weights;
     for (const auto& u : units) weights.push_back(u.weight);
-    const CompressWork work{in, output, o, rep.layouts, c.rank()};
+    const CompressWork work{in, output, o, rep.layouts, c.rank(), fo.dcp_unit_tag};
     rep.files = run_shared(c, weights, [&](std::size_t i) { return work.rows(units[i]); }, output, fo.progress);
     const Manifest m = compress_manifest(in, tree, rep);
     output.commit(c, [&] { write_manifest(output.tmp, m); });
@@ -824,6 +827,23 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
             } catch (const std::exception& ex) {
                 fail(std::string("cannot gather the original DCP moments: ") + ex.what());
                 orig.clear();
+            }
+        } else if (original && e.extra.value("dcp_metadata", false)) {
+            // .metadata that ckptkit.dcp wrote: torch's save_id and checkpoint_id differ between
+            // any two saves, so it is compared by what it maps: every storage_data item
+            try {
+                auto key = [](const std::vector<DcpItem>& v) {
+                    std::vector<std::tuple<std::string, std::string, std::string, uint64_t, uint64_t>> k;
+                    for (const auto& it : v) k.emplace_back(it.fqn, it.chunk, it.file, it.offset, it.length);
+                    std::sort(k.begin(), k.end());
+                    return k;
+                };
+                if (key(dcp_items(join(dir, parent_of(e.path)))) != key(dcp_items(join(*original, parent_of(e.path)))))
+                    fail("its storage_data differs from the original .metadata's (other items, files or offsets)");
+                else
+                    r.note = "storage_data the same as the original's";
+            } catch (const std::exception& ex) {
+                fail(std::string("cannot compare with the original .metadata: ") + ex.what());
             }
         } else if (original) {
             orig = join(*original, e.path);
@@ -961,6 +981,84 @@ FolderReport restore_folder(const std::string& dir, const std::string& out_arg, 
     rep.files = run_shared(c, weights, job, output, fo.progress);
     output.commit(c);
     return rep;
+}
+
+// ---------------------------------------------------------------- ckptkit.dcp
+
+uint64_t restore_folder_file(const std::string& dir, const std::string& path, int fd, const RestoreOptions& ro) {
+    const Manifest m = read_manifest(dir);
+    auto find = [&](const std::string& p) -> const Entry* {
+        for (const auto& e : m.files)
+            if (e.path == p) return &e;
+        return nullptr;
+    };
+    const Entry* e = find(path);
+    if (!e || e->is_virtual()) throw BadInput(join(dir, path), std::string("not a file of the folder (") + kManifestName + ")");
+    const std::string src = join(dir, e->stored);
+    RestoreOptions oo = ro;
+    oo.progress = false;
+    if (e->container) return restore_to_fd(src, fd, oo).file_bytes_out;
+    const Digest d = hash_file(src);
+    if (d.size != e->size || d.xxh3 != e->xxh3)
+        throw CheckFailed(src + ": size/xxh3 " + std::to_string(d.size) + "/" + hex64(d.xxh3) + " differ from the manifest's " +
+                          std::to_string(e->size) + "/" + hex64(e->xxh3));
+    std::optional<FileWriter> w;
+    try {
+        w.emplace(fd, 0, join(dir, path));
+    } catch (const std::exception& x) {
+        throw BadInput(join(dir, path), x.what());
+    }
+    if (!e->is_shell()) {
+        try {
+            const io::InputFile f(src);
+            std::vector<char> buf(std::size_t(1) << 20);
+            for (uint64_t at = 0; at < f.size();) {
+                const uint64_t n = std::min<uint64_t>(buf.size(), f.size() - at);
+                f.read_at(at, buf.data(), std::size_t(n), "bytes");
+                w->write(buf.data(), n);
+                at += n;
+            }
+            w->close();
+        } catch (const std::exception& x) {
+            throw BadInput(src, x.what());
+        }
+        return d.size;
+    }
+    const Entry* v = find(e->extra.value("moments", std::string()));
+    if (!v || !v->is_virtual()) throw BadInput(join(dir, kManifestName), "shell " + e->stored + " names no gathered moments entry");
+    const int mfd = ::memfd_create("ckptkit.dcp-moments", MFD_CLOEXEC);
+    if (mfd < 0) throw std::bad_alloc();
+    struct Fd {
+        int fd;
+        ~Fd() { ::close(fd); }
+    } hold{mfd};
+    (void)restore_to_fd(join(dir, v->stored), mfd, oo);
+    rebuild_from_shell(src, DcpFile{e->path, cuts_from(e->extra.at("cuts"))}, "/proc/self/fd/" + std::to_string(mfd), *w);
+    return w->offset();
+}
+
+void write_dcp_writer_manifest(const std::string& dir, const std::vector<std::string>& parts, const std::string& metadata) {
+    Manifest m;
+    m.source = folder_name(dir);
+    std::size_t distcp = 0, moments = 0;
+    for (const auto& p : parts) {
+        const Manifest part = read_manifest(p);
+        for (const auto& e : part.files) {
+            if (e.path == ".metadata" || e.path.rfind(".ckptkit-", 0) == 0) continue;
+            if (!fs::is_regular_file(join(dir, e.stored))) throw BadInput(join(dir, e.stored), "missing: a rank's file was not moved in");
+            distcp += !e.is_virtual();
+            moments += e.is_virtual();
+            m.files.push_back(e);
+        }
+    }
+    const Digest md = hash_file(metadata);
+    m.files.push_back({".metadata", ".metadata", false, md.size, md.xxh3, md.size, md.xxh3, json{{"dcp_metadata", true}}});
+    std::sort(m.files.begin(), m.files.end(), [](const Entry& a, const Entry& b) { return a.path < b.path; });
+    for (std::size_t i = 1; i < m.files.size(); ++i)
+        if (m.files[i].path == m.files[i - 1].path) throw BadInput(join(dir, m.files[i].path), "written by two ranks");
+    m.layouts.push_back({"dcp", "", fmt::format(".metadata and {} .distcp files", distcp),
+                         fmt::format("written by ckptkit.dcp.FileSystemWriter: {} gathered-moments containers", moments)});
+    write_manifest(dir, m);
 }
 
 }  // namespace ckpt::folder

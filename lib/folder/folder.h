@@ -81,6 +81,8 @@ struct FolderOptions {
     bool force = false;           ///< replace an existing output folder (at the very end)
     bool progress = false;        ///< per-file progress lines on stderr (rank 0)
     uint64_t dcp_unit_bytes = 256ull << 20;   ///< compress: DCP .distcp bytes per gathered-moments container (at least)
+    std::string dcp_unit_tag;   ///< compress: "ckptkit-dcp-moments-<tag><n>" (ckptkit.dcp's writer: "<rank>-")
+    bool serial = false;        ///< one process whatever launched it (serial_comm, not world_comm)
 };
 
 /// ckpt-compress DIR -o OUT_DIR. Files are sniffed (torch zip / legacy / safetensors); those
@@ -104,5 +106,18 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
 /// copied with their hash checked (CheckFailed on a mismatch); same temporary-folder rule.
 FolderReport restore_folder(const std::string& dir, const std::string& out, const RestoreOptions&,
                             const FolderOptions&, Comm& = world_comm());
+
+/// The bytes of one original file `path` (manifest path) of the compressed folder `dir`,
+/// written to the descriptor `fd` (the package's memfd): a DCP shell rebuilt with its moments
+/// restored, a container restored, a copy checked against its hash. What ckptkit.dcp's reader
+/// opens instead of restoring the whole folder. Returns its size. Throws BadInput (not in the
+/// manifest, unreadable) / CheckFailed (a hash or checksum differs).
+uint64_t restore_folder_file(const std::string& dir, const std::string& path, int fd, const RestoreOptions&);
+
+/// ckptkit.dcp.FileSystemWriter's manifest for the DCP folder `dir`: the rows of the per-rank
+/// compressed folders `parts` (each rank's files already moved into `dir`; their own
+/// `.metadata` and `.ckptkit-*` rows left out) and the row of `metadata` (the .metadata torch
+/// pickled, stored as `dir`/.metadata by the caller afterwards). Throws BadInput.
+void write_dcp_writer_manifest(const std::string& dir, const std::vector<std::string>& parts, const std::string& metadata);
 
 }  // namespace ckpt::folder

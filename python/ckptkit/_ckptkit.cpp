@@ -318,7 +318,7 @@ PYBIND11_MODULE(_ckptkit, m) {
             const CompressOptions c = compress_options(o);
             const folder::FolderOptions fo = pkg::folder_options(o);
             if (folder::is_folder(src)) {
-                const auto r = folder::compress_folder(src, dst, c, fo);
+                const auto r = folder::compress_folder(src, dst, c, fo, fo.serial ? serial_comm() : world_comm());
                 json = r.json(), table = r.table();
                 return;
             }
@@ -368,10 +368,11 @@ PYBIND11_MODULE(_ckptkit, m) {
     }, py::arg("src"), py::arg("dst"), py::arg("opts"),
        "ckpt-restore SRC -o DST (in the reader process); returns (json, table, warnings)");
 
-    m.def("restore_bytes", [](const std::string& src, py::dict d, const char* tool) {
+    m.def("restore_bytes", [](const std::string& src, py::dict d, const char* tool, std::optional<std::string> file) {
         const pkg::Opts o{to_json(d)};
-        const nlohmann::json req = {{"job", "restore_bytes"}, {"tool", tool}, {"src", src},
-                                    {"threads", o.get<unsigned>("threads", 0)}, {"opts", o.j}};
+        nlohmann::json req = {{"job", "restore_bytes"}, {"tool", tool}, {"src", src},
+                              {"threads", o.get<unsigned>("threads", 0)}, {"opts", o.j}};
+        if (file) req["file"] = *file;
         // the restored file: a memfd the job fills, mapped here as a Buffer (writable:
         // tensors may share it)
         const int fd = ::memfd_create("ckptkit.load", MFD_CLOEXEC);
@@ -388,9 +389,13 @@ PYBIND11_MODULE(_ckptkit, m) {
         hold.fd = -1;   // the buffer owns it now
         py::object out = py::cast(mem, py::return_value_policy::take_ownership);
         return py::make_tuple(out, outs.at(0), outs.at(1), lines);
-    }, py::arg("src"), py::arg("opts"), py::arg("tool") = "ckptkit.load",
-       "the checkpoint restored from the container SRC, in memory (no file; decoded in the reader process); "
-       "returns (Buffer, json, table, warnings)");
+    }, py::arg("src"), py::arg("opts"), py::arg("tool") = "ckptkit.load", py::arg("file") = std::nullopt,
+       "the checkpoint restored from the container SRC (or, with FILE, that original file of the compressed "
+       "folder SRC), in memory (no file; decoded in the reader process); returns (Buffer, json, table, warnings)");
+    m.def("write_dcp_manifest", [](const std::string& dir, const std::vector<std::string>& parts, const std::string& metadata) {
+        run_job("ckptkit.dcp", dir, 1, [&] { folder::write_dcp_writer_manifest(dir, parts, metadata); });
+    }, py::arg("dir"), py::arg("parts"), py::arg("metadata"),
+       "ckptkit.dcp.FileSystemWriter's manifest of DIR from the ranks' compressed folders PARTS and the .metadata file");
 
     m.def("check_checkpoint", [](py::object what, bool strict, const char* tool) {
         // what: a path (str) or a list of parts (compress_memory's) named "<memory>"

@@ -69,6 +69,10 @@ std::vector<std::string> restore_job(const nlohmann::json& req, const Opts& o) {
 std::vector<std::string> restore_bytes_job(const nlohmann::json& req, const Opts& o, int memfd) {
     const std::string src = req.at("src").get<std::string>();
     set_decode_device(o.get<std::string>("device", "auto"), src);
+    if (req.contains("file")) {   // one original file of a compressed folder (ckptkit.dcp's reader)
+        const uint64_t n = folder::restore_folder_file(src, req["file"].get<std::string>(), memfd, RestoreOptions{});
+        return {"{}", "", std::to_string(n)};
+    }
     if (readable_non_hdf5(src)) throw BadInput(src, "not a ckptkit container");
     const Report rep = restore_to_fd(src, memfd, RestoreOptions{});
     return {rep.json(), rep.table(), std::to_string(rep.file_bytes_out)};
@@ -82,6 +86,8 @@ folder::FolderOptions folder_options(const Opts& o) {
     folder::FolderOptions f;
     f.force = o.get<bool>("force", false);
     f.dcp_unit_bytes = o.get<uint64_t>("dcp_unit_mib", 256) << 20;
+    f.dcp_unit_tag = o.get<std::string>("dcp_unit_tag", "");
+    f.serial = o.get<bool>("serial", false);
     return f;
 }
 

@@ -1,0 +1,244 @@
+"""torch.distributed.checkpoint (DCP) storage with compressed Adam/AdamW moments (torch >= 2.4).
+
+    import torch.distributed.checkpoint as dcp
+    import ckptkit.dcp
+    dcp.save(state, storage_writer=ckptkit.dcp.FileSystemWriter(path, tolerance=0.01))
+    dcp.async_save(state, storage_writer=ckptkit.dcp.FileSystemWriter(path))
+    dcp.load(state, storage_reader=ckptkit.dcp.FileSystemReader(path))
+
+The writer and the reader are torch's FileSystemWriter / FileSystemReader, so DCP itself
+plans, dedups, stages (async_save), writes `.metadata` and reshards on load. What changes:
+each rank, in `write_data`, lets torch write its `.distcp` files into a private staging folder,
+then compresses them as `ckpt-compress` compresses a DCP folder (the same library call, one
+process per rank): the moment items (`exp_avg`, `exp_avg_sq`, `max_exp_avg_sq` of a
+parameter chunk, with its `step` and `param_groups` items) become one container
+`ckptkit-dcp-moments-<rank>-<n>.safetensors.ckz.h5`, each `.distcp` file that held them a
+shell (`<name>.ckz-shell`, the file without those bytes); every other byte is torch's. The
+coordinator writes `ckptkit-folder.json` and then `.metadata` (torch's own, the storage_data
+of a plain save), so a save that did not finish has no `.metadata`. The folder is a
+compressed folder of formats/folder.md: `ckpt-verify` proves it (with `--original`, against
+a plain DCP save of the same state), `ckpt-restore` gives the plain folder stock `dcp.load`
+reads. The reader rebuilds each `.distcp` file a rank asks for in memory (a memfd).
+"""
+import contextlib
+import dataclasses
+import json
+import os
+import pickle
+import shutil
+import uuid
+import warnings
+
+import torch
+from torch.distributed.checkpoint import filesystem as _fs
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan
+
+from . import _ckptkit, _compress_opts, _report
+from ._errors import BadInput, CkptkitWarning
+
+__all__ = ["FileSystemWriter", "FileSystemReader"]
+
+_MANIFEST = "ckptkit-folder.json"
+_TOOL = "ckptkit.dcp"
+
+
+@dataclasses.dataclass
+class _Prefix(_fs._StoragePrefix):
+    """torch's per-rank file prefix ("__<rank>_") and the save's tag (names the staging and
+    part folders, so that a killed earlier save's leftovers are never taken)."""
+    tag: str = ""
+
+
+def _hyper_fqn(fqn):
+    """True for the items the certificate needs beside the moments: step and param_groups."""
+    return ".param_groups" in fqn or (".state." in fqn and fqn.endswith(".step"))
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileSystemWriter(_fs.FileSystemWriter):
+    """torch's FileSystemWriter (same arguments) whose ranks compress their Adam/AdamW
+    moments before the checkpoint is complete. `options`: ckpt-compress's (tolerance=0.01
+    in units of lr, grad_bound=1.0, codec="vlog", optimizer="auto", threads=None, lr, beta1,
+    beta2, eps, weight_decay, ...; hyper-parameters the state dict lacks). Checked here
+    (BadInput). `reports`: this rank's compress Reports of its saves. A state without
+    Adam/AdamW moments is written exactly, with a CkptkitWarning."""
+
+    def __init__(self, path, single_file_per_rank=True, sync_files=True, thread_count=1,
+                 per_thread_copy_ahead=10_000_000, cache_staged_state_dict=False, overwrite=True, **options):
+        super().__init__(path, single_file_per_rank=single_file_per_rank, sync_files=sync_files,
+                         thread_count=thread_count, per_thread_copy_ahead=per_thread_copy_ahead,
+                         cache_staged_state_dict=cache_staged_state_dict, overwrite=overwrite)
+        self._opts = _compress_opts(_TOOL, **options)
+        self._local_items = []
+        self._tag = ""
+        self.reports = []
+
+    def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+        if not self.use_collectives:
+            raise BadInput(f"{_TOOL}: error: {self.path}: use_collectives=False (a .metadata per rank) is not "
+                           "supported; save with collectives", os.fspath(self.path), "use_collectives=False")
+
+    def prepare_local_plan(self, plan):
+        self._local_items = list(plan.items)   # before DCP's dedup: this rank's step / param_groups items
+        return super().prepare_local_plan(plan)
+
+    def prepare_global_plan(self, plans):
+        self._tag = uuid.uuid4().hex[:16]
+        return [dataclasses.replace(p, storage_data=_Prefix(p.storage_data.prefix, self._tag))
+                for p in super().prepare_global_plan(plans)]
+
+    def storage_meta(self):
+        meta = super().storage_meta()
+        meta.checkpoint_id = getattr(self, "_root", None) or self.path
+        return meta
+
+    def _in(self, folder, fn):
+        """fn() with torch writing into `folder` (self.path for the call)."""
+        root, self._root = self.path, self.path
+        self.path = folder
+        try:
+            return fn()
+        finally:
+            self.path, self._root = root, None
+
+    def write_data(self, plan, planner):
+        root = os.fspath(self.path)
+        prefix = plan.storage_data.prefix
+        tag = getattr(plan.storage_data, "tag", "") or uuid.uuid4().hex[:16]
+        rank = prefix.strip("_")
+        stage = os.path.join(root, f".ckptkit-stage-{tag}-{rank}")
+        part = os.path.join(root, f".ckptkit-part-{tag}-{rank}")
+        os.makedirs(stage)
+        try:
+            results = self._in(stage, lambda: super(FileSystemWriter, self).write_data(plan, planner).value())
+            # step and param_groups items that DCP's dedup gave another rank: staged here too
+            # (not part of the checkpoint), so that this rank's moments have their hyper-parameters
+            planned = {it.index for it in plan.items}
+            hyper = [it for it in self._local_items if it.index not in planned and _hyper_fqn(it.index.fqn)]
+            extra = []
+            if hyper:
+                hp_plan = SavePlan(hyper, storage_data=_fs._StoragePrefix(".ckptkit-hp-"))
+                extra = self._in(stage, lambda: _fs._FileSystemWriter.write_data(self, hp_plan, planner).value())
+            md = Metadata(state_dict_metadata={})
+            md.storage_data = {r.index: r.storage_data for r in results + extra}
+            with open(os.path.join(stage, ".metadata"), "wb") as f:
+                pickle.dump(md, f)
+            opts = dict(self._opts, dcp_unit_tag=f"{rank}-", serial=True, force=False)
+            rep = _report(*_ckptkit.compress(stage, part, opts))
+            self.reports.append(rep)
+            for line in rep.warnings:
+                warnings.warn(line, CkptkitWarning, stacklevel=2)
+            if not any(f.get("virtual") for f in rep.get("files", [])):
+                warnings.warn(f"{_TOOL}: {root}: rank {rank}: no Adam/AdamW moments compressed; its files are "
+                              "written exactly", CkptkitWarning, stacklevel=2)
+            with open(os.path.join(part, _MANIFEST)) as f:
+                rows = json.load(f)["files"]
+            for row in rows:
+                if row["path"] == ".metadata" or row["path"].startswith(".ckptkit-"):
+                    continue
+                for stale in {row["path"], row["path"] + ".ckz-shell"} - {row["stored"]}:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(root, stale))   # an earlier save's file of that name
+                os.replace(os.path.join(part, row["stored"]), os.path.join(root, row["stored"]))
+            if self.sync_files:
+                _fsync_dir(root)
+        except BaseException:
+            shutil.rmtree(part, ignore_errors=True)
+            raise
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+        fut = torch.futures.Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata, results):
+        root = os.fspath(self.path)
+        tag = self._tag
+        parts = [os.path.join(root, f".ckptkit-part-{tag}-{i}") for i in range(len(results))]
+        missing = [p for p in parts if not os.path.isdir(p)]
+        if missing:
+            raise BadInput(f"{_TOOL}: error: {missing[0]}: a rank's compressed files are missing; the save did not "
+                           "finish", missing[0], "missing part")
+        stage = os.path.join(root, f".ckptkit-meta-{tag}")
+        os.makedirs(stage, exist_ok=True)
+        try:
+            self._in(stage, lambda: super(FileSystemWriter, self).finish(metadata, results))
+            staged = os.path.join(stage, ".metadata")
+            _ckptkit.write_dcp_manifest(root, parts, staged)
+            os.replace(staged, os.path.join(root, ".metadata"))   # last: a save is readable only when whole
+            if self.sync_files:
+                _fsync_dir(root)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+            for p in parts:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+class _RestoringFileSystem(_fs.FileSystem):
+    """torch's FileSystem, except that a `.distcp` file stored as a shell (or any file stored
+    otherwise than under its name) opens as its original bytes, rebuilt in memory."""
+
+    def __init__(self, reader):
+        super().__init__()
+        self._reader = reader
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode):
+        root = os.fspath(self._reader.path)
+        rows = self._reader._rows()
+        rel = os.path.relpath(os.fspath(path), root)
+        row = rows.get(rel)
+        if mode != "rb" or row is None or row["stored"] == rel:
+            with super().create_stream(path, mode) as s:
+                yield s
+            return
+        buf = _ckptkit.restore_bytes(root, {}, _TOOL, rel)[0]
+        with os.fdopen(os.dup(buf.fileno()), "rb") as f:
+            del buf
+            yield f
+
+
+class FileSystemReader(_fs.FileSystemReader):
+    """torch's FileSystemReader for folders ckptkit.dcp.FileSystemWriter (or ckpt-compress)
+    wrote, and for plain DCP folders: DCP gets exactly the tensors a plain folder gives,
+    whatever the loading world size. Each rank rebuilds the `.distcp` files it reads in
+    memory (moments decoded, checksums checked). BadInput (an OSError for path errors) for
+    a folder without `.metadata` (not a checkpoint, or a save that did not finish) or
+    with a damaged or missing file."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.fs = _RestoringFileSystem(self)
+        self._manifest = None
+
+    def _rows(self):
+        if self._manifest is None:
+            p = os.path.join(os.fspath(self.path), _MANIFEST)
+            rows = {}
+            if os.path.exists(p):
+                with open(p) as f:
+                    rows = {r["path"]: r for r in json.load(f)["files"]}
+            self._manifest = rows
+        return self._manifest
+
+    def reset(self, checkpoint_id=None):
+        super().reset(checkpoint_id)
+        self._manifest = None
+
+    def read_metadata(self, *args, **kwargs):
+        root = os.fspath(self.path)
+        if not os.path.isfile(os.path.join(root, ".metadata")):
+            from ._errors import FileNotFound
+            what = ("no .metadata: a save that did not finish" if os.path.exists(os.path.join(root, _MANIFEST))
+                    else "no .metadata: not a DCP checkpoint folder")
+            raise FileNotFound(f"{_TOOL}: error: {root}: {what}", root, what)
+        return super().read_metadata(*args, **kwargs)
