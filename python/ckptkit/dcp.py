@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan
 
 from . import _ckptkit, _compress_opts, _report
-from ._errors import BadInput, CkptkitWarning
+from ._errors import BadInput, CkptkitWarning, FileNotFound
 
 __all__ = ["FileSystemWriter", "FileSystemReader"]
 
@@ -237,8 +237,6 @@ class FileSystemReader(_fs.FileSystemReader):
     def read_metadata(self, *args, **kwargs):
         root = os.fspath(self.path)
         if not os.path.isfile(os.path.join(root, ".metadata")):
-            from ._errors import FileNotFound
-            what = ("no .metadata: a save that did not finish" if os.path.exists(os.path.join(root, _MANIFEST))
-                    else "no .metadata: not a DCP checkpoint folder")
+            what = "no .metadata: not a DCP checkpoint, or a save that did not finish"
             raise FileNotFound(f"{_TOOL}: error: {root}: {what}", root, what)
         return super().read_metadata(*args, **kwargs)

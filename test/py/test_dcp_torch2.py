@@ -216,12 +216,18 @@ def _sequence_deltas(params, osd, groups_kw, grad_seq):
 @pytest.mark.parametrize("form", FORMS)
 def test_torch_loads_restored(runs, form):
     """torch's DCP (1 fresh process; the FSDP2 folders were saved by 2) loads the original and
-    the restored folder: model parameters, step and param_groups identical, every
-    parameter's moments changed (coded) but close: the zero-gradient update they make moves
-    by <= tolerance * lr; one real AdamW step from each state, for random, zero, +-1 and 1e3
-    gradients, and a 4-step gradient sequence: every update within tolerance * lr (of the
-    parameter's group) + float32 slack."""
+    the restored folder: assert_state_close."""
     o, r = _get(runs, form, "orig1", "back1")
+    assert_state_close(o, r, form)
+
+
+def assert_state_close(o, r, form):
+    """{"model", "optim"} o (original) and r (restored, int state ids) of make_dcp_torch2's
+    Net: model parameters, step and param_groups identical, every parameter's moments
+    changed (coded) but close: the zero-gradient update they make moves by <= tolerance *
+    lr; one real AdamW step from each state, for random, zero, +-1 and 1e3 gradients, and a
+    4-step gradient sequence: every update within tolerance * lr (of the parameter's group)
+    + float32 slack."""
     assert list(o["model"]) == list(r["model"]) == NAMES
     for n in NAMES:
         assert torch.equal(o["model"][n], r["model"][n]), n

@@ -1,0 +1,221 @@
+"""ckptkit.dcp.FileSystemWriter / FileSystemReader in REAL torch >= 2.4 processes (gloo, CPU).
+
+scripts/fixtures/make_dcp_torch2.py save-writer: 4 FSDP2 ranks train make_dcp_torch2's Net
+(AdamW, 2 groups; the 25-row layer in chunks of 7, 6, 6, 6) and save the same state with
+torch's FileSystemWriter (plain), ckptkit's writer (ck), ckptkit's writer under
+dcp.async_save while the ranks train on (ck_async), and ckptkit's writer with rank 3 failing
+after its files are written (ck_failed). Then fresh processes load ck with ckptkit's reader on
+1, 2 and 4 ranks, and torch's reader loads plain and ckpt-restore's plain folder. Skipped
+under torch < 2.4.
+"""
+import json
+import os
+import shutil
+import warnings
+
+import pytest
+import torch
+
+from test_dcp_torch2 import _moment_ranges, _script, _version, assert_state_close  # noqa: E402
+
+if _version(torch.__version__) < (2, 4):
+    pytest.skip(f"torch {torch.__version__} < 2.4: no DCP storage writer API to subclass; these tests run "
+                "under .venv/bin/python (torch 2.x)", allow_module_level=True)
+
+import torch.distributed.checkpoint as dcp  # noqa: E402
+
+import ckptkit  # noqa: E402
+import ckptkit.dcp  # noqa: E402
+import make_dcp_torch2 as m2  # noqa: E402
+from testlib import parse_json_stdout, require_ckptkit_bin, run_tool  # noqa: E402
+
+WORLDS = (1, 2, 4)
+
+
+@pytest.fixture(scope="session")
+def wr(tmp_path_factory):
+    """The folders, ckpt-verify / ckpt-restore runs and the loads, done once; tests assert."""
+    b = os.environ.get("CKPTKIT_BIN", "")
+    root = tmp_path_factory.mktemp("dcp_writer")
+    res = {"root": root, "save": _script("save-writer", root)}
+    if res["save"].returncode != 0 or not os.access(os.path.join(b, "ckpt-verify"), os.X_OK):
+        return res
+    for d in ("ck", "ck_async"):
+        res["verify_" + d] = run_tool(b, "ckpt-verify", root / d, "--original", root / "plain", "--json", timeout=300)
+    res["restore"] = run_tool(b, "ckpt-restore", root / "ck", "-o", root / "ck.back", timeout=300)
+    res["verify_failed"] = run_tool(b, "ckpt-verify", root / "ck_failed", timeout=300)
+    spec = {"1": [["flat", str(root / "plain"), str(root / "plain.1.pt")],
+                  ["flat", str(root / "ck.back"), str(root / "back.1.pt")]]}
+    for w in WORLDS:
+        spec.setdefault(str(w), []).append(["flat", str(root / "ck"), str(root / f"ck.{w}.pt")])
+    with open(root / "load.json", "w") as f:
+        json.dump(spec, f)
+    res["load"] = _script("load", root / "load.json")
+    return res
+
+
+def _ok(wr, *keys):
+    require_ckptkit_bin()
+    for k in ("save",) + keys:
+        p = wr[k]
+        assert p.returncode == 0, f"{k}: exit {p.returncode}\n{p.stdout[-3000:]}{p.stderr[-3000:]}"
+    return wr["root"]
+
+
+def _loaded(wr, name):
+    _ok(wr, "load")
+    return torch.load(wr["root"] / f"{name}.pt", weights_only=True)
+
+
+def _same_state(a, b):
+    """{"model", "optim"} states equal: every tensor torch.equal, param_groups ==."""
+    assert list(a["model"]) == list(b["model"])
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    assert a["optim"]["param_groups"] == b["optim"]["param_groups"]
+    assert sorted(a["optim"]["state"]) == sorted(b["optim"]["state"])
+    for i, st in a["optim"]["state"].items():
+        assert sorted(st) == sorted(b["optim"]["state"][i])
+        for k, v in st.items():
+            assert torch.equal(v, b["optim"]["state"][i][k]), (i, k)
+
+
+def test_folder_and_verify(wr):
+    """Each rank's moments are one container, each .distcp file a shell; ckpt-verify --original
+    (a plain DCP save of the same state) passes: every certificate within tolerance, the
+    shells rebuild torch's own bytes, .metadata maps the same items."""
+    root = _ok(wr, "verify_ck")
+    names = sorted(os.listdir(root / "ck"))
+    assert names == sorted([".metadata", "ckptkit-folder.json"] + [f"__{r}_0.distcp.ckz-shell" for r in range(4)]
+                           + [f"ckptkit-dcp-moments-{r}-0.safetensors.ckz.h5" for r in range(4)]), names
+    rep = parse_json_stdout(wr["verify_ck"])
+    assert rep["ok"] and rep["max_bound_lr"] <= 0.01, rep
+    rows = {r["file"]: r for r in rep["files"]}
+    assert rows[".metadata"]["note"] == "storage_data the same as the original's"
+    virtual = [r for r in rows.values() if r["virtual_input"]]
+    assert len(virtual) == 4 and sum(v["moment_values"] for v in virtual) == 2 * sum(
+        p.numel() for p in m2.Net().parameters()), virtual
+    assert all(0 < v["moment_bytes_out"] < v["moment_bytes_fp32"] == 4 * v["moment_values"] for v in virtual), virtual
+
+
+def test_async_save_is_the_state_at_the_call(wr):
+    """dcp.async_save with ckptkit's writer, the ranks training on while it writes, gives the
+    bytes of the synchronous save of the state at the call (all but .metadata's save_id /
+    checkpoint_id and the manifest's row of it)."""
+    root = _ok(wr, "verify_ck_async")
+    assert parse_json_stdout(wr["verify_ck_async"])["ok"]
+    a, b = root / "ck", root / "ck_async"
+    assert sorted(os.listdir(a)) == sorted(os.listdir(b))
+    for f in os.listdir(a):
+        if f not in (".metadata", "ckptkit-folder.json"):
+            assert (a / f).read_bytes() == (b / f).read_bytes(), f
+    rows = [{r["path"]: r for r in json.loads((d / "ckptkit-folder.json").read_text())["files"]} for d in (a, b)]
+    assert {k: v for k, v in rows[0].items() if k != ".metadata"} == {k: v for k, v in rows[1].items()
+                                                                      if k != ".metadata"}
+
+
+def test_restore_gives_the_plain_folder(wr):
+    """ckpt-restore gives torch's plain folder: each .distcp file identical to the plain
+    save's outside its moment items, .metadata's storage_data the same; torch's own reader
+    loads it into exactly what ckptkit's reader gives."""
+    root = _ok(wr, "restore")
+    back, plain = root / "ck.back", root / "plain"
+    assert sorted(os.listdir(back)) == sorted(os.listdir(plain))
+    ranges = _moment_ranges(plain)
+    assert _moment_ranges(back) == ranges
+    for f, rs in ranges.items():
+        x, y = (plain / f).read_bytes(), (back / f).read_bytes()
+        assert len(x) == len(y) and x != y, f
+        pos = 0
+        for lo, hi in sorted(rs) + [(len(x), len(x))]:
+            assert x[pos:lo] == y[pos:lo], f"{f}: bytes outside the moment items differ"
+            pos = hi
+    _same_state(_loaded(wr, "back.1"), _loaded(wr, "ck.1"))
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_reader_reshards(wr, world):
+    """ckptkit's reader on 1, 2 and 4 ranks (saved by 4) gives the same state each time, and
+    against the plain save's: model, step and param_groups identical, moments within their
+    certificates (real AdamW steps within tolerance * lr: assert_state_close)."""
+    o, r, one = _loaded(wr, "plain.1"), _loaded(wr, f"ck.{world}"), _loaded(wr, "ck.1")
+    _same_state(one, r)
+    assert_state_close(o, r, "fsdp2_flat")   # (its optimizer steps change r's step in place)
+
+
+def test_failed_rank_leaves_no_checkpoint(wr):
+    """Rank 3 raises after writing its files: DCP fails the save on every rank, finish never
+    runs, so there is no .metadata and no manifest; ckptkit's reader and ckpt-verify refuse
+    the folder with one line naming it (exit 2); the earlier checkpoint still verifies."""
+    root = _ok(wr, "verify_ck")
+    failed = (root / "failed.txt").read_text()
+    assert failed.startswith("CheckpointException") and "rank 3 fails after writing its files" in failed, failed
+    d = root / "ck_failed"
+    assert not (d / ".metadata").exists() and not (d / "ckptkit-folder.json").exists()
+    with pytest.raises(ckptkit.FileNotFound) as e:
+        ckptkit.dcp.FileSystemReader(d).read_metadata()
+    assert str(e.value) == f"ckptkit.dcp: error: {d}: no .metadata: not a DCP checkpoint, or a save that did not finish"
+    p = wr["verify_failed"]
+    assert p.returncode == 2 and p.stderr.startswith(f"ckpt-verify: error: {d}"), p.stderr
+
+
+def _single_process_load(folder, out):
+    """make_dcp_torch2's 1-rank load of the flat form (ckptkit's reader), here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m2.load_here([("flat", str(folder), str(out))])
+
+
+@pytest.mark.parametrize("damage", ["flip", "missing"])
+def test_damaged_file_refused(wr, tmp_path, damage):
+    """A shell with one byte flipped, or missing: the load fails naming the file."""
+    root = _ok(wr)
+    d = tmp_path / "ck"
+    shutil.copytree(root / "ck", d)
+    shell = d / "__2_0.distcp.ckz-shell"
+    if damage == "flip":
+        data = bytearray(shell.read_bytes())
+        data[100] ^= 1
+        shell.write_bytes(bytes(data))
+    else:
+        shell.unlink()
+    with pytest.raises(BaseException) as e:   # DCP wraps it in CheckpointException (a BaseException)
+        _single_process_load(d, tmp_path / "out.pt")
+    msg = str(e.value)
+    assert f"ckptkit.dcp: check failed: {d}: {shell}: size/xxh3" in msg if damage == "flip" else f"{shell}" in msg, msg
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_no_adam_state_written_exactly(tmp_path):
+    """SGD with momentum (no Adam moments): one CkptkitWarning, every file torch's own bytes,
+    ckptkit's reader gives the state back exactly."""
+    torch.manual_seed(0)
+    model = m2.Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    m2.train(model, opt, 0)
+    sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        dcp.save(sd, storage_writer=ckptkit.dcp.FileSystemWriter(tmp_path / "ck"))
+        dcp.save(sd, checkpoint_id=tmp_path / "plain")
+    ours = [str(x.message) for x in w if issubclass(x.category, ckptkit.CkptkitWarning)]
+    assert ours == [f"ckptkit.dcp: {tmp_path / 'ck'}: rank 0: no Adam/AdamW moments compressed; its files are "
+                    "written exactly"], ours
+    assert (tmp_path / "ck" / "__0_0.distcp").read_bytes() == (tmp_path / "plain" / "__0_0.distcp").read_bytes()
+    torch.manual_seed(9)
+    model2 = m2.Net()
+    opt2 = torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9)
+    m2._zero_step(model2, opt2)
+    back = {"model": model2.state_dict(), "optim": opt2.state_dict()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(back, storage_reader=ckptkit.dcp.FileSystemReader(tmp_path / "ck"))
+    _same_state(back, sd)
+
+
+def test_writer_options_checked(tmp_path):
+    """The compress options are checked when the writer is made, as ckpt-compress's flags."""
+    with pytest.raises(ckptkit.BadInput, match=r"^ckptkit.dcp: error: --tolerance: 2 is outside \(0, 1\]"):
+        ckptkit.dcp.FileSystemWriter(tmp_path / "x", tolerance=2)
+    with pytest.raises(TypeError, match="unknown option"):
+        ckptkit.dcp.FileSystemWriter(tmp_path / "x", tolerence=0.1)
