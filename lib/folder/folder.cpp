@@ -985,6 +985,30 @@ FolderReport restore_folder(const std::string& dir, const std::string& out_arg, 
 
 // ---------------------------------------------------------------- ckptkit.dcp
 
+namespace {
+
+/// The stored file of `e` hashed and checked against the manifest. Throws CheckFailed.
+Digest check_stored(const std::string& dir, const Entry& e) {
+    const std::string src = join(dir, e.stored);
+    const Digest d = hash_file(src);
+    if (d.size != e.size || d.xxh3 != e.xxh3)
+        throw CheckFailed(src + ": size/xxh3 " + std::to_string(d.size) + "/" + hex64(d.xxh3) + " differ from the manifest's " +
+                          std::to_string(e.size) + "/" + hex64(e.xxh3));
+    return d;
+}
+
+}  // namespace
+
+void check_stored_file(const std::string& dir, const std::string& path) {
+    const Manifest m = read_manifest(dir);
+    for (const auto& e : m.files)
+        if (e.path == path) {
+            (void)check_stored(dir, e);
+            return;
+        }
+    throw BadInput(join(dir, path), std::string("not a file of the folder (") + kManifestName + ")");
+}
+
 uint64_t restore_folder_file(const std::string& dir, const std::string& path, int fd, const RestoreOptions& ro) {
     const Manifest m = read_manifest(dir);
     auto find = [&](const std::string& p) -> const Entry* {
@@ -998,10 +1022,7 @@ uint64_t restore_folder_file(const std::string& dir, const std::string& path, in
     RestoreOptions oo = ro;
     oo.progress = false;
     if (e->container) return restore_to_fd(src, fd, oo).file_bytes_out;
-    const Digest d = hash_file(src);
-    if (d.size != e->size || d.xxh3 != e->xxh3)
-        throw CheckFailed(src + ": size/xxh3 " + std::to_string(d.size) + "/" + hex64(d.xxh3) + " differ from the manifest's " +
-                          std::to_string(e->size) + "/" + hex64(e->xxh3));
+    const Digest d = check_stored(dir, *e);
     std::optional<FileWriter> w;
     try {
         w.emplace(fd, 0, join(dir, path));

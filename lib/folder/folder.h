@@ -114,6 +114,11 @@ FolderReport restore_folder(const std::string& dir, const std::string& out, cons
 /// manifest, unreadable) / CheckFailed (a hash or checksum differs).
 uint64_t restore_folder_file(const std::string& dir, const std::string& path, int fd, const RestoreOptions&);
 
+/// The stored file of `path` (manifest path) in the compressed folder `dir` checked against
+/// the manifest's size and XXH3 (what ckptkit.dcp's reader does before reading a file in
+/// place). Throws BadInput (not listed) / CheckFailed (differs), naming the stored file.
+void check_stored_file(const std::string& dir, const std::string& path);
+
 /// ckptkit.dcp.FileSystemWriter's manifest for the DCP folder `dir`: the rows of the per-rank
 /// compressed folders `parts` (each rank's files already moved into `dir`; their own
 /// `.metadata` and `.ckptkit-*` rows left out) and the row of `metadata` (the .metadata torch

@@ -392,6 +392,11 @@ PYBIND11_MODULE(_ckptkit, m) {
     }, py::arg("src"), py::arg("opts"), py::arg("tool") = "ckptkit.load", py::arg("file") = std::nullopt,
        "the checkpoint restored from the container SRC (or, with FILE, that original file of the compressed "
        "folder SRC), in memory (no file; decoded in the reader process); returns (Buffer, json, table, warnings)");
+    m.def("check_stored", [](const std::string& dir, const std::string& file) {
+        run_job("ckptkit.dcp", dir, 1, [&] { folder::check_stored_file(dir, file); });
+    }, py::arg("dir"), py::arg("file"),
+       "FILE (its original path) of the compressed folder DIR: its stored file's size and XXH3 as the manifest "
+       "lists them, else CheckFailed naming it");
     m.def("write_dcp_manifest", [](const std::string& dir, const std::vector<std::string>& parts, const std::string& metadata) {
         run_job("ckptkit.dcp", dir, 1, [&] { folder::write_dcp_writer_manifest(dir, parts, metadata); });
     }, py::arg("dir"), py::arg("parts"), py::arg("metadata"),

@@ -18,10 +18,12 @@ coordinator writes `ckptkit-folder.json` and then `.metadata` (torch's own, the 
 of a plain save), so a save that did not finish has no `.metadata`. The folder is a
 compressed folder of formats/folder.md: `ckpt-verify` proves it (with `--original`, against
 a plain DCP save of the same state), `ckpt-restore` gives the plain folder stock `dcp.load`
-reads. The reader rebuilds each `.distcp` file a rank asks for in memory (a memfd).
+reads. The reader reads a shell's bytes in place and rebuilds the file in memory (a memfd)
+only when a rank reads one of its moment items.
 """
 import contextlib
 import dataclasses
+import io
 import json
 import os
 import pickle
@@ -183,9 +185,61 @@ class FileSystemWriter(_fs.FileSystemWriter):
                 shutil.rmtree(p, ignore_errors=True)
 
 
+class _ShellFile(io.RawIOBase):
+    """A `.distcp` file stored as a shell, read as the original: a read outside every cut is
+    served from the shell at its shifted offset; the first read that touches a cut (a moment
+    storage) has the library rebuild the whole file in memory (the unit decoded, hashes
+    checked), and every later read comes from there. So a rank that reads only the step and
+    param_groups items a file holds decodes nothing."""
+
+    def __init__(self, root, rel, shell, cuts):
+        super().__init__()
+        self._root, self._rel = root, rel
+        self._shell = open(shell, "rb")
+        self._cuts = sorted((c["offset"], c["length"]) for c in cuts)
+        self._size = os.fstat(self._shell.fileno()).st_size + sum(n for _, n in self._cuts)
+        self._pos = 0
+        self._full = None
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self._pos
+
+    def seek(self, offset, whence=os.SEEK_SET):
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b):
+        n = max(0, min(len(b), self._size - self._pos))
+        lo, hi = self._pos, self._pos + n
+        if n and (self._full is not None or any(o < hi and lo < o + k for o, k in self._cuts)):
+            if self._full is None:
+                buf = _ckptkit.restore_bytes(self._root, {}, _TOOL, self._rel)[0]
+                self._full = os.fdopen(os.dup(buf.fileno()), "rb")
+            n = os.preadv(self._full.fileno(), [memoryview(b)[:n]], lo)
+        elif n:
+            shift = sum(k for o, k in self._cuts if o + k <= lo)
+            n = os.preadv(self._shell.fileno(), [memoryview(b)[:n]], lo - shift)
+        self._pos += n
+        return n
+
+    def close(self):
+        for f in (self._shell, self._full):
+            if f is not None:
+                f.close()
+        super().close()
+
+
 class _RestoringFileSystem(_fs.FileSystem):
-    """torch's FileSystem, except that a `.distcp` file stored as a shell (or any file stored
-    otherwise than under its name) opens as its original bytes, rebuilt in memory."""
+    """torch's FileSystem, except that a file stored otherwise than under its name opens as its
+    original bytes: a shell as a _ShellFile, a container restored in memory; a file read in
+    place (a shell, a copy) is checked against the manifest's XXH3 first."""
 
     def __init__(self, reader):
         super().__init__()
@@ -197,9 +251,15 @@ class _RestoringFileSystem(_fs.FileSystem):
         rows = self._reader._rows()
         rel = os.path.relpath(os.fspath(path), root)
         row = rows.get(rel)
+        if mode == "rb" and row is not None and not row["container"]:
+            _ckptkit.check_stored(root, rel)   # read in place: its hash first
         if mode != "rb" or row is None or row["stored"] == rel:
             with super().create_stream(path, mode) as s:
                 yield s
+            return
+        if row.get("shell"):
+            with _ShellFile(root, rel, os.path.join(root, row["stored"]), row["cuts"]) as f:
+                yield f
             return
         buf = _ckptkit.restore_bytes(root, {}, _TOOL, rel)[0]
         with os.fdopen(os.dup(buf.fileno()), "rb") as f:
