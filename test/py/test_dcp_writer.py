@@ -40,7 +40,7 @@ def wr(tmp_path_factory):
     res = {"root": root, "save": _script("save-writer", root)}
     if res["save"].returncode != 0 or not os.access(os.path.join(b, "ckpt-verify"), os.X_OK):
         return res
-    for d in ("ck", "ck_async"):
+    for d in ("ck", "ck_async", "ck_async_process"):
         res["verify_" + d] = run_tool(b, "ckpt-verify", root / d, "--original", root / "plain", "--json", timeout=300)
     res["restore"] = run_tool(b, "ckpt-restore", root / "ck", "-o", root / "ck.back", timeout=300)
     res["verify_failed"] = run_tool(b, "ckpt-verify", root / "ck_failed", timeout=300)
@@ -98,13 +98,14 @@ def test_folder_and_verify(wr):
     assert all(0 < v["moment_bytes_out"] < v["moment_bytes_fp32"] == 4 * v["moment_values"] for v in virtual), virtual
 
 
-def test_async_save_is_the_state_at_the_call(wr):
-    """dcp.async_save with ckptkit's writer, the ranks training on while it writes, gives the
-    bytes of the synchronous save of the state at the call (all but .metadata's save_id /
-    checkpoint_id and the manifest's row of it)."""
-    root = _ok(wr, "verify_ck_async")
-    assert parse_json_stdout(wr["verify_ck_async"])["ok"]
-    a, b = root / "ck", root / "ck_async"
+@pytest.mark.parametrize("name", ["ck_async", "ck_async_process"])
+def test_async_save_is_the_state_at_the_call(wr, name):
+    """dcp.async_save with ckptkit's writer (thread mode, the ranks training on while it
+    writes; process mode) gives the bytes of the synchronous save of the state at the call
+    (all but .metadata's save_id / checkpoint_id and the manifest's row of it)."""
+    root = _ok(wr, "verify_" + name)
+    assert parse_json_stdout(wr["verify_" + name])["ok"]
+    a, b = root / "ck", root / name
     assert sorted(os.listdir(a)) == sorted(os.listdir(b))
     for f in os.listdir(a):
         if f not in (".metadata", "ckptkit-folder.json"):
@@ -157,6 +158,29 @@ def test_failed_rank_leaves_no_checkpoint(wr):
     assert str(e.value) == f"ckptkit.dcp: error: {d}: no .metadata: not a DCP checkpoint, or a save that did not finish"
     p = wr["verify_failed"]
     assert p.returncode == 2 and p.stderr.startswith(f"ckpt-verify: error: {d}"), p.stderr
+
+
+def test_killed_rank_leaves_no_checkpoint(tmp_path):
+    """2 ranks; rank 1 exits at once (os._exit(9), like a SIGKILL) after writing its files:
+    rank 0's save fails (gloo loses its peer), the new folder has no .metadata and is refused,
+    the previous checkpoint verifies and loads."""
+    require_ckptkit_bin()
+    p = _script("save-killed", tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    what = (tmp_path / "killed.txt").read_text()
+    assert what != "the save did not fail" and what.split(":")[0] in ("RuntimeError", "CheckpointException",
+                                                                      "DistBackendError"), what
+    assert not (tmp_path / "ck_killed" / ".metadata").exists()
+    with pytest.raises(ckptkit.FileNotFound, match="a save that did not finish"):
+        ckptkit.dcp.FileSystemReader(tmp_path / "ck_killed").read_metadata()
+    v = run_tool(os.environ["CKPTKIT_BIN"], "ckpt-verify", tmp_path / "ck_prev", "--json", timeout=300)
+    assert v.returncode == 0 and parse_json_stdout(v)["ok"], v.stdout + v.stderr
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m2.load_here([("plain", str(tmp_path / "ck_prev"), str(tmp_path / "prev.pt"))])
+    prev = torch.load(tmp_path / "prev.pt", weights_only=True)
+    assert sorted(prev["optim"]["state"]) == list(range(len(m2.param_names())))
+    assert all(float(st["step"]) == m2.STEPS for st in prev["optim"]["state"].values())
 
 
 def _single_process_load(folder, out):
