@@ -236,6 +236,10 @@ void parallel_ranges(std::size_t n, const std::function<void(unsigned, std::size
     for_block_ranges(n, parts_for(n), fn);
 }
 
+void parallel_items(std::size_t count, const std::function<void(unsigned, std::size_t, std::size_t)>& fn) {
+    for_block_ranges(count, unsigned(std::min<std::size_t>(cpu_threads(), std::max<std::size_t>(count, 1))), fn);
+}
+
 namespace {
 
 /// The cause of coordinate i's escape (src: the chunk's moments).

@@ -107,6 +107,10 @@ void set_isa(Isa i);
 void parallel_ranges(std::size_t n, const std::function<void(unsigned, std::size_t, std::size_t)>& fn);
 /// The number of ranges parallel_ranges(n, ...) uses.
 unsigned parallel_parts(std::size_t n);
+/// Run fn(part, begin, end) over contiguous ranges of [0, count) items of coarse work (whole
+/// entropy-coded segments): one range per CPU thread, up to one item each; part 0 on the
+/// calling thread; rethrows the first exception.
+void parallel_items(std::size_t count, const std::function<void(unsigned, std::size_t, std::size_t)>& fn);
 
 /// The first of `blocks` blocks whose parameters (params_per_block each) for moment k
 /// (0 exp_avg, 1 exp_avg_sq, 2 max_exp_avg_sq) are outside the format, or SIZE_MAX; *rule

@@ -75,18 +75,23 @@ void ContainerWriter::append_chunk(uint64_t i0, const codec::ChunkOut& co, const
     ParamEntry& e = *cur_;
     const int nm = e.moments(), roles = int(codes_.size());
     const std::size_t n = co.codes[0].size() / std::size_t(code_bytes_);
-    for (int k = 0; k < roles; ++k) {
-        const uint8_t* codes = co.codes[k].data();
-        const int16_t* params = co.params[k].data();
-        if (k >= nm) {  // aligned filler for roles this parameter lacks
-            zero_codes_.assign(co.codes[0].size(), 0);
-            zero_params_.assign(co.params[0].size(), 0);
-            codes = zero_codes_.data();
-            params = zero_params_.data();
+    if (nm < roles) {   // aligned filler for roles this parameter lacks
+        zero_codes_.assign(co.codes[0].size(), 0);
+        zero_params_.assign(co.params[0].size(), 0);
+    }
+    auto codes_of = [&](int k) { return k < nm ? co.codes[std::size_t(k)].data() : zero_codes_.data(); };
+    auto params_of = [&](int k) { return k < nm ? co.params[std::size_t(k)].data() : zero_params_.data(); };
+    if (segmented_) {
+        std::vector<std::vector<std::vector<uint8_t>>> segs = encode_segments(i0, n, codes_of, params_of);
+        for (int k = 0; k < roles; ++k) {
+            for (const auto& bytes : segs[std::size_t(k)]) put_segment(k, bytes);
+            params_[std::size_t(k)]->append(params_of(k), co.params[0].size());
         }
-        if (segmented_) append_segments(k, i0, codes, n, params);
-        else codes_[std::size_t(k)]->append(codes, co.codes[0].size());
-        params_[std::size_t(k)]->append(params, co.params[0].size());
+    } else {
+        for (int k = 0; k < roles; ++k) {
+            codes_[std::size_t(k)]->append(codes_of(k), co.codes[0].size());
+            params_[std::size_t(k)]->append(params_of(k), co.params[0].size());
+        }
     }
     for (std::size_t q = 0; q < co.escapes.size(); ++q) {
         const uint64_t gi = i0 + co.escapes[q];
@@ -103,48 +108,59 @@ void ContainerWriter::append_chunk(uint64_t i0, const codec::ChunkOut& co, const
     e.max_bound = std::max(e.max_bound, co.max_bound);
 }
 
-void ContainerWriter::append_segments(int k, uint64_t i0, const uint8_t* codes, std::size_t n, const int16_t* params) {
+std::vector<std::vector<std::vector<uint8_t>>> ContainerWriter::encode_segments(
+    uint64_t i0, std::size_t n, const std::function<const uint8_t*(int)>& codes_of,
+    const std::function<const int16_t*(int)>& params_of) {
     const uint64_t seg = codec::kSegment;
     if (i0 % seg != 0 || (n % seg != 0 && i0 + n != cur_->numel))
         throw std::logic_error("entropy-coded chunk not aligned to segments");
-    for (std::size_t s0 = 0; s0 < n;) {
-        if (k == 1 && i0 + s0 == 0 && row_length(*cur_) > 0) {
-            // the parameter's first exp_avg_sq segment decides, coded both ways, the smaller wins
-            const std::size_t len = std::min<std::size_t>(seg, n - s0);
-            seg_codes_[0].resize(len);
-            codec::codes_from_bytes(codes + 2 * s0, len, seg_codes_[0].data());
-            seg_bytes_[0].clear();
-            codec::segment_encode(seg_codes_[0].data(), len, seg_bytes_[0]);
-            std::vector<uint16_t> pred = seg_codes_[0];
-            codec::vlog_rows(pred.data(), len, params, std::size_t(row_length(*cur_)), true);  // s0 = 0
-            std::vector<uint8_t> alt;
-            codec::segment_encode(pred.data(), len, alt);
-            cur_->row_predict = alt.size() < seg_bytes_[0].size();
-            if (cur_->row_predict) seg_bytes_[0].swap(alt);
-            put_segment(k, seg_bytes_[0]);
-            s0 += len;
-            continue;
-        }
-        // two segments at a time (codec::segment_encode2: their rANS rounds overlap)
-        const int cnt = s0 + seg < n ? 2 : 1;
-        const uint16_t* sc[2];
-        std::size_t len[2];
-        std::vector<uint8_t>* out[2] = {&seg_bytes_[0], &seg_bytes_[1]};
-        for (int a = 0; a < cnt; ++a) {
-            const std::size_t sa = s0 + std::size_t(a) * seg;
-            len[a] = std::min<std::size_t>(seg, n - sa);
-            seg_codes_[a].resize(len[a]);
-            codec::codes_from_bytes(codes + 2 * sa, len[a], seg_codes_[a].data());
-            if (k == 1)
-                codec::vlog_rows(seg_codes_[a].data(), len[a], params + 2 * (sa / codec::kBlock), std::size_t(vlog_row(*cur_)), true);
-            sc[a] = seg_codes_[a].data();
-            out[a]->clear();
-        }
-        if (cnt == 2) codec::segment_encode2(sc, len, out);
-        else codec::segment_encode(sc[0], len[0], *out[0]);
-        for (int a = 0; a < cnt; ++a) put_segment(k, *out[a]);
-        s0 += len[0] + (cnt == 2 ? len[1] : 0);
+    const int roles = int(codes_.size());
+    const std::size_t per = (n + seg - 1) / seg;   // segments per role in this chunk
+    std::vector<std::vector<std::vector<uint8_t>>> out(static_cast<std::size_t>(roles));
+    for (auto& r : out) r.resize(per);
+    std::size_t first = 0;   // role 1's segments before this one are coded already
+    if (i0 == 0 && roles > 1 && per > 0 && row_length(*cur_) > 0) {
+        // the parameter's first exp_avg_sq segment decides, coded both ways, the smaller wins;
+        // every later exp_avg_sq segment follows (codec::vlog_rows with vlog_row)
+        const std::size_t len = std::min<std::size_t>(seg, n);
+        std::vector<uint16_t> c(len);
+        codec::codes_from_bytes(codes_of(1), len, c.data());
+        std::vector<uint8_t> plain, alt;
+        codec::segment_encode(c.data(), len, plain);
+        codec::vlog_rows(c.data(), len, params_of(1), std::size_t(row_length(*cur_)), true);
+        codec::segment_encode(c.data(), len, alt);
+        cur_->row_predict = alt.size() < plain.size();
+        out[1][0] = cur_->row_predict ? std::move(alt) : std::move(plain);
+        first = 1;
     }
+    // every other segment of every role is independent: coded in the worker pool, two at a
+    // time per worker (codec::segment_encode2: their rANS rounds overlap)
+    std::vector<std::pair<int, std::size_t>> jobs;   // (role, segment index)
+    for (int k = 0; k < roles; ++k)
+        for (std::size_t j = (k == 1 ? first : 0); j < per; ++j) jobs.push_back({k, j});
+    const std::size_t row = std::size_t(vlog_row(*cur_));
+    codec::parallel_items((jobs.size() + 1) / 2, [&](unsigned, std::size_t p0, std::size_t p1) {
+        std::vector<uint16_t> c[2];
+        for (std::size_t p = p0; p < p1; ++p) {
+            const uint16_t* sc[2];
+            std::size_t len[2];
+            std::vector<uint8_t>* dst[2];
+            const int cnt = 2 * p + 1 < jobs.size() ? 2 : 1;
+            for (int a = 0; a < cnt; ++a) {
+                const auto [k, j] = jobs[2 * p + std::size_t(a)];
+                const std::size_t sa = j * seg;
+                len[a] = std::min<std::size_t>(seg, n - sa);
+                c[a].resize(len[a]);
+                codec::codes_from_bytes(codes_of(k) + 2 * sa, len[a], c[a].data());
+                if (k == 1) codec::vlog_rows(c[a].data(), len[a], params_of(k) + 2 * (sa / codec::kBlock), row, true);
+                sc[a] = c[a].data();
+                dst[a] = &out[std::size_t(k)][j];
+            }
+            if (cnt == 2) codec::segment_encode2(sc, len, dst);
+            else codec::segment_encode(sc[0], len[0], *dst[0]);
+        }
+    });
+    return out;
 }
 
 void ContainerWriter::put_segment(int k, const std::vector<uint8_t>& bytes) {

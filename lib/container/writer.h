@@ -7,6 +7,7 @@
 // Errors: std::runtime_error from HDF5 (the caller names the output).
 #pragma once
 #include <array>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,13 +60,15 @@ private:
     std::vector<std::unique_ptr<Appender>> codes_, params_, escv_;   ///< per role
     std::vector<std::unique_ptr<Appender>> segs_;                    ///< per role, entropy-coded codecs
     bool segmented_ = false;
-    std::vector<uint16_t> seg_codes_[2];
-    std::vector<uint8_t> seg_bytes_[2];
-    /// Entropy-code role k's n codes (little-endian bytes, from coordinate i0, a multiple of
-    /// kSegment; `params` the chunk's block parameters of role k) segment by segment into
-    /// /moments/codes and /moments/segments, two at a time (codec::segment_encode2);
-    /// exp_avg_sq row-predicted (codec::vlog_rows).
-    void append_segments(int k, uint64_t i0, const uint8_t* codes, std::size_t n, const int16_t* params);
+    /// Entropy-code the chunk's codes (n per role, little-endian bytes, from coordinate i0,
+    /// a multiple of kSegment; params_of(k): role k's block parameters) segment by segment:
+    /// out[k][j] the bytes of role k's j-th segment; exp_avg_sq row-predicted
+    /// (codec::vlog_rows), its first segment deciding cur_->row_predict at i0 = 0. Every
+    /// other segment is coded in the worker pool (codec::parallel_items): the bytes do not
+    /// depend on the thread count.
+    std::vector<std::vector<std::vector<uint8_t>>> encode_segments(uint64_t i0, std::size_t n,
+                                                                   const std::function<const uint8_t*(int)>& codes_of,
+                                                                   const std::function<const int16_t*(int)>& params_of);
     /// One coded segment of role k into /moments/codes, its end into /moments/segments.
     void put_segment(int k, const std::vector<uint8_t>& bytes);
     std::unique_ptr<Appender> escidx_;
