@@ -28,7 +28,7 @@ if [ "${CKPTKIT_NO_VENV:-0}" != 1 ]; then
   if ! cmp -s scripts/requirements.txt "$stamp" 2>/dev/null; then
     rm -rf .venv
     "$py" -m venv .venv
-    .venv/bin/pip install -q --disable-pip-version-check -r scripts/requirements.txt 2>&1 \
+    DS_BUILD_OPS=0 .venv/bin/pip install -q --disable-pip-version-check -r scripts/requirements.txt 2>&1 \
       | grep -v "^WARNING: Location" || true
     .venv/bin/python -c "import torch, transformers, lightning, safetensors, sklearn"  # fails setup
     cp scripts/requirements.txt "$stamp"

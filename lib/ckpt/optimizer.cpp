@@ -551,7 +551,8 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
 struct Found {
     std::vector<std::pair<const Value*, std::string>> opts;   ///< state_dict, path prefix ("optimizer/")
     std::vector<std::pair<const Value*, std::string>> models; ///< dicts of tensors (module state_dicts)
-    /// DeepSpeed ZeRO: the fp32 master partitions next to base_optimizer_state, per opt
+    /// DeepSpeed ZeRO: the fp32 master partitions next to base_optimizer_state (ZeRO-1/2, bf16)
+    /// or optimizer_state_dict (ZeRO-3), per opt
     std::map<const Value*, const Value::List*> masters;
 };
 
@@ -578,6 +579,11 @@ void find_tree(const Value& v, const std::string& path, int depth, Found& out) {
         // of base_optimizer_state's flat groups
         if (const Value* b = v.get("base_optimizer_state"); b && is_opt(*b))
             if (const Value* m = v.get("single_partition_of_fp32_groups"))
+                if (auto l = std::get_if<Value::List>(&m->v)) out.masters[b] = l;
+        // ZeRO-3 (runtime/zero/stage3.py _rigid_state_dict): optimizer_state_dict's flat
+        // groups, their masters in fp32_flat_groups
+        if (const Value* b = v.get("optimizer_state_dict"); b && is_opt(*b))
+            if (const Value* m = v.get("fp32_flat_groups"))
                 if (auto l = std::get_if<Value::List>(&m->v)) out.masters[b] = l;
     }
     v.for_each_child([&](const std::string& seg, const Value& c) { find_tree(c, path + seg + "/", depth + 1, out); });
