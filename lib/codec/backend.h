@@ -17,7 +17,7 @@ namespace ckpt::codec {
 /// Coordinates per chunk, every tool's default: on the CPU one chunk's values, codes and
 /// streams stay in L2 between the passes over them (read, encode or decode, entropy
 /// coding, write), and are paged in once; a device wants large transfers.
-constexpr std::size_t kCpuChunk = std::size_t(1) << 16, kDeviceChunk = std::size_t(1) << 20;
+constexpr std::size_t kCpuChunk = std::size_t(1) << 18, kDeviceChunk = std::size_t(1) << 20;
 
 /// A backend of the table (its row index).
 enum class Device { Cpu, Cuda };

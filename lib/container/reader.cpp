@@ -170,45 +170,59 @@ void ContainerReader::read_segments(const ct::ParamEntry& e, int k, uint64_t beg
                                     const int16_t* params) const {
     if (begin % codec::kSegment != 0) throw std::logic_error("segment read not aligned");
     const auto& ends = seg_end_[std::size_t(k)];
-    // on a little-endian host the chunk's code bytes are the uint16 codes themselves:
-    // decoded in place (the buffer is operator new's, even offsets), else via seg_codes_
-    constexpr bool in_place = std::endian::native == std::endian::little;
-    // two segments at a time (codec::segment_decode2: their rANS rounds overlap); they lie
-    // next to each other in the stream, so one view or read serves both
-    for (uint64_t i = begin; i < begin + n; i += 2 * codec::kSegment) {
-        const int cnt = i + codec::kSegment < begin + n ? 2 : 1;
-        const uint64_t g = e.code_offset + i / codec::kSegment;  // validated < ends.size() at open
-        const uint64_t from = g == 0 ? 0 : ends[g - 1], to = ends[g + uint64_t(cnt) - 1];
-        const uint8_t* seg[2];
-        std::size_t size[2], len[2];
-        uint16_t* dst[2];
-        for (int a = 0; a < cnt; ++a) {
-            const uint64_t ia = i + uint64_t(a) * codec::kSegment, ga = g + uint64_t(a);
-            size[a] = std::size_t(ends[ga] - (ga == 0 ? 0 : ends[ga - 1]));
-            len[a] = std::size_t(std::min<uint64_t>(codec::kSegment, e.numel - ia));
-            if (size[a] > 2 * uint64_t(codec::kSegment) + 1024) throw std::runtime_error("param " + e.name + ": segment larger than any valid one");
-            if (!in_place) seg_codes_[a].resize(len[a]);
-            dst[a] = in_place ? reinterpret_cast<uint16_t*>(codes + 2 * (ia - begin)) : seg_codes_[a].data();
-        }
-        seg[0] = static_cast<const uint8_t*>(codes_[std::size_t(k)]->view(from, to - from));  // no copy inside a chunk
-        if (!seg[0]) {
-            seg_buf_.resize(std::size_t(to - from));
-            codes_[std::size_t(k)]->read(from, to - from, seg_buf_.data());
-            seg[0] = seg_buf_.data();
-        }
-        seg[1] = seg[0] + size[0];
-        try {
-            if (cnt == 2) codec::segment_decode2(seg, size, len, dst);
-            else codec::segment_decode(seg[0], size[0], len[0], dst[0]);
-        } catch (const std::runtime_error& x) {
-            throw std::runtime_error("param " + e.name + " " + ct::kRoleNames[k] + ": " + x.what());
-        }
-        for (int a = 0; a < cnt; ++a) {
-            const uint64_t ia = i + uint64_t(a) * codec::kSegment;
-            if (k == 1) codec::vlog_rows(dst[a], len[a], params + 2 * ((ia - begin) / codec::kBlock), std::size_t(ct::vlog_row(e)), false);
-            if (!in_place) codec::codes_to_bytes(dst[a], len[a], codes + 2 * (ia - begin));
-        }
+    const uint64_t g0 = e.code_offset + begin / codec::kSegment;   // validated < ends.size() at open
+    const std::size_t count = std::size_t((n + codec::kSegment - 1) / codec::kSegment);
+    if (count == 0) return;
+    // the chunk's segments lie next to each other in the stream: one view (no copy inside an
+    // HDF5 chunk) or one read serves them all
+    const uint64_t from = g0 == 0 ? 0 : ends[g0 - 1], to = ends[g0 + count - 1];
+    for (std::size_t s = 0; s < count; ++s) {
+        const uint64_t ga = g0 + s;
+        if (ends[ga] - (ga == 0 ? 0 : ends[ga - 1]) > 2 * uint64_t(codec::kSegment) + 1024)
+            throw std::runtime_error("param " + e.name + ": segment larger than any valid one");
     }
+    const uint8_t* base = static_cast<const uint8_t*>(codes_[std::size_t(k)]->view(from, to - from));
+    if (!base) {
+        seg_buf_.resize(std::size_t(to - from));
+        codes_[std::size_t(k)]->read(from, to - from, seg_buf_.data());
+        base = seg_buf_.data();
+    }
+    // on a little-endian host the chunk's code bytes are the uint16 codes themselves: decoded
+    // in place (the buffer is operator new's, even offsets), else through a per-worker buffer;
+    // segments are independent: decoded in the worker pool, two at a time per worker
+    // (codec::segment_decode2: their rANS rounds overlap)
+    constexpr bool in_place = std::endian::native == std::endian::little;
+    const std::size_t pairs = (count + 1) / 2;
+    codec::parallel_items(pairs, [&](unsigned, std::size_t p0, std::size_t p1) {
+        std::vector<uint16_t> tmp[2];
+        for (std::size_t p = p0; p < p1; ++p) {
+            const int cnt = 2 * p + 1 < count ? 2 : 1;
+            const uint8_t* seg[2];
+            std::size_t size[2], len[2];
+            uint16_t* dst[2];
+            for (int a = 0; a < cnt; ++a) {
+                const std::size_t s = 2 * p + std::size_t(a);
+                const uint64_t ia = begin + s * codec::kSegment, ga = g0 + s;
+                const uint64_t lo = ga == 0 ? 0 : ends[ga - 1];
+                seg[a] = base + (lo - from);
+                size[a] = std::size_t(ends[ga] - lo);
+                len[a] = std::size_t(std::min<uint64_t>(codec::kSegment, e.numel - ia));
+                if (!in_place) tmp[a].resize(len[a]);
+                dst[a] = in_place ? reinterpret_cast<uint16_t*>(codes + 2 * (ia - begin)) : tmp[a].data();
+            }
+            try {
+                if (cnt == 2) codec::segment_decode2(seg, size, len, dst);
+                else codec::segment_decode(seg[0], size[0], len[0], dst[0]);
+            } catch (const std::runtime_error& x) {
+                throw std::runtime_error("param " + e.name + " " + ct::kRoleNames[k] + ": " + x.what());
+            }
+            for (int a = 0; a < cnt; ++a) {
+                const uint64_t ia = begin + (2 * p + std::size_t(a)) * codec::kSegment;
+                if (k == 1) codec::vlog_rows(dst[a], len[a], params + 2 * ((ia - begin) / codec::kBlock), std::size_t(ct::vlog_row(e)), false);
+                if (!in_place) codec::codes_to_bytes(dst[a], len[a], codes + 2 * (ia - begin));
+            }
+        }
+    });
 }
 
 codec::TensorSetup ContainerReader::setup(std::size_t j) const {

@@ -122,7 +122,6 @@ private:
     /// segment, validated ascending and ending at the dataset's size.
     std::vector<std::vector<uint64_t>> seg_end_;
     mutable std::vector<uint8_t> seg_buf_;
-    mutable std::vector<uint16_t> seg_codes_[2];
     /// Decode role k's codes of parameter e's coordinates [begin, begin + n) (begin a
     /// multiple of kSegment) into `codes` as little-endian uint16 (2-byte aligned: on a
     /// little-endian host they are decoded in place); `params`: role k's block

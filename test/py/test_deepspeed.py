@@ -16,6 +16,7 @@ engine.load_checkpoint of each folder then one step on the same batch: every fp3
 coordinate of the two runs within tolerance * lr (+ float32 slack). Runs where deepspeed imports
 (.venv: scripts/requirements.txt); skipped, saying so, elsewhere.
 """
+import importlib.machinery
 import json
 import os
 import subprocess
@@ -24,8 +25,9 @@ import sys
 import pytest
 import torch
 
-deepspeed = pytest.importorskip("deepspeed", reason="deepspeed is not installed here (it is in .venv, "
-                                "scripts/requirements.txt)")
+if importlib.machinery.PathFinder.find_spec("deepspeed") is None:   # the installed one, not a stand-in
+    pytest.skip("deepspeed is not installed here (it is in .venv, scripts/requirements.txt)", allow_module_level=True)
+pytestmark = pytest.mark.usefixtures("real_frameworks")   # conftest.py: the real deepspeed, not a stand-in
 
 from testlib import ROOT, require_ckptkit_bin  # noqa: E402
 

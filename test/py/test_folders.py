@@ -326,7 +326,7 @@ def test_refusals(tmp_path, folders):
 
 def test_killed_run_leaves_no_output(tmp_path):
     b = require_ckptkit_bin()
-    src = mf.make_hf(str(tmp_path / "big"), 1024, 2)   # ~1.3 M parameters: a run of about a second
+    src = mf.make_hf(str(tmp_path / "big"), 2048, 2)   # ~4.2 M parameters: a run of about a second
     top = os.path.dirname(src)
     out = tmp_path / "out"
     for existing in (False, True):

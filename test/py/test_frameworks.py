@@ -216,20 +216,7 @@ def _same_load(container, plain):
     return refused
 
 
-@pytest.fixture(autouse=True)
-def _real_frameworks():
-    """The fixture makers of test/py register stand-in modules under the real names
-    (transformers, lightning, deepspeed: scripts/fixtures/make_folders.py _module) so that their
-    pickles name the real classes; these tests import the frameworks themselves, so the
-    stand-ins are out of sys.modules while they run (a stand-in 'transformers' would shadow the
-    installed one, a 'deepspeed' without a spec breaks Lightning's probe), and back afterwards."""
-    fakes = {n: m for n, m in sys.modules.items() if getattr(m, "__ckptkit_standin__", False)}
-    for n in fakes:
-        del sys.modules[n]
-    try:
-        yield
-    finally:
-        sys.modules.update(fakes)
+pytestmark = pytest.mark.usefixtures("real_frameworks")   # conftest.py: stand-in modules out of the way
 
 
 # ------------------------------------------------------------------------------ Hugging Face Trainer
