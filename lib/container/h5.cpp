@@ -9,6 +9,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "codec/codec.h"
 #include "container/shuffle.h"
 
 namespace ckpt::container {
@@ -397,6 +398,10 @@ void Appender::append_bytes(const void* data, std::size_t n) {
 
 /// Appender's buffer before its dataset outgrows it (then a whole chunk).
 constexpr std::size_t kFirstBuffer = 1 << 16;
+/// Whole chunks compressed at once (one per worker; 2 x 1 MiB of buffers each). Fixed, not
+/// the thread count: where libhdf5 places each dataset's chunks follows the order of the
+/// writes, so the same batches give the same file bytes for any --threads.
+constexpr std::size_t kBatch = 8;
 
 void Appender::push(const void* data, std::size_t n) {
     const auto* p = static_cast<const unsigned char*>(data);
@@ -409,11 +414,57 @@ void Appender::push(const void* data, std::size_t n) {
         buf_.append(p, take);
         p += take;
         n -= take;
-        if (buf_.size() == chunk_bytes) flush();
+        if (buf_.size() == chunk_bytes) {
+            if (!direct_) {
+                flush();
+                continue;
+            }
+            full_.push_back(std::move(buf_));   // compressed in a batch, one chunk per worker
+            buf_.clear();
+            if (full_.size() >= kBatch) flush_full();
+        }
     }
 }
 
+void Appender::flush_full() {
+    if (full_.empty()) return;
+    const std::size_t chunk_bytes = chunk_elems_ * elem_, count = full_.size();
+    if (packed_.size() < count) packed_.resize(count);
+    std::vector<std::size_t> size(count, chunk_bytes);
+    std::vector<uint32_t> mask(count, 0);
+    codec::parallel_items(count, [&](unsigned, std::size_t i0, std::size_t i1) {
+        FlushScratch& s = flush_scratch;   // this worker's
+        for (std::size_t i = i0; i < i1; ++i) {
+            const unsigned char* data = full_[i].data();
+            if (level_ == kZstdStore && store_declines(data, chunk_bytes)) {
+                mask[i] = 1;   // the optional zstd filter (the only one) skipped, as libhdf5 marks it
+                continue;
+            }
+            if (shuffle_) {
+                if (s.shuffled.size() < chunk_bytes) s.shuffled.resize(chunk_bytes);
+                shuffle_bytes(data, s.shuffled.data(), chunk_bytes, elem_);
+                data = s.shuffled.data();
+            }
+            ChunkBuffer& out = packed_[i];
+            if (out.size() < ZSTD_compressBound(chunk_bytes)) out.resize(ZSTD_compressBound(chunk_bytes));
+            size[i] = zstd_compress_chunk(data, chunk_bytes, level_, match_, out.data(), out.size());
+            if (size[i] == 0) fail("cannot compress a chunk of dataset");
+        }
+    });
+    for (std::size_t i = 0; i < count; ++i) {
+        const hsize_t start = written_, total = written_ + chunk_elems_;
+        if (H5Dset_extent(ds_.get(), &total) < 0) fail("cannot extend dataset");
+        const void* data = mask[i] ? static_cast<const void*>(full_[i].data()) : packed_[i].data();
+        if (H5Dwrite_chunk(ds_.get(), H5P_DEFAULT, mask[i], &start, size[i], data) < 0)
+            fail("cannot write dataset (disk full or file-size limit?)");
+        written_ = total;
+    }
+    full_.clear();     // the buffers back to the chunk-block pool (common/chunk_buffer.h), for
+    packed_.clear();   // whichever dataset fills a batch next
+}
+
 void Appender::flush() {
+    flush_full();
     if (buf_.empty()) return;
     const hsize_t n = buf_.size() / elem_, start = written_, total = written_ + n;
     if (H5Dset_extent(ds_.get(), &total) < 0) fail("cannot extend dataset");

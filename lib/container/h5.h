@@ -125,6 +125,11 @@ public:
 private:
     void push(const void* data, std::size_t nbytes);  ///< hash, buffer, flush whole chunks
     void flush();
+    /// Direct writes: the whole chunks queued in full_ shuffled and zstd-compressed in the
+    /// worker pool (codec::parallel_items), then written in order from this thread (libhdf5
+    /// is called from one thread only); the same bytes for any thread count.
+    void flush_full();
+    std::vector<ChunkBuffer> full_, packed_;   ///< queued whole chunks and their zstd frames
     Handle ds_;
     hid_t type_;
     std::size_t elem_, chunk_elems_;
