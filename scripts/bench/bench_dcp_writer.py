@@ -6,7 +6,7 @@ extension, and ckptkit.dcp.FileSystemWriter: 4 ranks, one model + AdamW state.
 
 4 gloo ranks on this machine's cores (oversubscribed on 2 cores: the table says how many),
 FSDP2 (fully_shard per Linear and the root) over nn.Sequential(depth x Linear(width, width)),
-AdamW (lr 1e-3, weight decay 0.01) trained 3 steps on random data, then per writer in fresh
+AdamW (lr 1e-3, weight decay 0.01) trained --steps (3) steps on random data, then per writer in fresh
 processes: dcp.async_save(get_state_dict(..., flatten_optimizer_state_dict=True)) with a second
 gloo group, timed from the call to its return (blocking) and to fut.result() (total); the folder's
 bytes; dcp.load of it into the same ranks' state dict (torch's reader, or ckptkit's); per rank the
@@ -33,7 +33,7 @@ def _rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _rank(rank, world, store, kind, folder, outdir, width, depth):
+def _rank(rank, world, store, kind, folder, outdir, width, depth, steps):
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -53,7 +53,7 @@ def _rank(rank, world, store, kind, folder, outdir, width, depth):
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     g = torch.Generator().manual_seed(rank)
-    for _ in range(3):
+    for _ in range(steps):
         x = torch.randn(8, width, generator=g)
         (model(x) ** 2).mean().backward()
         opt.step()
@@ -95,16 +95,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--depth", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=3, help="AdamW steps before the saves")
+    ap.add_argument("--writers", default=",".join(WRITERS), help="comma-separated subset of " + ",".join(WRITERS))
     ap.add_argument("--out", default=None, help="folder for the checkpoints (default: a temporary one)")
     a = ap.parse_args()
     import make_dcp_torch2 as m2
     out = a.out or tempfile.mkdtemp(prefix="bench-dcp-")
     os.makedirs(out, exist_ok=True)
     rows = {}
-    for kind in WRITERS:
+    for kind in a.writers.split(","):
         folder = os.path.join(out, kind.replace("+", "_"))
         shutil.rmtree(folder, ignore_errors=True)
-        m2.ranks(_rank, WORLD, out, kind, folder, out, a.width, a.depth)
+        m2.ranks(_rank, WORLD, out, kind, folder, out, a.width, a.depth, a.steps)
         per = [json.load(open(os.path.join(out, f"{kind}.{r}.json"))) for r in range(WORLD)]
         size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
         row = {k: max(p[k] for p in per) for k in ("block", "total", "load", "rss_save", "rss_load")}
