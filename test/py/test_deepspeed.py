@@ -51,7 +51,10 @@ def ds(tmp_path_factory):
     for mode in MODES:
         runs[mode] = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                                      "2", SCRIPT, mode, str(root)], capture_output=True, text=True, timeout=600,
-                                    env=dict(os.environ, OMP_NUM_THREADS="1", CKPTKIT_BIN=os.path.abspath(b)))
+                                    env=dict(os.environ, OMP_NUM_THREADS="1", CKPTKIT_BIN=os.path.abspath(b),
+                                             # DeepSpeed JIT-builds its CPU comm op: in a folder of this
+                                             # session's (a stale lock of a killed run elsewhere would hang it)
+                                             TORCH_EXTENSIONS_DIR=str(root / "torch_extensions")))
     return {"root": root, **runs}
 
 
