@@ -275,11 +275,12 @@ def file_object(buf):
     return io.BufferedReader(_MemoryFile(buf))
 
 
-class _MemoryFile(io.RawIOBase):
-    """A read-only raw file over a buffer, without copying it (io.BytesIO would)."""
+class SeekableReader(io.RawIOBase):
+    """A read-only, seekable raw file of `size` bytes; subclasses give readinto() from `pos`."""
 
-    def __init__(self, buf):
-        self.buf, self.pos = memoryview(buf).cast("B"), 0
+    def __init__(self, size):
+        super().__init__()
+        self.size, self.pos = size, 0
 
     def readable(self):
         return True
@@ -291,11 +292,19 @@ class _MemoryFile(io.RawIOBase):
         return self.pos
 
     def seek(self, off, whence=0):
-        self.pos = max(0, off if whence == 0 else (self.pos + off if whence == 1 else len(self.buf) + off))
+        self.pos = max(0, off + (0, self.pos, self.size)[whence])
         return self.pos
 
+
+class _MemoryFile(SeekableReader):
+    """A read-only raw file over a buffer, without copying it (io.BytesIO would)."""
+
+    def __init__(self, buf):
+        self.buf = memoryview(buf).cast("B")
+        super().__init__(len(self.buf))
+
     def readinto(self, b):
-        n = max(0, min(len(b), len(self.buf) - self.pos))
+        n = max(0, min(len(b), self.size - self.pos))
         b[:n] = self.buf[self.pos:self.pos + n]
         self.pos += n
         return n

@@ -23,7 +23,6 @@ only when a rank reads one of its moment items.
 """
 import contextlib
 import dataclasses
-import io
 import json
 import os
 import pickle
@@ -38,6 +37,7 @@ from torch.distributed.checkpoint.planner import SavePlan
 
 from . import _ckptkit, _compress_opts, _report
 from ._errors import BadInput, CkptkitWarning, FileNotFound
+from ._torch import SeekableReader
 
 __all__ = ["FileSystemWriter", "FileSystemReader"]
 
@@ -185,7 +185,7 @@ class FileSystemWriter(_fs.FileSystemWriter):
                 shutil.rmtree(p, ignore_errors=True)
 
 
-class _ShellFile(io.RawIOBase):
+class _ShellFile(SeekableReader):
     """A `.distcp` file stored as a shell, read as the original: a read outside every cut is
     served from the shell at its shifted offset; the first read that touches a cut (a moment
     storage) has the library rebuild the whole file in memory (the unit decoded, hashes
@@ -193,31 +193,15 @@ class _ShellFile(io.RawIOBase):
     param_groups items a file holds decodes nothing."""
 
     def __init__(self, root, rel, shell, cuts):
-        super().__init__()
         self._root, self._rel = root, rel
         self._shell = open(shell, "rb")
         self._cuts = sorted((c["offset"], c["length"]) for c in cuts)
-        self._size = os.fstat(self._shell.fileno()).st_size + sum(n for _, n in self._cuts)
-        self._pos = 0
+        super().__init__(os.fstat(self._shell.fileno()).st_size + sum(n for _, n in self._cuts))
         self._full = None
 
-    def readable(self):
-        return True
-
-    def seekable(self):
-        return True
-
-    def tell(self):
-        return self._pos
-
-    def seek(self, offset, whence=os.SEEK_SET):
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
     def readinto(self, b):
-        n = max(0, min(len(b), self._size - self._pos))
-        lo, hi = self._pos, self._pos + n
+        n = max(0, min(len(b), self.size - self.pos))
+        lo, hi = self.pos, self.pos + n
         if n and (self._full is not None or any(o < hi and lo < o + k for o, k in self._cuts)):
             if self._full is None:
                 buf = _ckptkit.restore_bytes(self._root, {}, _TOOL, self._rel)[0]
@@ -226,7 +210,7 @@ class _ShellFile(io.RawIOBase):
         elif n:
             shift = sum(k for o, k in self._cuts if o + k <= lo)
             n = os.preadv(self._shell.fileno(), [memoryview(b)[:n]], lo - shift)
-        self._pos += n
+        self.pos += n
         return n
 
     def close(self):
