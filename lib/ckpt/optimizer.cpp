@@ -318,17 +318,24 @@ std::vector<int> model_params(const Checkpoint& ck, const Value& model) {
     return out;
 }
 
+/// What map_params found: optimizer param id -> model tensor, or why nothing was named.
+struct ParamMap {
+    std::map<std::string, int> found;
+    std::string why;  ///< empty when found is the one fit
+};
+
 /// Names for optimizer param ids when the file gives none: torch numbers params group by
-/// group, and when each group keeps model order the model's parameter list is an
-/// interleaving of the groups. Shapes (from exp_avg) decide the interleaving; when none or
-/// more than one fits, nothing is named. Groups built in another order give wrong names,
-/// so this names rows in reports only, never theta (map_theta).
-std::map<std::string, int> map_params(const Checkpoint& ck, const std::vector<int>& all_params,
-                                      const std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>>& groups) {
+/// group (Optimizer.state_dict), and when each group keeps model order the groups are an
+/// interleaving of a subsequence of the model's parameters (model tensors the optimizer does
+/// not hold, such as frozen parameters or float buffers, are skipped). Shapes (from exp_avg)
+/// decide; when none or more than one fit, nothing is named and `why` says so. Groups built in
+/// another order give wrong names, so this names rows in reports only, never theta (map_theta).
+ParamMap map_params(const Checkpoint& ck, const std::vector<int>& all_params,
+                    const std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>>& groups) {
     std::size_t total = 0;
     for (const auto& g : groups) total += g.size();
     // model tensors of a shape no state has are buffers (a causal mask, position ids) when
-    // every state's shape is known: left out, so the counts can agree
+    // every state's shape is known: left out
     std::set<std::vector<int64_t>> shapes;
     bool all_known = true;
     for (const auto& g : groups)
@@ -339,50 +346,82 @@ std::map<std::string, int> map_params(const Checkpoint& ck, const std::vector<in
     std::vector<int> params;
     for (int t : all_params)
         if (!all_known || shapes.count(ck.tensors[std::size_t(t)].shape)) params.push_back(t);
-    if (params.size() != total) return {};
-    // Depth-first search over interleavings, iterative (one level per parameter: a
-    // recursive search overflowed the stack at 10^5 parameters). choice[k] is the group
-    // that parameter k is taken from; the search stops at a second solution or when the
-    // step budget (enough for one pass down and back per group) runs out.
-    std::vector<std::size_t> pos(groups.size(), 0);
+    if (params.size() < total)
+        return {{}, fmt::format("the model state_dict has {} tensors for the {} parameters of the param groups", params.size(), total)};
+    // Depth-first search, iterative (one level per model tensor: a recursive search
+    // overflowed the stack at 10^5 parameters). choice[k] is the group that model tensor k is
+    // taken from, or G: skipped (only while enough tensors remain for the parameters left).
+    // The search stops at a second solution or when the step budget (enough for one pass
+    // down and back per group) runs out.
+    const std::size_t G = groups.size();
+    std::vector<std::size_t> pos(G, 0);
     std::vector<int> choice(params.size() + 1, -1);
     std::map<std::string, int> found;
     int solutions = 0;
-    long budget = 200000 + 4 * long(params.size()) * long(groups.size() + 1);
+    std::size_t assigned = 0;
+    long budget = 200000 + 4 * long(params.size()) * long(G + 2);
+    auto undo = [&](std::size_t i) {
+        if (choice[i] < int(G)) { --pos[std::size_t(choice[i])]; --assigned; }
+    };
     std::size_t k = 0;
     while (solutions <= 1 && --budget >= 0) {
         if (k == params.size()) {
-            if (++solutions == 1) {
-                std::vector<std::size_t> at(groups.size(), 0);
-                for (std::size_t i = 0; i < k; ++i) {
-                    const std::size_t g = std::size_t(choice[i]);
-                    found[groups[g][at[g]++].first] = params[i];
-                }
+            if (assigned == total && ++solutions == 1) {
+                std::vector<std::size_t> at(G, 0);
+                for (std::size_t i = 0; i < k; ++i)
+                    if (const std::size_t g = std::size_t(choice[i]); g < G) found[groups[g][at[g]++].first] = params[i];
             }
             if (k == 0) break;
-            --k;
-            --pos[std::size_t(choice[k])];
-            continue;  // try the next group for parameter k
+            undo(--k);
+            continue;  // try the next choice for model tensor k
         }
         const auto& shape = ck.tensors[std::size_t(params[k])].shape;
         std::size_t g = std::size_t(choice[k] + 1);
-        for (; g < groups.size(); ++g) {
+        for (; g < G; ++g) {
             if (pos[g] >= groups[g].size()) continue;
             const auto* want = groups[g][pos[g]].second;
             if (!want || *want == shape) break;
         }
-        if (g < groups.size()) {
+        if (g < G || (g == G && params.size() - k - 1 >= total - assigned)) {
             choice[k] = int(g);
-            ++pos[g];
+            if (g < G) { ++pos[g]; ++assigned; }
             choice[++k] = -1;
         } else {
             choice[k] = -1;
             if (k == 0) break;
-            --k;
-            --pos[std::size_t(choice[k])];
+            undo(--k);
         }
     }
-    return solutions == 1 && budget >= 0 ? found : std::map<std::string, int>{};
+    if (budget < 0) return {{}, "too many ways to match the model state_dict's tensors to the param groups"};
+    if (solutions == 0) return {{}, "the model state_dict's tensors do not fit the param groups in order"};
+    if (solutions > 1) return {{}, "same-shape tensors fit the param groups in more than one way"};
+    return {found, ""};
+}
+
+/// Report names for optimizer param ids from the file's module state_dicts `models` (`seq`:
+/// per group, (param id, exp_avg shape or null)): the one fit of map_params; several
+/// state_dicts must all fit one way, with the same names (a model and its EMA copy).
+/// Returns id -> model key, or an empty map and why.
+std::pair<std::map<std::string, std::string>, std::string> names_from_models(
+        const Checkpoint& ck, const std::vector<std::pair<const Value*, std::string>>& models,
+        const std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>>& seq) {
+    if (models.empty()) return {{}, "no parameter names in the file"};
+    std::vector<std::map<std::string, std::string>> fits;
+    std::string why;
+    for (const auto& [m, path] : models) {
+        const ParamMap r = map_params(ck, model_params(ck, *m), seq);
+        if (!r.why.empty()) { why = r.why; continue; }
+        std::map<int, std::string> key_of;
+        for (const auto& [k, v] : std::get<Value::Dict>(m->v))
+            if (auto t = std::get_if<Value::Tensor>(&v.v)) key_of.emplace(int(t->index), k.key_text());
+        std::map<std::string, std::string> names;
+        for (const auto& [id, t] : r.found) names[id] = key_of[t];
+        if (fits.empty() || fits.back() != names) fits.push_back(std::move(names));
+    }
+    if (fits.size() == 1) return {fits[0], ""};
+    if (fits.size() > 1) return {{}, fmt::format("{} model state_dicts of the file fit the param groups", fits.size())};
+    if (models.size() > 1) return {{}, "no model state_dict of the file fits the param groups"};
+    return {{}, why};
 }
 
 bool is_integer_key(const std::string& s) {
@@ -418,11 +457,12 @@ std::string fused_adam(const Value& g, const Value* ds_config, ParamState& p) {
     return "";
 }
 
-/// The states of one optimizer state_dict `opt` found at `prefix`; `model` is the file's
-/// only module state_dict (for report names) or null, `mt` every model tensor of the file,
-/// `masters` DeepSpeed's fp32 partitions for its flat groups (or null). Appends to out.
+/// The states of one optimizer state_dict `opt` found at `prefix`; `models` the file's
+/// module state_dicts (for report names), `masters` DeepSpeed's fp32 partitions for its flat
+/// groups (or null). A state the file does not name is reported by its path and why
+/// ("optimizer/state/3 (no parameter names in the file)"). Appends to out.
 void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOverrides& o, const Value& opt,
-                    const std::string& prefix, const Value* model, const std::vector<std::pair<std::string, int>>& mt,
+                    const std::string& prefix, const std::vector<std::pair<const Value*, std::string>>& models,
                     ModelIndex& model_index, const Value::List* masters, const std::map<std::size_t, int>& refs, const Value* ds_config,
                     std::vector<ParamState>& out) {
     const auto* groups = std::get_if<Value::List>(&opt.get("param_groups")->v);
@@ -443,7 +483,10 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
         }
     }
     std::map<std::string, std::string> likely_name;  // state index -> model key (reports only)
-    if (model) {
+    std::string unnamed_why;                          // why likely_name is empty
+    if (masters) {
+        unnamed_why = "a DeepSpeed flat partition of many parameters";
+    } else {
         std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>> seq;
         std::unordered_map<std::string, const Value*> state_of;  // one pass: Value::get is linear
         if (const auto* sd = std::get_if<Value::Dict>(&opt.get("state")->v))
@@ -459,10 +502,15 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
                 seq.back().push_back({p.key_text(), shape});
             }
         }
-        std::map<int, std::string> key_of;
-        for (const auto& [k, t] : mt) key_of[t] = k;
-        for (const auto& [idx, t] : map_params(ck, model_params(ck, *model), seq)) likely_name[idx] = key_of[t];
+        std::tie(likely_name, unnamed_why) = names_from_models(ck, models, seq);
     }
+    // the path when neither param_names, an FQN key, the model state_dicts nor a unique
+    // shape name it, and why
+    auto say_why = [&](ParamState& p) {
+        if (p.name != prefix + "state/" + p.index) return;
+        if (!is_integer_key(p.index)) p.name = p.index;
+        else p.name += " (" + (unnamed_why.empty() ? std::string("in no param group") : unnamed_why) + ")";
+    };
     for (const auto& [k, st] : std::get<Value::Dict>(opt.get("state")->v)) {
         if (!st.is_dict()) continue;
         ParamState p;
@@ -485,6 +533,7 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
             p.why_not = why.empty() ? "optimizer state without exp_avg / exp_avg_sq (not Adam)" : why;
             if (w != where.end() && !w->second.second.empty()) p.name = w->second.second;
             else if (likely_name.count(p.index)) p.name = likely_name[p.index];
+            say_why(p);
             out.push_back(std::move(p));
             continue;
         }
@@ -542,6 +591,7 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
         p.why_not = fused ? fused_adam(g, ds_config, p) : not_adam(dict_keys(g), dict_keys(st));
         if (p.why_not.empty()) p.why_not = out_of_range(p.hyper, p.lr_divides);
         check_compressible(ck, refs, p);
+        say_why(p);
         out.push_back(std::move(p));
     }
 }
@@ -600,7 +650,7 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
     std::map<std::size_t, int> refs;
     count_refs(ck, ck.root, refs);
     for (const auto& [opt, prefix] : found.opts)
-        scan_optimizer(ck, f, o, *opt, prefix, found.models.size() == 1 ? found.models[0].first : nullptr, mt, model_index,
+        scan_optimizer(ck, f, o, *opt, prefix, found.models, model_index,
                        found.masters.count(opt) ? found.masters.at(opt) : nullptr, refs,
                        ck.root.is_dict() ? ck.root.get("ds_config") : nullptr, out);
     return out;
@@ -728,6 +778,7 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
         }
         if (p.why_not.empty()) p.why_not = out_of_range(p.hyper, p.lr_divides);
         check_compressible(ck, refs, p);
+        if (p.name == "state." + idx) p.name += " (no param_names in __metadata__)";  // keys are sorted: no order
         out.push_back(std::move(p));
     }
     return out;

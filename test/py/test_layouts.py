@@ -160,7 +160,7 @@ def test_layout_roundtrip(layouts, tmp_path, name):
 
 def test_layout_names_and_detection(layouts, tmp_path):
     """Parameter names where the file gives them (param_names, FQN keys, Lightning's
-    `model.` keys), DeepSpeed's flat groups by their state path, and FusedAdam identified
+    `model.` keys), DeepSpeed's flat groups by their state path and why, and FusedAdam identified
     from ds_config as AdamW."""
     b = require_ckptkit_bin()
     by = {os.path.basename(p): p for p in layouts}
@@ -174,7 +174,8 @@ def test_layout_names_and_detection(layouts, tmp_path):
     assert [t["name"] for t in rep("fsdp_full.pt", "--optimizer", "adam")["tensors"]][:2] == ["inp.weight", "inp.bias"]
     assert rep("lightning.ckpt")["tensors"][0]["name"] == "model.gen.inp.weight"
     z = rep("zero_fused.pt")
-    assert z["tensors"][0]["name"] == "optimizer_state_dict/base_optimizer_state/state/0"
+    assert z["tensors"][0]["name"] == ("optimizer_state_dict/base_optimizer_state/state/0 "
+                                       "(a DeepSpeed flat partition of many parameters)")
     assert [g["optimizer"] for g in z["param_groups"]] == ["adamw"]
 
 

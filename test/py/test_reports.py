@@ -143,3 +143,101 @@ def test_nanogpt_tied_weights_and_mask_buffers_are_named(tmp_path):
     assert names == [n for n, _ in m.named_parameters()], names
     assert "transformer.wte.weight" in names and "lm_head.weight" not in names
     assert [t["name"] for t in v["tensors"]] == names
+
+
+class _Net(torch.nn.Module):
+    """Four same-shape layers and a root float buffer of that shape (saved first in the
+    state_dict, before every parameter): the shape alone cannot tell buffer from parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mask", torch.ones(16, 16))
+        self.emb = torch.nn.Embedding(50, 16)
+        self.l1 = torch.nn.Linear(16, 16)
+        self.ln = torch.nn.LayerNorm(16)
+        self.l2 = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 50)
+
+    def forward(self, x):
+        return self.head(self.l2(self.ln(self.l1(self.emb(x)) @ self.mask)))
+
+
+def _trained(opt_of, net=None, steps=3):
+    """A seeded _Net (or `net`) and its optimizer opt_of(net) after `steps` real steps."""
+    torch.manual_seed(0)
+    net = net or _Net()
+    opt = opt_of(net)
+    for _ in range(steps):
+        opt.zero_grad()
+        x = torch.randint(0, 50, (4, 8))
+        torch.nn.functional.cross_entropy(net(x).flatten(0, 1), x.flatten()).backward()
+        opt.step()
+    return net, opt
+
+
+def _names(tmp_path, obj, name):
+    """torch.save(obj); the row names of ckpt-compress --json, equal to ckpt-verify --json's
+    and ckpt-restore --json's."""
+    (tmp_path / name).mkdir()
+    src = tmp_path / name / name
+    torch.save(obj, src)
+    c, v, r = _three(tmp_path / name, src)
+    names = [t["name"] for t in c["tensors"]]
+    assert [t["name"] for t in v["tensors"]] == [t["name"] for t in r["tensors"]] == names
+    return names
+
+
+def test_names_by_parameter_order_past_same_shape_buffers_and_frozen_parameters(tmp_path):
+    """Issue 55 item 8: an optimizer state_dict saved next to its model's state_dict (no
+    param_names: torch 1.x, or an optimizer built from model.parameters()) is named by
+    parameter order, as Optimizer.state_dict numbers them, even where a float buffer has a
+    parameter's shape or a parameter is frozen, as long as one order fits; two param groups
+    (decay / no decay, as HF Trainer builds them) interleave."""
+    params = [n for n, _ in _Net().named_parameters()]
+    net, opt = _trained(lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3))
+    assert _names(tmp_path, {"model": net.state_dict(), "optimizer": opt.state_dict()}, "one.pt") == params
+    decay = lambda n: n.endswith("weight") and not n.startswith("ln")  # noqa: E731
+    net, opt = _trained(lambda m: torch.optim.AdamW(
+        [{"params": [p for n, p in m.named_parameters() if decay(n)], "weight_decay": 0.1},
+         {"params": [p for n, p in m.named_parameters() if not decay(n)], "weight_decay": 0.0}], lr=1e-3))
+    assert _names(tmp_path, {"model_state_dict": net.state_dict(), "optimizer_state_dict": opt.state_dict()},
+                  "two.pt") == [n for n in params if decay(n)] + [n for n in params if not decay(n)]
+    frozen = _Net()
+    frozen.emb.weight.requires_grad_(False)
+    del frozen.mask   # no buffer of a parameter's shape: the frozen embedding is skipped
+    frozen.register_buffer("mask", torch.ones(16, 16), persistent=False)
+    net, opt = _trained(lambda m: torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-3), frozen)
+    assert _names(tmp_path, {"model": net.state_dict(), "optimizer": opt.state_dict()}, "frozen.pt") == params[1:]
+
+
+def test_names_with_an_ema_copy_and_two_models(tmp_path):
+    """Several module state_dicts in one file: a model and its EMA copy (same keys) name the
+    rows; a GAN's two models and two optimizers: each optimizer by the one model it fits."""
+    net, opt = _trained(lambda m: torch.optim.Adam(m.parameters(), lr=1e-3))
+    ema = {k: v.clone() for k, v in net.state_dict().items()}
+    params = [n for n, _ in net.named_parameters()]
+    assert _names(tmp_path, {"model": net.state_dict(), "ema": ema, "optimizer": opt.state_dict()}, "ema.pt") == params
+    torch.manual_seed(1)
+    disc = torch.nn.Sequential(torch.nn.Linear(50, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16), torch.nn.Linear(16, 1))
+    opt_d = torch.optim.Adam(disc.parameters(), lr=1e-3)
+    for _ in range(2):
+        opt_d.zero_grad()
+        disc(torch.randn(4, 50)).pow(2).mean().backward()
+        opt_d.step()
+    gan = {"G": net.state_dict(), "D": disc.state_dict(), "opt_G": opt.state_dict(), "opt_D": opt_d.state_dict()}
+    assert _names(tmp_path, gan, "gan.pt") == params + [n for n, _ in disc.named_parameters()]
+
+
+def test_unnamed_rows_say_why(tmp_path):
+    """Where no name can be known the row is the state's path and why: an optimizer
+    state_dict alone (HF Trainer's optimizer.pt), and a frozen parameter next to a buffer of a
+    parameter's shape (two orders fit: the buffer could be l1.weight)."""
+    net, opt = _trained(lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3))
+    assert _names(tmp_path, opt.state_dict(), "alone.pt") == \
+        [f"state/{i} (no parameter names in the file)" for i in range(9)]
+    frozen = _Net()
+    frozen.emb.weight.requires_grad_(False)
+    net, opt = _trained(lambda m: torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-3), frozen)
+    names = _names(tmp_path, {"model": net.state_dict(), "optimizer": opt.state_dict()}, "ambiguous.pt")
+    assert names == [f"optimizer/state/{i} (same-shape tensors fit the param groups in more than one way)"
+                     for i in range(7)] + ["head.bias"]   # the only [50] tensor: named by its shape
