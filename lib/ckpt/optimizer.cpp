@@ -298,44 +298,28 @@ void map_theta(const Checkpoint& ck, ModelIndex& model, const std::string& given
     }
 }
 
-/// Model parameters in optimizer index order: the float tensors of a module state_dict,
-/// without BatchNorm statistics, deduplicated (tied weights appear once, as in
-/// model.parameters()).
-std::vector<int> model_params(const Checkpoint& ck, const Value& model) {
-    std::vector<int> out;
+/// A module state_dict's float tensors as names_by_order takes them: (key, shape) in file
+/// order, deduplicated (tied weights appear once, as in model.parameters()).
+ModelTensors model_params(const Checkpoint& ck, const Value& model) {
+    ModelTensors out;
     std::set<std::tuple<std::size_t, int64_t, std::vector<int64_t>>> seen;
     for (const auto& [k, v] : std::get<Value::Dict>(model.v)) {
         auto t = std::get_if<Value::Tensor>(&v.v);
         if (!t) return {};
         const TensorInfo& ti = ck.tensors[t->index];
-        const std::string name = k.key_text();
-        auto ends = [&](const char* s) { return name.size() >= strlen(s) && name.compare(name.size() - strlen(s), std::string::npos, s) == 0; };
-        if (ends("running_mean") || ends("running_var") || ends("num_batches_tracked")) continue;
         if (!float_dtype_size(ti.dtype) && ti.dtype != DType::F64) continue;
         if (!seen.insert({ti.storage, ti.storage_offset, ti.shape}).second) continue;
-        out.push_back(int(t->index));
+        out.push_back({k.key_text(), ti.shape});
     }
     return out;
 }
 
-/// What map_params found: optimizer param id -> model tensor, or why nothing was named.
-struct ParamMap {
-    std::map<std::string, int> found;
-    std::string why;  ///< empty when found is the one fit
-};
-
-/// Names for optimizer param ids when the file gives none: torch numbers params group by
-/// group (Optimizer.state_dict), and when each group keeps model order the groups are an
-/// interleaving of a subsequence of the model's parameters (model tensors the optimizer does
-/// not hold, such as frozen parameters or float buffers, are skipped). Shapes (from exp_avg)
-/// decide; when none or more than one fit, nothing is named and `why` says so. Groups built in
-/// another order give wrong names, so this names rows in reports only, never theta (map_theta).
-ParamMap map_params(const Checkpoint& ck, const std::vector<int>& all_params,
-                    const std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>>& groups) {
+/// names_by_order for one model: param id -> key, or an empty map and why.
+std::pair<std::map<std::string, std::string>, std::string> order_one(const ModelTensors& model, const GroupShapes& groups) {
     std::size_t total = 0;
     for (const auto& g : groups) total += g.size();
     // model tensors of a shape no state has are buffers (a causal mask, position ids) when
-    // every state's shape is known: left out
+    // every state's shape is known: left out; so are BatchNorm statistics
     std::set<std::vector<int64_t>> shapes;
     bool all_known = true;
     for (const auto& g : groups)
@@ -343,9 +327,11 @@ ParamMap map_params(const Checkpoint& ck, const std::vector<int>& all_params,
             if (shape) shapes.insert(*shape);
             else all_known = false;
         }
-    std::vector<int> params;
-    for (int t : all_params)
-        if (!all_known || shapes.count(ck.tensors[std::size_t(t)].shape)) params.push_back(t);
+    std::vector<const std::pair<std::string, std::vector<int64_t>>*> params;
+    for (const auto& t : model) {
+        if (t.first.ends_with("running_mean") || t.first.ends_with("running_var") || t.first.ends_with("num_batches_tracked")) continue;
+        if (!all_known || shapes.count(t.second)) params.push_back(&t);
+    }
     if (params.size() < total)
         return {{}, fmt::format("the model state_dict has {} tensors for the {} parameters of the param groups", params.size(), total)};
     // Depth-first search, iterative (one level per model tensor: a recursive search
@@ -356,7 +342,7 @@ ParamMap map_params(const Checkpoint& ck, const std::vector<int>& all_params,
     const std::size_t G = groups.size();
     std::vector<std::size_t> pos(G, 0);
     std::vector<int> choice(params.size() + 1, -1);
-    std::map<std::string, int> found;
+    std::map<std::string, std::string> found;
     int solutions = 0;
     std::size_t assigned = 0;
     long budget = 200000 + 4 * long(params.size()) * long(G + 2);
@@ -369,13 +355,13 @@ ParamMap map_params(const Checkpoint& ck, const std::vector<int>& all_params,
             if (assigned == total && ++solutions == 1) {
                 std::vector<std::size_t> at(G, 0);
                 for (std::size_t i = 0; i < k; ++i)
-                    if (const std::size_t g = std::size_t(choice[i]); g < G) found[groups[g][at[g]++].first] = params[i];
+                    if (const std::size_t g = std::size_t(choice[i]); g < G) found[groups[g][at[g]++].first] = params[i]->first;
             }
             if (k == 0) break;
             undo(--k);
             continue;  // try the next choice for model tensor k
         }
-        const auto& shape = ck.tensors[std::size_t(params[k])].shape;
+        const auto& shape = params[k]->second;
         std::size_t g = std::size_t(choice[k] + 1);
         for (; g < G; ++g) {
             if (pos[g] >= groups[g].size()) continue;
@@ -398,30 +384,12 @@ ParamMap map_params(const Checkpoint& ck, const std::vector<int>& all_params,
     return {found, ""};
 }
 
-/// Report names for optimizer param ids from the file's module state_dicts `models` (`seq`:
-/// per group, (param id, exp_avg shape or null)): the one fit of map_params; several
-/// state_dicts must all fit one way, with the same names (a model and its EMA copy).
-/// Returns id -> model key, or an empty map and why.
+/// Report names from the file's module state_dicts (names_by_order over each).
 std::pair<std::map<std::string, std::string>, std::string> names_from_models(
-        const Checkpoint& ck, const std::vector<std::pair<const Value*, std::string>>& models,
-        const std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>>& seq) {
-    if (models.empty()) return {{}, "no parameter names in the file"};
-    std::vector<std::map<std::string, std::string>> fits;
-    std::string why;
-    for (const auto& [m, path] : models) {
-        const ParamMap r = map_params(ck, model_params(ck, *m), seq);
-        if (!r.why.empty()) { why = r.why; continue; }
-        std::map<int, std::string> key_of;
-        for (const auto& [k, v] : std::get<Value::Dict>(m->v))
-            if (auto t = std::get_if<Value::Tensor>(&v.v)) key_of.emplace(int(t->index), k.key_text());
-        std::map<std::string, std::string> names;
-        for (const auto& [id, t] : r.found) names[id] = key_of[t];
-        if (fits.empty() || fits.back() != names) fits.push_back(std::move(names));
-    }
-    if (fits.size() == 1) return {fits[0], ""};
-    if (fits.size() > 1) return {{}, fmt::format("{} model state_dicts of the file fit the param groups", fits.size())};
-    if (models.size() > 1) return {{}, "no model state_dict of the file fits the param groups"};
-    return {{}, why};
+        const Checkpoint& ck, const std::vector<std::pair<const Value*, std::string>>& models, const GroupShapes& seq) {
+    std::vector<ModelTensors> tensors;
+    for (const auto& [m, path] : models) tensors.push_back(model_params(ck, *m));
+    return names_by_order(tensors, seq);
 }
 
 bool is_integer_key(const std::string& s) {
@@ -487,7 +455,7 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
     if (masters) {
         unnamed_why = "a DeepSpeed flat partition of many parameters";
     } else {
-        std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>> seq;
+        GroupShapes seq;
         std::unordered_map<std::string, const Value*> state_of;  // one pass: Value::get is linear
         if (const auto* sd = std::get_if<Value::Dict>(&opt.get("state")->v))
             for (const auto& [k, st] : *sd) state_of.emplace(k.key_text(), &st);
@@ -778,7 +746,8 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
         }
         if (p.why_not.empty()) p.why_not = out_of_range(p.hyper, p.lr_divides);
         check_compressible(ck, refs, p);
-        if (p.name == "state." + idx) p.name += " (no param_names in __metadata__)";  // keys are sorted: no order
+        if (p.name == "state." + idx)  // safetensors keys are sorted: no parameter order to name them by
+            p.name += " (" + (meta.count("unnamed_why") ? meta["unnamed_why"] : std::string("no param_names in __metadata__")) + ")";
         out.push_back(std::move(p));
     }
     return out;
@@ -795,6 +764,22 @@ void check_kind(const std::vector<ParamState>& states, const std::string& optimi
 }
 
 }  // namespace
+
+std::pair<std::map<std::string, std::string>, std::string> names_by_order(const std::vector<ModelTensors>& models,
+                                                                          const GroupShapes& groups) {
+    if (models.empty()) return {{}, "no parameter names in the file"};
+    std::vector<std::map<std::string, std::string>> fits;
+    std::string why;
+    for (const auto& m : models) {
+        auto [names, w] = order_one(m, groups);
+        if (!w.empty()) { why = w; continue; }
+        if (fits.empty() || fits.back() != names) fits.push_back(std::move(names));
+    }
+    if (fits.size() == 1) return {fits[0], ""};
+    if (fits.size() > 1) return {{}, fmt::format("{} model state_dicts of the file fit the param groups", fits.size())};
+    if (models.size() > 1) return {{}, "no model state_dict of the file fits the param groups"};
+    return {{}, why};
+}
 
 std::vector<double> read_small_tensor(const Checkpoint& ck, const io::InputFile& f, int tensor) {
     const TensorInfo& t = ck.tensors.at(std::size_t(tensor));

@@ -4,6 +4,7 @@
 // Sources: torch.optim.Optimizer.state_dict layout (docs/design.md); safetensors files carry the
 // state flattened as state.<idx>.<name> with hyper-parameters in __metadata__.
 #pragma once
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -67,6 +68,21 @@ struct ParamState {
 /// such state gives an empty list (the caller decides whether that is an error).
 std::vector<ParamState> find_param_states(const Checkpoint&, const io::InputFile&,
                                           const HyperOverrides&, const std::string& optimizer = "auto");
+
+/// A module state_dict's float tensors, (key, shape) in state_dict order.
+using ModelTensors = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+/// An optimizer state_dict's param groups in order: per param, (param id, exp_avg shape or
+/// null when it has no state).
+using GroupShapes = std::vector<std::vector<std::pair<std::string, const std::vector<int64_t>*>>>;
+
+/// Report names for optimizer param ids a file does not name (docs/design.md §2, "Report
+/// rows"): torch numbers params group by group, and with each group in model order the
+/// groups interleave a subsequence of a model's tensors (frozen parameters and float buffers
+/// skipped; BatchNorm statistics left out). The exp_avg shapes must fit exactly one way;
+/// several models (a model and its EMA copy) must agree. Returns param id -> model key, or
+/// an empty map and why not ("no parameter names in the file", ...). Names only, never theta.
+std::pair<std::map<std::string, std::string>, std::string> names_by_order(const std::vector<ModelTensors>& models,
+                                                                          const GroupShapes& groups);
 
 /// Read every element of a tensor (any float dtype, any strides) as double. For small
 /// tensors only (step); throws BadInput.

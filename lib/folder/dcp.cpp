@@ -78,13 +78,38 @@ Parsed parse_item(const std::string& dir, const Item& it, const std::string& scr
     return p;
 }
 
+/// The unpickled .metadata of a DCP folder (a torch Metadata object).
+io::PickleResult read_metadata(const std::string& dir) {
+    const io::InputFile f(join(dir, ".metadata"));
+    io::RangeReader r(f, 0, f.size());
+    return io::unpickle(r, Limits{}, io::PersistentIds::None);
+}
+
+/// The tensors of a DCP folder's state_dict_metadata, (fqn, global size), in the order torch
+/// wrote them (the flattened state_dict's); non-tensor entries are left out.
+ckpt::ModelTensors dcp_tensor_sizes(const std::string& dir) {
+    const io::PickleResult p = read_metadata(dir);
+    const Value::Object* md = p.root.object();
+    const Value* sdm = md ? md->attr("state_dict_metadata") : nullptr;
+    ckpt::ModelTensors out;
+    if (!sdm || !sdm->is_dict()) return out;
+    for (const auto& kv : std::get<Value::Dict>(sdm->v)) {
+        const Value::Object* tm = kv.second.object();
+        const auto* size = tm ? (tm->attr("size") ? std::get_if<Value::List>(&tm->attr("size")->v) : nullptr) : nullptr;
+        if (!size) continue;
+        std::vector<int64_t> shape;
+        for (const auto& e : *size)
+            if (const auto* i = std::get_if<int64_t>(&e.v)) shape.push_back(*i);
+        if (shape.size() == size->size()) out.push_back({kv.first.key_text(), shape});
+    }
+    return out;
+}
+
 }  // namespace
 
 std::vector<Item> dcp_items(const std::string& dir) {
     const std::string path = join(dir, ".metadata");
-    const io::InputFile f(path);
-    io::RangeReader r(f, 0, f.size());
-    const io::PickleResult p = io::unpickle(r, Limits{}, io::PersistentIds::None);
+    const io::PickleResult p = read_metadata(dir);
     const Value::Object* md = p.root.object();
     const Value* sd = md ? md->attr("storage_data") : nullptr;
     if (!sd || !sd->is_dict()) throw BadInput(path, "not a pickled Metadata with a storage_data dict");
@@ -219,7 +244,7 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
     };
     static const char* kMoments[3] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
     struct Moment { std::string name; std::string file; uint64_t abs = 0, nbytes = 0; DType dtype = DType::F32; std::vector<int64_t> shape; std::vector<uint64_t> crcs; };
-    struct Param { std::string name; std::vector<Moment> m; double step = 0; json group; };
+    struct Param { std::string name; std::vector<Moment> m; double step = 0; json group; std::string X; };
     std::vector<Param> params;
     std::vector<std::string> skipped;
     // the item of `fqn` for chunk `chunk` (the only item when the FQN is not chunked)
@@ -232,12 +257,12 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
     };
     // DCP's default (unflattened) optimizer form: groups as X.param_groups.<i>.<key>, with
     // X.param_groups.<i>.params one item holding the list of the group's FQNs (torch's
-    // _traverse.py keeps a list of plain values whole). X -> [(group prefix, its FQNs)].
-    std::map<std::string, std::vector<std::pair<std::string, std::set<std::string>>>> group_lists;
-    auto default_group = [&](const std::string& X, const std::string& P) -> std::string {
+    // _traverse.py keeps a list of plain values whole). X -> [(group prefix, its FQNs)], by i.
+    std::map<std::string, std::vector<std::pair<std::string, std::vector<std::string>>>> group_lists;
+    auto groups_of = [&](const std::string& X) -> const std::vector<std::pair<std::string, std::vector<std::string>>>& {
         auto known = group_lists.find(X);
         if (known == group_lists.end()) {
-            known = group_lists.emplace(X, std::vector<std::pair<std::string, std::set<std::string>>>{}).first;
+            known = group_lists.emplace(X, std::vector<std::pair<std::string, std::vector<std::string>>>{}).first;
             const std::string gp = X + ".param_groups.";
             for (auto it = by_fqn.lower_bound(gp); it != by_fqn.end() && it->first.rfind(gp, 0) == 0; ++it) {
                 const std::string rest = it->first.substr(gp.size());
@@ -246,15 +271,23 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
                 const Parsed pa = parse_item(dir, *it->second[0], scratch, limits);
                 json v;
                 if (!to_json(pa.ck.root, v) || !v.is_array()) continue;
-                std::set<std::string> fqns;
+                std::vector<std::string> fqns;
                 for (const auto& e : v)   // FQNs (get_state_dict), or the state ids of a plain
-                    if (e.is_string()) fqns.insert(e.get<std::string>());   // optimizer.state_dict()
-                    else if (e.is_number_integer()) fqns.insert(std::to_string(e.get<int64_t>()));
+                    if (e.is_string()) fqns.push_back(e.get<std::string>());   // optimizer.state_dict()
+                    else if (e.is_number_integer()) fqns.push_back(std::to_string(e.get<int64_t>()));
                 known->second.push_back({gp + rest.substr(0, dot) + ".", std::move(fqns)});
             }
+            auto index = [&](const std::string& prefix) {   // i of "X.param_groups.<i>."
+                return std::strtoll(prefix.c_str() + gp.size(), nullptr, 10);
+            };
+            std::sort(known->second.begin(), known->second.end(),
+                      [&](const auto& a, const auto& b) { return index(a.first) < index(b.first); });
         }
-        for (const auto& [prefix, fqns] : known->second)
-            if (fqns.count(P)) return prefix;
+        return known->second;
+    };
+    auto default_group = [&](const std::string& X, const std::string& P) -> std::string {
+        for (const auto& [prefix, fqns] : groups_of(X))
+            if (std::find(fqns.begin(), fqns.end(), P) != fqns.end()) return prefix;
         return "";
     };
     for (const auto& [fqn, list] : by_fqn) {
@@ -270,6 +303,8 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
         auto skip = [&](const std::string& why) { skipped.push_back(name + " (" + why + ")"); };
         Param p;
         p.name = name;
+        if (list.size() == 1 && !P.empty() && std::all_of(P.begin(), P.end(), [](char c) { return c >= '0' && c <= '9'; }))
+            p.X = X;   // a state id of the plain optimizer.state_dict() form: named by parameter order below
         bool ok = true;
         for (int k = 0; k < 3 && ok; ++k) {
             const std::string f = base + kMoments[k];
@@ -333,6 +368,49 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
     DcpMoments res;
     if (!skipped.empty()) res.note = "left exact: " + fmt::format("{}", fmt::join(skipped, ", "));
     if (params.empty()) return res;
+    // report names for the state ids of the plain form: by parameter order (names_by_order)
+    // over the folder's other top-level state_dicts, in the order .metadata lists them;
+    // __metadata__'s param_names (one group per param here), or why not
+    json names = json::array();
+    std::string unnamed_why;
+    std::map<std::string, std::map<std::string, std::string>> named;   // X -> id -> name
+    ckpt::ModelTensors sizes;
+    std::map<std::string, std::vector<int64_t>> size_of;
+    for (const auto& p : params) {
+        if (p.X.empty() || named.count(p.X)) continue;
+        if (sizes.empty()) {
+            sizes = dcp_tensor_sizes(dir);
+            size_of.insert(sizes.begin(), sizes.end());
+        }
+        ckpt::GroupShapes groups;
+        for (const auto& [prefix, ids] : groups_of(p.X)) {
+            groups.emplace_back();
+            for (const auto& id : ids) {
+                auto e = size_of.find(p.X + ".state." + id + ".exp_avg");
+                groups.back().push_back({id, e == size_of.end() ? nullptr : &e->second});
+            }
+        }
+        std::map<std::string, ckpt::ModelTensors> models;   // top-level key -> its tensors, keys without it
+        const std::string x_top = p.X.substr(0, p.X.find('.'));
+        for (const auto& [fqn, shape] : sizes) {
+            const auto dot = fqn.find('.');
+            if (dot == std::string::npos || fqn.substr(0, dot) == x_top || fqn.find(".state.") != std::string::npos ||
+                fqn.find(".param_groups.") != std::string::npos)
+                continue;
+            models[fqn.substr(0, dot)].push_back({fqn.substr(dot + 1), shape});
+        }
+        std::vector<ckpt::ModelTensors> list;
+        for (auto& [top, t] : models) list.push_back(std::move(t));
+        auto [found, why] = ckpt::names_by_order(list, groups);
+        named[p.X] = std::move(found);
+        if (!why.empty()) unnamed_why = why;
+    }
+    for (const auto& p : params) {
+        const auto n = named.find(p.X);
+        if (p.X.empty()) names.push_back(p.name);
+        else if (n != named.end() && n->second.count(p.name)) names.push_back(n->second.at(p.name));
+        else names.push_back(nullptr);
+    }
     // the safetensors file: header (tensors in file order), then the data
     json header = json::object(), groups = json::array();
     uint64_t off = 0;
@@ -346,6 +424,8 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
         groups.push_back(p.group);
     }
     header["__metadata__"] = {{"format", "pt"}, {"param_groups", groups.dump()}, {"source", "ckptkit folder mode: DCP moment items"}};
+    if (!named.empty()) header["__metadata__"]["param_names"] = names.dump();
+    if (!unnamed_why.empty()) header["__metadata__"]["unnamed_why"] = unnamed_why;
     std::string h = header.dump();
     h.append((8 - h.size() % 8) % 8, ' ');
     std::map<std::string, DcpFile> files;

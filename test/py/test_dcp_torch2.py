@@ -147,6 +147,24 @@ def test_compress_report(runs, form):
 
 
 @pytest.mark.parametrize("form", FORMS)
+def test_report_rows_named_by_parameter(runs, form):
+    """Issue 55 item 8: compress --json and verify --json name every moment row by its
+    parameter: the FSDP2 forms by FQN and chunk offset, the plain forms (int state ids; the
+    folder has no param_names) by parameter order over the model items of .metadata (state
+    ids run through the groups: weights, then biases), not "state.3"."""
+    r = _get(runs, form, "verify")
+    rows = lambda rep: [t["name"] for f in rep["files"] for t in (f.get("report") or {}).get("tensors", [])]  # noqa: E731
+    names = rows(parse_json_stdout(r["compress"]))
+    if form.startswith("plain"):
+        assert names == IDS
+    else:   # 2 FSDP2 chunks per parameter, by rows: the 64-row layers at 0 and 32, the 25-row one at 0 and 13
+        half = {"0": 32, "2": 32, "4": 13}
+        assert names == sorted(f"{n}@{c}" + (",0" if n.endswith("weight") else "")
+                               for n in NAMES for c in (0, half[n.split(".")[0]]))
+    assert rows(parse_json_stdout(r["verify"])) == names
+
+
+@pytest.mark.parametrize("form", FORMS)
 def test_verify_restore_bytes(runs, form):
     """ckpt-verify --original exit 0; ckpt-restore gives back the same files: the copied ones
     byte-identical, each .distcp file the same size and identical outside its moment items'
