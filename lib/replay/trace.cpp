@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <set>
 #include <unordered_set>
 #include <string_view>
 
@@ -184,18 +185,20 @@ Trace read_ckptkit_trace(element j, const std::string& file) {
     double total_ms = 0;
 
     std::map<std::string, uint64_t> size, version;
+    std::set<std::string> keys;   // kind "key": a JAX PRNG key, an immutable input
     size_t k = 0;
     for (element buf : r.arr(j, "buffers", "trace")) {
         auto w = fmt::format("buffers[{}]", k++);
         BufferInfo b{r.str(buf, "id", w), r.u64(buf, "bytes", w)};
         if (format_version >= 2 && r.has(buf, "kind")) {
             b.kind = r.str(buf, "kind", w);
-            if (b.kind != "buffer" && b.kind != "param" && b.kind != "input")
-                r.fail(fmt::format("{}.kind: '{}' is not buffer, param or input", w, b.kind));
+            if (b.kind != "buffer" && b.kind != "param" && b.kind != "input" && b.kind != "key")
+                r.fail(fmt::format("{}.kind: '{}' is not buffer, param, input or key", w, b.kind));
         }
         if (size.count(b.id)) r.fail(fmt::format("{}: duplicate buffer id '{}'", w, b.id));
         size[b.id] = b.bytes;
         version[b.id] = 0;
+        if (b.kind == "key") keys.insert(b.id);
         total_bytes += double(b.bytes);
         t.buffers.push_back(b);
     }
@@ -244,6 +247,9 @@ Trace read_ckptkit_trace(element j, const std::string& file) {
                 acc.arg = static_cast<int64_t>(arg);
             }
             acc.written = r.has(a, "version_written");
+            if (acc.written && keys.count(acc.buffer))
+                r.fail(fmt::format("{}: writes '{}', a PRNG key (kind key: an immutable input)", wa,
+                                   acc.buffer));
             if (acc.written) {
                 acc.version_written = r.u64(a, "version_written", wa);
                 if (acc.version_written <= acc.version_read)

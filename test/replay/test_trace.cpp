@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "helpers.h"
+#include "replay/contract.h"
 #include "replay/plan_io.h"
 #include "replay/trace.h"
 
@@ -242,7 +243,25 @@ TEST_CASE("format v2: kinds, fingerprint, non-replayable segments; v1 traces sti
     CHECK(v2.segments[3].non_replayable == "replay probe: output differs");
     CHECK(trace_to_json(v2) == j);
     j["buffers"][0]["kind"] = "weights";
-    CHECK_THROWS_WITH_AS(trace_from_json(j, "<v2>"), "buffers[0].kind: 'weights' is not buffer, param or input",
+    CHECK_THROWS_WITH_AS(trace_from_json(j, "<v2>"), "buffers[0].kind: 'weights' is not buffer, param, input or key",
+                         ckpt::BadInput);
+}
+
+TEST_CASE("format v2: JAX traces (kind key: a PRNG key read, never written; framework ignored)") {
+    nlohmann::json j = trace_to_json(load_trace(trace_path("bn.trace.json")));
+    j["framework"] = "jax";
+    j["buffers"].push_back({{"id", "key"}, {"kind", "key"}, {"bytes", 8}});
+    j["segments"][2]["state"].push_back({{"buffer", "key"}, {"read", true}, {"version_read", 0},
+                                         {"bytes_read", 8}});
+    Trace t = trace_from_json(j, "<jax>");
+    CHECK(t.buffers.back().kind == "key");
+    // read only: no hazard, so the stateful segment's hazards are what they were without it
+    Trace plain = load_trace(trace_path("bn.trace.json"));
+    CHECK(derive_contracts(t)[2].hazards == derive_contracts(plain)[2].hazards);
+    j["segments"][2]["state"].back()["version_written"] = 1;
+    j["segments"][2]["state"].back()["regions"] = {{0, 8}};
+    CHECK_THROWS_WITH_AS(trace_from_json(j, "<jax>"),
+                         "segments[2].state[3]: writes 'key', a PRNG key (kind key: an immutable input)",
                          ckpt::BadInput);
 }
 
