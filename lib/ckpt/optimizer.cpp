@@ -384,6 +384,26 @@ std::pair<std::map<std::string, std::string>, std::string> order_one(const Model
     return {found, ""};
 }
 
+/// The parameters of an nn.Module pickled whole (torch.save(model)) as model.parameters()
+/// lists them: its own _parameters, then each child's in _modules, recursively, a tied
+/// parameter once; keys as named_parameters() gives them. Appends nothing for other values.
+void module_params(const Checkpoint& ck, const Value& v, const std::string& prefix, int depth, ModelTensors& out,
+                   std::set<std::pair<std::size_t, int64_t>>& seen) {
+    const Value::Object* o = v.object();
+    const Value* ps = o ? o->attr("_parameters") : nullptr;
+    const Value* ms = o ? o->attr("_modules") : nullptr;
+    const auto* pd = ps ? std::get_if<Value::Dict>(&ps->v) : nullptr;
+    const auto* md = ms ? std::get_if<Value::Dict>(&ms->v) : nullptr;
+    if (!pd || depth > 64) return;
+    for (const auto& [k, x] : *pd)
+        if (const auto* t = std::get_if<Value::Tensor>(&x.v)) {   // None: a parameter registered unset
+            const TensorInfo& ti = ck.tensors[t->index];
+            if (seen.insert({ti.storage, ti.storage_offset}).second) out.push_back({prefix + k.key_text(), ti.shape});
+        }
+    if (md)
+        for (const auto& [k, c] : *md) module_params(ck, c, prefix + k.key_text() + ".", depth + 1, out, seen);
+}
+
 /// Report names from the file's module state_dicts (names_by_order over each).
 std::pair<std::map<std::string, std::string>, std::string> names_from_models(
         const Checkpoint& ck, const std::vector<std::pair<const Value*, std::string>>& models, const GroupShapes& seq) {
@@ -427,10 +447,12 @@ std::string fused_adam(const Value& g, const Value* ds_config, ParamState& p) {
 
 /// The states of one optimizer state_dict `opt` found at `prefix`; `models` the file's
 /// module state_dicts (for report names), `masters` DeepSpeed's fp32 partitions for its flat
-/// groups (or null). A state the file does not name is reported by its path and why
-/// ("optimizer/state/3 (no parameter names in the file)"). Appends to out.
+/// groups (or null), `modules` the parameters of nn.Modules pickled whole (tried first). A
+/// state the file does not name is reported by its path and why ("optimizer/state/3 (no
+/// parameter names in the file)"). Appends to out.
 void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOverrides& o, const Value& opt,
                     const std::string& prefix, const std::vector<std::pair<const Value*, std::string>>& models,
+                    const std::vector<ModelTensors>& modules,
                     ModelIndex& model_index, const Value::List* masters, const std::map<std::size_t, int>& refs, const Value* ds_config,
                     std::vector<ParamState>& out) {
     const auto* groups = std::get_if<Value::List>(&opt.get("param_groups")->v);
@@ -470,7 +492,11 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
                 seq.back().push_back({p.key_text(), shape});
             }
         }
-        std::tie(likely_name, unnamed_why) = names_from_models(ck, models, seq);
+        std::tie(likely_name, unnamed_why) = names_by_order(modules, seq);
+        if (modules.empty() || !unnamed_why.empty()) {   // the state_dicts, unless a module fits
+            auto [names, why] = names_from_models(ck, models, seq);
+            if (why.empty() || modules.empty()) std::tie(likely_name, unnamed_why) = std::tie(names, why);
+        }
     }
     // the path when neither param_names, an FQN key, the model state_dicts nor a unique
     // shape name it, and why
@@ -554,7 +580,8 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
         } else {
             map_theta(ck, model_index, !w->second.second.empty() ? w->second.second : is_integer_key(p.index) ? "" : p.index, p);
         }
-        if (p.name.rfind(prefix + "state/", 0) == 0 && likely_name.count(p.index)) p.name = likely_name[p.index];
+        // parameter order over the map_theta's key of a unique shape (a module's own key, "bias")
+        if (w->second.second.empty() && is_integer_key(p.index) && likely_name.count(p.index)) p.name = likely_name[p.index];
         apply(p.hyper, p.stated, p.stated_bits, o, f.path(), p.name);
         p.why_not = fused ? fused_adam(g, ds_config, p) : not_adam(dict_keys(g), dict_keys(st));
         if (p.why_not.empty()) p.why_not = out_of_range(p.hyper, p.lr_divides);
@@ -569,6 +596,7 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
 struct Found {
     std::vector<std::pair<const Value*, std::string>> opts;   ///< state_dict, path prefix ("optimizer/")
     std::vector<std::pair<const Value*, std::string>> models; ///< dicts of tensors (module state_dicts)
+    std::vector<const Value*> modules;                         ///< nn.Modules pickled whole (outermost)
     /// DeepSpeed ZeRO: the fp32 master partitions next to base_optimizer_state (ZeRO-1/2, bf16)
     /// or optimizer_state_dict (ZeRO-3), per opt
     std::map<const Value*, const Value::List*> masters;
@@ -583,11 +611,15 @@ bool is_opt(const Value& v) {
 /// optimizer state_dicts (a dict with a 'state' dict and a 'param_groups' list: torch,
 /// HF optimizer.pt, Lightning's optimizer_states list, DeepSpeed's base_optimizer_state,
 /// several optimizers per file) and module state_dicts (a non-empty dict of tensors).
-void find_tree(const Value& v, const std::string& path, int depth, Found& out) {
+void find_tree(const Value& v, const std::string& path, int depth, Found& out, bool in_module = false) {
     if (depth > 64) return;
     if (is_opt(v)) {
         out.opts.push_back({&v, path});
         return;
+    }
+    if (const Value::Object* o = v.object(); o && o->attr("_parameters") && o->attr("_modules")) {
+        if (!in_module) out.modules.push_back(&v);
+        in_module = true;
     }
     if (auto d = std::get_if<Value::Dict>(&v.v); d && !d->empty()) {
         bool all = true;
@@ -604,7 +636,7 @@ void find_tree(const Value& v, const std::string& path, int depth, Found& out) {
             if (const Value* m = v.get("fp32_flat_groups"))
                 if (auto l = std::get_if<Value::List>(&m->v)) out.masters[b] = l;
     }
-    v.for_each_child([&](const std::string& seg, const Value& c) { find_tree(c, path + seg + "/", depth + 1, out); });
+    v.for_each_child([&](const std::string& seg, const Value& c) { find_tree(c, path + seg + "/", depth + 1, out, in_module); });
 }
 
 std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f, const HyperOverrides& o) {
@@ -615,10 +647,15 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
     for (const auto& [m, path] : found.models)
         for (auto& kv : model_tensors(ck, *m)) mt.push_back(kv);
     ModelIndex model_index(ck, mt);
+    std::vector<ModelTensors> modules(found.modules.size());
+    for (std::size_t i = 0; i < modules.size(); ++i) {
+        std::set<std::pair<std::size_t, int64_t>> seen;
+        module_params(ck, *found.modules[i], "", 0, modules[i], seen);
+    }
     std::map<std::size_t, int> refs;
     count_refs(ck, ck.root, refs);
     for (const auto& [opt, prefix] : found.opts)
-        scan_optimizer(ck, f, o, *opt, prefix, found.models, model_index,
+        scan_optimizer(ck, f, o, *opt, prefix, found.models, modules, model_index,
                        found.masters.count(opt) ? found.masters.at(opt) : nullptr, refs,
                        ck.root.is_dict() ? ck.root.get("ds_config") : nullptr, out);
     return out;

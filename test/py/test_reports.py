@@ -241,3 +241,15 @@ def test_unnamed_rows_say_why(tmp_path):
     names = _names(tmp_path, {"model": net.state_dict(), "optimizer": opt.state_dict()}, "ambiguous.pt")
     assert names == [f"optimizer/state/{i} (same-shape tensors fit the param groups in more than one way)"
                      for i in range(7)] + ["head.bias"]   # the only [50] tensor: named by its shape
+
+
+def test_names_of_a_model_pickled_whole(tmp_path):
+    """torch.save({"model": model, ...}) pickles the nn.Module itself: its parameter tree
+    (own parameters, then each child's, as model.parameters() lists them) names the rows, a
+    frozen parameter skipped, where its state_dict next to a buffer of a parameter's shape
+    would fit two ways (test_unnamed_rows_say_why)."""
+    frozen = _Net()
+    frozen.emb.weight.requires_grad_(False)
+    net, opt = _trained(lambda m: torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-3), frozen)
+    assert _names(tmp_path, {"model": net, "optimizer": opt.state_dict()}, "whole.pt") == \
+        ["l1.weight", "l1.bias", "ln.weight", "ln.bias", "l2.weight", "l2.bias", "head.weight", "head.bias"]
