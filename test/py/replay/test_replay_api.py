@@ -411,3 +411,32 @@ def test_no_range_names_segments():
         assert p.range["min_peak_bytes"] == p.range["keep_all_peak_bytes"]
     finally:
         os.unlink(trace)
+
+
+def test_package_command_line_and_thin_script_wrappers(tmp_path):
+    """Issue 55 item 9: the MODEL.py command line is the package's own (`python -m
+    ckptkit.replay record|apply`, ckptkit/replay/_cli.py); scripts/record_trace.py and
+    apply_plan.py are thin wrappers over it (<= 80 lines). Record bn.py, plan the smallest
+    budget in-process, apply it from the command line: byte-identical, exit 0; an unknown
+    command is exit 2 with the usage line."""
+    import subprocess
+    from testlib import package_dir
+    for s in ("record_trace.py", "apply_plan.py"):
+        assert len((ROOT / "scripts" / s).read_text().splitlines()) <= 80, s
+    env = dict(os.environ, PYTHONPATH=package_dir())
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ckptkit.replay", *map(str, a)],  # noqa: E731
+                                    capture_output=True, text=True, env=env, cwd=tmp_path)
+    trace, plan_path = tmp_path / "bn.trace.json", tmp_path / "bn.plan.json"
+    r = run("record", ROOT / "test" / "models" / "bn.py", "-o", trace)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[-1] == ("ckptkit.replay record: bn.py: 7 segments, 2 touch state or RNG; state "
+                                         f"6 buffers; RNG streams none; non-replayable: none -> {trace}")
+    assert json.loads(trace.read_text())["source"] == f"ckptkit.replay torch {torch.__version__}"
+    p = replay.plan(trace)
+    replay.plan(trace, activation_budget=p.range["min_activation_bytes"]).save(plan_path)
+    r = run("apply", ROOT / "test" / "models" / "bn.py", trace, plan_path, "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert (res["identical"], res["differences"], res["budget_bytes"]) == (True, [], p.range["min_peak_bytes"])
+    r = run("bogus")
+    assert (r.returncode, r.stderr) == (2, "usage: python -m ckptkit.replay {record,apply} ... (record --help, apply --help)\n")
