@@ -2,9 +2,11 @@
 compress / verify / restore, the certified param groups, the escape warning, verify's
 labels. Real fixtures from data/ and real torch files."""
 import copy
+import json
 import sys
 import os
 
+import pytest
 import torch
 
 from testlib import fixture_path, parse_json_stdout, require_ckptkit_bin, run_tool
@@ -253,3 +255,22 @@ def test_names_of_a_model_pickled_whole(tmp_path):
     net, opt = _trained(lambda m: torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-3), frozen)
     assert _names(tmp_path, {"model": net, "optimizer": opt.state_dict()}, "whole.pt") == \
         ["l1.weight", "l1.bias", "ln.weight", "ln.bias", "l2.weight", "l2.bias", "head.weight", "head.bias"]
+
+
+def test_safetensors_without_param_names_say_why(tmp_path):
+    """A safetensors optimizer file (state.<i>.<field> tensors, param_groups in __metadata__)
+    without param_names: its keys are stored sorted, so there is no parameter order to name
+    by; every row says so, except the one state whose shape only one model tensor has."""
+    save_file = pytest.importorskip("safetensors.torch").save_file   # the .venv line has it, Debian's not
+    net, opt = _trained(lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3))
+    osd = opt.state_dict()
+    tensors = {f"model.{k}": v.contiguous() for k, v in net.state_dict().items()}
+    for i, st in osd["state"].items():
+        for k, v in st.items():
+            tensors[f"state.{i}.{k}"] = v.reshape(1) if v.dim() == 0 else v
+    src = tmp_path / "opt.safetensors"
+    save_file(tensors, str(src), metadata={"optimizer": "adamw", "param_groups": json.dumps(osd["param_groups"])})
+    c, v, _ = _three(tmp_path, src)
+    names = [t["name"] for t in c["tensors"]]
+    assert names == [f"state.{i} (no param_names in __metadata__)" for i in range(8)] + ["model.head.bias"]
+    assert [t["name"] for t in v["tensors"]] == names
