@@ -92,10 +92,9 @@ class _Layout:
     def __init__(self, eqns, segments=None, root=None):
         scopes = [_scope(e) for e in eqns]
         if root is None:
-            # the scopes shared by every stack that starts like the first one (stacks of ops
-            # hoisted out of a scan body by autodiff start elsewhere: outside every segment)
+            # the scopes every named op shares (the linearized step's ops hoisted out of a scan
+            # body have stacks of their own: _residuals passes the forward's root instead)
             nonempty = [s for s in scopes if s]
-            nonempty = [s for s in nonempty if s[0] == nonempty[0][0]] if nonempty else []
             root = nonempty[0] if nonempty else ()
             for s in nonempty:
                 k = 0
