@@ -810,7 +810,7 @@ std::pair<std::map<std::string, std::string>, std::string> names_by_order(const 
     for (const auto& m : models) {
         auto [names, w] = order_one(m, groups);
         if (!w.empty()) { why = w; continue; }
-        if (fits.empty() || fits.back() != names) fits.push_back(std::move(names));
+        if (std::find(fits.begin(), fits.end(), names) == fits.end()) fits.push_back(std::move(names));
     }
     if (fits.size() == 1) return {fits[0], ""};
     if (fits.size() > 1) return {{}, fmt::format("{} model state_dicts of the file fit the param groups", fits.size())};
