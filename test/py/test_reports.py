@@ -274,3 +274,48 @@ def test_safetensors_without_param_names_say_why(tmp_path):
     names = [t["name"] for t in c["tensors"]]
     assert names == [f"state.{i} (no param_names in __metadata__)" for i in range(8)] + ["model.head.bias"]
     assert [t["name"] for t in v["tensors"]] == names
+
+
+def test_real_lightning_checkpoint_rows_named(tmp_path, real_frameworks):
+    """Lightning's own Trainer.save_checkpoint (the .venv line has lightning): state_dict keys
+    prefixed by the module attribute, BatchNorm statistics and a float buffer with a bias's
+    shape between the parameters; the optimizer over self.parameters() (no param_names): every
+    row is named by its parameter."""
+    L = pytest.importorskip("lightning")
+    import warnings
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.bn, self.h, self.out = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 16), nn.Linear(16, 1)
+            self.register_buffer("scale", torch.ones(16))
+
+        def forward(self, x):
+            return self.out(torch.relu(self.h(self.bn(self.inp(x)) * self.scale)))
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = Net()
+
+        def training_step(self, batch, i):
+            return nn.functional.mse_loss(self.model(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=16)
+    trainer = L.Trainer(max_steps=4, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    module = Module()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, data)
+    (tmp_path / "l").mkdir()
+    trainer.save_checkpoint(tmp_path / "l" / "last.ckpt")
+    c, v, _ = _three(tmp_path / "l", tmp_path / "l" / "last.ckpt")
+    names = [t["name"] for t in c["tensors"]]
+    assert names == [f"model.{n}" for n, _ in module.model.named_parameters()]
+    assert [t["name"] for t in v["tensors"]] == names
