@@ -7,7 +7,7 @@ jax.checkpoint with nothing_saveable on every segment) and ckptkit's joint plans
 from the smallest feasible to keep-everything; next to the plan's predicted peak.
 
     PYTHONPATH=build/python .venv/bin/python scripts/bench/bench_replay_jax.py [--scale 4]
-        [--steps 20] [--memory-scheduler] [--json out.json]
+        [--steps 20] [--memory-scheduler] [--json out.json] [--svg-dir docs/replay_jax]
 
 --memory-scheduler sets XLA_FLAGS=--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED
 (before jax is imported); XLA:CPU's default scheduler is concurrency-optimized. Prints a
@@ -22,6 +22,19 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _sweep_svg(text, name, lo, hi, folder):
+    """replay-plan TRACE --sweep lo:hi:(hi-lo)/24 --svg folder/NAME.svg on the recorded trace."""
+    import subprocess
+    os.makedirs(folder, exist_ok=True)
+    tp = os.path.join(folder, f"{name}.trace.json")
+    with open(tp, "w") as f:
+        f.write(text)
+    exe = os.path.join(os.environ.get("CKPTKIT_BIN") or os.path.join(ROOT, "build", "apps"), "replay-plan")
+    step = max(1, (hi - lo) // 24)
+    subprocess.run([exe, tp, "--sweep", f"{lo}:{hi + step}:{step}", "--svg", os.path.join(folder, f"{name}.svg"),
+                    "--force", "-q"], check=False, capture_output=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scale", type=int, default=4, help="batch multiplier of the fixture models (default 4)")
@@ -29,6 +42,9 @@ def main():
     ap.add_argument("--memory-scheduler", action="store_true", help="XLA:CPU's memory-optimized scheduler")
     ap.add_argument("--models", default="cnn,transformer,rnn")
     ap.add_argument("--json", help="also write the rows as JSON here")
+    ap.add_argument("--svg-dir", help="write each model's trace and replay-plan's sweep plot (step time vs "
+                                      "budget, every planner: the torch sweeps' plot) here as NAME.trace.json / "
+                                      "NAME.svg; needs CKPTKIT_BIN or build/apps")
     a = ap.parse_args()
     if a.memory_scheduler:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
@@ -41,7 +57,8 @@ def main():
 
     mib = 1 << 20
     rows = []
-    print("| model | config | predicted peak MiB | XLA peak MiB | XLA / predicted | XLA temp MiB | step ms | recomputed |")
+    print("| model | config | predicted peak MiB | XLA peak MiB | XLA / predicted | XLA temp MiB | step ms "
+          "| recomputed |")
     print("|---|---|---|---|---|---|---|---|")
     for name in a.models.split(","):
         loss_fn, params, state, batch = jax_models.MODELS[name](scale=a.scale)
@@ -52,14 +69,17 @@ def main():
         lo, hi = r["min_peak_bytes"], r["keep_all_peak_bytes"]
         budgets = [lo + k * (hi - lo) // 4 for k in range(5)]
         joint = rj.plan(text, budget=budgets)
+        if a.svg_dir:
+            _sweep_svg(text, name, lo, hi, a.svg_dir)
         full = rj.plan(text, planner="all")
         configs = [("no remat", loss_fn, hi, [])]
         e = full.entries[0]
         configs.append(("full remat", rj.apply(loss_fn, full), e["peak_bytes"],
                         [s["name"] for s in e["segments"] if s["decision"] != "keep"]))
         for k, e in enumerate(joint.entries):
-            configs.append((f"plan {k * 25}% ({e['budget_bytes'] / mib:.2f})", rj.apply(loss_fn, joint, e["budget_bytes"]),
-                            e["peak_bytes"], [s["name"] for s in e["segments"] if s["decision"] != "keep"]))
+            configs.append((f"plan {k * 25}% ({e['budget_bytes'] / mib:.2f})",
+                            rj.apply(loss_fn, joint, e["budget_bytes"]), e["peak_bytes"],
+                            [s["name"] for s in e["segments"] if s["decision"] != "keep"]))
         for label, fn, predicted, rc in configs:
             step = jax_models.train_step(fn, tx, batch, donate=True)
             o = tx.init(params)

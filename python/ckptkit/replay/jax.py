@@ -1,5 +1,5 @@
-"""ckptkit.replay.jax: replay plans for JAX training steps (optional: needs jax; the rest of
-ckptkit imports without it).
+"""ckptkit.replay.jax: replay plans for JAX training steps (optional: needs jax, and torch as
+all of ckptkit.replay does; the rest of ckptkit imports without jax).
 
     from ckptkit.replay import jax as rj
     trace = rj.record(loss_fn, params, state, batch, key, optimizer=tx)  # trace file (formats/trace.md)
@@ -254,12 +254,14 @@ class _Split:
 
 
 def _tree_parts(params, state, batch, key):
+    """Leaf counts of the four step arguments (the order of the jaxpr's inputs)."""
     return [len(jax.tree.leaves(x)) for x in (params, state, batch, key)]
 
 
 def _origins(split, counts):
-    """var -> origin kind of every jaxpr var: ("param", path) / ("state", path) / ("key", path) /
-    ("batch", None) / ("act", None); ops outside segments on keys alone stay keys (a split key)."""
+    """var -> (origin, index of the input leaf or None) of every jaxpr var: origin "param",
+    "state", "key", "batch", "const" or "act"; ops outside segments on keys alone stay keys (a
+    split key keeps its source's index)."""
     jp = split.closed.jaxpr
     kinds = ["param"] * counts[0] + ["state"] * counts[1] + ["batch"] * counts[2] + ["key"] * counts[3]
     org = {v: (k, i) for i, (v, k) in enumerate(zip(jp.invars, kinds))}
