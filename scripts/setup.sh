@@ -30,7 +30,7 @@ if [ "${CKPTKIT_NO_VENV:-0}" != 1 ]; then
     "$py" -m venv .venv
     DS_BUILD_OPS=0 .venv/bin/pip install -q --disable-pip-version-check -r scripts/requirements.txt 2>&1 \
       | grep -v "^WARNING: Location" || true
-    .venv/bin/python -c "import torch, transformers, lightning, safetensors, sklearn"  # fails setup
+    .venv/bin/python -c "import torch, transformers, lightning, safetensors, sklearn, jax, flax, optax"  # fails setup
     cp scripts/requirements.txt "$stamp"
   fi
 fi
