@@ -523,7 +523,7 @@ def apply(loss_fn, plan_obj, budget=None):
         if fp and mine != fp:
             raise StalePlan(None, f"the plan was made for another model (fingerprint {fp}, this step's "
                                   f"params and state give {mine}): record and plan again")
-        closed = jax.make_jaxpr(loss_fn)(*args)
+        closed, out_shape = jax.make_jaxpr(loss_fn, return_shape=True)(*args)
         split = _Split(closed, names or None)
         lay = split.layout
         if lay.missing or lay.split:
@@ -546,6 +546,6 @@ def apply(loss_fn, plan_obj, budget=None):
             else:
                 _eval_eqns(eqns, env)
         flat = [a.val if not _is_var(a) else env[a] for a in jp.outvars]
-        return jax.tree.unflatten(jax.tree.structure(jax.eval_shape(loss_fn, *args)), flat)
+        return jax.tree.unflatten(jax.tree.structure(out_shape), flat)
     applied.__wrapped__ = loss_fn
     return applied
