@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
     try {
         cudaDeviceProp prop{};
         CKPT_CUDA(cudaGetDeviceProperties(&prop, 0));
-        const codec::GuardConst gc = codec::make_guard_const(s.hyper, s.tolerance);
+        const codec::GuardConst gc = codec::make_guard_const(s.hyper, s.tolerance, s.format6);
         const std::size_t blocks = (n + codec::kBlock - 1) / codec::kBlock;
         const int cb = codec::code_bytes(s.kind), pb = codec::params_per_block(s.kind);
         const double in_bytes = 2.0 * 4.0 * double(n);  // m and v, FP32

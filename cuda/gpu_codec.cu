@@ -225,7 +225,7 @@ codec::ChunkOut encode_chunk_gpu_ex(const codec::TensorSetup& s, const codec::Ch
     std::lock_guard<std::mutex> lock(ctx.mu);
     const int nm = s.moments();
     const std::size_t n = in.n, blocks = (n + codec::kBlock - 1) / codec::kBlock;
-    const codec::GuardConst gc = codec::make_guard_const(s.hyper, s.tolerance);
+    const codec::GuardConst gc = codec::make_guard_const(s.hyper, s.tolerance, s.format6);
     codec::ChunkOut out;
     for (int k = 0; k < nm; ++k) {
         out.codes[k].assign(n * std::size_t(codec::code_bytes(s.kind)), 0);
@@ -320,7 +320,7 @@ std::size_t decode_chunk_gpu(const codec::TensorSetup& s, const std::array<const
     if (!gpu_available(&why)) throw std::runtime_error("no CUDA device (" + why + ")");
     Context& ctx = context();
     std::lock_guard<std::mutex> lock(ctx.mu);
-    const codec::GuardConst gc = codec::make_guard_const(s.hyper, s.tolerance);
+    const codec::GuardConst gc = codec::make_guard_const(s.hyper, s.tolerance, s.format6);
     DecodeJob j{s, codes, params, out, theta, bounds};
     try {
         std::size_t slice = 0;

@@ -168,8 +168,9 @@ void warn_kept(const std::string& in, const std::vector<TensorRow>& kept) {
 
 /// When more than 5% of the moment values escaped: estimate, on a sample (the first 16k
 /// coordinates of every coded parameter), what a larger tolerance or the bf16 codec would
-/// escape, and say so in one warning line.
-void warn_escapes(const io::InputFile& f, const ct::Manifest& man, const Report& rep) {
+/// escape, and say so in one warning line with the escapes by cause and what each means;
+/// options as the caller spells them (CompressOptions::python_names).
+void warn_escapes(const io::InputFile& f, const ct::Manifest& man, const Report& rep, bool python_names) {
     uint64_t values = 0, esc = 0;  // coded tensors only: a state kept exact has its own note
     for (const auto& r : rep.rows)
         if (r.note.empty()) values += r.values, esc += r.escapes;
@@ -192,10 +193,15 @@ void warn_escapes(const io::InputFile& f, const ct::Manifest& man, const Report&
     for (const auto& t : tries)
         if (t.n)
             s += fmt::format("{}{} escapes {:.1f}%", s.empty() ? "" : ", ",
-                             t.kind != man.codec ? std::string("--codec ") + codec::kind_name(t.kind) : fmt::format("--tolerance {}", t.tol),
+                             t.kind != man.codec ? fmt::format(fmt::runtime(python_names ? "codec='{}'" : "--codec {}"), codec::kind_name(t.kind))
+                                                 : fmt::format(fmt::runtime(python_names ? "tolerance={}" : "--tolerance {}"), t.tol),
                              100.0 * double(t.esc) / double(t.n));
-    spdlog::warn("{}: {:.1f}% of the moment values escaped (more than 5%){}", f.path(), 100.0 * double(esc) / double(values),
-                 s.empty() ? "" : "; on a sample: " + s);
+    const auto& causes = rep.escape_causes;  // moment values, as the percentage
+    spdlog::warn("{}: {:.1f}% of the moment values escaped (more than 5%; stored exactly, so only the size suffers){}; by "
+                 "cause: {} no code (a value the block's codes cannot represent), {} certificate (coded, but the "
+                 "guard could not prove the update bound), {} non-finite (NaN or inf)",
+                 f.path(), 100.0 * double(esc) / double(values), s.empty() ? "" : "; on a sample: " + s, causes[0], causes[1],
+                 causes[2]);
 }
 
 /// xxh3 of one parameter's codes per role, as encoded (VerifyOptions::code_hashes).
@@ -346,7 +352,7 @@ Report compress_input(const io::InputFile& f, const std::string& out, const Comp
     rep.file_bytes_in = f.size();
     rep.file_bytes_out = io::InputFile(out).size();
     rep.ok = rep.max_bound() <= o.tolerance;
-    warn_escapes(f, man, rep);
+    warn_escapes(f, man, rep, o.python_names);
     return rep;
 }
 }  // namespace

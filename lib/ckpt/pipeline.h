@@ -37,6 +37,9 @@ struct CompressOptions {
     /// nothing was coded) instead of refused with NoAdamState. The Python package's save
     /// sets it; the tools and folder mode do not (ckpt-compress exits 2, a folder copies it).
     bool allow_no_state = false;
+    /// Warnings name options as the Python package spells them (`tolerance=0.02`,
+    /// `codec='bf16'`) instead of as the CLI does (`--tolerance 0.02`). The package sets it.
+    bool python_names = false;
 };
 
 /// Compress `in` (torch.save zip/legacy or safetensors) into the container `out`.

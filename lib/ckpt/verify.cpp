@@ -280,7 +280,7 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
     for (std::size_t j = 0; j < man.params.size(); ++j) {
         const auto& e = man.params[j];
         const codec::TensorSetup s = cr.setup(j);
-        const codec::GuardConst gc = codec::make_guard_const(s.hyper, s.tolerance);
+        const codec::GuardConst gc = codec::make_guard_const(s.hyper, s.tolerance, s.format6);
         grid.set_b2(gc.b2);
         // horizon all: gradient sequences on every `stride`-th coordinate (every 8th, at
         // most ~16k per tensor), as well as the single gradients of the dense grid

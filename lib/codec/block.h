@@ -119,8 +119,13 @@ CKPT_HD GuardInput guard_input(const TensorSetup& s, const Cell* c, const float*
 }
 
 /// exp_avg is coded relative to sqrt of the decoded denominator state at g = 0:
-/// exp_avg_sq, or max(exp_avg_sq, max_exp_avg_sq) with amsgrad.
-CKPT_HD double m_scale(double v, double vmax) { return sqrt(v > vmax ? v : vmax); }
+/// exp_avg_sq, or max(exp_avg_sq, max_exp_avg_sq) with amsgrad; where that state is exactly
+/// 0, relative to 2^-75 when `floor` (TensorSetup::format6: a positive float's root is at
+/// least 2^-74.5, so the floor changes nothing else), so that exp_avg gets codes there too.
+CKPT_HD double m_scale(bool floor, double v, double vmax) {
+    const double r = sqrt(v > vmax ? v : vmax);
+    return r > 0 || !floor ? r : 0x1p-75;
+}
 
 static_assert(kBlock <= 64, "VLog::anchor buffers one block of at most 64 values");
 
@@ -175,7 +180,7 @@ template <class Q>
 CKPT_HD void set_scales(const TensorSetup& s, int bn, const BlockTrial<Q>* t, BlockWork<Q>& w) {
     const bool ams = s.moments() == 3;
     for (int j = 0; j < bn; ++j) {  // branch-free (a dropped coordinate's stale cell is computed, then discarded)
-        const double r = m_scale(w.cells[1].dec[j], ams ? w.cells[2].dec[j] : 0.0);
+        const double r = m_scale(s.format6, w.cells[1].dec[j], ams ? w.cells[2].dec[j] : 0.0);
         w.scale[j] = t->keep[j] ? r : 0.0;
     }
 }
@@ -318,6 +323,7 @@ CKPT_HD_FORCE bool vlog_sens(const GuardConst& gc, const float* const* src, std:
     const double sb2 = sqrt(gc.b2);
     const T ka = T(gc.plan_ka), kb = T(gc.plan_kb), eps = T(gc.eps);
     const T a0 = T(sb2 / gc.sqrt_bc2), b1s = T(gc.plan_b1s), closed_g = T(gc.plan_g);
+    const T em = T(gc.plan_em), egs = T(gc.plan_eg * sb2);  // closed_all's eps form (+inf: unused)
     if constexpr (std::is_same<T, float>::value) {  // double always computes (the old code's bits)
         const T big = T(INFINITY);
         if (!((ka < big) & (kb < big) & (eps < big) & (a0 < big) & (b1s < big) & (closed_g < big) & (a0 > 0))) return false;
@@ -327,7 +333,9 @@ CKPT_HD_FORCE bool vlog_sens(const GuardConst& gc, const float* const* src, std:
         const bool live = (int(isfinite(m)) & int(isfinite(v)) & int(v > 0)) != 0;
         const T r = T(1) / sqrt(v);
         const T a = ka / (a0 + eps * r);
-        const T b = kb * (b1s * fabs(m) * r + closed_g);
+        const T bx = kb * (b1s * fabs(m) * r + closed_g);
+        const T be = em * fabs(m) + egs * (v * r);  // sqrt(V) = sqrt(b2) sqrt(v); NaN or inf when unused
+        const T b = be < bx ? be : bx;
         w.live[j] = live;
         A[j] = live ? double(a) : 0.0;
         B[j] = live ? double(b) : 0.0;
@@ -372,7 +380,9 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
             const double C = b2 * v, v0 = C > vx ? C : vx;
             const double d0 = sqrt(v0) / sqrt_bc2 + eps;
             const double a = ka * sqrt(v > vx ? v : vx) / d0;
-            const double b = kb * (b1 * fabs(m) / sqrt(C) + closed_g) * (vx > C ? vx / C : 1.0);
+            const double bx = kb * (b1 * fabs(m) / sqrt(C) + closed_g) * (vx > C ? vx / C : 1.0);
+            const double be = gc.plan_em * fabs(m) + gc.plan_eg * sqrt(v0);  // closed_all's eps form
+            const double b = be < bx ? be : bx;
             w.live[j] = live;
             A[j] = live ? a : 0.0;
             B[j] = live ? b : 0.0;
@@ -584,19 +594,27 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
     // code's choices")
     const bool constrained = vlog_plan(s, gc, src, i0, bn, 0.9 * s.tolerance, w, dm, delta);
     const int16_t anchor = VLog::anchor(src[1] + i0, w.lg[1], bn);  // the same in every trial (bn <= kBlock <= 64)
+    // A plan allowing an exp_avg_sq step of an octave or more (closed_all's eps form, where
+    // sqrt(v) << eps) gets exactly one octave on whole octaves: the grid is then the powers of
+    // two, 2^-149 included, so every positive float, subnormals too, has a code (a coarser
+    // grid's next value below can round to 0, leaving the values under it without one).
+    const int a_oct = (anchor >= 0 ? anchor + 32 : anchor - 32) / 64 * 64;
+    const int16_t anchor_oct = int16_t(a_oct > 32767 ? a_oct - 64 : a_oct < -32767 ? a_oct + 64 : a_oct);
     double scale = 1;
     for (int trial = 0; trial < 3; ++trial, scale *= 0.7) {
         t->p[0][0] = VLog::m_step(dm * scale);
         t->p[0][1] = 0;
-        t->p[1][0] = anchor;
         t->p[1][1] = VLog::v_step(delta * scale);
+        const bool octave = t->p[1][1] >= 1024;
+        t->p[1][0] = octave ? anchor_oct : anchor;
+        t->p[1][1] = octave ? int16_t(1024) : t->p[1][1];
         if (nm == 3) t->p[2][0] = t->p[2][1] = 0;  // max_exp_avg_sq uses exp_avg_sq's grid
         for (int j = 0; j < bn; ++j) t->keep[j] = true;
         for (int k = 1; k < nm; ++k)  // second moments: the log2 is computed once per block
             vlog_code_v_block(s.type, src[k] + i0, w.lg[k], t->p[1], bn, k, t->code[1], t->keep, t->code[k],
                               w.cells[k], w.settled);
         for (int j = 0; j < bn; ++j)  // set_scales without its keep select: dropped coordinates are never read
-            w.scale[j] = m_scale(w.cells[1].dec[j], nm == 3 ? w.cells[2].dec[j] : 0.0);
+            w.scale[j] = m_scale(s.format6, w.cells[1].dec[j], nm == 3 ? w.cells[2].dec[j] : 0.0);
         vlog_code_m_block(s.type, src[0] + i0, VLog::value(t->p[0][0]), w.scale, bn, t->keep, t->code[0], w.cells[0],
                           w.settled);
         certify_trial(s, gc, theta, i0, bn, t, w);
@@ -630,7 +648,7 @@ CKPT_HD bool decode_cells(const TensorSetup& s, const uint8_t* const* codes, con
     for (int oi = 0; oi < 3; ++oi) {
         const int k = order[oi];
         if (k >= nm) continue;
-        const double scale = k == 0 ? m_scale(c[1].dec, nm == 3 ? c[2].dec : 0.0) : 0.0;
+        const double scale = k == 0 ? m_scale(s.format6, c[1].dec, nm == 3 ? c[2].dec : 0.0) : 0.0;
         const uint16_t code = load_code(codes[k], Q::kCodeBytes, i);
         const int16_t* p = params[k] + b * Q::kParams;
         const Role r = role_of(k);
@@ -736,7 +754,7 @@ CKPT_HD bool vlog_decode_block(const TensorSetup& s, const uint8_t* const* codes
     BlockCells& m = cells[0];
     for (int j = 0; j < bn; ++j) {
         const uint32_t c = load_code(codes[0], 2, i0 + j);
-        const double d = unit * m_scale(cells[1].dec[j], nm == 3 ? cells[2].dec[j] : 0.0);
+        const double d = unit * m_scale(s.format6, cells[1].dec[j], nm == 3 ? cells[2].dec[j] : 0.0);
         const double q = double(c >> 1), neg = flag_hd((c & 1) != 0);
         m.dec[j] = VLog::m_decoded(uint16_t(c), d);
         if (with_cells) {

@@ -346,7 +346,7 @@ template <class Q>
 ChunkOut encode_impl(const TensorSetup& s, const ChunkIn& in) {
     const int nm = s.moments();
     const std::size_t n = in.n, blocks = (n + kBlock - 1) / kBlock;
-    const GuardConst gc = make_guard_const(s.hyper, s.tolerance);
+    const GuardConst gc = make_guard_const(s.hyper, s.tolerance, s.format6);
     const float* src[3] = {in.m, in.v, in.vmax};
     ChunkOut out;
     for (int k = 0; k < nm; ++k) {
@@ -370,7 +370,7 @@ template <class Q>
 std::size_t decode_impl(const TensorSetup& s, const std::array<const uint8_t*, 3>& codes,
                         const std::array<const int16_t*, 3>& params, std::size_t n,
                         std::array<float*, 3> out, const float* theta, double* bounds) {
-    const GuardConst gc = make_guard_const(s.hyper, s.tolerance);
+    const GuardConst gc = make_guard_const(s.hyper, s.tolerance, s.format6);
     const std::size_t blocks = (n + kBlock - 1) / kBlock;
     const unsigned parts = parts_for(n);
     std::vector<std::size_t> bad(parts, SIZE_MAX);
@@ -382,7 +382,7 @@ std::size_t decode_impl(const TensorSetup& s, const std::array<const uint8_t*, 3
 
 template <class Q>
 void classify_impl(const TensorSetup& s, const ChunkIn& in, ChunkOut& out) {
-    const GuardConst gc = make_guard_const(s.hyper, s.tolerance);
+    const GuardConst gc = make_guard_const(s.hyper, s.tolerance, s.format6);
     const float* src[3] = {in.m, in.v, in.vmax};
     auto w = std::make_unique<BlockWork<Q>>();
     out.causes = {};

@@ -78,6 +78,12 @@ struct TensorSetup {
     double tolerance = 0.01;
     DomainRule domain;
     MomentType type = MomentType::F32;
+    /// The rules container format 6 added (false: as formats 1-5 decode and certify):
+    /// exp_avg's unit where the denominator state decodes to exactly 0 (an exp_avg_sq that
+    /// underflowed while exp_avg did not) is 2^-75 times the block's step, not 0 (block.h
+    /// m_scale), and the every-update certificate's exp_avg_sq term also takes its eps-bound
+    /// form (guard.h closed_all), which matters where sqrt(v) << eps.
+    bool format6 = true;
     CKPT_HD int moments() const { return hyper.amsgrad ? 3 : 2; }
 };
 

@@ -79,10 +79,21 @@ struct GuardConst {
     double h_k2m;       ///< sup_t B1_t S_t r^t: the exp_avg_sq term's |m~| part
     double h_g;         ///< sup_t B1_t S_t * R / (sqrt(2) 1.5^1.5): its gradient part (no amsgrad)
     double h_g_ams;     ///< sup_t B1_t S_t * R: its gradient part with amsgrad; also update_bound_all's
+    /// closed_all's eps form of the exp_avg_sq term (format 6; docs/design.md §1): per
+    /// dv / eps, e_m |m~| / V + e_g / sqrt(V) with e_m = B1_1 b1 / 8, e_g = B1_1 R / 16
+    /// (R B1_1 / 8 with amsgrad). +inf (unused) before format 6, with eps = 0 or b1^2 >= b2.
+    double h_e_m, h_e_g;
     /// vlog_plan's sensitivity constants (block.h): the first-update closed form's
     /// 0.5 b1/bc1, 0.5 sqrt(bc2)/bc1, b1/sqrt(b2), closed_g, b1 (amsgrad) and closed_g
     /// (amsgrad), or closed_all's counterparts.
     double plan_ka, plan_kb, plan_b1s, plan_g, plan_b1, plan_g_ams;
+    /// vlog_plan's sensitivity of closed_all's eps form per relative half-width of the
+    /// exp_avg_sq cell: plan_em |m| + plan_eg sqrt(V) (h_e_m / eps, h_e_g / eps); +inf unused.
+    double plan_em, plan_eg;
+    /// 1 where fp32_gate admits an inexact subnormal denominator state (format 6, eps * S_1 >=
+    /// 2^-50: torch's FP32 roundings of such a state move sqrt(v) by at most ~2^-74, under one
+    /// FP32 ulp of D >= eps; docs/design.md §1, "FP32"), else 0.
+    double sub_v_ok;
 };
 
 /// closed_all's suprema over t >= 1 (docs/design.md §1, "Every later update"), with
@@ -126,7 +137,8 @@ inline HorizonConsts horizon_consts(const AdamHyper& h) {
 constexpr int kLog8MaxStep = 24;
 
 /// Build GuardConst. bc1 = 1-b1^t, bc2 = 1-b2^t with t = step+1 (torch's bias correction).
-inline GuardConst make_guard_const(const AdamHyper& h, double tolerance) {
+/// format6: TensorSetup::format6 (closed_all's eps form).
+inline GuardConst make_guard_const(const AdamHyper& h, double tolerance, bool format6 = true) {
     const double t = round_step(h.step + 1, h.step_bits);
     GuardConst c{};
     c.b1 = h.beta1;
@@ -152,6 +164,8 @@ inline GuardConst make_guard_const(const AdamHyper& h, double tolerance) {
     c.plan_g_ams = c.closed_g;
     c.all = h.horizon == 0;
     c.h_k1 = c.h_k2m = c.h_g = c.h_g_ams = 0;
+    c.h_e_m = c.h_e_g = c.plan_em = c.plan_eg = INFINITY;
+    c.sub_v_ok = format6 && h.eps * c.sqrt_bc2 >= 0x1p-50 ? 1.0 : 0.0;
     if (c.all) {
         // make_guard_const runs per chunk: the suprema (a loop over steps, up to ~10^4 for
         // beta1 near 1 at an early step) once per tensor, remembered by each thread
@@ -178,6 +192,14 @@ inline GuardConst make_guard_const(const AdamHyper& h, double tolerance) {
         c.plan_b1 = c.h_k2m * std::sqrt(h.beta2);
         c.plan_g_ams = c.h_g_ams;
         c.v_sens = 0.5 * c.h_g;  // closed_all's exp_avg_sq term at m = 0 per unit relative error
+        if (format6 && k.ok && h.eps > 0) {
+            // B1_t = 1 / (1 - b1^n_t) does not grow with t (n_t does not fall): its sup is B1_1
+            const double B1_1 = 1 / (1 - std::pow(h.beta1, round_step(h.step + 1, h.step_bits)));
+            c.h_e_m = B1_1 * h.beta1 / 8;
+            c.h_e_g = h.amsgrad ? B1_1 * k.R / 8 : B1_1 * k.R / 16;
+            c.plan_em = c.h_e_m / h.eps;
+            c.plan_eg = c.h_e_g / h.eps;
+        }
     }
     int cap = 1;
     while (cap < kLog8MaxStep && c.v_sens * (std::exp2((cap + 1) / 128.0) - 1) <= 0.55 * c.tolerance) ++cap;
@@ -290,7 +312,9 @@ CKPT_HD_FORCE double closed_all(const GuardConst& c, const GuardInput& in, doubl
     const double V = in.amsgrad ? z.v0 : c.b2 * in.v.lo;  // z.v0 is that product bit for bit without amsgrad
     const double k2 = in.amsgrad ? c.h_k2m : c.h_k2m * sqrt(c.b2);
     const double g = in.amsgrad ? c.h_g_ams : c.h_g;
-    const double t2 = 0.5 * dv * (k2 * fabs(in.m.dec) / (V * z.sv0) + g / V);
+    const double t2x = 0.5 * dv * (k2 * fabs(in.m.dec) / (V * z.sv0) + g / V);
+    const double t2e = dv / c.eps * (c.h_e_m * fabs(in.m.dec) / V + c.h_e_g / z.sv0);  // +inf or NaN when unused
+    const double t2 = t2e < t2x ? t2e : t2x;
     const double t2s = dv != 0 ? (V > 0 ? t2 : INFINITY) : 0.0;
     return t1 + t2s;
 }
@@ -386,9 +410,9 @@ CKPT_HD_FORCE double fp32_gate_coord(const GuardConst& c, const GuardInput& in, 
     // the conditions as one product of 0/1 flags, then one select: a chain of selects on
     // the margin gets jump-threaded into many-way branches that GCC cannot if-convert
     double ok = flag_hd(ma < big) * flag_hd(fabs(in.m.dec) < big) * flag_hd(in.v.hi < big);
-    ok *= flag_hd(!(in.v.hi > in.v.lo) | (c.b2 * in.v.lo >= tiny)) * flag_hd(dmin > 0);
+    ok *= flag_hd(!(in.v.hi > in.v.lo) | (c.b2 * in.v.lo >= tiny) | (c.sub_v_ok != 0)) * flag_hd(dmin > 0);
     if (in.amsgrad)  // uniform over a tensor
-        ok *= flag_hd(in.vmax.hi < big) * flag_hd(!(in.vmax.hi > in.vmax.lo) | (in.vmax.lo >= tiny));
+        ok *= flag_hd(in.vmax.hi < big) * flag_hd(!(in.vmax.hi > in.vmax.lo) | (in.vmax.lo >= tiny) | (c.sub_v_ok != 0));
     const double m = 8 * 0x1p-149 * (c.inv_bc1 / dmin + c.inv_lr);
     return ok != 0 ? m : INFINITY;
 }

@@ -139,7 +139,9 @@ struct VLog {
     }
 
     /// exp_avg_sq / max_exp_avg_sq code of a > 0 (finite) whose log2 is lg (any estimate:
-    /// the result is the nearest code whatever it is, as long as it is within 8 steps);
+    /// the result is the nearest code whatever it is; within 8 steps a short walk finds it,
+    /// else a bisection over the cells, which are ordered: in the subnormal range many
+    /// indices round to one float, and only the lowest of such a run has a nonempty cell);
     /// also its cell when `cell` is given.
     CKPT_HD static bool encode_v(double a, double lg, const int16_t* p, uint16_t* code, Cell* cell = nullptr) {
         const double est = (lg * 1024 - double(p[0]) * 16) / p[1];
@@ -153,7 +155,22 @@ struct VLog {
             else if (a <= (xj + dn) / 2 && j > -kMaxIndex) { --j; up = xj; xj = dn; dn = vval(p, j - 1); }
             else break;
         }
-        const double lo = (xj + dn) / 2, hi = (xj + up) / 2;
+        double lo = (xj + dn) / 2, hi = (xj + up) / 2;
+        if (!(a > lo && a <= hi)) {  // the smallest j whose cell's upper end reaches a
+            int64_t l = -kMaxIndex, h = kMaxIndex;
+            if (!(a <= (vval(p, h) + vval(p, h + 1)) / 2)) return false;
+            while (l < h) {
+                const int64_t mid = l + (h - l) / 2;
+                if (a <= (vval(p, mid) + vval(p, mid + 1)) / 2) h = mid;
+                else l = mid + 1;
+            }
+            j = l;
+            xj = vval(p, j);
+            dn = vval(p, j - 1);
+            up = vval(p, j + 1);
+            lo = (xj + dn) / 2;
+            hi = (xj + up) / 2;
+        }
         if (!(xj > 0) || !(hi < INFINITY) || !(a > lo && a <= hi)) return false;
         *code = uint16_t(1 + zigzag(int32_t(j)));
         if (cell) *cell = {xj, lo, hi};  // = cell(*code, ...): the same three grid values

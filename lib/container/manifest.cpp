@@ -136,8 +136,9 @@ codec::MomentType moment_type(DType d) {
     return d == DType::F32 ? codec::MomentType::F32 : d == DType::F16 ? codec::MomentType::F16 : codec::MomentType::BF16;
 }
 
-codec::TensorSetup tensor_setup(const ParamEntry& e, codec::Kind kind, double tolerance) {
+codec::TensorSetup tensor_setup(const ParamEntry& e, codec::Kind kind, double tolerance, int format_version) {
     codec::TensorSetup s;
+    s.format6 = format_version >= 6;
     s.kind = kind;
     s.hyper = e.hyper;
     s.tolerance = tolerance;

@@ -19,7 +19,7 @@ namespace ckpt::container {
 
 /// Format written: 4 (vlog segments in mode 3: sixteen rANS states, 16-bit words; 3 had
 /// four byte-wise states, 2 added vlog and its segments with two). Readers accept 1 to 4.
-constexpr int kFormatVersion = 5;
+constexpr int kFormatVersion = 6;
 constexpr int kOldestFormatVersion = 1;
 /// Dataset paths (formats/container.md).
 constexpr const char* kRaw = "/raw";
@@ -66,8 +66,10 @@ struct ParamEntry {
 /// The codec's name for a moment float type (F32, F16 or BF16; any other type maps to BF16).
 codec::MomentType moment_type(DType);
 /// What the codec needs to encode or decode parameter e: its hyper-parameters, domain and
-/// moment type, under the container's codec and tolerance (lr units).
-codec::TensorSetup tensor_setup(const ParamEntry& e, codec::Kind kind, double tolerance);
+/// moment type, under the container's codec and tolerance (lr units), as container format
+/// `format_version` decodes it (TensorSetup::format6 from 6).
+codec::TensorSetup tensor_setup(const ParamEntry& e, codec::Kind kind, double tolerance,
+                                int format_version = kFormatVersion);
 
 /// An optimizer state kept exact (its moments stay in /raw), for the reports.
 struct KeptEntry {

@@ -226,7 +226,7 @@ void ContainerReader::read_segments(const ct::ParamEntry& e, int k, uint64_t beg
 }
 
 codec::TensorSetup ContainerReader::setup(std::size_t j) const {
-    return ct::tensor_setup(man_.params.at(j), man_.codec, man_.tolerance);
+    return ct::tensor_setup(man_.params.at(j), man_.codec, man_.tolerance, man_.format_version);
 }
 
 void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want want, Chunk& c,

@@ -204,6 +204,7 @@ CompressOptions compress_options(const pkg::Opts& o) {
     c.limits.strict = o.get<bool>("strict", false);
     c.device = o.get<std::string>("device", "auto");
     c.allow_no_state = o.get<bool>("allow_no_state", false);   // ckptkit.save: model-only objects stored exactly
+    c.python_names = true;                                        // warnings say tolerance=, not --tolerance
     return c;
 }
 

@@ -169,7 +169,7 @@ TEST_CASE("manifest: parse rejects malformed fields with the exact reason") {
     CHECK(rejection([](json& j) { j["params"][0]["theta_dtype"] = "U8"; }) == "param w: bad theta_dtype");
     CHECK(rejection([](json& j) { j["params"][0]["theta_dtype"] = ""; }) == "param w: bad theta_dtype");
     CHECK(rejection([](json& j) { j["params"][0]["theta_storage"] = -1; }) == "param w: bad theta_dtype");
-    CHECK(rejection([](json& j) { j["format_version"] = 6; }) == "container format version 6 is not supported");
+    CHECK(rejection([](json& j) { j["format_version"] = 7; }) == "container format version 7 is not supported");
     CHECK(rejection([](json& j) { j["format_version"] = 0; }) == "container format version 0 is not supported");
     CHECK(rejection([](json& j) { j["codec"] = "vlog"; j["format_version"] = 1; }) == "codec vlog needs container format version 2");
     CHECK(rejection([](json& j) { j["params"][0]["escape_causes"]["certificate"] = 99; }).find("escape_causes") != std::string::npos);

@@ -646,3 +646,36 @@ def test_every_update_low_precision_moments(tmp_path, dtype):
     assert errors == []
     assert sum(k.endswith("x100") for k in res) == 5
     assert all(r["ok"] for r in res.values()), res
+
+
+# ------------------------------------------------------- moments at the bottom of float32
+
+def test_default_init_lm_underflowed_moments_get_codes(tmp_path):
+    """A tied-embedding LM with torch's default N(0, 1) embedding init saved after 16 AdamW
+    steps (data/lm_default_init.pt, loss ~ 60): the unseen tokens' gradients are ~1e-30, so
+    their exp_avg_sq underflowed to subnormals or to 0 while exp_avg did not. Format 5 had no
+    code for those (exp_avg's unit was sqrt(v~) = 0; the grid had no subnormal cells; the FP32
+    gate refused subnormal states) and escaped them all; format 6 codes them: < 0.5% of the
+    values escape, verify --original passes, and 100 real AdamW steps of every gradient
+    sequence from the restored state stay within tolerance * lr of the original's."""
+    from testlib import DATA, torch_step_check as tsc
+    b = require_ckptkit_bin()
+    src = os.path.join(DATA, "lm_default_init.pt")
+    state = torch.load(src)["optimizer"]["state"].values()
+    coords = sum(s["exp_avg"].numel() for s in state)
+    zero_v = sum(int(((s["exp_avg_sq"] == 0) & (s["exp_avg"] != 0)).sum()) for s in state)
+    subnormal_v = sum(int(((s["exp_avg_sq"] > 0) & (s["exp_avg_sq"] < torch.finfo(torch.float32).tiny)).sum()) for s in state)
+    assert zero_v > 0.01 * coords and subnormal_v > 0.01 * coords, (zero_v, subnormal_v, coords)  # what format 5 escaped
+    ckz, out = tmp_path / "c.ckz.h5", tmp_path / "r.pt"
+    r = run_tool(b, "ckpt-compress", src, "-o", ckz, "--json")
+    assert r.returncode == 0, r.stderr
+    rep = parse_json_stdout(r)
+    values = sum(t["values"] for t in rep["tensors"])
+    assert rep["escapes"] < 0.005 * values, rep["escapes"]
+    v = run_tool(b, "ckpt-verify", ckz, "--original", src, timeout=600)
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert run_tool(b, "ckpt-restore", ckz, "-o", out).returncode == 0
+    errors, res = tsc.check_pair(src, str(out), tolerance=TOL, grad_bound=1.0, fixture="lm_default_init.pt", steps=100)
+    assert errors == []
+    assert sum(k.endswith("x100") for k in res) == 5
+    assert all(r["ok"] for r in res.values()), res

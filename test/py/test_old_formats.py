@@ -2,8 +2,9 @@
 ckpt-compress before format 2 (log8, 2026-12-01); data/cnn_adamw.v2.ckz.h5 before format 3
 (vlog, two-state rANS segments: mode 0, 2026-12-02); data/cnn_adamw.v3.ckz.h5 before
 format 4 (four-state byte-wise rANS segments: mode 2, 2026-12-03); data/cnn_adamw.v4.ckz.h5
-before format 5 (first-update certificates, no horizon in the manifest); all from
-data/cnn_adamw.pt. Today's
+before format 5 (first-update certificates, no horizon in the manifest);
+data/cnn_adamw.v5.ckz.h5 before format 6 (exp_avg_sq's eps form and subnormal states,
+2026-12-07: decoded and certified by format 5's rules); all from data/cnn_adamw.pt. Today's
 ckpt-verify proves each against the original and ckpt-restore gives back a file stock torch
 loads, whose first real AdamW step agrees with the original's within the tolerance."""
 import os
@@ -16,7 +17,7 @@ import make_bad_containers as mbc  # scripts/fixtures/ (testlib): reads zstd-fil
 
 SRC = os.path.join(DATA, "cnn_adamw.pt")
 OLD = {1: ("cnn_adamw.v1.ckz.h5", "log8"), 2: ("cnn_adamw.v2.ckz.h5", "vlog"), 3: ("cnn_adamw.v3.ckz.h5", "vlog"),
-       4: ("cnn_adamw.v4.ckz.h5", "vlog")}
+       4: ("cnn_adamw.v4.ckz.h5", "vlog"), 5: ("cnn_adamw.v5.ckz.h5", "vlog")}
 
 
 def segment_modes(f):
@@ -34,19 +35,19 @@ def test_old_fixture_has_its_format(version):
     with h5py.File(os.path.join(DATA, OLD[version][0]), "r") as f:
         assert int(f.attrs["format_version"]) == version
         assert f["raw"].dtype == ("<u4" if version >= 3 else "u1")
-        assert "horizon" not in mbc.get_manifest(f)  # format 5's
+        assert ("horizon" in mbc.get_manifest(f)) == (version >= 5)  # format 5's
         if version == 1:
             assert "moments/segments" not in f
         elif version == 2:  # two-state rANS (mode 0) and raw (mode 1) segments
             assert segment_modes(f) == {0, 1}
         elif version == 3:  # four-state byte-wise rANS (mode 2) and raw segments, never mode 3
             assert segment_modes(f) == {1, 2}
-        else:  # sixteen-state rANS (mode 3), as format 5
+        else:  # sixteen-state rANS (mode 3), as format 6
             assert 3 in segment_modes(f)
 
 
-def test_new_container_is_format_5(tmp_path):
-    """Format 5: the manifest records the horizon ("all" by default, 1 with --horizon 1) and
+def test_new_container_is_format_6(tmp_path):
+    """Format 6 (format 5's layout; its rules: formats/container.md): the manifest records the horizon ("all" by default, 1 with --horizon 1) and
     each parameter's step dtype; as in format 4, sixteen-state word-wise rANS segments
     (mode 3) and /raw (as in format 3) as byte-shuffled little-endian u32 holding exactly the
     source's non-moment bytes (its `bytes` attribute), the last element padded with zeros."""
@@ -60,7 +61,7 @@ def test_new_container_is_format_5(tmp_path):
     v = run_tool(b, "ckpt-verify", tmp_path / "one.ckz.h5", "--original", SRC, "--json")
     assert v.returncode == 0 and parse_json_stdout(v)["horizon"] == 1, v.stdout + v.stderr
     with h5py.File(out, "r") as f:
-        assert int(f.attrs["format_version"]) == 5
+        assert int(f.attrs["format_version"]) == 6
         man = mbc.get_manifest(f)
         assert man["horizon"] == "all" and {p["hyper"]["step_dtype"] for p in man["params"]} == {"F32"}
         assert 3 in segment_modes(f) and 0 not in segment_modes(f)  # mode 2 only for short segments where smaller
@@ -87,7 +88,7 @@ def test_old_format_verifies_and_restores_for_stock_torch(tmp_path, version):
     assert v.returncode == 0, v.stdout + v.stderr
     rep = parse_json_stdout(v)
     assert rep["codec"] == codec and rep["ok"] and rep["max_bound_lr"] <= 0.01
-    assert rep["horizon"] == 1  # formats 1-4 certify the first update
+    assert rep["horizon"] == (1 if version < 5 else "all")  # formats 1-4 certify the first update
     out = tmp_path / "restored.pt"
     r = run_tool(b, "ckpt-restore", path, "-o", out)
     assert r.returncode == 0, r.stderr

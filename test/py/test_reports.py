@@ -88,10 +88,20 @@ def test_many_escapes_warn_with_a_sampled_suggestion(tmp_path):
     d = run_tool(b, "ckpt-compress", tmp_path / "e.pt", "-o", tmp_path / "d.h5", "--json")
     assert d.returncode == 0 and "escaped" not in d.stderr
     assert parse_json_stdout(d)["escapes"] < 0.005 * rep["moment_values"]
-    warn = [line for line in c.stderr.splitlines() if "of the moment values escaped (more than 5%)" in line]
+    warn = [line for line in c.stderr.splitlines() if "of the moment values escaped (more than 5%" in line]
     assert len(warn) == 1
     assert warn[0].startswith(f"ckpt-compress: warning: {tmp_path / 'e.pt'}: ")
     assert "; on a sample: --tolerance 0.02 escapes " in warn[0] and "--codec bf16 escapes " in warn[0]
+    causes = parse_json_stdout(c)["escape_causes"]
+    assert (f"by cause: {causes['no_code']} no code (a value the block's codes cannot represent), "
+            f"{causes['certificate']} certificate (coded, but the guard could not prove") in warn[0]
+    # the package names its own keyword arguments, not the CLI's flags
+    import ckptkit
+    with pytest.warns(ckptkit.CkptkitWarning) as got:
+        ckptkit.compress(tmp_path / "e.pt", tmp_path / "p.h5", codec="log8")
+    pw = [str(w.message) for w in got if "of the moment values escaped" in str(w.message)]
+    assert len(pw) == 1 and "tolerance=0.02 escapes " in pw[0] and "codec='bf16' escapes " in pw[0], pw
+    assert "--tolerance" not in pw[0] and "--codec" not in pw[0]
 
 
 def test_nanogpt_tied_weights_and_mask_buffers_are_named(tmp_path):
