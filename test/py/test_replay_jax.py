@@ -114,6 +114,19 @@ def cnn_plan(tmp_path_factory):
     return rj.plan(path, budget=r["min_peak_bytes"])
 
 
+def test_remat_checkpoint_is_bitwise_too_and_remat_is_checked(cnn_plan):
+    """remat="checkpoint" (plain jax.checkpoint, the default off CPU) gives the same bits over 50
+    steps as no remat and as the CPU default ("callback"); another remat is BadInput."""
+    loss_fn, params, state, batch = jax_models.cnn()
+    tx = optax.adam(1e-3)
+    ref = jax_models.train(loss_fn, params, state, batch, tx, STEPS)
+    assert _leaves_equal(ref, jax_models.train(rj.apply(loss_fn, cnn_plan, remat="checkpoint"),
+                                               params, state, batch, tx, STEPS))
+    with pytest.raises(ckptkit.BadInput, match=r"^ckptkit\.replay\.jax: error: remat must be 'auto', "
+                                               r"'checkpoint' or 'callback', not 'x'$"):
+        rj.apply(loss_fn, cnn_plan, remat="x")
+
+
 def _call(fn, model):
     loss_fn, params, state, batch = model
     return jax.value_and_grad(fn, has_aux=True)(params, state, batch, KEY)

@@ -13,7 +13,8 @@ root, found from the name stack of the traced step; a segment's ops must be cont
 state is explicit: the recorded contract of a segment is the state leaves (`batch_stats`) and
 PRNG keys it reads, never a write (new statistics are new arrays), so every segment is offered
 keep and recompute and a recompute is exact by construction. apply() re-traces loss_fn and runs
-each recomputed segment under jax.checkpoint with the nothing_saveable policy.
+each recomputed segment under jax.checkpoint (nothing_saveable) or, on XLA:CPU, under a custom
+VJP that recomputes it behind a host identity (see apply).
 """
 import json
 import os
@@ -29,6 +30,7 @@ from jax._src import core as _core
 from jax._src import source_info_util as _siu
 
 from . import Plan, _write_atomic, plan, select_entry
+from .._errors import BadInput
 from ._common import RecordError, StalePlan, parse_bytes
 
 __all__ = ["record", "record_trace", "plan", "apply", "Plan", "step_memory", "segments_of",
@@ -497,18 +499,71 @@ def record(loss_fn, params, state, batch, key, *, segments=None, path=None, opti
     return _write_atomic(text, path, force)
 
 
-def apply(loss_fn, plan_obj, budget=None):
+def _host_identity(xs):
+    """The arrays xs unchanged, through a host callback: XLA cannot see through it, so what is
+    computed from its outputs is neither merged with the forward (CSE) nor run before they exist."""
+    shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs]
+    return jax.pure_callback(lambda *a: [np.asarray(v) for v in a], shapes, *xs)
+
+
+def _plain(aval):
+    return np.issubdtype(aval.dtype, np.number) or aval.dtype == np.bool_
+
+
+def _recompute(f, avals, is_param, remat):
+    """f(*inputs) -> outputs that keeps only its inputs for the backward and recomputes there.
+    remat "checkpoint": jax.checkpoint(policy=nothing_saveable, prevent_cse=True). remat
+    "callback": a custom VJP whose backward recomputes f from its non-parameter inputs and the
+    incoming cotangents passed through _host_identity (the recompute waits for the cotangent
+    and stays a recompute: XLA:CPU drops jax.checkpoint's optimization barriers before CSE and
+    schedules a recompute as soon as its inputs exist, so the forward's arrays stay alive)."""
+    if remat == "checkpoint":
+        return jax.checkpoint(f, policy=jax.checkpoint_policies.nothing_saveable, prevent_cse=True)
+    mask = _diff_mask(avals)
+    fence = [i for i, a in enumerate(avals) if _plain(a) and not is_param[i]]
+
+    @jax.custom_vjp
+    def g(*xs):
+        return f(*xs)
+
+    def fwd(*xs):
+        return f(*xs), xs
+
+    def bwd(xs, cts):
+        cts = list(cts)
+        live = [k for k, c in enumerate(cts) if np.issubdtype(c.dtype, np.floating)]
+        moved = _host_identity([xs[i] for i in fence] + [cts[k] for k in live])
+        xs = list(xs)
+        for i, v in zip(fence, moved):
+            xs[i] = v
+        for k, v in zip(live, moved[len(fence):]):
+            cts[k] = v
+        grads = iter(_vjp_fn(f, avals)(*xs, *cts))
+        return tuple(next(grads) if m else np.zeros(a.shape, jax.dtypes.float0) for a, m in zip(avals, mask))
+    g.defvjp(fwd, bwd)
+    return g
+
+
+def apply(loss_fn, plan_obj, budget=None, *, remat="auto"):
     """A function with loss_fn's signature and values whose backward follows one entry of a plan
-    made from record(): each segment the entry recomputes runs under jax.checkpoint with the
-    nothing_saveable policy (only its inputs are kept; it is recomputed in the backward; JAX
-    functions are pure, so the same keys and state give the same bits).
+    made from record(): each segment the entry recomputes keeps only its inputs for the backward
+    and is recomputed there (JAX functions are pure: the same keys and state give the same bits).
 
     plan_obj: a Plan or a plan file's path; budget: which entry (as ckptkit.replay.apply).
+    remat: "checkpoint" (jax.checkpoint with the nothing_saveable policy), "callback" (a custom
+    VJP whose recompute reads its inputs and the incoming cotangent through a host identity:
+    XLA:CPU otherwise merges the recompute back into the forward) or "auto" (default: callback
+    on the CPU backend, checkpoint elsewhere).
     Raises StalePlan on the first call (trace) when the params / state fingerprint (leaf paths,
     shapes, dtypes) is not the plan's, a planned segment is missing, or a segment's ops hash
     differs (another dropout rate, activation or remat policy inside it); BadInput for a bad
-    plan or budget.
+    plan, budget or remat.
     """
+    if remat == "auto":
+        remat = "callback" if jax.default_backend() == "cpu" else "checkpoint"
+    if remat not in ("checkpoint", "callback"):
+        raise BadInput(f"ckptkit.replay.jax: error: remat must be 'auto', 'checkpoint' or 'callback', not {remat!r}",
+                       None, "bad remat")
     if not isinstance(plan_obj, Plan):
         plan_obj = Plan.load(plan_obj)
     entry = select_entry(plan_obj, budget)
@@ -533,6 +588,7 @@ def apply(loss_fn, plan_obj, budget=None):
         jp = closed.jaxpr
         env = dict(zip(jp.constvars, closed.consts))
         env.update(zip(jp.invars, jax.tree.leaves(args)))
+        params_in = set(jp.invars[:len(jax.tree.leaves(params))])
         for s, eqns, ins, outs in split.runs:
             name = lay.names[s] if s is not None else None
             if name is not None and hashes.get(name) and _ops_hash(eqns) != hashes[name]:
@@ -540,8 +596,8 @@ def apply(loss_fn, plan_obj, budget=None):
                                       "the segment computes something else now; record and plan again")
             if name in recompute:
                 f = _run_fn(eqns, ins, outs)
-                res = jax.checkpoint(f, policy=jax.checkpoint_policies.nothing_saveable,
-                                     prevent_cse=True)(*[env[v] for v in ins])
+                is_param = [v in params_in for v in ins]
+                res = _recompute(f, [v.aval for v in ins], is_param, remat)(*[env[v] for v in ins])
                 env.update(zip(outs, res))
             else:
                 _eval_eqns(eqns, env)
