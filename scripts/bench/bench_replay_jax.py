@@ -2,9 +2,10 @@
 """Benchmark of ckptkit.replay.jax (issue 54): per model (scripts/fixtures/jax_models.py: cnn,
 transformer, rnn), the compiled training step's peak memory by XLA's own analysis
 (memory_analysis(): arguments + outputs - aliased + temporaries; params, Adam state and
-batch_stats donated) and its median step time, for no remat, full remat (the `all` planner:
-jax.checkpoint with nothing_saveable on every segment) and ckptkit's joint plans at 5 budgets
-from the smallest feasible to keep-everything; next to the plan's predicted peak.
+batch_stats donated) and its median step time, for no remat, full remat (the `all` planner's
+plan: every segment recomputed, by jax.checkpoint(nothing_saveable) and by apply's default
+remat) and ckptkit's joint plans at 5 budgets from the smallest feasible to keep-everything
+(apply's default remat: "callback" on CPU); next to the plan's predicted peak.
 
     PYTHONPATH=build/python .venv/bin/python scripts/bench/bench_replay_jax.py [--scale 4]
         [--steps 20] [--memory-scheduler] [--json out.json] [--svg-dir docs/replay_jax]
@@ -74,8 +75,10 @@ def main():
         full = rj.plan(text, planner="all")
         configs = [("no remat", loss_fn, hi, [])]
         e = full.entries[0]
-        configs.append(("full remat", rj.apply(loss_fn, full), e["peak_bytes"],
-                        [s["name"] for s in e["segments"] if s["decision"] != "keep"]))
+        every = [s["name"] for s in e["segments"] if s["decision"] != "keep"]
+        configs.append(("full remat, jax.checkpoint", rj.apply(loss_fn, full, remat="checkpoint"), e["peak_bytes"],
+                        every))
+        configs.append(("full remat, ckptkit", rj.apply(loss_fn, full), e["peak_bytes"], every))
         for k, e in enumerate(joint.entries):
             configs.append((f"plan {k * 25}% ({e['budget_bytes'] / mib:.2f})",
                             rj.apply(loss_fn, joint, e["budget_bytes"]), e["peak_bytes"],
