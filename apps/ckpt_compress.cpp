@@ -33,6 +33,10 @@ int main(int argc, char** argv) {
     app.add_option("--horizon", horizon, "updates the tolerance holds for: all (every update after restore, any "
                    "gradient sequence) | 1 (the first only; smaller files)")
         ->capture_default_str()->check(CLI::IsMember({"all", "1"}));
+    std::string bound = "update";
+    app.add_option("--bound", bound, "what the tolerance bounds: update (the update torch subtracts) | param (also the "
+                   "parameter written at the first update: coordinates where 1 ulp of theta does not fit are kept exact)")
+        ->capture_default_str()->check(CLI::IsMember({"update", "param"}));
     app.add_option("--grad-bound", grad, "per-coordinate gradient bound G, or inf")->capture_default_str();
     app.add_option("--codec", codec, "vlog (variable rate, entropy-coded) | log8 | bf16 | blockwise8")->capture_default_str()
         ->check(CLI::IsMember({"vlog", "log8", "bf16", "blockwise8"}));
@@ -77,6 +81,7 @@ int main(int argc, char** argv) {
         }
         if (pb->count()) o.param_bound = param_bound;
         o.horizon = horizon == "all" ? 0 : 1;
+        o.bound_param = bound == "param";
         const bool folder = ckpt::folder::is_folder(in);
         cli.require_rm_file(in, folder);
         if (folder) {

@@ -328,6 +328,7 @@ Report compress_input(const io::InputFile& f, const std::string& out, const Comp
     AtomicOutput atomic(out);
     Report rep("ckpt-compress", in, out, codec::kind_name(o.codec), o.tolerance, o.grad_bound);
     rep.horizon = o.horizon;
+    rep.bound_param = o.bound_param;
     try {
         const auto [codes, manifest_xxh3] = write_container(atomic.temp_path(), f, man, o, device);  // phases 2 and 3
         const Report chk = self_check(atomic.temp_path(), in, device, codes, L, manifest_xxh3);         // phase 4

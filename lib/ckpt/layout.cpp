@@ -112,6 +112,7 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
     man.optimizer = o.optimizer;
     man.param_bound = o.param_bound ? *o.param_bound : -1;
     man.horizon = o.horizon;
+    man.bound_param = o.bound_param;
     for (const auto& s : ck.storages) {
         ct::StorageEntry e;
         e.offset = s.file_offset;
@@ -154,8 +155,9 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
         e.dtype = m.dtype;
         e.hyper = p.hyper;
         e.hyper.horizon = o.horizon;
+        e.hyper.bound_param = o.bound_param;
         e.domain = domain_for(p, o);
-        if (e.domain.l2 && std::isfinite(o.grad_bound)) {
+        if ((e.domain.l2 && std::isfinite(o.grad_bound)) || o.bound_param) {
             if (p.theta >= 0) {
                 const TensorInfo& th = ck.tensors[std::size_t(p.theta)];
                 const auto& st = ck.storages[th.storage];
@@ -170,8 +172,10 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
                 e.domain.theta_bound = *o.param_bound;
             } else {
                 throw NeedsParamBound(f.path(), "cannot locate the parameter of optimizer state " + p.name +
-                                             " for the Adam L2 gradient domain of --horizon 1; pass --param-bound B or "
-                                             "--grad-bound inf, or certify every update (--horizon all: no domain needed)");
+                                             (o.bound_param ? std::string(" for --bound param; pass --param-bound B (|theta| <= B)")
+                                                            : std::string(" for the Adam L2 gradient domain of --horizon 1; pass "
+                                                                          "--param-bound B or --grad-bound inf, or certify every "
+                                                                          "update (--horizon all: no domain needed)")));
             }
         }
         for (int k = 0; k < e.moments(); ++k) {

@@ -24,6 +24,10 @@ struct CompressOptions {
     /// Updates certified after restore: 0 every update (--horizon all, the default), 1 the
     /// first only (--horizon 1: smaller files).
     int horizon = 0;
+    /// What the tolerance bounds: false the update torch subtracts (--bound update, the
+    /// default), true also the parameter it writes at the first update after restore
+    /// (--bound param: coordinates where one float32 ulp of theta does not fit are kept exact).
+    bool bound_param = false;
     HyperOverrides hyper;
     /// Coordinates per chunk (bounded memory); 0: the backend's (codec/backend.h:
     /// kCpuChunk on the CPU, kDeviceChunk on a CUDA device). Any value gives the same datasets (codes, escapes, segments); only

@@ -45,7 +45,8 @@ std::string Report::table() const {
     const std::string what = tool == "ckpt-verify"
                                  ? input + (output.empty() ? "" : " (original: " + output + ")")
                                  : input + " -> " + output;
-    const std::string h = horizon == 0 ? " horizon=all" : horizon == 1 ? " horizon=1" : "";
+    const std::string h = std::string(horizon == 0 ? " horizon=all" : horizon == 1 ? " horizon=1" : "") +
+                          (bound_param ? " bound=param" : "");
     std::string s = fmt::format("{}: {}  codec={} tolerance={}{} grad_bound={}\n", tool, what,
                                 codec, tolerance, h, grad_bound);
     s += fmt::format("{:<{}}  {:>12}  {:>9}  {:>11}  {:>14}\n", "tensor", w, "values", "escapes %",
@@ -96,6 +97,7 @@ std::string Report::json() const {
     j["tolerance"] = tolerance;
     if (accepted_tolerance >= 0) j["accepted_tolerance"] = accepted_tolerance;
     if (horizon >= 0) j["horizon"] = horizon == 0 ? nlohmann::json("all") : nlohmann::json(horizon);
+    if (horizon >= 0) j["bound"] = bound_param ? "param" : "update";
     j["grad_bound"] = std::isfinite(grad_bound) ? nlohmann::json(grad_bound) : nlohmann::json("inf");
     j["moment_values"] = moment_values();
     j["escapes"] = escapes();

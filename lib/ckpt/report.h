@@ -58,6 +58,7 @@ struct Report {
     /// Updates the certificates cover: 0 every update after restore, 1 the first
     /// (container::Manifest::horizon); -1 where no container is involved.
     int horizon = -1;
+    bool bound_param = false;  ///< --bound param (container::Manifest::bound_param)
     std::vector<TensorRow> rows;
     std::vector<GroupRow> groups;
     MomentBits bits;                      ///< of the coded moments (container readers fill it)

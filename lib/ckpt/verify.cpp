@@ -106,6 +106,7 @@ Layout derive_layout(const ContainerReader& cr, const SourceSkeleton& src) {
     o.optimizer = man.optimizer;
     if (man.param_bound >= 0) o.param_bound = man.param_bound;
     o.horizon = man.horizon;
+    o.bound_param = man.bound_param;
     o.hyper.unstated_ok = true;
     // a container of a checkpoint with no optimizer state (CompressOptions::allow_no_state):
     // the source must still have none (else the plan has states the manifest lacks)
@@ -424,6 +425,7 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     Report rep("ckpt-verify", path, o.original.value_or(""), codec::kind_name(man.codec), man.tolerance,
                man.grad_bound);
     rep.horizon = man.horizon;
+    rep.bound_param = man.bound_param;
     rep.accepted_tolerance = o.tolerance;
     rep.file_bytes_in = man.source_size;
     rep.file_bytes_out = io::InputFile(path).size();

@@ -118,6 +118,29 @@ CKPT_HD GuardInput guard_input(const TensorSetup& s, const Cell* c, const float*
     return g;
 }
 
+/// The spacing of float32 values in the binade of x >= 0 (2^-149 below 2^-126; +inf from 2^128).
+CKPT_HD double ulp32_at(double x) {
+    if (!(x < 0x1p128)) return INFINITY;
+    int e = 0;
+    frexp(x, &e);  // x = f 2^e, f in [0.5, 1): float32's ulp in that binade is 2^(e - 24)
+    return x < 0x1p-126 ? 0x1p-149 : ldexp(1.0, e - 24);
+}
+
+/// --bound param (AdamHyper::bound_param): what a coordinate's certificate adds for the
+/// parameter torch writes at the first update after restore, lr units. torch rounds
+/// theta_w - u once (theta_w: theta, or AdamW's theta (1 - lr wd), the same in both runs);
+/// two roundings of values at most bound * lr apart, each by half an ulp, at a magnitude
+/// below 2 max(|theta|, |u|), |u| <= lr * ub (guard.h update_bound / update_bound_all over the
+/// cells): ulp32(2 max(|theta|, lr ub)) / lr. |theta|: the coordinate's parameter, or the
+/// domain's theta_bound (--param-bound, tied candidates) where the file has none.
+CKPT_HD double param_term(const TensorSetup& s, const GuardConst& gc, const Cell* c, const float* theta, std::size_t i) {
+    const GuardInput in = guard_input(s, c, theta, i);
+    const Denom0 z = denom0(gc, in);
+    const double ub = gc.all ? update_bound_all(gc, in, z) : update_bound(gc, in, z);
+    const double th = theta ? fabs(double(theta[i])) : s.domain.theta_bound;
+    return ulp32_at(2 * (th > gc.lr * ub ? th : gc.lr * ub)) / gc.lr;
+}
+
 /// exp_avg is coded relative to sqrt of the decoded denominator state at g = 0:
 /// exp_avg_sq, or max(exp_avg_sq, max_exp_avg_sq) with amsgrad; where that state is exactly
 /// 0, relative to 2^-75 when `floor` (TensorSetup::format6: a positive float's root is at
@@ -230,6 +253,12 @@ CKPT_HD void certify_cells(const TensorSetup& s, const GuardConst& gc, const Blo
         const Cell c[3] = {cells[0].get(j), cells[1].get(j), ams ? cells[2].get(j) : Cell{}};
         bound[j] = certify(gc, guard_input(s, c, theta, i0 + std::size_t(j)));
     }
+    if (s.hyper.bound_param)  // an exact coordinate (bound 0) writes the same parameter in both runs
+        for (int j = 0; j < bn; ++j) {
+            if ((which && !which[j]) || !(bound[j] > 0)) continue;
+            const Cell c[3] = {cells[0].get(j), cells[1].get(j), ams ? cells[2].get(j) : Cell{}};
+            bound[j] += param_term(s, gc, c, theta, i0 + std::size_t(j));
+        }
 }
 
 /// Certify every coordinate of trial t that has codes (certify_cells); counts range and
@@ -592,7 +621,18 @@ CKPT_HD const BlockTrial<VLog>& encode_block<VLog>(const TensorSetup& s, const G
     // 90%: the rest covers the FP32 margin and the cells' asymmetry (a larger share makes
     // more blocks fail and re-code finer; docs/benchmarks.md, "Measurements behind the
     // code's choices")
-    const bool constrained = vlog_plan(s, gc, src, i0, bn, 0.9 * s.tolerance, w, dm, delta);
+    // --bound param: the steps leave room for the block's largest parameter term at |u| <= |theta|
+    double room = s.tolerance;
+    if (s.hyper.bound_param) {
+        double most = 0;
+        for (int j = 0; j < bn; ++j) {
+            const double th = theta ? fabs(double(theta[i0 + j])) : s.domain.theta_bound;
+            const double t = ulp32_at(2 * th) / gc.lr;
+            most = t > most ? t : most;
+        }
+        room = most < s.tolerance ? s.tolerance - most : s.tolerance;  // none left: they escape whatever the steps
+    }
+    const bool constrained = vlog_plan(s, gc, src, i0, bn, 0.9 * room, w, dm, delta);
     const int16_t anchor = VLog::anchor(src[1] + i0, w.lg[1], bn);  // the same in every trial (bn <= kBlock <= 64)
     // A plan allowing an exp_avg_sq step of an octave or more (closed_all's eps form, where
     // sqrt(v) << eps) gets exactly one octave on whole octaves: the grid is then the powers of
@@ -686,7 +726,10 @@ CKPT_HD bool decode_coord(const TensorSetup& s, const GuardConst& gc, const uint
     const bool ok = decode_cells<Q>(s, codes, params, i, bounds != nullptr, c);
     for (int k = 0; k < s.moments(); ++k)
         if (out[k]) out[k][i] = float(c[k].dec);
-    if (bounds) bounds[i] = certify(gc, guard_input(s, c, theta, i));
+    if (bounds) {
+        const double bd = certify(gc, guard_input(s, c, theta, i));
+        bounds[i] = s.hyper.bound_param && bd > 0 ? bd + param_term(s, gc, c, theta, i) : bd;  // as certify_cells
+    }
     return ok;
 }
 

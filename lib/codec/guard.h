@@ -40,6 +40,9 @@ struct AdamHyper {
     /// Updates certified after restore: 1 (the first only) or 0 (every update t >= 1, for
     /// any gradient sequence; docs/design.md §1, "Every later update").
     int horizon = 1;
+    /// --bound param (container format 6): the certificate also covers the parameter torch
+    /// writes at the first update after restore, not only the update (block.h param_term).
+    bool bound_param = false;
 };
 
 /// x rounded to nearest, ties to even, in a float type of `bits` significant bits (24

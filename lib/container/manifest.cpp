@@ -240,6 +240,7 @@ void Manifest::write_json(const std::function<void(std::string_view)>& sink) con
     j["optimizer"] = optimizer;
     j["param_bound"] = param_bound;
     if (format_version >= 5) j["horizon"] = horizon == 0 ? json("all") : json(horizon);
+    if (bound_param) j["bound"] = "param";
     j["storages"] = json::array();
     j["params"] = json::array();
     j["kept"] = json::array();
@@ -434,6 +435,12 @@ Manifest Manifest::parse(const std::string& text) {
     if (m.format_version < kOldestFormatVersion || m.format_version > kFormatVersion)
         throw std::runtime_error("container format version " + std::to_string(m.format_version) + " is not supported");
     // the rest in the writer's (sorted) key order; cross-field checks once all is read
+    if (field(j, "bound", v)) {  // format 6: "param" or "update"
+        std::string_view t;
+        if (m.format_version < 6 || type_error(v.get_string().get(t)) || (t != "param" && t != "update"))
+            throw std::runtime_error("manifest bound is not \"param\" or \"update\" (format 6)");
+        m.bound_param = t == "param";
+    }
     m.grad_bound = get_num(j, "grad_bound");
     if (field(j, "horizon", v)) {  // format 5: "all" or 1
         od::json_type jt = od::json_type::null;
@@ -461,6 +468,7 @@ Manifest Manifest::parse(const std::string& text) {
         m.params.push_back(parse_param(pv));
         m.params.back().domain.grad_bound = m.grad_bound;
         m.params.back().hyper.horizon = m.horizon;
+        m.params.back().hyper.bound_param = m.bound_param;
     }
     od::object src;
     if (!get_object(j, "source", src)) throw std::runtime_error("manifest field 'source' is missing");

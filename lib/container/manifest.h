@@ -92,6 +92,9 @@ struct Manifest {
     /// Updates the certificates cover: 0 every update after restore ("all", format 5), 1 the
     /// first (formats 1-4, and --horizon 1). Copied into every params entry's hyper.
     int horizon = 1;
+    /// --bound param ("bound": "param", format 6; absent: the update): copied into every
+    /// params entry's hyper.
+    bool bound_param = false;
     std::vector<StorageEntry> storages;   ///< sorted by offset, non-overlapping
     std::vector<ParamEntry> params;
     std::vector<KeptEntry> kept;

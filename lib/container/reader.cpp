@@ -268,7 +268,7 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want 
             out[k] = values ? c.values[k].data() : nullptr;
         }
         c.theta.clear();
-        const bool need_theta = e.domain.l2 && std::isfinite(e.domain.grad_bound) && e.theta_storage >= 0;
+        const bool need_theta = ((e.domain.l2 && std::isfinite(e.domain.grad_bound)) || e.hyper.bound_param) && e.theta_storage >= 0;
         if (with_bounds && need_theta) {
             const auto& ts = man_.storages[std::size_t(e.theta_storage)];
             const DType td = e.theta_dtype.value_or(DType::U8);

@@ -234,7 +234,7 @@ def _number(tool, flag, v):
 
 
 def _compress_opts(tool, tolerance=0.01, grad_bound=1.0, codec="vlog", optimizer="auto", horizon="all",
-                   threads=None, param_bound=None, amsgrad=None, maximize=None, chunk=None, strict=False,
+                   bound="update", threads=None, param_bound=None, amsgrad=None, maximize=None, chunk=None, strict=False,
                    device="auto", force=False, dcp_unit_mib=256, **hyper):
     """The options of ckpt-compress, checked as its flags are; a dict for the bindings."""
     unknown = [k for k in hyper if k not in _HYPER]
@@ -256,7 +256,9 @@ def _compress_opts(tool, tolerance=0.01, grad_bound=1.0, codec="vlog", optimizer
         raise _bad(tool, f"--horizon: {horizon} not in {{all,1}}")
     if device not in ("cpu", "cuda", "auto"):
         raise _bad(tool, f"--device: {device} not in {{cpu,cuda,auto}}")
-    o = {"tolerance": tol, "grad_bound": g, "codec": codec, "optimizer": optimizer,
+    if bound not in ("update", "param"):
+        raise _bad(tool, f"--bound: {bound} not in {{update,param}}")
+    o = {"tolerance": tol, "grad_bound": g, "codec": codec, "optimizer": optimizer, "bound": bound,
          "horizon": 0 if horizon == "all" else 1, "threads": _threads(tool, threads),
          "strict": bool(strict), "device": device, "force": bool(force), "dcp_unit_mib": int(dcp_unit_mib)}
     if param_bound is not None:
@@ -292,8 +294,8 @@ def _checked(rep, tool, file, ok=None, first=""):
 def compress(src, dst, *, progress=None, **opts):
     """ckpt-compress SRC -o DST: a checkpoint file into a container, or a checkpoint folder
     into a compressed folder. Options as the flags: tolerance=0.01, grad_bound=1.0 (or
-    "inf"), codec="vlog", optimizer="auto", horizon="all" (or 1), threads=None (all cores),
-    force=False, param_bound, lr, beta1, beta2, eps, weight_decay, amsgrad, maximize, strict,
+    "inf"), codec="vlog", optimizer="auto", horizon="all" (or 1), bound="update" (or "param":
+    also the parameter written at the first update), threads=None (all cores), force=False, param_bound, lr, beta1, beta2, eps, weight_decay, amsgrad, maximize, strict,
     chunk, device, dcp_unit_mib. Returns the Report (--json's fields); BadInput on bad input
     (FileNotFound for a missing SRC, ...), CheckFailed when a certificate exceeds the
     tolerance. progress: a callable given the start and end events (also logged)."""

@@ -193,6 +193,7 @@ CompressOptions compress_options(const pkg::Opts& o) {
     c.optimizer = o.get<std::string>("optimizer", c.optimizer);
     c.param_bound = o.opt<double>("param_bound");
     c.horizon = o.get<int>("horizon", 0);
+    c.bound_param = o.get<std::string>("bound", "update") == "param";
     c.hyper.lr = o.opt<double>("lr");
     c.hyper.beta1 = o.opt<double>("beta1");
     c.hyper.beta2 = o.opt<double>("beta2");

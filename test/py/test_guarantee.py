@@ -679,3 +679,69 @@ def test_default_init_lm_underflowed_moments_get_codes(tmp_path):
     assert errors == []
     assert sum(k.endswith("x100") for k in res) == 5
     assert all(r["ok"] for r in res.values()), res
+
+
+# ------------------------------------------------------------ what the tolerance bounds
+
+class NormNet(nn.Module):
+    """Linear -> LayerNorm -> Linear: LayerNorm's weights start at 1 (|theta| > 2^23 tau lr at lr 5e-6)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 256)
+        self.n = nn.LayerNorm(256)
+        self.b = nn.Linear(256, 64)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.n(self.a(x))))
+
+
+def _params_after_step(model_sd, opt_sd, grads, lr):
+    """Every parameter after one real AdamW step from the given state."""
+    net = NormNet()
+    net.load_state_dict(model_sd)
+    opt = torch.optim.AdamW(net.parameters(), lr=lr)
+    opt.load_state_dict(copy.deepcopy(opt_sd))
+    for p, g in zip(net.parameters(), grads):
+        p.grad = g.clone()
+    opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def test_bound_param_bounds_the_parameter_itself(tmp_path):
+    """Issue 52.2. The certificate bounds the update torch subtracts; torch rounds theta - u
+    once, so LayerNorm weights near 1 at lr 5e-6 (1 ulp = 6e-8 > tau lr = 5e-8) can land
+    one ulp apart: with the default --bound update some parameter after a real AdamW step is
+    more than tau * lr from the original's. With --bound param every parameter after the step
+    is within tau * lr, without slack (the coordinates where an ulp does not fit are kept
+    exact: escapes), and verify --original proves the container."""
+    lr = 5e-6
+    torch.manual_seed(0)
+    net = NormNet()
+    opt = torch.optim.AdamW(net.parameters(), lr=lr)
+    for _ in range(30):
+        x, y = torch.randn(32, 64), torch.randn(32, 64)
+        opt.zero_grad()
+        ((net(x) - y) ** 2).mean().backward()
+        opt.step()
+    src = tmp_path / "norm.pt"
+    torch.save({"model": net.state_dict(), "optimizer": opt.state_dict()}, src)
+    orig = torch.load(src)
+    grads = [grads_like(net, s, seed) for s, seed in ((1.0, 1), (1e-3, 2), (0.0, 3))]
+
+    def worst(back):
+        out = 0.0
+        for g in grads:
+            a = _params_after_step(orig["model"], orig["optimizer"], g, lr)
+            b = _params_after_step(back["model"], back["optimizer"], g, lr)
+            out = max(out, max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b)))
+        return out
+
+    rep_u, back_u = roundtrip(tmp_path, src, "--force")
+    assert rep_u["bound"] == "update"
+    assert worst(back_u) > TOL * lr  # the ulp of theta, not the update
+    rep_p, back_p = roundtrip(tmp_path, src, "--bound", "param", "--force")
+    assert rep_p["bound"] == "param" and rep_p["escapes"] > rep_u["escapes"]
+    assert worst(back_p) <= TOL * lr
+    v = run_tool(require_ckptkit_bin(), "ckpt-verify", tmp_path / "c.ckz.h5", "--json")
+    assert v.returncode == 0 and parse_json_stdout(v)["bound"] == "param", v.stdout + v.stderr
