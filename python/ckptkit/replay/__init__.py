@@ -79,8 +79,9 @@ def record(model, batch, loss_fn, *, segments=None, path=None, optimizer=None, c
       (nanoGPT: transformer.wte, transformer.wpe, transformer.drop, transformer.h.0, ...,
       transformer.ln_f, lm_head; ResNet-18: conv1, ..., layer1, ..., layer4, avgpool, fc). If RNG is drawn or state written outside
       them, RecordError says so and asks for segments=[...]. Finding them runs the forward
-      once without gradients: state outside torch that it changes (a Python global step
-      counter) is not put back, so name the segments for such models.
+      once without gradients: state outside torch that it changes is put back only where it
+      is a numeric module attribute or a numeric global of the model's Python modules (a
+      counter in a plain object is not), so name the segments for such models.
     path: where to write the trace (JSON, formats/trace.md, format 2), atomically; None: a new
       file in the temporary directory (tempfile.mkstemp, suffix ".trace.json"; yours to delete).
       An existing file is refused unless force=True.
@@ -250,7 +251,9 @@ def _layout(plan_obj):
     args = {(s["name"], a["buffer"]): a["arg"] for s in tr.get("segments", [])
             for a in s.get("state", []) if "arg" in a}
     ops = {s["name"]: s.get("ops_hash") for s in tr.get("segments", []) if s.get("ops_hash")}
-    return {"kind": kinds, "arg": args, "ops_hash": ops}
+    shapes = {s["name"]: s["input_shapes"] for s in tr.get("segments", []) if "input_shapes" in s}
+    return {"kind": kinds, "arg": args, "ops_hash": ops, "input_shapes": shapes,
+            "optimizer": tr.get("optimizer", "?") if "segments" in tr else "?"}
 
 
 def select_entry(p, budget=None):
@@ -274,7 +277,7 @@ def select_entry(p, budget=None):
                    f"no feasible entry for budget {b} bytes")
 
 
-def apply(model, plan, budget=None):
+def apply(model, plan, budget=None, *, optimizer=None):
     """Make every training step of `model` follow a plan; returns a handle (remove(), or use it
     as a context manager).
 
@@ -294,10 +297,19 @@ def apply(model, plan, budget=None):
     arguments such as dropout p or eps; integers and sizes left out, so a smaller last batch
     passes) is not the recorded one. ContractError (one line, "ckptkit.replay: segment NAME:
     ...") at the step where a recomputed segment writes a buffer or parameter or draws an RNG
-    stream its contract does not cover, or its state cannot be rebuilt at the read version.
+    stream its contract does not cover, its state cannot be rebuilt at the read version, or its
+    recompute gets another Python scalar than its forward got (one the runtime does not keep:
+    not a numeric attribute of the segment's modules nor a numeric global of their modules).
+
+    optimizer: the loop's optimizer, compared with the recording's. One CkptkitWarning per
+    handle, at the first difference, says the plan's prediction (peak, step time) no longer
+    holds: another optimizer class, a training step whose segment inputs have other shapes
+    (another batch or sequence length), or segments run in another order (one bypassed or
+    called twice). The step itself still follows the contracts. Needs the plan's trace (a Plan
+    from plan()): a Plan loaded from a file gives no note (nothing recorded to compare with).
     """
     if not isinstance(plan, Plan):
         plan = Plan.load(plan)
     entry = select_entry(plan, budget)
     check_fingerprint(model, plan.fingerprint)
-    return Applied(model, plan, entry, _layout(plan))
+    return Applied(model, plan, entry, _layout(plan), optimizer)

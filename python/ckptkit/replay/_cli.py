@@ -23,7 +23,8 @@ byte regions written, rebinding); the default CPU generator and every torch.Gene
 attribute of the model are compared before/after each segment. Then a replay probe re-runs
 every segment's forward from its recorded state (buffers, parameters, inputs, generators
 restored) and compares outputs, written state and generator states bit for bit: a difference
-means state no log sees (a Python global, a C++ extension, a non-tensor attribute) and the
+means state no log sees and the runtime does not keep (a C++ extension, Python state other
+than numeric module attributes and globals) and the
 segment is marked non_replayable with the reason. --et also records the same step (same seed)
 with torch's ExecutionGraphObserver, one record_function label "ckpt.segment:NAME" per
 segment. Prints a one-line summary on stderr (--quiet: none).

@@ -196,13 +196,17 @@ def model_fingerprint(model):
 
 
 def _scalar_sig(v):
-    """What the op hash keeps of a non-tensor argument: floats, bools, strings, dtypes and
-    enums exactly; integers and integer lists only as 'int' / their length (sizes, dims and
-    indices follow the batch and sequence length)."""
+    """What the op hash keeps of a non-tensor argument: bools, strings, dtypes and enums
+    exactly; floats only as 'float' and integers and integer lists only as 'int' / their
+    length (sizes and indices follow the batch; a float may be a Python scalar that changes
+    every step, an annealed coefficient: the runtime checks those values per call, against the
+    segment's own forward, where a segment is recomputed)."""
     if torch.is_tensor(v):
         return f"T{v.dtype}/{v.dim()}"
-    if isinstance(v, bool) or v is None or isinstance(v, (float, str)):
+    if isinstance(v, bool) or v is None or isinstance(v, str):
         return repr(v)
+    if isinstance(v, float):
+        return "float"
     if isinstance(v, int):
         return "int"
     if isinstance(v, (list, tuple)):
@@ -245,17 +249,98 @@ class OpsHash:
         return (h or xxhash.xxh3_64()).hexdigest()
 
 
-class SegmentOpsMode(TorchDispatchMode):
-    """Hashes the ops of the segment whose forward runs now (`current()` names it, None:
-    outside segments) into an OpsHash. Used by apply() on the first training step; the
-    recorder's op log does the same in its own dispatch mode."""
+# ---- Python-side scalars (issue 53.1)
+_NUMBER = (int, float, bool)
 
-    def __init__(self, current, ops):
+
+def py_scalar_holders(module):
+    """The dicts whose numeric entries a segment's forward may read or write outside torch: the
+    instance __dict__ of every module of its subtree and the globals its modules' forward
+    methods see (their Python modules, however imported; torch's own excluded). A step
+    counter, an annealed coefficient, a module-level global."""
+    out, seen = [], set()
+    for m in module.modules():
+        for d in (vars(m), getattr(getattr(type(m), "forward", None), "__globals__", None)):
+            if d is not None and id(d) not in seen and not (d is not vars(m) and
+                                                           d.get("__name__", "").startswith("torch.")):
+                seen.add(id(d))
+                out.append(d)
+    return out
+
+
+def py_scalars(holders):
+    """{(holder index, key): value} of every int / float / bool entry of the holders."""
+    return {(i, k): v for i, d in enumerate(holders) for k, v in d.items() if type(v) in _NUMBER}
+
+
+def set_py_scalars(holders, values, now=None):
+    """Put the holders' numeric entries back to `values` (py_scalars); entries that `now` (the
+    current py_scalars, taken when None) has and `values` has not are removed."""
+    now = py_scalars(holders) if now is None else now
+    for (i, k) in now.keys() - values.keys():
+        holders[i].pop(k, None)
+    for (i, k), v in values.items():
+        if now.get((i, k), _MISSING) is not v:
+            holders[i][k] = v
+
+
+_MISSING = object()
+
+
+def _value(v):
+    """A non-tensor argument as the per-call tape compares it (tensors: None)."""
+    if torch.is_tensor(v):
+        return None
+    if isinstance(v, (list, tuple)):
+        return tuple(_value(x) for x in v)
+    if isinstance(v, dict):
+        return tuple((k, _value(x)) for k, x in sorted(v.items()))
+    if isinstance(v, torch.Generator):
+        return "gen"
+    return v
+
+
+def _has_number(v):
+    if isinstance(v, tuple):
+        return any(_has_number(x) for x in v)
+    return type(v) in _WRAPPED
+
+
+def _same(a, b):
+    return a == b or repr(a) == repr(b)      # repr: NaN equals NaN
+
+
+_WRAPPED = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
+class ScalarTape(TorchDispatchMode):
+    """The non-tensor arguments of every aten op with a Python number among them (scalars,
+    sizes, dims, flags) that a segment's forward runs, in order (`tape`); with `check` (the forward's tape) it compares the recompute's op by
+    op instead and calls `mismatch(index, func, want, got)` at the first difference. With `ops`
+    it also feeds an OpsHash under `name` (the first training forward's check)."""
+
+    def __init__(self, check=None, mismatch=None, ops=None, name=None):
         super().__init__()
-        self.current, self.ops = current, ops
+        self.tape, self.check, self.mismatch, self.ops, self.name = [], check, mismatch, ops, name
+        self.i = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        cur = self.current()
-        if cur is not None:
-            self.ops.add(cur, func, args, kwargs)
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if str(func) in OpsHash.SKIP and args and type(args[0]) in _WRAPPED:
+            # torch 1.13 hands a mode a saved Python-scalar operand (a wrapped number, which
+            # checkpoint's recompute detaches) as the number itself: its 0-dim tensor
+            return torch.tensor(args[0], dtype=_WRAPPED[type(args[0])])
+        if str(func) not in OpsHash.SKIP:
+            if self.ops is not None:
+                self.ops.add(self.name, func, args, kwargs)
+            vals = (func, _value(args), _value(kwargs))
+            if not _has_number(vals[1:]):   # casts autocast caches in one run and not the other
+                return func(*args, **kwargs)
+            if self.check is None:
+                self.tape.append(vals)
+            else:
+                want = self.check[self.i] if self.i < len(self.check) else None
+                self.i += 1
+                if want is None or want[0] != func or not (_same(want[1], vals[1]) and _same(want[2], vals[2])):
+                    self.mismatch(self.i - 1, func, want, vals)
+        return func(*args, **kwargs)

@@ -11,8 +11,9 @@ from torch.profiler import ProfilerActivity, record_function
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode_temporarily
 
 from ._common import (OpsHash, RecordError, buffer_owner, byte_view, generator_by_stream,
-                      generator_names, model_fingerprint, ptr, rng_states, set_rng_states,
-                      storage_of, tensor_bytes, tensors_in)
+                      generator_names, model_fingerprint, ptr, py_scalar_holders, py_scalars,
+                      rng_states, set_py_scalars, set_rng_states, storage_of, tensor_bytes,
+                      tensors_in)
 
 FORMAT = "ckptkit-trace"
 FORMAT_VERSION = 2
@@ -49,6 +50,33 @@ def diff_regions(before, after, itemsize):
     return regions
 
 
+def write_extent(t, base):
+    """[offset, length]: the bytes of `base` (flat) an in-place write to its view `t` may
+    reach, whatever the data (an index_copy_ or a scatter reaches the whole view, so do
+    add_s that change a few elements): t's span where it is one run inside a contiguous base,
+    else the whole base."""
+    isz = base.element_size()
+    whole = [0, base.numel() * isz]
+    if not base.is_contiguous() or t.element_size() != isz or any(st < 0 for st in t.stride()):
+        return whole
+    start = t.storage_offset() - base.storage_offset()
+    span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else 0
+    lo, hi = start * isz, (start + span) * isz
+    return [lo, hi - lo] if 0 <= lo and hi <= whole[1] else whole
+
+
+def merge_regions(regions):
+    """Sorted [offset, length] regions, those that overlap or lie closer than MERGE_GAP_BYTES
+    merged."""
+    out = []
+    for o, n in sorted(r for r in regions if r[1] > 0):
+        if out and o <= out[-1][0] + out[-1][1] + MERGE_GAP_BYTES - 1:
+            out[-1][1] = max(out[-1][0] + out[-1][1], o + n) - out[-1][0]
+        else:
+            out.append([o, n])
+    return out
+
+
 def _equal_values(a, b):
     ta, tb = tensors_in(a), tensors_in(b)
     if len(ta) != len(tb):
@@ -60,7 +88,9 @@ def _equal_values(a, b):
 class SavedState:
     """Everything a recording may change, put back exactly by restore(): parameter bytes,
     gradients (objects and bytes, or None), buffers (objects and bytes), train/eval flags, every
-    RNG stream and the optimizer's state and param_groups."""
+    RNG stream, the optimizer's state and param_groups, and the Python scalars the runtime
+    keeps per call (numeric module attributes, numeric globals of the models' Python modules:
+    a step counter the recorded steps advance)."""
 
     def __init__(self, model, optimizer=None):
         self.model, self.opt = model, optimizer
@@ -72,6 +102,8 @@ class SavedState:
                             for m in model.modules() for k, b in m._buffers.items()]
         self.training = [(m, m.training) for m in model.modules()]
         self.rng = rng_states(model)
+        self.py_holders = py_scalar_holders(model)
+        self.py = py_scalars(self.py_holders)
         if optimizer is not None:
             self.opt_state = {p: {k: (v, v.detach().clone()) if torch.is_tensor(v) else (v, None)
                                   for k, v in s.items()} for p, s in optimizer.state.items()}
@@ -92,6 +124,7 @@ class SavedState:
         for m, t in self.training:
             m.training = t
         set_rng_states(self.model, self.rng)
+        set_py_scalars(self.py_holders, self.py)
         if self.opt is not None:
             with torch.no_grad():
                 for p in list(self.opt.state):
@@ -170,8 +203,8 @@ def discover_segments(model, batch, loss_fn):
 class OpLog(TorchDispatchMode):
     """Logs every aten op of the recorded step into the current segment's record: storages
     read, written ((a!) arguments, copied before the first write when they are tracked state:
-    copy on write), born, the generator= argument and the op hash. Outside segments a write to
-    tracked state is an error."""
+    copy on write; the bytes each write may reach: write_extent), born, the generator= argument
+    and the op hash. Outside segments a write to tracked state is an error."""
 
     def __init__(self, rec):
         super().__init__()
@@ -220,6 +253,7 @@ class OpLog(TorchDispatchMode):
                         for name in R.tracked_ptr.get(p, ()):
                             if name not in r["cow"] and R.kind[name] != "buffer":
                                 r["cow"][name] = byte_view(R.tensor(name)).clone()
+                            r["extents"].setdefault(name, []).append(write_extent(t, R.tensor(name)))
             if r is not None and "Generator" in str(a.type):
                 if v is None:
                     dev = next((t.device for t in tensors_in(list(args)) if t.device.type != "cpu"),
@@ -444,11 +478,14 @@ class Recorder:
                 arg_names.append(n)
         self.rebuild_ptrs()
         self.order.append(name)
-        self.records[name] = {"reads": set(), "writes": set(), "born": set(), "generators": set(), "cow": {}}
+        self.records[name] = {"reads": set(), "writes": set(), "born": set(), "generators": set(), "cow": {},
+                              "extents": {}}
         self.info[name] = {
             "snap": now, "rng": rng, "saved": 0, "by_ptr": {p: ns[0] for p, ns in self.tracked_ptr.items()},
             "input_bytes": tensor_bytes(inputs), "arg_names": arg_names,
+            "input_shapes": [list(x.shape) for x in args],
             "input_keys": {storage_of(x)[0] for x in args}, "inputs": list(inputs),
+            "py": py_scalars(self.py_holders[name]),
             "autocast": (torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype())}
         self.current = name
         self.info[name]["t0"] = time.perf_counter()
@@ -496,6 +533,7 @@ class Recorder:
     def run_step(self):
         model = self.model
         self.seg_of = {id(m): n for n, m in self.segs.items()}
+        self.py_holders = {n: py_scalar_holders(m) for n, m in self.segs.items()}
         self.gen_names = generator_names(model)
         self.kind, self.fixed = {}, {}
         for n, _ in model.named_buffers():
@@ -574,8 +612,9 @@ class Recorder:
                 why = self.probe_segment(n)
                 if why:
                     failures[n] = (f"replay probe: re-running the forward from the recorded state "
-                                   f"changed {why} (state no log sees: a Python global, a C++ "
-                                   "extension or a non-tensor attribute)")
+                                   f"changed {why} (state no log sees and the runtime does not keep: "
+                                   "Python state other than numeric module attributes and globals, "
+                                   "a C++ extension)")
         finally:
             self.probing = False
         return failures
@@ -585,6 +624,9 @@ class Recorder:
         bufs = {b: self.tensor(b) for b, k in self.kind.items() if k == "buffer"}
         params = {p: byte_view(self.tensor(p)).clone() for p in self.written_ever if self.kind[p] == "param"}
         saved_rng = rng_states(model, self.gen_names)
+        holders = self.py_holders[n]
+        py_now = py_scalars(holders)
+        set_py_scalars(holders, d["py"], py_now)   # the Python scalars it read, as the runtime gives them
         try:
             with torch.no_grad():
                 for name, e in d["snap"].items():
@@ -636,6 +678,7 @@ class Recorder:
                     t = self.tensor(p)
                     t.data.copy_(v.view(t.dtype).reshape(t.shape))
             set_rng_states(model, saved_rng)
+            set_py_scalars(holders, py_now)
 
     # ---- phase 3: state accesses with logical versions
     def state_accesses(self):
@@ -669,6 +712,8 @@ class Recorder:
                     versions[name] = versions.get(name, 0) + 1
                     regions = ([[0, after.numel()]] if before is None
                                else diff_regions(before, after, a[0].element_size()))
+                    if b[0] is a[0]:   # written in place: what the writes may reach, not what changed once
+                        regions = merge_regions(regions + self.records[n]["extents"].get(name, []))
                     acc.update({"version_written": versions[name], "bytes_written": after.numel(),
                                 "torch_version_after": a[1], "rebound": b[0] is not a[0],
                                 "regions": regions})
@@ -872,6 +917,7 @@ class Recorder:
                 "backward_ms": round(bwd_ms * d["forward_ms"] / fwd_total, 6),
                 "saved_bytes": d["saved"],
                 "input_bytes": d["input_bytes"],
+                "input_shapes": d["input_shapes"],
                 "output_bytes": d["output_bytes"],
                 "transient_bytes": int(self.transient[n]),
                 "ops_hash": self.ops.hexdigest(n),
@@ -890,6 +936,7 @@ class Recorder:
             "model": self.model_name,
             "fingerprint": self.fingerprint,
             "device": {"name": "cpu", "copy_gbps": self.copy_gbps},
+            "optimizer": type(self.opt).__name__ if self.opt is not None else None,
             "fixed": fixed,
             "step_ms": round((t2 - t0) * 1e3, 6),
             "backward_order": list(reversed(order)),

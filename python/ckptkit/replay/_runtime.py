@@ -1,15 +1,16 @@
 """The contract runtime: a plan applied to a live model in the user's own training loop. See
 ckptkit.replay.apply."""
+import warnings
 import weakref
 
 import torch
 import torch.utils.checkpoint as tuc
 
-from .._errors import BadInput
+from .._errors import BadInput, CkptkitWarning
 
-from ._common import (ContractError, OpsHash, SegmentOpsMode, StalePlan, all_streams, buffer_owner,
-                      byte_view, digest, generator_names, model_fingerprint, stream_state,
-                      set_stream_state, tensors_in)
+from ._common import (ContractError, OpsHash, ScalarTape, StalePlan, all_streams, buffer_owner,
+                      byte_view, digest, generator_names, model_fingerprint, py_scalar_holders,
+                      py_scalars, set_py_scalars, stream_state, set_stream_state, tensors_in)
 
 
 # module -> the Applied handle whose segment patches its forward: one plan at a time per module
@@ -21,8 +22,10 @@ class _Segment:
     removed by remove()). Training forwards (module.training and grad enabled) of a recomputed
     segment run under torch.utils.checkpoint (use_reentrant=False, preserve_rng_state=False)
     with the replay contract; kept segments and every eval / no_grad forward call the original
-    forward. The first training forward of every segment is checked against the plan's ops
-    hash."""
+    forward. A recomputed segment's first training forward is checked against the plan's ops
+    hash; every one of its training forwards keeps its Python scalars and the scalar arguments
+    of its ops for its recompute (_Call). Kept segments are never checked: nothing of theirs is
+    replayed."""
 
     def __init__(self, handle, name, module, entry, layout):
         self.h, self.name, self.module = handle, name, module
@@ -32,8 +35,9 @@ class _Segment:
         self.layout = layout
         self.had_attr = "forward" in module.__dict__
         self.orig = module.forward
-        self.checked = self.ops_hash is None
         self.recompute_on = self.decision != "keep"
+        self.checked = self.ops_hash is None or not self.recompute_on
+        self.py_holders = py_scalar_holders(module) if self.recompute_on else []
         restored = [r["buffer"] for r in self.contract.get("restore", [])]
         self.touched = restored + [x["buffer"] for x in self.contract.get("discard", [])
                                    if x["buffer"] not in restored]
@@ -75,8 +79,10 @@ class _Segment:
     def forward(self, *args, **kw):
         if not (self.module.training and torch.is_grad_enabled()):
             return self.orig(*args, **kw)
+        if not self.h.noted:
+            self.h.observe(self, args)
         if not self.recompute_on:
-            return self.run_checked(self.orig, args, kw)
+            return self.orig(*args, **kw)
         call = _Call(self, args)
         watch = self.watch_before()
         # The positional arguments stay with `call`, not torch: torch 2.x's checkpoint keeps its
@@ -90,21 +96,39 @@ class _Segment:
                 t.register_hook(call.before_backward)
         return out
 
-    def run_checked(self, fn, args, kw):
-        """fn(*args, **kw); on the segment's first training forward under the ops hash, which
-        must be the plan's (else StalePlan)."""
-        if self.checked:
-            return fn(*args, **kw)
-        ops = OpsHash()
-        with SegmentOpsMode(lambda: self.name, ops):
-            out = fn(*args, **kw)
-        got = ops.hexdigest(self.name)
-        self.checked = True
-        if got != self.ops_hash:
-            raise StalePlan(self.name, f"its forward ops differ from the recorded ones (ops_hash {got}, "
-                                       f"the plan has {self.ops_hash}: an op, a dtype or a scalar argument "
-                                       "such as dropout p changed): record and plan again")
-        return out
+    def run_taped(self, args, kw):
+        """The segment's forward under a ScalarTape (returns (output, tape)); on its first
+        training forward also under the ops hash, which must be the plan's (else StalePlan)."""
+        ops = None if self.checked else OpsHash()
+        mode = ScalarTape(ops=ops, name=self.name)
+        with mode:
+            out = self.orig(*args, **kw)
+        if ops is not None:
+            got = ops.hexdigest(self.name)
+            self.checked = True
+            if got != self.ops_hash:
+                raise StalePlan(self.name, f"its forward ops differ from the recorded ones (ops_hash {got}, "
+                                           f"the plan has {self.ops_hash}: an op, a dtype, a flag or a string "
+                                           "argument changed, or dropout was switched on or off): record and plan again")
+        return out, mode.tape
+
+    def scalar_changed(self, py, i, func, want, got):
+        """ContractError for a recompute whose op `i` differs from its forward's: the argument
+        and both values, the Python objects holding that value now, and the fix."""
+        if want is None or want[0] != func:
+            what = (f"its recompute runs {func} as op {i} where its forward ran "
+                    f"{want[0] if want else 'no more ops'}: its control flow depends on Python state that "
+                    "changed between the forward and the backward")
+        else:
+            pos, w, g = next(((k, a, b) for k, (a, b) in enumerate(zip(want[1], got[1])) if a != b),
+                             ("keyword", want[2], got[2]))
+            holders = _holders_of(self.module, self.name, g)
+            what = (f"its recompute passes {g!r} to {func} (argument {pos}) where its forward passed {w!r}: "
+                    f"a Python scalar it reads ({', '.join(holders) if holders else 'not a numeric attribute of its modules'}) "
+                    "changed between the forward and the backward, and the runtime keeps per call only the numeric "
+                    "attributes of the segment's modules and the numeric globals of their Python modules")
+        raise ContractError(self.name, what + "; hold the value in such an attribute or in a tensor buffer "
+                                               "(register_buffer), or change it only after backward()")
 
     def watch_before(self):
         """What a recomputed segment's forward must leave alone unless its contract covers it:
@@ -169,7 +193,9 @@ class _Call:
         self.calls += 1
         if self.calls == 1:
             self.args_for_build = list(self.args)
-            return self.seg.run_checked(self.seg.orig, self.args, k)
+            self.py = py_scalars(self.seg.py_holders)   # the Python scalars the forward reads
+            out, self.tape = self.seg.run_taped(self.args, k)
+            return out
         return self.recompute(list(self.args), k)
 
     def build(self, a):
@@ -231,9 +257,14 @@ class _Call:
         outer = {s: stream_state(model, s) for s in self.rng}
         for s, st in self.rng.items():
             set_stream_state(model, s, st)
+        holders = seg.py_holders
+        py_now = py_scalars(holders)
+        set_py_scalars(holders, self.py, py_now)   # the forward's values; its writes are undone below
         try:
-            return seg.orig(*a, **k)
+            with ScalarTape(check=self.tape, mismatch=lambda *m: seg.scalar_changed(self.py, *m)):
+                return seg.orig(*a, **k)
         finally:
+            set_py_scalars(holders, py_now)
             with torch.no_grad():
                 for b, cur in rebound.items():
                     owner, attr = buffer_owner(model, b)
@@ -249,9 +280,21 @@ class Applied:
     recomputed segments (`recomputed`); remove() (or leaving the `with` block) gives every
     segment its own forward back."""
 
-    def __init__(self, model, plan, entry, layout):
+    # the optimizers a recording without optimizer= assumes (state = 2 x the gradients)
+    ASSUMED_OPTIMIZERS = ("Adam", "AdamW")
+
+    def __init__(self, model, plan, entry, layout, optimizer=None):
         self.model, self.plan, self.entry = model, plan, entry
         self.budget_bytes = entry.get("budget_bytes")
+        self.order = [s["name"] for s in entry["segments"]]
+        self.shapes = layout.get("input_shapes", {})
+        self.last, self.noted = None, False
+        want = layout.get("optimizer", "?")
+        if optimizer is not None and want != "?":
+            got = type(optimizer).__name__
+            if got != want if want is not None else got not in self.ASSUMED_OPTIMIZERS:
+                self.note(f"the optimizer is {got} where the recording "
+                          + (f"had {want}" if want else "assumed Adam (no optimizer= given: state = 2 x the gradients)"))
         self.gen_names = generator_names(model)
         mods = dict(model.named_modules())
         missing = [s["name"] for s in entry["segments"] if s["name"] not in mods]
@@ -271,6 +314,28 @@ class Applied:
             self.remove()
             raise
         self.recomputed = [s.name for s in self.segments if s.recompute_on]
+
+    def observe(self, seg, args):
+        """A training forward of `seg`: note() the first input shapes or segment order that
+        differ from the recording."""
+        prev, self.last = self.last, seg.name
+        want = self.shapes.get(seg.name)
+        got = [list(a.shape) for a in args if torch.is_tensor(a)]
+        if want is not None and got != want:
+            return self.note(f"segment {seg.name}'s inputs have shapes {got} where the recording had {want} "
+                             "(another batch or sequence length)")
+        i = self.order.index(seg.name)
+        after = (None, self.order[-1]) if i == 0 else (self.order[i - 1],)
+        if prev not in after:
+            self.note(f"segment {seg.name} ran after {prev or 'no segment'} where the recording ran it after "
+                      f"{after[-1] or 'no segment'} (a segment bypassed, or called in another order or twice)")
+
+    def note(self, why):
+        """The one CkptkitWarning of this handle: the plan's prediction no longer holds."""
+        self.noted = True
+        warnings.warn(f"ckptkit.replay: the plan's predicted peak and step time no longer hold: {why}; record "
+                      "such a step and plan again for a prediction (the contracts still hold; noted once per "
+                      "apply())", CkptkitWarning, stacklevel=3)
 
     def remove(self):
         """Stop following the plan: every segment's forward is the module's own again."""
@@ -299,3 +364,18 @@ def check_fingerprint(model, want):
         raise StalePlan(None, f"the plan was made for another model (fingerprint {want}; this model has "
                               f"{got['hash']}: {got['params']} parameters, {got['buffers']} buffers: parameter "
                               "and buffer names, shapes, dtypes): record and plan again")
+
+
+def _holders_of(module, name, value):
+    """Where a segment's modules hold `value` one level below their attributes (an attribute
+    of a plain object, a dict entry): "NAME.cfg.alpha", "NAME.sched['alpha']"."""
+    out = []
+    for mname, m in module.named_modules(prefix=name):
+        for attr, v in vars(m).items():
+            if isinstance(v, (torch.nn.Module, torch.Tensor)) or attr.startswith("_"):
+                continue
+            items = v.items() if isinstance(v, dict) else (vars(v).items() if hasattr(v, "__dict__") else ())
+            for k, x in items:
+                if type(x) in (int, float) and x == value:
+                    out.append(f"{mname}.{attr}['{k}']" if isinstance(v, dict) else f"{mname}.{attr}.{k}")
+    return out[:4]

@@ -32,7 +32,9 @@ STATE_PATTERNS = {
     "shared_weight": {"kind": "param", "buffer": "1.weight", "reader": "1", "writer": "3"},
     "root_buffer": {"kind": "buffer", "buffer": "temperature", "reader": "s1", "writer": "s3"},
     "private_gen": {"rng": {"2": "gen:2.2.gen", "4": "gen:4.2.gen"}},
-    "py_global": {"non_replayable": ["2"]},
+    # a Python global (no tensor state): the runtime keeps it per call, so the probe finds
+    # every segment replayable, no plan is UNSAFE, and plain checkpoint bumps it twice
+    "py_global": {"python": True},
 }
 
 
@@ -392,6 +394,8 @@ def test_state_pattern_round_trip(replay_plan, tmp_path, model):
     # at the joint budgets follows the recorded timings where segments are alike (py_global's
     # five MLPs: 1 run in 3 it left segment 2 alone), so its own smallest plan is added,
     # which recomputes every segment that lowers the peak, the stateful one among them.
+    if want.get("python"):
+        return
     r = run([replay_plan, trace, "--planner", "stateless", "--budget", "1GiB"])
     m = re.search(r"feasible budgets for stateless: >= [^(]+\((\d+) B, its smallest plan\)", r.stdout)
     assert m, r.stdout

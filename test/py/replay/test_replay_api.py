@@ -440,3 +440,166 @@ def test_package_command_line_and_thin_script_wrappers(tmp_path):
     assert (res["identical"], res["differences"], res["budget_bytes"]) == (True, [], p.range["min_peak_bytes"])
     r = run("bogus")
     assert (r.returncode, r.stderr) == (2, "usage: python -m ckptkit.replay {record,apply} ... (record --help, apply --help)\n")
+
+
+# ----------------------------------------------------------------------------- Python-side state (issue 53.1)
+PY_STATE = ["py_scalar", "py_global", "histogram"]
+
+
+def budgets_of(build):
+    """(plan at the smallest and a middle budget, [smallest, middle]) of a recording with
+    Adam, the segments build() names or the default ones."""
+    built = build()
+    model, batch, loss_fn = built[:3]
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    trace = replay.record(model, batch, loss_fn, optimizer=opt, segments=built[3] if len(built) > 3 else None)
+    try:
+        r = replay.plan(trace).range
+        lo, hi = r["min_peak_bytes"], r["keep_all_peak_bytes"]
+        p = replay.plan(trace, [lo, (lo + hi) // 2])
+    finally:
+        os.unlink(trace)
+    assert [e["feasible"] for e in p.entries] == [True, True]
+    return p, [e["budget_bytes"] for e in p.entries]
+
+
+@pytest.mark.parametrize("name", PY_STATE)
+def test_python_state_trains_bitwise_at_smallest_and_middle_budget(name):
+    """An annealed float attribute and a call counter in a plain object (py_scalar), a module
+    global read by one segment and bumped by another (py_global), a custom op adding a
+    histogram into a buffer in place (histogram): 50 Adam steps under apply() at the smallest
+    and a middle budget, losses, parameters, gradients, buffers, Adam state and RNG bitwise
+    equal to the same steps without recomputation. Before issue 53.1: StalePlan on py_scalar's
+    kept segment 4 (its 1 + 0.01 * (calls % 4) differs from the recording's), py_global's
+    counter bumped twice by the recomputed segment 4 (parameters differ), ContractError
+    "state '2.hist' cannot be rebuilt" (the contract kept the bins one step changed)."""
+    build = pattern(name)
+    plan, budgets = budgets_of(importlib.import_module(name).build)
+    smallest = {s["name"]: s for s in plan.entries[0]["segments"]}
+    recomputed = sorted(n for n, s in smallest.items() if s["decision"] != "keep")
+    if name == "py_scalar":      # the annealed segment is recomputed, the counted one kept
+        assert "2" in recomputed and smallest["4"]["decision"] == "keep" and "non_replayable" in smallest["4"]
+    elif name == "py_global":    # the reader and the writer of the global are recomputed
+        assert {"2", "4"} <= set(recomputed)
+    else:                        # the histogram is preserved whole: any bin may change
+        assert {"2", "4"} <= set(recomputed)
+        for n in ("2", "4"):
+            for r in smallest[n]["contract"]["restore"]:
+                assert r["buffer"] == f"{n}.hist" and (r["mode"] == "whole" or r["regions"] == [[0, 128]]), r
+    ref_losses, ref = run_steps(build, steps=50)
+    for b in budgets:
+        got_losses, got = run_steps(build, plan, b, steps=50)
+        assert torch.equal(ref_losses, got_losses), b
+        assert_same(ref, got)
+
+
+class _Scaled(torch.nn.Module):
+    """An MLP block whose input is scaled by a module attribute (`alpha`) and by an attribute
+    of a plain object (`cfg.scale`), both Python floats (the first Linear saves the scaled
+    input, so a recompute must compute it as the forward did)."""
+
+    def __init__(self):
+        super().__init__()
+        import common
+        self.inner = common.mlp()
+        self.alpha = 1.0
+        self.cfg = type("Cfg", (), {})()
+        self.cfg.scale = 0.75
+
+    def forward(self, x):
+        return self.inner(x * self.alpha * self.cfg.scale)
+
+
+def test_recompute_gets_the_forwards_scalars_or_refuses_naming_them():
+    """A recomputed segment reads two Python floats. Changed after backward (between steps) or,
+    for the module attribute, between forward and backward: the recompute gets the forward's
+    value, gradients bitwise equal to no recomputation. The plain object's attribute changed
+    between forward and backward: ContractError naming the argument, both values, where the
+    value lives and the fix."""
+    import common
+
+    def build():
+        return common.classifier([common.mlp(), _Scaled(), common.mlp()])
+
+    model, batch, loss_fn = build()
+    p = replay.plan(replay.record(model, batch, loss_fn), planner="all")
+    assert next(s for s in p.entries[0]["segments"] if s["name"] == "2")["decision"] == "recompute"
+
+    def grads(m):
+        return [q.grad.clone() for q in m.parameters()]
+
+    ref, _, _ = build()
+    got, _, _ = build()
+    with replay.apply(got, p):
+        for m in (ref, got):
+            for scale, alpha in ((0.5, 1.0), (0.25, 0.9)):
+                m[2].cfg.scale = scale              # between steps
+                loss = loss_fn(m, batch)
+                m[2].alpha = alpha                  # between forward and backward: a module attribute
+                loss.backward()
+        assert all(torch.equal(a, b) for a, b in zip(grads(ref), grads(got)))
+        loss = loss_fn(got, batch)
+        got[2].cfg.scale = 0.125                    # between forward and backward, out of reach
+        with pytest.raises(RuntimeError) as e:
+            loss.backward()
+    line = str(e.value)
+    if torch.__version__ < "2":   # torch 1.13 turns an error in checkpoint's recompute into a RuntimeError
+        assert type(e.value) is RuntimeError and line.startswith("ContractError: ")
+        line = line.splitlines()[0][len("ContractError: "):]
+    else:
+        assert type(e.value) is replay.ContractError
+    assert line == (
+        "ckptkit.replay: segment 2: its recompute passes 0.125 to aten.mul.Tensor (argument 1) where its forward "
+        "passed 0.25: a Python scalar it reads (2.cfg.scale) changed between the forward and the backward, and "
+        "the runtime keeps per call only the numeric attributes of the segment's modules and the numeric globals "
+        "of their Python modules; hold the value in such an attribute or in a tensor buffer (register_buffer), "
+        "or change it only after backward()")
+
+
+def test_prediction_note_once_per_handle_for_shapes_optimizer_and_path():
+    """Issue 53.5: one CkptkitWarning per apply() handle, at the first step whose segment input
+    shapes, optimizer or segment order differ from the recording (the prediction no longer
+    holds; the step still follows the plan, bitwise); none for the recorded step."""
+    import warnings
+    build = pattern("bn")
+    model, batch, loss_fn = build()
+    trace = replay.record(model, batch, loss_fn, optimizer=torch.optim.Adam(model.parameters()))
+    try:
+        p = replay.plan(trace, planner="all")
+    finally:
+        os.unlink(trace)
+    head = "ckptkit.replay: the plan's predicted peak and step time no longer hold: "
+    tail = ("; record such a step and plan again for a prediction (the contracts still hold; noted once per "
+            "apply())")
+
+    def notes(steps, optimizer=None, skip=None):
+        """The CkptkitWarnings of `steps` (batches) under one handle; skip: a segment bypassed."""
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with replay.apply(model, p, optimizer=optimizer):
+                for b in steps:
+                    m = model if skip is None else torch.nn.Sequential(*[x for i, x in enumerate(model) if i != skip])
+                    loss_fn(m, b).backward()
+                    model.eval()
+                    with torch.no_grad():
+                        loss_fn(model, b)              # eval passes are not steps
+                    model.train()
+        return [str(x.message) for x in w if issubclass(x.category, ckptkit.CkptkitWarning)]
+
+    half = tuple(t[:128] for t in batch)
+    assert notes([batch, batch], torch.optim.Adam(model.parameters())) == []
+    assert notes([batch, half, half, batch]) == [
+        head + "segment 0's inputs have shapes [[128, 32]] where the recording had [[256, 32]] (another batch or "
+        "sequence length)" + tail]
+    assert notes([batch], torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)) == [
+        head + "the optimizer is SGD where the recording had Adam" + tail]
+    assert notes([batch, batch], skip=3) == [
+        head + "segment 4 ran after 2 where the recording ran it after 3 (a segment bypassed, or called in another "
+        "order or twice)" + tail]
+    # the half batch under the plan is still bitwise equal to no recomputation
+    ref_model, _, _ = build()
+    loss_fn(ref_model, half).backward()
+    got_model, _, _ = build()
+    with warnings.catch_warnings(record=True), replay.apply(got_model, p):
+        loss_fn(got_model, half).backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref_model.parameters(), got_model.parameters()))
