@@ -277,7 +277,7 @@ def select_entry(p, budget=None):
                    f"no feasible entry for budget {b} bytes")
 
 
-def apply(model, plan, budget=None, *, optimizer=None):
+def apply(model, plan, budget=None, *, optimizer=None, check_scalars=True):
     """Make every training step of `model` follow a plan; returns a handle (remove(), or use it
     as a context manager).
 
@@ -301,6 +301,12 @@ def apply(model, plan, budget=None, *, optimizer=None):
     recompute gets another Python scalar than its forward got (one the runtime does not keep:
     not a numeric attribute of the segment's modules nor a numeric global of their modules).
 
+    check_scalars: compare every recompute op by op with its forward's Python numbers (a
+    ScalarTape: a Python dispatch mode over the recomputed segments' forwards and recomputes,
+    the runtime's largest cost on models of small ops). False: only the numeric module
+    attributes and globals are kept per call (and the replay probe's verdict), so a number
+    held elsewhere that changes between a forward and its backward goes unnoticed.
+
     optimizer: the loop's optimizer, compared with the recording's. One CkptkitWarning per
     handle, at the first difference, says the plan's prediction (peak, step time) no longer
     holds: another optimizer class, a training step whose segment inputs have other shapes
@@ -312,4 +318,4 @@ def apply(model, plan, budget=None, *, optimizer=None):
         plan = Plan.load(plan)
     entry = select_entry(plan, budget)
     check_fingerprint(model, plan.fingerprint)
-    return Applied(model, plan, entry, _layout(plan), optimizer)
+    return Applied(model, plan, entry, _layout(plan), optimizer, check_scalars)

@@ -287,30 +287,31 @@ def set_py_scalars(holders, values, now=None):
 _MISSING = object()
 
 
-def _value(v):
-    """A non-tensor argument as the per-call tape compares it (tensors: None)."""
-    if torch.is_tensor(v):
+def _value(v, found):
+    """A non-tensor argument as the per-call tape compares it (tensors: None); appends to
+    `found` when it holds a Python number."""
+    t = type(v)
+    if t in _WRAPPED:
+        found.append(True)
+        return v
+    if t is list or t is tuple:
+        return tuple(_value(x, found) for x in v)
+    if isinstance(v, torch.Tensor):
         return None
-    if isinstance(v, (list, tuple)):
-        return tuple(_value(x) for x in v)
-    if isinstance(v, dict):
-        return tuple((k, _value(x)) for k, x in sorted(v.items()))
+    if t is dict:
+        return tuple((k, _value(x, found)) for k, x in sorted(v.items()))
     if isinstance(v, torch.Generator):
         return "gen"
     return v
 
 
-def _has_number(v):
-    if isinstance(v, tuple):
-        return any(_has_number(x) for x in v)
-    return type(v) in _WRAPPED
-
-
 def _same(a, b):
-    return a == b or repr(a) == repr(b)      # repr: NaN equals NaN
+    """Tape values equal (repr: NaN equals NaN)."""
+    return a == b or repr(a) == repr(b)
 
 
 _WRAPPED = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+_SKIPPED = {}   # op -> str(op) in OpsHash.SKIP
 
 
 class ScalarTape(TorchDispatchMode):
@@ -326,21 +327,26 @@ class ScalarTape(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if str(func) in OpsHash.SKIP and args and type(args[0]) in _WRAPPED:
-            # torch 1.13 hands a mode a saved Python-scalar operand (a wrapped number, which
-            # checkpoint's recompute detaches) as the number itself: its 0-dim tensor
-            return torch.tensor(args[0], dtype=_WRAPPED[type(args[0])])
-        if str(func) not in OpsHash.SKIP:
-            if self.ops is not None:
-                self.ops.add(self.name, func, args, kwargs)
-            vals = (func, _value(args), _value(kwargs))
-            if not _has_number(vals[1:]):   # casts autocast caches in one run and not the other
-                return func(*args, **kwargs)
-            if self.check is None:
-                self.tape.append(vals)
-            else:
-                want = self.check[self.i] if self.i < len(self.check) else None
-                self.i += 1
-                if want is None or want[0] != func or not (_same(want[1], vals[1]) and _same(want[2], vals[2])):
-                    self.mismatch(self.i - 1, func, want, vals)
+        skip = _SKIPPED.get(func)
+        if skip is None:
+            skip = _SKIPPED[func] = str(func) in OpsHash.SKIP
+        if skip:
+            if args and type(args[0]) in _WRAPPED:
+                # torch 1.13 hands a mode a saved Python-scalar operand (a wrapped number, which
+                # checkpoint's recompute detaches) as the number itself: its 0-dim tensor
+                return torch.tensor(args[0], dtype=_WRAPPED[type(args[0])])
+            return func(*args, **kwargs)
+        if self.ops is not None:
+            self.ops.add(self.name, func, args, kwargs)
+        found = []
+        vals = (func, _value(args, found), _value(kwargs, found) if kwargs else ())
+        if not found:   # no Python number (the casts autocast caches run in one pass and not the other)
+            return func(*args, **kwargs)
+        if self.check is None:
+            self.tape.append(vals)
+        else:
+            want = self.check[self.i] if self.i < len(self.check) else None
+            self.i += 1
+            if want is None or want[0] != func or not (_same(want[1], vals[1]) and _same(want[2], vals[2])):
+                self.mismatch(self.i - 1, func, want, vals)
         return func(*args, **kwargs)

@@ -100,6 +100,8 @@ class _Segment:
         """The segment's forward under a ScalarTape (returns (output, tape)); on its first
         training forward also under the ops hash, which must be the plan's (else StalePlan)."""
         ops = None if self.checked else OpsHash()
+        if ops is None and not self.h.check_scalars:
+            return self.orig(*args, **kw), None
         mode = ScalarTape(ops=ops, name=self.name)
         with mode:
             out = self.orig(*args, **kw)
@@ -110,9 +112,9 @@ class _Segment:
                 raise StalePlan(self.name, f"its forward ops differ from the recorded ones (ops_hash {got}, "
                                            f"the plan has {self.ops_hash}: an op, a dtype, a flag or a string "
                                            "argument changed, or dropout was switched on or off): record and plan again")
-        return out, mode.tape
+        return out, mode.tape if self.h.check_scalars else None
 
-    def scalar_changed(self, py, i, func, want, got):
+    def scalar_changed(self, i, func, want, got):
         """ContractError for a recompute whose op `i` differs from its forward's: the argument
         and both values, the Python objects holding that value now, and the fix."""
         if want is None or want[0] != func:
@@ -261,7 +263,9 @@ class _Call:
         py_now = py_scalars(holders)
         set_py_scalars(holders, self.py, py_now)   # the forward's values; its writes are undone below
         try:
-            with ScalarTape(check=self.tape, mismatch=lambda *m: seg.scalar_changed(self.py, *m)):
+            if self.tape is None:
+                return seg.orig(*a, **k)
+            with ScalarTape(check=self.tape, mismatch=lambda *m: seg.scalar_changed(*m)):
                 return seg.orig(*a, **k)
         finally:
             set_py_scalars(holders, py_now)
@@ -283,8 +287,9 @@ class Applied:
     # the optimizers a recording without optimizer= assumes (state = 2 x the gradients)
     ASSUMED_OPTIMIZERS = ("Adam", "AdamW")
 
-    def __init__(self, model, plan, entry, layout, optimizer=None):
+    def __init__(self, model, plan, entry, layout, optimizer=None, check_scalars=True):
         self.model, self.plan, self.entry = model, plan, entry
+        self.check_scalars = check_scalars
         self.budget_bytes = entry.get("budget_bytes")
         self.order = [s["name"] for s in entry["segments"]]
         self.shapes = layout.get("input_shapes", {})
