@@ -1,6 +1,7 @@
 """Helpers shared by the recorder (_record.py) and the contract runtime (_runtime.py): byte
 views and storages, the RNG streams (default CPU / CUDA generators and the model's private
 torch.Generator attributes), sizes, the model fingerprint and the per-segment op hash."""
+import contextlib
 import json
 
 import torch
@@ -273,15 +274,35 @@ def py_scalars(holders):
     return {(i, k): v for i, d in enumerate(holders) for k, v in d.items() if type(v) in _NUMBER}
 
 
-def set_py_scalars(holders, values, now=None):
-    """Put the holders' numeric entries back to `values` (py_scalars); entries that `now` (the
-    current py_scalars, taken when None) has and `values` has not are removed."""
-    now = py_scalars(holders) if now is None else now
-    for (i, k) in now.keys() - values.keys():
-        holders[i].pop(k, None)
+def set_py_scalars(holders, values):
+    """Put the holders' numeric entries back to `values` (py_scalars): numeric entries
+    `values` has not are removed. Returns what it replaced ({(i, key): old value})."""
+    undo = {}
+    for (i, k) in py_scalars(holders).keys() - values.keys():
+        undo[(i, k)] = holders[i].pop(k)
     for (i, k), v in values.items():
-        if now.get((i, k), _MISSING) is not v:
+        old = holders[i].get(k, _MISSING)
+        if old is not v:
+            undo[(i, k)] = old
             holders[i][k] = v
+    return undo
+
+
+@contextlib.contextmanager
+def py_scalars_as(holders, values):
+    """The holders' numeric entries are `values` inside the block; afterwards every entry is as
+    before it (what the block wrote undone, entries it set to other types too)."""
+    before = py_scalars(holders)
+    undo = set_py_scalars(holders, values)
+    try:
+        yield
+    finally:
+        for (i, k), v in undo.items():
+            if v is _MISSING:
+                holders[i].pop(k, None)
+            else:
+                holders[i][k] = v
+        set_py_scalars(holders, before)
 
 
 _MISSING = object()

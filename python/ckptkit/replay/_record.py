@@ -12,8 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from ._common import (OpsHash, RecordError, buffer_owner, byte_view, generator_by_stream,
                       generator_names, model_fingerprint, ptr, py_scalar_holders, py_scalars,
-                      rng_states, set_py_scalars, set_rng_states, storage_of, tensor_bytes,
-                      tensors_in)
+                      py_scalars_as, rng_states, set_py_scalars, set_rng_states, storage_of,
+                      tensor_bytes, tensors_in)
 
 FORMAT = "ckptkit-trace"
 FORMAT_VERSION = 2
@@ -624,9 +624,8 @@ class Recorder:
         bufs = {b: self.tensor(b) for b, k in self.kind.items() if k == "buffer"}
         params = {p: byte_view(self.tensor(p)).clone() for p in self.written_ever if self.kind[p] == "param"}
         saved_rng = rng_states(model, self.gen_names)
-        holders = self.py_holders[n]
-        py_now = py_scalars(holders)
-        set_py_scalars(holders, d["py"], py_now)   # the Python scalars it read, as the runtime gives them
+        py = py_scalars_as(self.py_holders[n], d["py"])   # the Python scalars it read, as the runtime gives them
+        py.__enter__()
         try:
             with torch.no_grad():
                 for name, e in d["snap"].items():
@@ -678,7 +677,7 @@ class Recorder:
                     t = self.tensor(p)
                     t.data.copy_(v.view(t.dtype).reshape(t.shape))
             set_rng_states(model, saved_rng)
-            set_py_scalars(holders, py_now)
+            py.__exit__(None, None, None)
 
     # ---- phase 3: state accesses with logical versions
     def state_accesses(self):

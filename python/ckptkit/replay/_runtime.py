@@ -10,7 +10,7 @@ from .._errors import BadInput, CkptkitWarning
 
 from ._common import (ContractError, OpsHash, ScalarTape, StalePlan, all_streams, buffer_owner,
                       byte_view, digest, generator_names, model_fingerprint, py_scalar_holders,
-                      py_scalars, set_py_scalars, stream_state, set_stream_state, tensors_in)
+                      py_scalars, py_scalars_as, stream_state, set_stream_state, tensors_in)
 
 
 # module -> the Applied handle whose segment patches its forward: one plan at a time per module
@@ -259,16 +259,13 @@ class _Call:
         outer = {s: stream_state(model, s) for s in self.rng}
         for s, st in self.rng.items():
             set_stream_state(model, s, st)
-        holders = seg.py_holders
-        py_now = py_scalars(holders)
-        set_py_scalars(holders, self.py, py_now)   # the forward's values; its writes are undone below
         try:
-            if self.tape is None:
-                return seg.orig(*a, **k)
-            with ScalarTape(check=self.tape, mismatch=lambda *m: seg.scalar_changed(*m)):
-                return seg.orig(*a, **k)
+            with py_scalars_as(seg.py_holders, self.py):   # the forward's values; the recompute's writes undone
+                if self.tape is None:
+                    return seg.orig(*a, **k)
+                with ScalarTape(check=self.tape, mismatch=lambda *m: seg.scalar_changed(*m)):
+                    return seg.orig(*a, **k)
         finally:
-            set_py_scalars(holders, py_now)
             with torch.no_grad():
                 for b, cur in rebound.items():
                     owner, attr = buffer_owner(model, b)
