@@ -1,11 +1,12 @@
 """Python-side float scalars (issue 53.1), no tensor state: segment 2 is scaled by an annealed
-attribute `self.alpha` that its own forward lowers after use (`alpha *= 0.97`), segment 4 by
-`1 + 0.01 * (calls % 4)` with a call counter its forward advances, kept in a plain object
-(`self.state.calls`). The op log sees neither. Segment 2's recompute must get the alpha its
-forward got (the runtime keeps numeric module attributes per call) and leave alpha as the
-forward left it; segment 4's counter is out of the runtime's reach, so the replay probe marks
-it non-replayable and every safe plan keeps it, and a kept segment must not be checked for
-the scalar (its ops hash with 1.02 differs from the recorded one with 1.01)."""
+attribute `self.alpha` that its own forward lowers after use (`alpha *= 0.97`) and by
+`1 + 0.01 * (calls % 4)` with a call counter attribute `self.calls`, segment 4 by the same
+factor with a call counter kept in a plain object (`self.state.calls`). The op log sees
+none of them. Segment 2's recompute must get the alpha and calls its forward got (the
+runtime keeps numeric module attributes per call) and leave them as the forward left them;
+segment 4's counter is out of the runtime's reach, so the replay probe marks it
+non-replayable and every safe plan keeps it, and a kept segment must not be checked for the
+scalar (its ops hash with 1.02 differs from the recorded one with 1.01)."""
 import os
 import sys
 import types
@@ -18,15 +19,18 @@ import common  # noqa: E402
 
 
 class Annealed(nn.Module):
-    """An MLP block scaled by `alpha`, which every training forward anneals by 0.97."""
+    """An MLP block scaled by `alpha`, which every training forward anneals by 0.97, and by
+    1 + 0.01 * (calls % 4), `calls` counting its forwards."""
 
     def __init__(self):
         super().__init__()
         self.inner = common.mlp()
         self.alpha = 1.0
+        self.calls = 0
 
     def forward(self, x):
-        y = self.inner(x) * self.alpha
+        self.calls += 1
+        y = self.inner(x * (1 + 0.01 * (self.calls % 4))) * self.alpha
         if self.training:
             self.alpha *= 0.97
         return y
