@@ -316,7 +316,7 @@ CKPT_HD_FORCE double closed_all(const GuardConst& c, const GuardInput& in, doubl
     const double k2 = in.amsgrad ? c.h_k2m : c.h_k2m * sqrt(c.b2);
     const double g = in.amsgrad ? c.h_g_ams : c.h_g;
     const double t2x = 0.5 * dv * (k2 * fabs(in.m.dec) / (V * z.sv0) + g / V);
-    const double t2e = dv / c.eps * (c.h_e_m * fabs(in.m.dec) / V + c.h_e_g / z.sv0);  // +inf or NaN when unused
+    const double t2e = dv * (c.plan_em * fabs(in.m.dec) / V + c.plan_eg / z.sv0);  // h_e / eps; +inf or NaN when unused
     const double t2 = t2e < t2x ? t2e : t2x;
     const double t2s = dv != 0 ? (V > 0 ? t2 : INFINITY) : 0.0;
     return t1 + t2s;

@@ -54,6 +54,17 @@ def _write_atomic(text, path, force=False):
         raise
     return path
 
+def _write_trace(trace, path, force):
+    """A trace dict as JSON: into `path` (atomically; BadInput when it exists without force),
+    or into a new temporary file when path is None. Returns the path (record()'s, both front ends)."""
+    text = json.dumps(trace, indent=1)
+    if path is None:
+        fd, path = tempfile.mkstemp(prefix="ckptkit-", suffix=".trace.json")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return path
+    return _write_atomic(text, path, force)
+
 
 def record_trace(model, batch, loss_fn, *, segments=None, optimizer=None, copy_gbps=10.0, model_name=None,
                  source="ckptkit.replay"):
@@ -96,14 +107,8 @@ def record(model, batch, loss_fn, *, segments=None, path=None, optimizer=None, c
     (the batch, buffers no segment touches), fixed.optimizer_bytes, fixed.step_bytes.
     Raises RecordError (a BadInput) for a step the recorder cannot describe.
     """
-    trace = record_trace(model, batch, loss_fn, segments=segments, optimizer=optimizer, copy_gbps=copy_gbps)
-    text = json.dumps(trace, indent=1)
-    if path is None:
-        fd, path = tempfile.mkstemp(prefix="ckptkit-", suffix=".trace.json")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        return path
-    return _write_atomic(text, path, force)
+    return _write_trace(record_trace(model, batch, loss_fn, segments=segments, optimizer=optimizer,
+                                     copy_gbps=copy_gbps), path, force)
 
 
 class Plan(dict):

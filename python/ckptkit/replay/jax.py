@@ -20,7 +20,6 @@ import json
 import os
 import re
 import statistics
-import tempfile
 import time
 
 import jax
@@ -29,7 +28,7 @@ import xxhash
 from jax._src import core as _core
 from jax._src import source_info_util as _siu
 
-from . import Plan, _write_atomic, plan, select_entry
+from . import Plan, _write_trace, plan, select_entry
 from .._errors import BadInput
 from ._common import RecordError, StalePlan, parse_bytes
 
@@ -488,15 +487,8 @@ def record(loss_fn, params, state, batch, key, *, segments=None, path=None, opti
     less saved_bytes, forward_ms / backward_ms = medians of its jitted forward and backward,
     state = the batch_stats leaves (kind "buffer") and keys (kind "key") it reads.
     """
-    trace = record_trace(loss_fn, params, state, batch, key, segments=segments, optimizer=optimizer,
-                         copy_gbps=copy_gbps, model_name=model_name)
-    text = json.dumps(trace, indent=1)
-    if path is None:
-        fd, path = tempfile.mkstemp(prefix="ckptkit-", suffix=".trace.json")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        return path
-    return _write_atomic(text, path, force)
+    return _write_trace(record_trace(loss_fn, params, state, batch, key, segments=segments, optimizer=optimizer,
+                                     copy_gbps=copy_gbps, model_name=model_name), path, force)
 
 
 def _host_identity(xs):
