@@ -207,13 +207,31 @@ void warn_escapes(const io::InputFile& f, const ct::Manifest& man, const Report&
 /// xxh3 of one parameter's codes per role, as encoded (VerifyOptions::code_hashes).
 using CodeHashes = std::array<uint64_t, 3>;
 
+/// The ulp regime of one parameter (TensorRow::ulp_regime): where its theta lies and the
+/// threshold 2^23 tolerance lr (|theta| above it: ulp32(theta) can exceed tolerance x lr).
+struct UlpCount {
+    Layout::ThetaAt at;
+    double threshold = 0;
+    int64_t count = -1;  ///< coded coordinates (escapes excluded) above the threshold; -1 unknown
+};
+
+/// Count the coordinates of a chunk whose |theta| is above u.threshold, escaped ones
+/// excepted (their moments are exact, so the parameter is too). theta: the chunk's values.
+void count_ulp_regime(const float* theta, std::size_t n, const std::vector<uint32_t>& escapes, UlpCount& u) {
+    const float thr = float(u.threshold);  // float(2^23 tau lr): |theta| > thr in float compares the same where it matters
+    int64_t c = 0;
+    for (std::size_t i = 0; i < n; ++i) c += std::fabs(theta[i]) > thr;
+    for (uint32_t li : escapes) c -= std::fabs(theta[li]) > thr;
+    u.count += c;
+}
+
 /// Phase 3: encode parameter e chunk by chunk into the moment streams; the hashes of its
 /// moment storages into the manifest (buf: the reused chunk buffers). Its theta storage,
 /// when it has one that `raw` has not copied yet, goes into /raw as it is read. Returns
 /// the hashes of its codes.
 CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntry& e, const codec::TensorSetup& setup,
                         const codec::Device device, std::size_t chunk, ct::ContainerWriter& out, RawWriter& raw,
-                        Progress& prog, ChunkBuffers& buf) {
+                        Progress& prog, ChunkBuffers& buf, UlpCount* ulp) {
     const int nm = e.moments();
     const Xxh3State ht = make_xxh3();
     ThetaToRaw to_raw{&out, ht.get()};
@@ -227,6 +245,16 @@ CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntr
         const std::size_t n = std::size_t(std::min<uint64_t>(chunk, e.numel - i0));
         const codec::ChunkIn ci = read_chunk(f, man, e, i0, n, buf, hs, &prog, fused ? &to_raw : nullptr);
         const codec::ChunkOut co = codec::backend(device).encode(setup, ci);
+        if (ulp) {
+            const float* theta = ci.theta;
+            if (!theta) {
+                const std::size_t ts = float_dtype_size(ulp->at.dtype);
+                read_floats(f, man.storages[std::size_t(ulp->at.storage)].offset + i0 * ts, ulp->at.dtype, n, buf.theta,
+                            buf.tbytes, "parameter storage");
+                theta = buf.theta.data();
+            }
+            count_ulp_regime(theta, n, co.escapes, *ulp);
+        }
         for (int k = 0; k < nm; ++k) {
             XXH3_64bits_update(hc[k].get(), co.codes[k].data(), co.codes[k].size());
             bits[std::size_t(k)].clear();
@@ -243,13 +271,20 @@ CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntr
     return h;
 }
 
+/// What phases 2 and 3 give the rest: the hashes of every parameter's codes and of the
+/// manifest's text (for the self-check: VerifyOptions::code_hashes, manifest_xxh3), and per
+/// parameter its ulp-regime count (TensorRow::ulp_regime).
+struct Written {
+    std::vector<CodeHashes> codes;
+    uint64_t manifest_xxh3 = 0;
+    std::vector<int64_t> ulp_regime;
+};
+
 /// Phases 2 and 3 into the container at `path`: /raw and the moment streams (filling the
 /// manifest's hashes, stream offsets, escapes and bounds), then the manifest itself.
-/// Returns the hashes of every parameter's codes and of the manifest's text (for the
-/// self-check: VerifyOptions::code_hashes, manifest_xxh3).
-std::pair<std::vector<CodeHashes>, uint64_t> write_container(const std::string& path, const io::InputFile& f,
-                                                             ct::Manifest& man, const CompressOptions& o,
-                                                             codec::Device device) {
+/// `theta`: Layout::theta (per parameter; counted under the default bound only).
+Written write_container(const std::string& path, const io::InputFile& f, ct::Manifest& man,
+                        const std::vector<Layout::ThetaAt>& theta, const CompressOptions& o, codec::Device device) {
     ct::ContainerWriter out(path);
     Progress prog(o.progress, "ckpt-compress", f.size(), man.params.size());
     out.begin_moments(man);
@@ -257,15 +292,20 @@ std::pair<std::vector<CodeHashes>, uint64_t> write_container(const std::string& 
     const std::size_t unit = codec::entropy_coded(o.codec) ? codec::kSegment : codec::kBlock;  // chunks start on segments
     const std::size_t want = o.chunk ? o.chunk : codec::backend(device).chunk;
     const std::size_t chunk = std::max<std::size_t>(unit, want / unit * unit);
-    std::vector<CodeHashes> hashes;
+    Written w;
     ChunkBuffers buf;
-    for (auto& e : man.params) {
-        hashes.push_back(encode_param(f, man, e, ct::tensor_setup(e, o.codec, o.tolerance), device, chunk, out, raw, prog, buf));
+    for (std::size_t j = 0; j < man.params.size(); ++j) {
+        ct::ParamEntry& e = man.params[j];
+        UlpCount u{theta[j], std::ldexp(o.tolerance * e.hyper.lr, 23), 0};
+        const bool count = theta[j].storage >= 0 && !o.bound_param;
+        w.codes.push_back(encode_param(f, man, e, ct::tensor_setup(e, o.codec, o.tolerance), device, chunk, out, raw, prog,
+                                       buf, count ? &u : nullptr));
+        w.ulp_regime.push_back(count ? u.count : -1);
         prog.item_done();
     }
     raw.finish();
-    const uint64_t manifest_xxh3 = out.finish(man);
-    return {std::move(hashes), manifest_xxh3};
+    w.manifest_xxh3 = out.finish(man);
+    return w;
 }
 
 /// Phase 4: what ckpt-verify and ckpt-restore will see, before the rename. Returns the
@@ -330,9 +370,10 @@ Report compress_input(const io::InputFile& f, const std::string& out, const Comp
     rep.horizon = o.horizon;
     rep.bound_param = o.bound_param;
     try {
-        const auto [codes, manifest_xxh3] = write_container(atomic.temp_path(), f, man, o, device);  // phases 2 and 3
-        const Report chk = self_check(atomic.temp_path(), in, device, codes, L, manifest_xxh3);         // phase 4
+        const Written w = write_container(atomic.temp_path(), f, man, L.theta, o, device);  // phases 2 and 3
+        const Report chk = self_check(atomic.temp_path(), in, device, w.codes, L, w.manifest_xxh3);  // phase 4
         rep.rows = chk.rows;
+        for (std::size_t j = 0; j < w.ulp_regime.size(); ++j) rep.rows[j].ulp_regime = w.ulp_regime[j];  // rows j: params j
         rep.groups = chk.groups;
         rep.bits = chk.bits;
         rep.escape_causes = chk.escape_causes;

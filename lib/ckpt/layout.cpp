@@ -157,6 +157,12 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
         e.hyper.horizon = o.horizon;
         e.hyper.bound_param = o.bound_param;
         e.domain = domain_for(p, o);
+        Layout::ThetaAt at;
+        if (const int t = p.theta >= 0 ? p.theta : p.theta_likely; t >= 0) {
+            const TensorInfo& th = ck.tensors[std::size_t(t)];
+            if (float_dtype_size(th.dtype) != 0 && th.storage_offset == 0 && ck.storages[th.storage].numel == e.numel)
+                at = {int64_t(th.storage), th.dtype};
+        }
         if ((e.domain.l2 && std::isfinite(o.grad_bound)) || o.bound_param) {
             if (p.theta >= 0) {
                 const TensorInfo& th = ck.tensors[std::size_t(p.theta)];
@@ -185,6 +191,7 @@ Layout plan_layout(const Checkpoint& ck, const io::InputFile& f, const CompressO
             man.storages[s].role = k;
         }
         man.params.push_back(e);
+        L.theta.push_back(at);
         L.stated.push_back(p.stated);
     }
     for (const auto& e : man.params)
@@ -218,13 +225,14 @@ std::vector<std::string> compare_layout(const ct::Manifest& a, const Layout& L) 
             if ((st >> k & 1u) && hx[k] != hy[k]) bad(fmt::format("{} ({} vs {})", names[k], hx[k], hy[k]));
         if ((st & kAmsgrad) && x.hyper.amsgrad != y.hyper.amsgrad) bad("amsgrad");
         if ((st & kMaximize) && x.hyper.maximize != y.hyper.maximize) bad("maximize");
-        if (x.hyper.step != y.hyper.step) bad(fmt::format("step ({} vs {})", x.hyper.step, y.hyper.step));
+        const bool step_unstated = st & kStepUnstated;   // a Megatron distrib_optim.pt read alone: the manifest's
+        if (!step_unstated && x.hyper.step != y.hyper.step) bad(fmt::format("step ({} vs {})", x.hyper.step, y.hyper.step));
         // containers written before number steps were certified as float32 ones recorded them
         // as exact (the step itself is compared above): both count alike up to 2^24, where
         // float32 stops; the exact count's suprema over the later steps cover the stalled one's
         // in double arithmetic (b1^(2^24) and b2^(2^24) are 0 there), so they still verify
         const bool number_step_exact = (st & kStepNumber) && x.hyper.step_bits == 0 && y.hyper.step_bits == 24;
-        if (x.hyper.step_bits != y.hyper.step_bits && a.format_version >= 5 && !number_step_exact) bad("step dtype");
+        if (!step_unstated && x.hyper.step_bits != y.hyper.step_bits && a.format_version >= 5 && !number_step_exact) bad("step dtype");
         if (x.domain.l2 != y.domain.l2 || x.domain.plain != y.domain.plain || x.domain.theta_bound < y.domain.theta_bound)
             bad("gradient domain");
     }

@@ -18,7 +18,15 @@ namespace ckpt {
 /// stream offsets, escapes and bounds that encoding fills in), the rows of states kept
 /// exact, and per param the HyperKey bits its file states.
 struct Layout {
+    /// Where a coded parameter's theta lies in the source (a whole float storage of its
+    /// size), whether or not its certificate needs it: the report counts the coordinates in
+    /// the ulp regime from it. storage -1: the file holds no such parameter.
+    struct ThetaAt {
+        int64_t storage = -1;
+        DType dtype = DType::F32;
+    };
     container::Manifest man;
+    std::vector<ThetaAt> theta;       ///< per man.params entry
     std::vector<TensorRow> kept;      ///< states kept exact, with the reason in `note`
     std::vector<unsigned> stated;     ///< per man.params entry
 };

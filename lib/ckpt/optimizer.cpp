@@ -277,6 +277,13 @@ private:
     std::map<std::vector<int64_t>, Group> by_shape_;
 };
 
+/// The model tensor stored under `name` (or "model." / "module." + name) with this shape; -1 if none.
+int tensor_named(ModelIndex& model, const std::string& name, const std::vector<int64_t>& shape) {
+    for (const std::string& pre : {std::string(), std::string("model."), std::string("module.")})
+        if (const int t = model.by_key(pre + name, shape); t >= 0) return t;
+    return -1;
+}
+
 /// Map one optimizer state to its parameter: by name (param_names or an FQN state key,
 /// also with the "model." / "module." prefixes Lightning and DDP add) when one is given,
 /// otherwise every model tensor of the same shape is a candidate (one candidate: mapped;
@@ -286,8 +293,7 @@ void map_theta(const Checkpoint& ck, ModelIndex& model, const std::string& given
     const auto& shape = ck.tensors[std::size_t(p.tensor[0])].shape;
     if (!given_name.empty()) {
         p.name = given_name;
-        for (const std::string& pre : {std::string(), std::string("model."), std::string("module.")})
-            if (const int t = model.by_key(pre + given_name, shape); t >= 0) { p.theta = t; return; }
+        if (const int t = tensor_named(model, given_name, shape); t >= 0) { p.theta = t; return; }
     }
     const ModelIndex::Group& g = model.by_shape(shape);
     if (g.tensors->size() == 1) {
@@ -581,7 +587,11 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
             map_theta(ck, model_index, !w->second.second.empty() ? w->second.second : is_integer_key(p.index) ? "" : p.index, p);
         }
         // parameter order over the map_theta's key of a unique shape (a module's own key, "bias")
-        if (w->second.second.empty() && is_integer_key(p.index) && likely_name.count(p.index)) p.name = likely_name[p.index];
+        if (w->second.second.empty() && is_integer_key(p.index) && likely_name.count(p.index)) {
+            p.name = likely_name[p.index];
+            if (p.theta < 0 && p.tensor[0] >= 0)
+                p.theta_likely = tensor_named(model_index, p.name, ck.tensors[std::size_t(p.tensor[0])].shape);
+        }
         apply(p.hyper, p.stated, p.stated_bits, o, f.path(), p.name);
         p.why_not = fused ? fused_adam(g, ds_config, p) : not_adam(dict_keys(g), dict_keys(st));
         if (p.why_not.empty()) p.why_not = out_of_range(p.hyper, p.lr_divides);

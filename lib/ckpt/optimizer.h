@@ -39,6 +39,9 @@ struct ParamState {
     std::string index;                ///< the state key (param index or fqn)
     int tensor[3] = {-1, -1, -1};     ///< Checkpoint::tensors index of exp_avg, exp_avg_sq, max_exp_avg_sq
     int theta = -1;                   ///< parameter tensor when the mapping is proven, else -1
+    /// Where theta is not proven: the model tensor the state is named after by parameter
+    /// order (names_by_order), for reports only (never a certificate); else -1.
+    int theta_likely = -1;
     /// The state's other non-scalar tensors (Adamax's exp_inf, SGD's momentum_buffer, ...):
     /// counted in a kept-exact state's report row.
     std::vector<int> other_tensors;

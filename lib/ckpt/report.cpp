@@ -38,6 +38,23 @@ std::string grouped(uint64_t n) {
 }
 }
 
+int64_t Report::ulp_regime() const {
+    int64_t n = -1;
+    for (auto& r : rows)
+        if (r.ulp_regime >= 0) n = std::max<int64_t>(n, 0) + r.ulp_regime;
+    return n;
+}
+
+std::string Report::ulp_line() const {
+    const int64_t n = ulp_regime();
+    if (n < 0) return "";
+    std::size_t unknown = 0;  // coded tensors whose theta the file does not hold
+    for (auto& r : rows) unknown += r.note.empty() && r.ulp_regime < 0;
+    return fmt::format("ulp regime: {} coded coordinates have |theta| > 2^23 x tolerance x lr (the parameter after a step "
+                       "within tolerance x lr + 1 ulp of theta; --bound param bounds the parameter){}\n",
+                       grouped(uint64_t(n)), unknown ? fmt::format("; not counted for {} tensors (parameter not in the file)", unknown) : "");
+}
+
 std::string Report::table() const {
     std::size_t w = 6;
     for (auto& r : rows) w = std::max(w, r.name.size());
@@ -73,6 +90,7 @@ std::string Report::table() const {
     else if (file_bytes_in)
         s += fmt::format("file: {} bytes in, {} bytes out ({:.2f}% of input)\n", file_bytes_in, file_bytes_out,
                          100.0 * double(file_bytes_out) / double(file_bytes_in));
+    s += ulp_line();
     for (auto& g : groups)
         s += fmt::format("certified: {} x {}: {}, lr={} betas=({}, {}) eps={} weight_decay={} step={}{}{}\n", g.tensors,
                          g.optimizer, g.domain, g.lr, g.beta1, g.beta2, g.eps, g.weight_decay, g.step,
@@ -125,8 +143,10 @@ std::string Report::json() const {
         t.push_back({{"name", r.name}, {"shape", r.shape}, {"values", r.values}, {"escapes", r.escapes},
                      {"moment_bytes_fp32", r.bytes_fp32}, {"moment_bytes_out", r.bytes_out},
                      {"moment_reduction", r.bytes_fp32 ? 1.0 - double(r.bytes_out) / double(r.bytes_fp32) : 0.0},
-                     {"max_bound_lr", r.max_bound}, {"note", r.note}});
+                     {"max_bound_lr", r.max_bound}, {"note", r.note},
+                     {"ulp_regime", r.ulp_regime >= 0 ? nlohmann::json(r.ulp_regime) : nlohmann::json(nullptr)}});
     j["tensors"] = t;
+    if (tool == "ckpt-compress") j["ulp_regime"] = ulp_regime() >= 0 ? nlohmann::json(ulp_regime()) : nlohmann::json(nullptr);
     nlohmann::json gs = nlohmann::json::array();
     for (auto& g : groups)
         gs.push_back({{"optimizer", g.optimizer}, {"domain", g.domain}, {"lr", g.lr}, {"betas", {g.beta1, g.beta2}},

@@ -23,6 +23,11 @@ struct TensorRow {
     uint64_t bytes_fp32 = 0;    ///< 4 bytes x values
     uint64_t bytes_out = 0;     ///< bytes encoding these moments in the container
     double max_bound = 0;       ///< largest certificate kept, lr units
+    /// ckpt-compress under the default bound (on the update): coded coordinates (escapes
+    /// excluded) whose |theta| > 2^23 tolerance lr, where the parameter after a step may differ
+    /// by 1 ulp of theta more than tolerance x lr; -1 where not counted (theta not in the file,
+    /// --bound param, verify / restore).
+    int64_t ulp_regime = -1;
     std::string note;           ///< e.g. why a tensor was kept exact
 };
 
@@ -74,6 +79,10 @@ struct Report {
     uint64_t moment_bytes_out() const;
     double moment_reduction() const;     ///< 1 - out / fp32
     double max_bound() const;
+    /// Sum of the rows' counted ulp_regime; -1 when no row was counted.
+    int64_t ulp_regime() const;
+    /// The table's "ulp regime:" line (empty when nothing was counted).
+    std::string ulp_line() const;
 
     std::string table() const;           ///< human-readable summary
     std::string json() const;            ///< one JSON object

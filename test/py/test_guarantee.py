@@ -740,8 +740,19 @@ def test_bound_param_bounds_the_parameter_itself(tmp_path):
     rep_u, back_u = roundtrip(tmp_path, src, "--force")
     assert rep_u["bound"] == "update"
     assert worst(back_u) > TOL * lr  # the ulp of theta, not the update
+    # the report counts the coded coordinates in the ulp regime, |theta| > 2^23 tau lr (escaped
+    # ones excepted: their parameter is exact)
+    thr = torch.tensor(2.0 ** 23 * TOL * lr, dtype=torch.float32)
+    by_name = {t["name"]: t for t in rep_u["tensors"]}
+    assert set(by_name) == set(orig["model"])
+    for name, theta in orig["model"].items():
+        t, above = by_name[name], int((theta.abs() > thr).sum())
+        assert above - t["escapes"] // 2 <= t["ulp_regime"] <= above, name
+    assert by_name["n.weight"]["ulp_regime"] == 256 and by_name["n.bias"]["ulp_regime"] == 0
+    assert rep_u["ulp_regime"] == sum(t["ulp_regime"] for t in rep_u["tensors"])
     rep_p, back_p = roundtrip(tmp_path, src, "--bound", "param", "--force")
     assert rep_p["bound"] == "param" and rep_p["escapes"] > rep_u["escapes"]
+    assert rep_p["ulp_regime"] is None  # the parameter itself is certified
     assert worst(back_p) <= TOL * lr
     v = run_tool(require_ckptkit_bin(), "ckpt-verify", tmp_path / "c.ckz.h5", "--json")
     assert v.returncode == 0 and parse_json_stdout(v)["bound"] == "param", v.stdout + v.stderr

@@ -12,7 +12,7 @@ import torch
 from testlib import fixture_path, parse_json_stdout, require_ckptkit_bin, run_tool
 
 TENSOR_KEYS = {"name", "shape", "values", "escapes", "moment_bytes_fp32", "moment_bytes_out",
-               "moment_reduction", "max_bound_lr", "note"}
+               "moment_reduction", "max_bound_lr", "note", "ulp_regime"}
 
 
 def _three(tmp_path, src, *flags):
