@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
                    "budget for activations only: bytes above the fixed memory (params, grads, optimizer "
                    "state, buffers, memory outside segments), e.g. 1.5MiB (repeatable)");
     app.add_option("--sweep", sweep, "budget sweep MIN:MAX:STEP, e.g. 24GiB:48GiB:2GiB");
-    app.add_option("--planner", req.planner, "joint|eager|stateless|all|none")
+    app.add_option("--planner", req.planner, "joint|eager|stateless|all|none|ops (ops: op-level plans, traces with ops[])")
         ->check(CLI::IsMember(planner_names()));
     app.add_option("-o,--output", out_path, "plan JSON to write");
     app.add_option("--svg", svg_path, "SVG plot of step time vs budget (every planner)");

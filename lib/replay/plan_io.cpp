@@ -102,8 +102,10 @@ json plan_to_json(const Problem& p, const std::string& trace_path, const std::st
     for (const auto& r : results) {
         json segs = json::array();
         for (size_t i = 0; i < r.decisions.size(); ++i) {
-            OptionCost c = p.cost(i, r.decisions[i]);
             const Segment& sg = p.trace->segments[i];
+            const bool ops = !r.saved_ops.empty() && !r.saved_ops[i].empty();
+            OptionCost c = ops ? op_level_cost(p, i, r.decisions[i], r.saved_ops[i])
+                               : p.cost(i, r.decisions[i]);
             json s = {{"name", sg.name},
                       {"decision", decision_name(r.decisions[i])},
                       {"held_bytes", c.held},
@@ -119,6 +121,14 @@ json plan_to_json(const Problem& p, const std::string& trace_path, const std::st
             if (!sg.ops_hash.empty()) s["ops_hash"] = sg.ops_hash;
             if (r.decisions[i] != Decision::Keep)
                 s["contract"] = contract_json(kinds, sg, p.contracts[i], r.decisions[i]);
+            if (ops) {   // op-level plan: the ops this recomputed segment saves (formats/plan.md)
+                json so = json::array();
+                for (uint32_t j : r.saved_ops[i]) {
+                    const OpCost& o = sg.ops[j];
+                    so.push_back({{"op", o.op}, {"k", o.k}, {"bytes", o.bytes}, {"ms", o.ms}});
+                }
+                s["save_ops"] = std::move(so);
+            }
             segs.push_back(s);
         }
         json b = entry_json(p, r);

@@ -108,7 +108,20 @@ struct PlanResult {
                                         ///< reach on the trace (Planner::min_peak, bytes)
     bool fallback = false;              ///< joint only: the thinned DP was slower than eager,
                                         ///< eager's plan is returned instead
+    /// ops planner only: per segment, the indices (into Segment::ops) of the ops a recomputed
+    /// segment saves instead of recomputing (torch's selective checkpointing applies them);
+    /// empty, or one list per segment. peak_bytes / step_time_ns include them (op_level_eval).
+    std::vector<std::vector<uint32_t>> saved_ops;
 };
+
+/// Held bytes and recompute time an op-level plan adds to / removes from decision d on
+/// segment i when it saves the ops `saved` (indices into Segment::ops): held and work grow
+/// by their bytes (counted on top of the segment's saved and transient bytes: a bound), the
+/// step time shrinks by their forward times (never below keep's). planner_ops.cpp.
+OptionCost op_level_cost(const Problem& p, size_t i, Decision d, const std::vector<uint32_t>& saved);
+/// evaluate() of decisions d with saved ops (saved.size() == d.size(), or empty for none).
+Evaluation op_level_eval(const Problem& p, const std::vector<Decision>& d,
+                         const std::vector<std::vector<uint32_t>>& saved);
 
 /// Fill peak, time, feasibility and safety for `d` (empty d = infeasible; then
 /// min_peak_bytes = min_peak, the planner's smallest reachable peak in bytes). known: the

@@ -35,6 +35,13 @@ CKPT_REPLAY_SWEEP_PLANNER(StatelessPlanner)
 /// budget, so plan_all computes the peak after each greedy step once (a lazy segment tree
 /// over the prefix + work terms, O(n log n)) and answers every budget by binary search.
 CKPT_REPLAY_SWEEP_PLANNER(EagerPlanner)
+
+/// Op-level plans (planner_ops.cpp): the joint planner's segment plans, then, inside the
+/// recomputed segments, the recorded ops (Segment::ops) an op plan may save, greedily by
+/// recompute time saved per byte held while the predicted peak stays within the budget; the
+/// fastest result over joint's plans at budgets from its least to the budget. Same contracts
+/// (ops on RNG, state, in-place writes and views are never saved), same min_peak as joint.
+CKPT_REPLAY_SWEEP_PLANNER(OpsPlanner)
 #undef CKPT_REPLAY_SWEEP_PLANNER
 
 /// Exact optimum over all four decisions. When a frontier had to be thinned (more than

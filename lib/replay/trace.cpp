@@ -287,6 +287,29 @@ Trace read_ckptkit_trace(element j, const std::string& file) {
                 g.ops_hash.find_first_not_of("0123456789abcdef") != std::string::npos)
                 r.fail(w + ".ops_hash: expected 16 lowercase hex digits");
         }
+        if (format_version >= 2 && r.has(s, "ops")) {
+            size_t ko = 0;
+            const dom::array ops = r.arr(s, "ops", w);
+            if (ops.size() > kMaxSegments) r.fail(w + ".ops: more than 2^20 ops");
+            g.ops.reserve(ops.size());
+            double op_ms = 0;
+            for (element o : ops) {
+                auto wo = fmt::format("{}.ops[{}]", w, ko++);
+                OpCost c;
+                c.op = r.str(o, "op", wo);
+                if (c.op.empty()) r.fail(wo + ".op: empty op name");
+                c.k = r.u64(o, "k", wo);
+                c.bytes = r.u64(o, "bytes", wo);
+                c.ms = r.ms(o, "ms", wo);
+                c.fixed = r.str_or(o, "fixed", wo, "");
+                total_bytes += double(c.bytes);
+                op_ms += c.ms;
+                g.ops.push_back(std::move(c));
+            }
+            if (total_bytes > kMaxTotalBytes)
+                r.fail(fmt::format("{}.ops: the trace's sizes add up to more than 2^60 bytes (1 EiB)", w));
+            if (op_ms > kMaxTotalMs) r.fail(fmt::format("{}.ops: the op times add up to more than 1e9 ms", w));
+        }
         t.segments.push_back(std::move(g));
         names.insert(t.segments.back().name);   // no reallocation: reserved above
     }
@@ -360,6 +383,15 @@ json trace_to_json(const Trace& t) {
                         {"rng", rng}};
         if (!s.non_replayable.empty()) sj["non_replayable"] = s.non_replayable;
         if (!s.ops_hash.empty()) sj["ops_hash"] = s.ops_hash;
+        if (!s.ops.empty()) {
+            json ops = json::array();
+            for (const auto& o : s.ops) {
+                json oj = {{"op", o.op}, {"k", o.k}, {"bytes", o.bytes}, {"ms", o.ms}};
+                if (!o.fixed.empty()) oj["fixed"] = o.fixed;
+                ops.push_back(std::move(oj));
+            }
+            sj["ops"] = std::move(ops);
+        }
         segs.push_back(std::move(sj));
     }
     for (auto it = t.segments.rbegin(); it != t.segments.rend(); ++it) order.push_back(it->name);

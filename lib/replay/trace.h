@@ -40,6 +40,20 @@ struct RngUse {
     uint64_t state_bytes = 0;
 };
 
+/// One op of a segment's forward (v2, optional `ops[]`, the torch recorder's op table): the
+/// aten op (`aten.mm.default`), its occurrence `k` among that op's calls in the segment (the
+/// key torch's selective checkpointing counts by), the bytes of the fresh storages it outputs
+/// and its measured time (ms). `fixed` non-empty: why it must stay under the segment's replay
+/// (inplace, view, random, state, mutated, ignored, empty); else an op plan may save it.
+struct OpCost {
+    std::string op;
+    uint64_t k = 0;
+    uint64_t bytes = 0;
+    double ms = 0;
+    std::string fixed;
+    bool saveable() const { return fixed.empty() && bytes > 0; }
+};
+
 /// A segment: forward/backward time (ms), bytes it keeps for backward (saved_bytes), bytes of
 /// its input and output at the boundary, transient peak above saved_bytes while it runs
 /// forward or backward (the incoming output gradient and backward temporaries included).
@@ -61,6 +75,9 @@ struct Segment {
     /// recorder saw it (ops, dtypes, scalar arguments; formats/trace.md). Plans copy it so a
     /// runtime can refuse a plan for a model whose segment now computes something else.
     std::string ops_hash;
+    /// v2, optional: the forward's ops with their output bytes and times (OpCost), for
+    /// op-level plans (planner_ops.cpp); empty when not recorded.
+    std::vector<OpCost> ops;
 };
 
 /// A piece of mutable state (id, size in bytes before the step). kind (format v2): "buffer"
