@@ -67,14 +67,19 @@ def _write_trace(trace, path, force):
 
 
 def record_trace(model, batch, loss_fn, *, segments=None, optimizer=None, copy_gbps=10.0, model_name=None,
-                 source="ckptkit.replay"):
+                 source="ckptkit.replay", ops=False):
     """As record(), but returns the trace as a dict and writes nothing; `timing` (seconds per
     phase) is added under the key "_timing" only in the returned dict's attribute-free copy:
     use Recorder directly for it."""
-    return Recorder(model, batch, loss_fn, segments, optimizer, copy_gbps, model_name, source).record()
+    trace = Recorder(model, batch, loss_fn, segments, optimizer, copy_gbps, model_name, source).record()
+    if ops:
+        from ._ops import record_ops
+        record_ops(model, batch, loss_fn, trace, optimizer)
+    return trace
 
 
-def record(model, batch, loss_fn, *, segments=None, path=None, optimizer=None, copy_gbps=10.0, force=False):
+def record(model, batch, loss_fn, *, segments=None, path=None, optimizer=None, copy_gbps=10.0, force=False,
+           ops=False):
     """Record one training step of a live model as a trace; returns the trace file's path.
 
     The step is `loss_fn(model, batch).backward()` (loss_fn returns a scalar tensor; the model's
@@ -100,6 +105,9 @@ def record(model, batch, loss_fn, *, segments=None, path=None, optimizer=None, c
       of optimizer.step() are measured (step run once on the recorded gradients and undone).
       None: the optimizer state is counted as 2 x the gradients (Adam), no step temporaries.
     copy_gbps: device copy bandwidth (GB/s) the planner uses to cost snapshot copies.
+    ops: also record each segment's op table (`ops[]`: every aten op of its forward with its
+      output bytes and time, and why it must stay recomputed where it must), for op-level plans
+      (plan(..., planner="ops")); costs three more forwards.
 
     Memory (bytes): per segment saved_bytes (saved-tensor hooks) and transient_bytes (profiler
     memory events: the peak above what segments keep, forward and backward, incoming
@@ -108,7 +116,7 @@ def record(model, batch, loss_fn, *, segments=None, path=None, optimizer=None, c
     Raises RecordError (a BadInput) for a step the recorder cannot describe.
     """
     return _write_trace(record_trace(model, batch, loss_fn, segments=segments, optimizer=optimizer,
-                                     copy_gbps=copy_gbps), path, force)
+                                     copy_gbps=copy_gbps, ops=ops), path, force)
 
 
 class Plan(dict):
@@ -187,7 +195,9 @@ def plan(trace, budget=None, *, activation_budget=None, planner="joint"):
       an int (bytes), a size string ("1.5MiB", "44GiB", "32GB") or a list of them.
     activation_budget: budget(s) for the activations alone (bytes above the fixed memory).
     Neither: one entry with every activation kept. planner: joint (default), eager, stateless,
-    all, none. When no budget asked for is feasible, raises ckptkit.CheckFailed naming the
+    all, none, ops (op-level plans: joint's segments, then single ops of the recomputed ones
+    saved, torch's selective checkpointing; needs a trace recorded with ops=True and torch >= 2.4
+    at apply()). When no budget asked for is feasible, raises ckptkit.CheckFailed naming the
     smallest feasible budget (replay-plan's exit 1; the plan is its `.report`); in a list with
     feasible ones, an infeasible budget is an entry with feasible False. plan.range gives the
     feasible range. Bad input raises ckptkit.BadInput with replay-plan's one-line message.

@@ -8,6 +8,7 @@ import torch.utils.checkpoint as tuc
 
 from .._errors import BadInput, CkptkitWarning
 
+from ._ops import sac_kwargs
 from ._common import (ContractError, OpsHash, ScalarTape, StalePlan, all_streams, buffer_owner,
                       byte_view, digest, generator_names, model_fingerprint, py_scalar_holders,
                       py_scalars, py_scalars_as, stream_state, set_stream_state, tensors_in)
@@ -42,6 +43,8 @@ class _Segment:
         self.touched = restored + [x["buffer"] for x in self.contract.get("discard", [])
                                    if x["buffer"] not in restored]
         self.rng_streams = [g["stream"] for g in self.contract.get("rng", [])]
+        # op-level plans: torch's selective checkpointing saves the entry's save_ops (_ops.py)
+        self.ckpt_kw = sac_kwargs(name, entry) if self.recompute_on else {}
         module.forward = self.forward
 
     def remove(self):
@@ -89,7 +92,7 @@ class _Segment:
         # inputs as saved tensors, version-checked when the recompute unpacks them, so an input
         # written in place after its read (by this segment or a later one) would fail before
         # the recompute restores it; torch 1.13 kept plain references, as `call` does.
-        out = tuc.checkpoint(call, use_reentrant=False, preserve_rng_state=False, **kw)
+        out = tuc.checkpoint(call, use_reentrant=False, preserve_rng_state=False, **self.ckpt_kw, **kw)
         self.watch_after(watch)
         for t in tensors_in(out):
             if t.requires_grad:
