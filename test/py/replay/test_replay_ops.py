@@ -86,3 +86,39 @@ def test_op_plan_refused_without_selective_checkpointing():
     assert any(s["decision"] != "keep" for s in joint.entries[0]["segments"])
     with replay.apply(model, joint):
         loss_fn(model, batch).backward()
+
+
+@pytest.mark.skipif(not ops_mod.sac_available(), reason="torch without selective checkpointing (1.13)")
+def test_saved_ops_are_not_recomputed():
+    """The backward runs each saved op exactly once less than the same plan without save_ops
+    (whole-segment recompute of the same segments), every other op as often."""
+    import collections
+    import copy
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    _, p = op_plan()
+    mid = p.entries[1]
+    whole = copy.deepcopy(p)
+    whole._trace = p._trace
+    for s in whole.entries[1]["segments"]:
+        s.pop("save_ops", None)
+    counts = []
+    for plan in (p, whole):
+        model, batch, loss_fn = nanogpt.build()
+        with replay.apply(model, plan, mid["budget_bytes"]):
+            loss = loss_fn(model, batch)
+            with Count() as c:
+                loss.backward()
+        counts.append(c.n)
+    saved = collections.Counter(o["op"] for s in mid["segments"] for o in s.get("save_ops", []))
+    assert sum(saved.values()) >= 2
+    assert counts[0] == counts[1] - saved
