@@ -29,8 +29,20 @@ from ._common import (ContractError, RecordError, StalePlan, model_fingerprint, 
 from ._record import Recorder
 from ._runtime import Applied, check_fingerprint
 
-__all__ = ["record", "plan", "apply", "Plan", "ContractError", "StalePlan", "RecordError",
-           "parse_bytes", "model_fingerprint"]
+from ._enable import Enabled, enable
+
+__all__ = ["record", "plan", "apply", "enable", "ReplayCallback", "Plan", "Enabled", "ContractError", "StalePlan",
+           "RecordError", "parse_bytes", "model_fingerprint"]
+
+
+def __getattr__(name):
+    """ReplayCallback (a Lightning Callback: _enable.make_callback_class), built on first use so
+    that ckptkit.replay imports without Lightning."""
+    if name == "ReplayCallback":
+        from ._enable import make_callback_class
+        cls = globals()["ReplayCallback"] = make_callback_class()
+        return cls
+    raise AttributeError(f"module 'ckptkit.replay' has no attribute {name!r}")
 
 PLAN_FORMAT_VERSION = 2
 

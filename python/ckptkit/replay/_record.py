@@ -2,6 +2,7 @@
 (formats/trace.md, format 2). See ckptkit.replay.record."""
 import collections
 import contextlib
+import inspect
 import os
 import time
 
@@ -141,6 +142,8 @@ class SavedState:
                 g.update(s)
 
 
+# segment calls with keyword arguments (Hugging Face layers) are seen where hooks get them
+_WITH_KWARGS = {"with_kwargs": True} if "with_kwargs" in inspect.signature(nn.Module.register_forward_pre_hook).parameters else {}
 MIN_SEGMENTS = 4   # fewer default segments than this: the nn.Sequential ones are opened
 # Counted as memory outside segments: small allocations of a step that vary between runs of
 # the same step (0-dim tensors, autograd and allocator bookkeeping; docs/benchmarks.md).
@@ -154,7 +157,10 @@ def discover_segments(model, batch, loss_fn):
     twice stays outside every segment). An nn.Sequential called once is one segment (recomputing
     a whole block frees what its layers save, where a single layer saves little more than its
     input), unless the level has fewer than MIN_SEGMENTS: then every such nn.Sequential is
-    opened into its children, again while too few. Runs the forward once without gradients
+    opened into its children, again while too few. Before that, a level of fewer than
+    MIN_SEGMENTS opens every segment other than an nn.Sequential holding a stack of layers (see stack(): GPT-2's
+    `transformer`, BERT's and torchvision ViT's `encoder`) down to the stack's layers. Runs
+    the forward once without gradients
     (the caller restores the state)."""
     calls = collections.Counter()
     first = {}
@@ -191,7 +197,37 @@ def discover_segments(model, batch, loss_fn):
                 out.append(full)
         return out
 
+    def stack(full):
+        """A stack of layers: an nn.Sequential called once, or a module never called itself
+        (nn.ModuleList, nn.ModuleDict), with at least 2 children, each a module with children
+        of its own called once (transformer blocks: transformer.h, encoder.layer, encoder.layers)."""
+        m = mods[full]
+        c = calls.get(full, 0)
+        if not (type(m) is nn.Sequential and c == 1) and c != 0:
+            return False
+        kids = list(m.named_children())
+        return len(kids) >= 2 and all(calls.get(full + "." + k, 0) == 1 and any(True for _ in v.children())
+                                      for k, v in kids)
+
+    def has_stack(full):
+        return any(stack(d) for d in mods if d.startswith(full + ".")) or stack(full)
+
+    def open_stacks(full):
+        """A segment holding a stack of layers (a transformer's `transformer` / `encoder`,
+        neither nn.Sequential nor nn.ModuleList) opened down to the layers of its stacks."""
+        if stack(full):
+            return level(mods[full], full + ".")
+        out = []
+        for n in level(mods[full], full + "."):
+            out += open_stacks(n) if has_stack(n) else [n]
+        return out
+
     segs = level(model, "")
+    def opens(n):   # nn.Sequential segments are opened by the loop below, as before
+        return type(mods[n]) is not nn.Sequential and has_stack(n)
+
+    if 0 < len(segs) < MIN_SEGMENTS and any(opens(n) for n in segs):
+        segs = [x for n in segs for x in (open_stacks(n) if opens(n) else [n])]
     while 0 < len(segs) < MIN_SEGMENTS and any(openable(n) for n in segs):
         segs = [x for n in segs for x in (level(mods[n], n + ".") if openable(n) else [n])]
     segs = sorted(segs, key=lambda n: first[n])
@@ -436,17 +472,18 @@ class Recorder:
                 or (b[3] is not None and a[3] is not None and b[3] is not a[3]))
 
     # ---- phase 1: the step
-    def pre(self, mod, inputs):
-        """Forward pre-hook of a segment (the recorder's own tensor work stays out of the op log)."""
+    def pre(self, mod, inputs, kwargs=None):
+        """Forward pre-hook of a segment (the recorder's own tensor work stays out of the op log);
+        kwargs: the call's keyword arguments (torch >= 2.0: with_kwargs hooks)."""
         with _unlogged():
-            return self._pre(mod, inputs)
+            self._pre(mod, inputs, kwargs or {})
 
     def post(self, mod, inputs, output):
         """Forward hook of a segment (the recorder's own tensor work stays out of the op log)."""
         with _unlogged():
             return self._post(mod, inputs, output)
 
-    def _pre(self, mod, inputs):
+    def _pre(self, mod, inputs, kwargs):
         if self.probing:
             return
         name = self.seg_of[id(mod)]
@@ -482,7 +519,8 @@ class Recorder:
                               "extents": {}}
         self.info[name] = {
             "snap": now, "rng": rng, "saved": 0, "by_ptr": {p: ns[0] for p, ns in self.tracked_ptr.items()},
-            "input_bytes": tensor_bytes(inputs), "arg_names": arg_names,
+            "input_bytes": tensor_bytes(inputs) + tensor_bytes(kwargs), "arg_names": arg_names,
+            "kwargs": {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in kwargs.items()},
             "input_shapes": [list(x.shape) for x in args],
             "input_keys": {storage_of(x)[0] for x in args}, "inputs": list(inputs),
             "py": py_scalars(self.py_holders[name]),
@@ -552,7 +590,7 @@ class Recorder:
         self.initial = self.last_snap
         self.last_rng = rng_states(model, self.gen_names)
         self.packed = {}
-        self.handles = [m.register_forward_pre_hook(self.pre) for m in self.segs.values()]
+        self.handles = [m.register_forward_pre_hook(self.pre, **_WITH_KWARGS) for m in self.segs.values()]
         self.handles += [m.register_forward_hook(self.post) for m in self.segs.values()]
         t0 = time.perf_counter()
         with OpLog(self):
@@ -651,7 +689,8 @@ class Recorder:
                 args.append(x)
             enabled, dtype = d["autocast"]
             with torch.autocast("cpu", dtype=dtype, enabled=enabled):
-                out = self.segs[n](*args)
+                out = self.segs[n](*args, **{k: v.clone() if torch.is_tensor(v) else v
+                                             for k, v in d["kwargs"].items()})
             if not _equal_values(out, d["probe_output"]):
                 return "its output"
             for name, a in d["after"].items():

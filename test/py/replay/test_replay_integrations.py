@@ -1,0 +1,273 @@
+"""ckptkit.replay's one-line integrations and default segments on transformer-style models
+(issue 53): enable() on real Hugging Face models (a tiny GPT2LMHeadModel and BertModel built
+from local configs, no download) and ReplayCallback in a real Lightning Trainer on CPU train
+bitwise equal to no recomputation (losses, parameters, gradients, Adam state, RNG) while the
+plan recomputes segments; remove() gives the model back; the default segments of GPT-2, BERT
+and a torchvision-style ViT are the layers inside their encoder. Skipped per test where
+transformers / lightning are not installed (Debian's torch 1.13 line)."""
+import copy
+import importlib
+import pathlib
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "test" / "py"))
+from testlib import import_package  # noqa: E402
+replay, _ = import_package("ckptkit.replay")
+ckptkit = importlib.import_module("ckptkit")
+from ckptkit.replay._record import discover_segments  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def same_params(a, b):
+    return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def patched(model):
+    """Modules with an instance forward (what apply() installs) and the root's hooks."""
+    return [n for n, m in model.named_modules() if "forward" in m.__dict__], len(model._forward_pre_hooks)
+
+
+# ----------------------------------------------------------------------------- Hugging Face
+def gpt2(use_cache=False):
+    tr = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = tr.GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=3, n_head=4, bos_token_id=0,
+                        eos_token_id=0, use_cache=use_cache)
+    return tr.GPT2LMHeadModel(cfg)
+
+
+def bert():
+    tr = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = tr.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.1,
+                        attention_probs_dropout_prob=0.1)
+    return tr.BertModel(cfg)
+
+
+def train_hf(model, steps, budget=False, loss_fn=None, **call):
+    """`steps` Adam steps on seeded random ids (dropout draws from the default generator);
+    budget False: no replay; else enable(model, budget) first. Returns (handle, losses, opt)."""
+    torch.manual_seed(1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    h = None if budget is False else replay.enable(model, budget, optimizer=opt, loss_fn=loss_fn)
+    losses = []
+    for _ in range(steps):
+        ids = torch.randint(0, 97, (2, 16))
+        out = model(input_ids=ids, **({"labels": ids} if loss_fn is None else {}), **call)
+        loss = out.loss if loss_fn is None else loss_fn(out)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return h, losses, opt
+
+
+def test_default_segments_transformers():
+    """The layers inside `transformer` / `encoder` (neither Sequential nor ModuleList) are
+    segments: before, GPT-2 was [transformer, lm_head] and BERT [embeddings, encoder, pooler]."""
+    m = gpt2()
+    ids = torch.randint(0, 97, (2, 16))
+    assert discover_segments(m, ids, lambda m, b: m(input_ids=b, labels=b).loss) == [
+        "transformer.wte", "transformer.wpe", "transformer.drop", "transformer.h.0", "transformer.h.1",
+        "transformer.h.2", "transformer.ln_f", "lm_head"]
+    assert discover_segments(bert(), ids, lambda m, b: m(input_ids=b).last_hidden_state.sum()) == [
+        "embeddings", "encoder.layer.0", "encoder.layer.1", "encoder.layer.2", "pooler"]
+
+
+class _Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        return x + self.mlp(self.ln(x))
+
+
+class _Encoder(nn.Module):   # torchvision's vision_transformer.Encoder: dropout, layers (Sequential), ln
+    def __init__(self, d, n):
+        super().__init__()
+        self.dropout = nn.Dropout(0.0)
+        self.layers = nn.Sequential(*[_Block(d) for _ in range(n)])
+        self.ln = nn.LayerNorm(d)
+
+    def forward(self, x):
+        return self.ln(self.layers(self.dropout(x)))
+
+
+class ViT(nn.Module):
+    """torchvision's VisionTransformer layout (conv_proj, encoder.layers.*, heads.head)."""
+
+    def __init__(self, d=32, n=4):
+        super().__init__()
+        self.conv_proj = nn.Conv2d(3, d, 4, 4)
+        self.encoder = _Encoder(d, n)
+        self.heads = nn.Sequential(nn.Linear(d, 10))
+
+    def forward(self, x):
+        return self.heads(self.encoder(self.conv_proj(x).flatten(2).transpose(1, 2))[:, 0])
+
+
+def test_default_segments_vit_range():
+    """torchvision's ViT layout: before, segments conv_proj, encoder, heads.head and the smallest
+    plan kept everything; now the encoder's layers, and the smallest budget is below keep-all."""
+    torch.manual_seed(0)
+    m = ViT()
+    x = torch.randn(8, 3, 32, 32)
+    loss = lambda m, b: m(b).square().mean()   # noqa: E731
+    segs = discover_segments(m, x, loss)
+    assert segs == ["conv_proj", "encoder.dropout", "encoder.layers.0", "encoder.layers.1", "encoder.layers.2",
+                    "encoder.layers.3", "encoder.ln", "heads"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ckptkit.CkptkitWarning)   # no "recomputation saves nothing"
+        r = replay.plan(replay.record(m, x, loss)).range
+    assert r["min_peak_bytes"] < r["keep_all_peak_bytes"]
+    # the old segments give no range, and the warning names segments=
+    with pytest.warns(ckptkit.CkptkitWarning, match=r"record with segments=\[\.\.\.\]"):
+        r = replay.plan(replay.record(m, x, loss, segments=["conv_proj", "encoder", "heads.0"])).range
+    assert r["min_peak_bytes"] == r["keep_all_peak_bytes"]
+
+
+def test_enable_gpt2_bitwise_and_remove():
+    """enable(model) on GPT2LMHeadModel: the first training forward records, plans at the
+    smallest budget and applies (two blocks recomputed); 4 Adam steps (dropout on) are bitwise
+    those without replay; remove() leaves no instance forward and no hook."""
+    base = gpt2()
+    m0 = copy.deepcopy(base)
+    _, l0, o0 = train_hf(m0, 4)
+    m1 = copy.deepcopy(base)
+    h, l1, o1 = train_hf(m1, 4, None)
+    assert h.recomputed and set(h.recomputed) <= {f"transformer.h.{i}" for i in range(3)}
+    assert h.plan.entries[0]["budget_bytes"] == h.plan.range["min_peak_bytes"]
+    assert all(torch.equal(a, b) for a, b in zip(l0, l1))
+    assert same_params(m0, m1)
+    for p, q in zip(m0.parameters(), m1.parameters()):
+        assert torch.equal(o0.state[p]["exp_avg_sq"], o1.state[q]["exp_avg_sq"])
+    segs = [s["name"] for s in h.plan.entries[0]["segments"]]
+    assert patched(m1) == (segs, 1)   # every segment's forward patched, the enable hook
+    h.remove()
+    assert patched(m1) == ([], 0)
+    h.remove()   # twice is harmless
+    # a second enable on the same model while one is live: refused
+    h2 = replay.enable(m1, "1TiB")
+    with pytest.raises(ckptkit.BadInput, match="already applied"):
+        replay.enable(m1, "1TiB")
+    h2.remove()
+    assert patched(m1) == ([], 0)
+
+
+def test_enable_gpt2_no_cache_in_training():
+    """Training forwards run with use_cache=False unless the caller passes it (a KV cache
+    updated twice, by the forward and the recompute, is refused by the runtime); so with a
+    config of use_cache=True the run equals the one passing use_cache=False."""
+    base = gpt2(use_cache=True)
+    m0 = copy.deepcopy(base)
+    _, l0, _ = train_hf(m0, 3, False, use_cache=False)
+    m1 = copy.deepcopy(base)
+    h, l1, _ = train_hf(m1, 3, None)
+    assert h.recomputed
+    assert all(torch.equal(a, b) for a, b in zip(l0, l1)) and same_params(m0, m1)
+    h.remove()
+
+
+def test_enable_bert_loss_fn_and_budget():
+    """BertModel (no loss in its output: loss_fn=), a size-string budget halfway between the
+    smallest and keep-all, eval forwards between steps untouched; an infeasible budget is
+    raised by the first training forward with the smallest feasible one."""
+    loss_fn = lambda out: out.last_hidden_state.square().mean()   # noqa: E731
+    base = bert()
+    m0 = copy.deepcopy(base)
+    _, l0, _ = train_hf(m0, 3, False, loss_fn=loss_fn)
+    probe = copy.deepcopy(base)
+    h = replay.enable(probe, None, loss_fn=loss_fn)
+    probe(input_ids=torch.zeros(2, 16, dtype=torch.long)).last_hidden_state.sum()   # records
+    r = h.plan.range
+    h.remove()
+    mid = (r["min_peak_bytes"] + r["keep_all_peak_bytes"]) // 2
+    m1 = copy.deepcopy(base)
+    h, l1, _ = train_hf(m1, 3, f"{mid / 1024:.3f}kib", loss_fn=loss_fn)
+    assert h.plan.entries[0]["peak_bytes"] <= round(mid / 1024, 3) * 1024
+    assert all(torch.equal(a, b) for a, b in zip(l0, l1)) and same_params(m0, m1)
+    h.remove()
+    m2 = copy.deepcopy(base)
+    replay.enable(m2, r["min_peak_bytes"] - 1, loss_fn=loss_fn)
+    with pytest.raises(ckptkit.CheckFailed, match=f"smallest feasible is budget={r['min_peak_bytes']} bytes"):
+        m2(input_ids=torch.zeros(2, 16, dtype=torch.long))
+    with pytest.raises(ckptkit.BadInput, match="pass loss_fn="):
+        m3 = copy.deepcopy(base)
+        replay.enable(m3)
+        m3(input_ids=torch.zeros(2, 16, dtype=torch.long))
+
+
+# ----------------------------------------------------------------------------- Lightning
+def lightning_run(steps, callback):
+    L = pytest.importorskip("lightning.pytorch")
+
+    class Net(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            block = lambda: nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64), nn.GELU(),  # noqa: E731
+                                          nn.Dropout(0.2), nn.Linear(64, 64), nn.Tanh())
+            self.net = nn.Sequential(nn.Linear(16, 64), block(), block(), block(), nn.Linear(64, 4))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = nn.functional.cross_entropy(self.net(x), y)
+            self.log("loss", loss)
+            return {"loss": loss}
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+    torch.manual_seed(2)
+    data = torch.utils.data.TensorDataset(torch.randn(8 * steps, 16), torch.randint(0, 4, (8 * steps,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=8)
+    net = Net()
+    net.losses = []
+
+    class Losses(L.Callback):   # the loss of each step the Trainer runs (the recording's are not)
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            pl_module.losses.append(outputs["loss"].detach())
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[Losses()] + ([callback] if callback is not None else []))
+    seen = []
+    if callback is not None:   # the plan in force during fit (teardown removes it)
+        real_teardown = callback.teardown
+        callback.teardown = lambda *a, **k: (seen.append((callback.recomputed, patched(net)[0], [
+            s["name"] for s in callback.plan.entries[0]["segments"]])), real_teardown(*a, **k))
+    trainer.fit(net, loader)
+    return net, seen
+
+
+def test_lightning_callback_bitwise():
+    """ReplayCallback in a real Trainer (CPU, 4 steps, Dropout + BatchNorm, Adam): the plan
+    recomputes segments and the module trains bitwise as without the callback (losses,
+    parameters, BatchNorm buffers); teardown gives the module back; self.log is silenced only
+    while recording."""
+    net0, _ = lightning_run(4, None)
+    cb = replay.ReplayCallback()
+    net1, seen = lightning_run(4, cb)
+    (recomputed, forwards, segments), = seen
+    assert recomputed and forwards == segments
+    assert len(net0.losses) == len(net1.losses) == 4
+    assert all(torch.equal(a, b) for a, b in zip(net0.losses, net1.losses))
+    assert same_params(net0, net1)
+    assert all(torch.equal(a, b) for a, b in zip(net0.buffers(), net1.buffers()))
+    assert patched(net1) == ([], 0) and cb.applied is None
+    assert "log" not in net1.__dict__
+
+
+def test_enable_refuses_lightning_module():
+    L = pytest.importorskip("lightning.pytorch")
+    with pytest.raises(ckptkit.BadInput, match="ReplayCallback"):
+        replay.enable(L.LightningModule())
