@@ -29,6 +29,11 @@ struct CheckFailed : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+/// A job cancelled from another thread (common/cancel.h): no output was written.
+struct Interrupted : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
 /// Exit codes used by every tool.
 enum ExitCode : int { kExitOk = 0, kExitCheckFailed = 1, kExitBadInput = 2 };
 

@@ -1,5 +1,7 @@
 #include "common/progress.h"
 
+#include "common/cancel.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -68,11 +70,13 @@ void Progress::draw(bool force) {
 }
 
 void Progress::advance(uint64_t n) {
+    check_cancelled();
     bytes_ += n;
     if (on_) draw(false);
 }
 
 void Progress::item_done(uint64_t n) {
+    check_cancelled();
     items_ += n;
     if (on_) draw(items_ == total_items_);
 }

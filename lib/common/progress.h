@@ -19,9 +19,10 @@ public:
     ~Progress();
     Progress(const Progress&) = delete;
     Progress& operator=(const Progress&) = delete;
-    /// `n` more bytes done.
+    /// `n` more bytes done. Throws Interrupted when this thread's job was cancelled
+    /// (common/cancel.h): every tool ticks at each chunk, so that is how soon a job stops.
     void advance(uint64_t n);
-    /// `n` more items (tensors, plans) done.
+    /// `n` more items (tensors, plans) done; throws Interrupted as advance does.
     void item_done(uint64_t n = 1);
     /// The line for a state: "WHAT: I/N UNIT, B/T (P%), R/s, ETA M:SS" (no redraw control).
     static std::string format(const std::string& what, const std::string& unit, uint64_t items,

@@ -20,19 +20,24 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "folder/folder.h"
 #include "ckpt/pipeline.h"
 #include "codec/codec.h"
+#include "common/cancel.h"
 #include "common/error.h"
 #include "common/file.h"
 #include "common/cleanup.h"
@@ -85,16 +90,37 @@ pkg::Failure run_here(const char* tool, const std::string& file, unsigned thread
 /// Run `job` without the GIL under job_mutex; a library error is raised as the package's
 /// exception (after the GIL is back). `file` names the input for check failures. Returns
 /// the lines the library logged during the job (taken under the lock: a concurrent job's
-/// lines are its own).
+/// lines are its own). The job runs on a thread of its own while the caller looks at the
+/// interpreter's signals every 50 ms (PyErr_CheckSignals: the main thread only): Ctrl-C
+/// cancels the job at its next chunk (common/cancel.h: its temporary removed, an existing
+/// output kept) and raises the KeyboardInterrupt here once the job has unwound.
 template <class F>
 std::vector<std::string> run_job(const char* tool, const std::string& file, unsigned threads, F&& job) {
     pkg::Failure fail;
     std::vector<std::string> lines;
+    std::optional<py::error_already_set> interrupt;
     {
         py::gil_scoped_release nogil;
         std::lock_guard<std::mutex> lock(job_mutex());
-        fail = run_here(tool, file, threads, job, lines);
+        std::atomic<bool> cancel{false};
+        std::promise<void> finished;
+        std::future<void> done = finished.get_future();
+        std::thread worker([&] {
+            CancelScope scope(cancel);
+            fail = run_here(tool, file, threads, job, lines);
+            finished.set_value();
+        });
+        while (done.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+            if (interrupt) continue;
+            py::gil_scoped_acquire gil;
+            if (PyErr_CheckSignals() != 0) {
+                interrupt.emplace();  // the pending exception (KeyboardInterrupt), raised below
+                cancel.store(true);
+            }
+        }
+        worker.join();
     }
+    if (interrupt) throw std::move(*interrupt);
     raise_failure(fail);
     return lines;
 }

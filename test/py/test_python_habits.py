@@ -392,3 +392,42 @@ except ckptkit.BadInput as e:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert "BadInput: ckptkit.save: error: " in r.stdout, r.stdout + r.stderr
     assert "HDF5-DIAG" not in r.stderr, r.stderr[:2000]
+
+
+def test_ctrl_c_ends_a_sync_save_at_the_next_chunk(tmp_path):
+    """Issue 58: Ctrl-C (SIGINT to this process) during a synchronous save raises
+    KeyboardInterrupt once the library job has stopped at its next chunk: the existing output
+    keeps its bytes and the temporary is gone. Without cancellation the save would finish and
+    replace the output before the interrupt is raised. The signal is sent once the job's
+    temporary exists (so the library job, not torch's serialisation, is running)."""
+    import signal
+    import threading
+    import time
+    n = 1 << 24
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(n))
+    opt = torch.optim.AdamW([p], lr=1e-3)
+    p.grad = torch.randn(n)
+    opt.step()
+    obj = {"model": {"w": p.detach()}, "optimizer": opt.state_dict()}
+    out = tmp_path / "a.ckz.h5"
+    out.write_bytes(b"the previous checkpoint")
+
+    def interrupt():
+        deadline = time.monotonic() + 60
+        while not any(f.startswith(".a.ckz.h5.tmp-") for f in os.listdir(tmp_path)):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    t = threading.Thread(target=interrupt, daemon=True)
+    t.start()
+    with pytest.raises(KeyboardInterrupt):
+        ckptkit.save(obj, out)
+        time.sleep(5)  # not reached when the job was cancelled; else the signal arrives here
+    t.join()
+    assert out.read_bytes() == b"the previous checkpoint"
+    assert os.listdir(tmp_path) == ["a.ckz.h5"]
+    rep = ckptkit.save(obj, out)  # the package works on after an interrupt
+    assert rep["ok"] and torch.equal(ckptkit.load(out)["model"]["w"], obj["model"]["w"])
