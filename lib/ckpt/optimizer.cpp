@@ -451,6 +451,31 @@ std::string fused_adam(const Value& g, const Value* ds_config, ParamState& p) {
     return "";
 }
 
+/// The hyper-parameters a torch param group `g` states (read_group: lr, betas, eps, weight
+/// decay, amsgrad, maximize, decoupled_weight_decay, capturable / differentiable) into p; a
+/// value held as a 0-d tensor (capturable's lr) sets its stated_bits.
+void read_torch_group(const Checkpoint& ck, const io::InputFile& f, const Value& g, ParamState& p) {
+    read_group(p.hyper, p.stated, p.decoupled, p.lr_divides, [&](const char* key) -> std::optional<double> {
+        std::string kk = key;
+        if (kk == "beta1" || kk == "beta2") {
+            const Value* b = g.get("betas");
+            const auto* bl = b ? std::get_if<Value::List>(&b->v) : nullptr;
+            if (!bl || bl->size() != 2) return std::nullopt;
+            return as_double((*bl)[kk == "beta1" ? 0 : 1], "betas", f.path());
+        }
+        const Value* v = g.get(kk);
+        if (!v || std::holds_alternative<Value::None>(v->v)) return std::nullopt;
+        if (auto ti = std::get_if<Value::Tensor>(&v->v)) {  // lr as a 0-d tensor (capturable)
+            const auto x = read_small_tensor(ck, f, int(ti->index));
+            if (x.size() != 1) throw BadInput(f.path(), "param_groups value '" + kk + "' is not a scalar");
+            for (int k = 0; k < 5; ++k)
+                if (kk == kHyperNames[k]) p.stated_bits[k] = significant_bits(ck.tensors[ti->index].dtype);
+            return x[0];
+        }
+        return as_double(*v, kk, f.path());
+    });
+}
+
 /// The states of one optimizer state_dict `opt` found at `prefix`; `models` the file's
 /// module state_dicts (for report names), `masters` DeepSpeed's fp32 partitions for its flat
 /// groups (or null), `modules` the parameters of nn.Modules pickled whole (tried first). A
@@ -539,25 +564,7 @@ void scan_optimizer(const Checkpoint& ck, const io::InputFile& f, const HyperOve
         }
         if (w == where.end()) throw BadInput(f.path(), "optimizer state " + p.index + " belongs to no param group");
         const Value& g = *w->second.first;
-        read_group(p.hyper, p.stated, p.decoupled, p.lr_divides, [&](const char* key) -> std::optional<double> {
-            std::string kk = key;
-            if (kk == "beta1" || kk == "beta2") {
-                const Value* b = g.get("betas");
-                const auto* bl = b ? std::get_if<Value::List>(&b->v) : nullptr;
-                if (!bl || bl->size() != 2) return std::nullopt;
-                return as_double((*bl)[kk == "beta1" ? 0 : 1], "betas", f.path());
-            }
-            const Value* v = g.get(kk);
-            if (!v || std::holds_alternative<Value::None>(v->v)) return std::nullopt;
-            if (auto ti = std::get_if<Value::Tensor>(&v->v)) {  // lr as a 0-d tensor (capturable)
-                const auto x = read_small_tensor(ck, f, int(ti->index));
-                if (x.size() != 1) throw BadInput(f.path(), "param_groups value '" + kk + "' is not a scalar");
-                for (int k = 0; k < 5; ++k)
-                    if (kk == kHyperNames[k]) p.stated_bits[k] = significant_bits(ck.tensors[ti->index].dtype);
-                return x[0];
-            }
-            return as_double(*v, kk, f.path());
-        });
+        read_torch_group(ck, f, g, p);
         const Value* step = st.get("step");
         const bool fused = g.get("bias_correction") != nullptr;  // DeepSpeed FusedAdam keeps step in the group
         if (!step && fused) step = g.get("step");
@@ -610,7 +617,24 @@ struct Found {
     /// DeepSpeed ZeRO: the fp32 master partitions next to base_optimizer_state (ZeRO-1/2, bf16)
     /// or optimizer_state_dict (ZeRO-3), per opt
     std::map<const Value*, const Value::List*> masters;
+    /// Megatron-LM distrib_optim.pt: the flat buffers {"param", "exp_avg", "exp_avg_sq", ...}
+    /// of DistributedOptimizer.get_parameter_state_dp_zero, with their paths
+    std::vector<std::pair<const Value*, std::string>> flat;
 };
+
+/// A Megatron-LM distrib_optim.pt buffer (megatron/core/optimizer/distrib_optimizer.py
+/// get_parameter_state_dp_zero: state[model chunk][(param dtype, grad dtype)] = {"param",
+/// "exp_avg", "exp_avg_sq": 1-D fp32 world tensors, "numel_unpadded"}): a dict whose "param",
+/// "exp_avg" and "exp_avg_sq" are tensors, with no "state" / "param_groups" (a torch
+/// optimizer state_dict is never one).
+bool is_megatron_buffer(const Value& v) {
+    if (!v.is_dict() || v.get("state")) return false;
+    for (const char* k : {"param", "exp_avg", "exp_avg_sq"}) {
+        const Value* t = v.get(k);
+        if (!t || !std::holds_alternative<Value::Tensor>(t->v)) return false;
+    }
+    return true;
+}
 
 bool is_opt(const Value& v) {
     return v.is_dict() && v.get("state") && v.get("param_groups") && v.get("state")->is_dict() &&
@@ -631,6 +655,10 @@ void find_tree(const Value& v, const std::string& path, int depth, Found& out, b
         if (!in_module) out.modules.push_back(&v);
         in_module = true;
     }
+    if (is_megatron_buffer(v)) {
+        out.flat.push_back({&v, path});
+        return;
+    }
     if (auto d = std::get_if<Value::Dict>(&v.v); d && !d->empty()) {
         bool all = true;
         for (const auto& kv : *d) all = all && std::holds_alternative<Value::Tensor>(kv.second.v);
@@ -647,6 +675,70 @@ void find_tree(const Value& v, const std::string& path, int depth, Found& out, b
                 if (auto l = std::get_if<Value::List>(&m->v)) out.masters[b] = l;
     }
     v.for_each_child([&](const std::string& seg, const Value& c) { find_tree(c, path + seg + "/", depth + 1, out, in_module); });
+}
+
+/// A dict key as a report path segment: key_text, with a tuple's items in parentheses and a
+/// class by its name ((torch.bfloat16, torch.float32) -> "(bfloat16, float32)").
+std::string key_label(const Value& k) {
+    if (const auto* l = std::get_if<Value::List>(&k.v)) {
+        std::string s;
+        for (const Value& x : *l) s += (s.empty() ? "" : ", ") + key_label(x);
+        return "(" + s + ")";
+    }
+    if (const Value::Object* o = k.object()) return o->name;
+    return k.key_text();
+}
+
+/// The path of the Megatron buffer `buf` under `v` ("0/(bfloat16, float32)"; a ChainedOptimizer's
+/// list index first) in key_label segments; nullopt when not within 4 levels.
+std::optional<std::string> megatron_label(const Value& v, const Value* buf, int depth) {
+    if (&v == buf) return std::string();
+    if (depth > 4) return std::nullopt;
+    auto below = [&](const std::string& seg, const Value& c) -> std::optional<std::string> {
+        if (auto r = megatron_label(c, buf, depth + 1)) return r->empty() ? seg : seg + "/" + *r;
+        return std::nullopt;
+    };
+    if (const auto* d = std::get_if<Value::Dict>(&v.v))
+        for (const auto& [k, c] : *d)
+            if (auto r = below(key_label(k), c)) return r;
+    if (const auto* l = std::get_if<Value::List>(&v.v))
+        for (std::size_t i = 0; i < l->size(); ++i)
+            if (auto r = below(std::to_string(i), (*l)[i])) return r;
+    return std::nullopt;
+}
+
+/// The state of one Megatron distrib_optim.pt buffer `buf` at `path`: its exp_avg /
+/// exp_avg_sq, theta its "param" (the fp32 main parameters of the same coordinates), the
+/// hyper-parameters and step o.companion states (model_optim_rng.pt); without one, kept
+/// exact (or, under unstated_ok, ckpt-verify re-deriving the plan: the manifest's, step
+/// unstated). Appends to out.
+void scan_megatron(const Checkpoint& ck, const io::InputFile& f, const HyperOverrides& o, const Value& buf,
+                   const std::string& path, const std::map<std::size_t, int>& refs, std::vector<ParamState>& out) {
+    ParamState p;
+    p.index = path;
+    p.name = "distrib_optim/" + path;
+    while (p.name.back() == '/') p.name.pop_back();
+    p.tensor[0] = int(std::get<Value::Tensor>(buf.get("exp_avg")->v).index);
+    p.tensor[1] = int(std::get<Value::Tensor>(buf.get("exp_avg_sq")->v).index);
+    p.theta = int(std::get<Value::Tensor>(buf.get("param")->v).index);
+    if (o.companion) {
+        const CompanionHyper& c = *o.companion;
+        p.hyper = c.hyper;
+        p.stated = c.stated;
+        std::copy(std::begin(c.stated_bits), std::end(c.stated_bits), p.stated_bits);
+        p.decoupled = c.decoupled;
+        p.lr_divides = c.lr_divides;
+        p.why_not = c.why_not;
+    } else if (o.unstated_ok) {
+        p.stated = kStepUnstated;
+    } else {
+        p.why_not = "a Megatron distrib_optim.pt buffer: its hyper-parameters and step are in the model_optim_rng.pt "
+                    "beside it, not in this file (folder mode reads them)";
+    }
+    apply(p.hyper, p.stated, p.stated_bits, o, f.path(), p.name);
+    if (p.why_not.empty()) p.why_not = out_of_range(p.hyper, p.lr_divides);
+    check_compressible(ck, refs, p);
+    out.push_back(std::move(p));
 }
 
 std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f, const HyperOverrides& o) {
@@ -668,6 +760,7 @@ std::vector<ParamState> scan_torch(const Checkpoint& ck, const io::InputFile& f,
         scan_optimizer(ck, f, o, *opt, prefix, found.models, modules, model_index,
                        found.masters.count(opt) ? found.masters.at(opt) : nullptr, refs,
                        ck.root.is_dict() ? ck.root.get("ds_config") : nullptr, out);
+    for (const auto& [buf, path] : found.flat) scan_megatron(ck, f, o, *buf, megatron_label(ck.root, buf, 0).value_or(path), refs, out);
     return out;
 }
 
@@ -826,6 +919,83 @@ std::pair<std::map<std::string, std::string>, std::string> names_by_order(const 
     if (fits.size() > 1) return {{}, fmt::format("{} model state_dicts of the file fit the param groups", fits.size())};
     if (models.size() > 1) return {{}, "no model state_dict of the file fits the param groups"};
     return {{}, why};
+}
+
+std::optional<CompanionHyper> megatron_hyper(const Checkpoint& ck, const io::InputFile& f) {
+    const Value* top = ck.root.is_dict() ? ck.root.get("optimizer") : nullptr;
+    if (!top) return std::nullopt;
+    std::vector<const Value*> sds;   // DistributedOptimizer.state_dict()s (a ChainedOptimizer's list)
+    if (const auto* l = std::get_if<Value::List>(&top->v)) for (const Value& x : *l) sds.push_back(&x);
+    else sds.push_back(top);
+    std::vector<const Value*> groups;
+    for (const Value* sd : sds) {
+        const Value* inner = sd->is_dict() ? sd->get("optimizer") : nullptr;
+        const Value* pg = inner && inner->is_dict() ? inner->get("param_groups") : nullptr;
+        const auto* gl = pg ? std::get_if<Value::List>(&pg->v) : nullptr;
+        if (!gl) return std::nullopt;
+        for (const Value& g : *gl) groups.push_back(&g);
+    }
+    if (groups.empty()) return std::nullopt;
+    // args.decoupled_weight_decay (argparse.Namespace pickled whole): FusedAdam's adam_w_mode
+    std::optional<bool> args_decoupled;
+    if (const Value* a = ck.root.get("args"))
+        if (const Value::Object* ob = a->object())
+            if (const Value* d = ob->attr("decoupled_weight_decay"))
+                if (auto b = std::get_if<bool>(&d->v)) args_decoupled = *b;
+    std::vector<ParamState> per;
+    for (const Value* g : groups) {
+        if (!g->is_dict()) throw BadInput(f.path(), "a param group of 'optimizer' is not a dict");
+        ParamState p;
+        read_torch_group(ck, f, *g, p);
+        const Value* step = g->get("step");
+        if (!step || std::holds_alternative<Value::None>(step->v)) {
+            p.why_not = "a param group of model_optim_rng.pt has no step";
+        } else {
+            p.hyper.step = as_double(*step, "step", f.path());
+            if (g->get("bias_correction")) {   // TE / Apex FusedAdam: group['step'] += 1, a Python int
+                const Value* bc = g->get("bias_correction");
+                if (!std::holds_alternative<bool>(bc->v) || !std::get<bool>(bc->v)) p.why_not = "FusedAdam without bias correction (not Adam)";
+                if (!p.decoupled) p.decoupled = args_decoupled;
+                p.hyper.amsgrad = false;
+            } else {   // torch: DistributedOptimizer.load_state_dict loads it as torch.tensor(step, dtype=torch.float)
+                p.hyper.step = codec::round_to_bits(p.hyper.step, 24);
+                p.hyper.step_bits = 24;
+                p.stated |= kStepNumber;
+                p.why_not = not_adam(dict_keys(*g), {"step", "exp_avg", "exp_avg_sq"});
+            }
+        }
+        per.push_back(std::move(p));
+    }
+    CompanionHyper c;
+    c.file = f.path().substr(f.path().rfind('/') + 1);   // npos + 1 = 0: the whole path
+    const ParamState& a = per[0];
+    c.hyper = a.hyper;
+    c.stated = a.stated;
+    std::copy(std::begin(a.stated_bits), std::end(a.stated_bits), c.stated_bits);
+    c.decoupled = a.decoupled;
+    c.lr_divides = a.lr_divides;
+    std::string differ;
+    for (const ParamState& b : per) {
+        if (c.why_not.empty() && !b.why_not.empty()) c.why_not = b.why_not;
+        const double ha[6] = {a.hyper.lr, a.hyper.beta1, a.hyper.beta2, a.hyper.eps, a.hyper.step, double(a.hyper.step_bits)};
+        const double hb[6] = {b.hyper.lr, b.hyper.beta1, b.hyper.beta2, b.hyper.eps, b.hyper.step, double(b.hyper.step_bits)};
+        const char* names[6] = {"lr", "beta1", "beta2", "eps", "step", "step dtype"};
+        for (int k = 0; k < 6; ++k)
+            if (ha[k] != hb[k] && differ.find(names[k]) == std::string::npos) differ += std::string(differ.empty() ? "" : ", ") + names[k];
+        if (a.hyper.amsgrad != b.hyper.amsgrad || a.hyper.maximize != b.hyper.maximize || a.decoupled != b.decoupled ||
+            a.lr_divides != b.lr_divides || a.stated != b.stated)
+            if (differ.find("kind") == std::string::npos) differ += std::string(differ.empty() ? "" : ", ") + "kind";
+        c.hyper.weight_decay = std::max(c.hyper.weight_decay, b.hyper.weight_decay);
+    }
+    const bool wd_differs = std::any_of(per.begin(), per.end(), [&](const ParamState& b) { return b.hyper.weight_decay != a.hyper.weight_decay; });
+    if (wd_differs) {
+        if (c.decoupled == true) c.stated &= ~unsigned(kWeightDecay);   // AdamW: not in the certificate
+        else differ += std::string(differ.empty() ? "" : ", ") + "weight_decay (Adam's L2 decay, or AdamW vs Adam unknown)";
+    }
+    if (c.why_not.empty() && !differ.empty())
+        c.why_not = "the param groups of " + c.file + " differ in " + differ +
+                    ": a distrib_optim.pt buffer mixes their parameters and neither file says which coordinate is whose";
+    return c;
 }
 
 std::vector<double> read_small_tensor(const Checkpoint& ck, const io::InputFile& f, int tensor) {

@@ -16,6 +16,20 @@
 
 namespace ckpt {
 
+/// Hyper-parameters a sibling file states for a file holding moments without them:
+/// Megatron-LM's distrib_optim.pt, whose param groups and step are in the model_optim_rng.pt
+/// beside it (megatron_hyper). Taken by the flat buffers of such a file as their own
+/// statements (stated bits set: ckpt-verify compares them with the sibling's).
+struct CompanionHyper {
+    std::string file;                 ///< the sibling's name, for notes
+    codec::AdamHyper hyper;
+    unsigned stated = 0;              ///< HyperKey bits (and kStepNumber) the sibling states
+    int stated_bits[5] = {0, 0, 0, 0, 0};
+    std::optional<bool> decoupled;    ///< AdamW (true) / Adam (false) when the sibling says so
+    bool lr_divides = false;          ///< capturable / differentiable
+    std::string why_not;              ///< why the moments stay exact ("" when certifiable)
+};
+
 /// Hyper-parameters given on the command line; each one set overrides the file's.
 struct HyperOverrides {
     std::optional<double> lr, beta1, beta2, eps, weight_decay;
@@ -24,6 +38,9 @@ struct HyperOverrides {
     /// from the flags at compress time (the manifest holds it), so it is no reason to keep a
     /// state exact.
     bool unstated_ok = false;
+    /// Megatron-LM distrib_optim.pt: what its model_optim_rng.pt states (folder mode reads it);
+    /// null: the file's flat buffers are kept exact (unless unstated_ok).
+    std::shared_ptr<const CompanionHyper> companion;
 };
 
 /// Hyper-parameter keys a file may state (ParamState::stated bits).
@@ -31,6 +48,9 @@ enum HyperKey : unsigned { kLr = 1, kBeta1 = 2, kBeta2 = 4, kEps = 8, kWeightDec
 /// ParamState::stated bit (not a hyper-parameter): the step is a number in the file, which
 /// torch Adam / AdamW load as a float32 tensor (certified as one: step_bits 24).
 constexpr unsigned kStepNumber = 128;
+/// ParamState::stated bit: the file states no step at all (a Megatron distrib_optim.pt read
+/// without its model_optim_rng.pt under unstated_ok): ckpt-verify takes the manifest's.
+constexpr unsigned kStepUnstated = 256;
 
 /// One parameter's optimizer state.
 struct ParamState {
@@ -86,6 +106,20 @@ using GroupShapes = std::vector<std::vector<std::pair<std::string, const std::ve
 /// an empty map and why not ("no parameter names in the file", ...). Names only, never theta.
 std::pair<std::map<std::string, std::string>, std::string> names_by_order(const std::vector<ModelTensors>& models,
                                                                           const GroupShapes& groups);
+
+/// Megatron-LM's model_optim_rng.pt (megatron/training/checkpointing.py generate_state_dict):
+/// the param groups of its 'optimizer' (DistributedOptimizer.state_dict(): 'optimizer' /
+/// 'param_groups' without 'params', each with the step; a ChainedOptimizer's list of them) as
+/// the hyper-parameters of the distrib_optim.pt beside it. torch Adam / AdamW groups (Megatron
+/// without TE / Apex: the step a number torch loads as float32) and TE / Apex FusedAdam groups
+/// (bias_correction; an exact int step; AdamW vs Adam from args.decoupled_weight_decay when
+/// the file's args has it, else unknown). A distrib_optim.pt buffer mixes the parameters of
+/// every group and neither file says which coordinate is whose, so the groups must agree on
+/// everything the certificate uses (lr, betas, eps, step, amsgrad, kind); weight decay may
+/// differ under decoupled decay only (AdamW's does not enter it; weight_decay is then the
+/// largest and not stated). Disagreement sets why_not. Nullopt when the file holds no such
+/// param groups; BadInput when one cannot be read.
+std::optional<CompanionHyper> megatron_hyper(const Checkpoint&, const io::InputFile&);
 
 /// Read every element of a tensor (any float dtype, any strides) as double. For small
 /// tensors only (step); throws BadInput.

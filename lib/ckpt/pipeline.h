@@ -5,6 +5,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -87,6 +88,10 @@ struct VerifyOptions {
     /// container's manifest is then that one, not parsed again (container::read_manifest).
     uint64_t manifest_xxh3 = 0;
     bool progress = false;
+    /// What a sibling file states for the source (folder mode: the model_optim_rng.pt beside a
+    /// Megatron distrib_optim.pt): check 2 then compares the manifest's hyper-parameters and
+    /// step with it, not only with the source's own.
+    std::shared_ptr<const CompanionHyper> companion;
 };
 
 /// Check integrity, re-derive every certificate from the codes, optionally compare with

@@ -96,8 +96,9 @@ private:
     }
 };
 
-/// The plan the source implies, under the options the manifest records.
-Layout derive_layout(const ContainerReader& cr, const SourceSkeleton& src) {
+/// The plan the source implies, under the options the manifest records (and what a sibling
+/// file states for it: VerifyOptions::companion).
+Layout derive_layout(const ContainerReader& cr, const SourceSkeleton& src, const std::shared_ptr<const CompanionHyper>& companion) {
     const auto& man = cr.manifest();
     CompressOptions o;
     o.tolerance = man.tolerance;
@@ -108,6 +109,7 @@ Layout derive_layout(const ContainerReader& cr, const SourceSkeleton& src) {
     o.horizon = man.horizon;
     o.bound_param = man.bound_param;
     o.hyper.unstated_ok = true;
+    o.hyper.companion = companion;
     // a container of a checkpoint with no optimizer state (CompressOptions::allow_no_state):
     // the source must still have none (else the plan has states the manifest lacks)
     o.allow_no_state = man.params.empty() && man.kept.empty();
@@ -163,12 +165,13 @@ void check_moment_datasets(const ContainerReader& cr, Report& rep, uint64_t raw_
 /// the source bytes kept in /raw (skel), or, in compress's self-check, the plan compress
 /// made from the source itself (`planned`; /raw is those bytes when check 1 passed, and
 /// plan_layout reads no moment byte, so the re-derived plan would be this one).
-void check_manifest(const ContainerReader& cr, Report& rep, const SourceSkeleton* skel, const Layout* planned) {
+void check_manifest(const ContainerReader& cr, Report& rep, const SourceSkeleton* skel, const Layout* planned,
+                    const std::shared_ptr<const CompanionHyper>& companion) {
     auto fail = [&](const std::string& s) { add_failure(rep, s); };
     const auto& man = cr.manifest();
     try {
         if (!planned && !skel->error().empty()) throw BadInput(cr.path(), skel->error());
-        const Layout derived = planned ? Layout{} : derive_layout(cr, *skel);
+        const Layout derived = planned ? Layout{} : derive_layout(cr, *skel, companion);
         for (const auto& d : compare_layout(man, planned ? *planned : derived)) fail(d);
         if (rep.ok) rep.checks.push_back(fmt::format("manifest: {} coded states match the source's param_groups, step and storages", man.params.size()));
     } catch (const BadInput& ex) {
@@ -436,7 +439,7 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     if (!o.planned) skel.emplace();
     const uint64_t raw_checked = check_integrity(cr, rep, skel ? &*skel : nullptr);  // 1, /raw
     rep.groups = param_groups(cr);
-    if (rep.ok) check_manifest(cr, rep, skel ? &*skel : nullptr, o.planned);  // 2
+    if (rep.ok) check_manifest(cr, rep, skel ? &*skel : nullptr, o.planned, o.companion);  // 2
     std::unique_ptr<io::InputFile> orig;
     if (o.original) orig = open_original(cr, o, rep);
     if (orig) compare_non_moment(cr, *orig, rep);  // 4, non-moment bytes

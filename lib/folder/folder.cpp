@@ -381,6 +381,7 @@ bool declared_optimizer(const std::vector<Layout>& ls, const std::string& file) 
         if (l.dir != dir) continue;
         if (l.kind == "hf-trainer" && base == "optimizer.pt") return true;
         if (l.kind == "deepspeed-zero" && base.ends_with("optim_states.pt")) return true;
+        if (l.kind == "megatron" && base == "distrib_optim.pt") return true;
     }
     return false;
 }
@@ -598,10 +599,13 @@ struct CompressWork {
 
     /// Compress `src` into tmp/<stored>; when Adam's L2 domain lacks theta, retry with the
     /// bound `theta_bound()` gives (nullopt: rethrow). Fills the row's figures and hashes.
+    /// `companion`: what a sibling file states for src (Megatron's model_optim_rng.pt).
     void compress_row(FileRow& r, const std::string& src, const std::string& stored,
-                      const std::function<std::optional<std::pair<double, std::string>>()>& theta_bound) const {
+                      const std::function<std::optional<std::pair<double, std::string>>()>& theta_bound,
+                      std::shared_ptr<const CompanionHyper> companion = nullptr) const {
         CompressOptions oo = o;
         oo.progress = false;
+        oo.hyper.companion = std::move(companion);
         Report cr("", "", "", "", 0, 0);
         try {
             cr = compress(src, join(output.tmp, stored), oo);
@@ -638,6 +642,15 @@ struct CompressWork {
         FileRow r;
         r.file = file;
         r.layout = layout_of(layouts, file);
+        // Megatron-LM distrib_optim.pt: its hyper-parameters and step are the sibling
+        // model_optim_rng.pt's; without them, or when they cannot be certified, copied exact
+        std::shared_ptr<const CompanionHyper> companion;
+        if (r.layout == "megatron" && base_of(file) == "distrib_optim.pt") {
+            companion = megatron_companion(join(in, join(parent_of(file), "model_optim_rng.pt")), o.limits);
+            if (!companion) return copy_row(file, kMegatronAlone);
+            if (!companion->why_not.empty()) return copy_row(file, "distrib_optim.pt kept exact: " + companion->why_not);
+            r.note = "hyper-parameters and step from " + companion->file;
+        }
         try {
             // HF Trainer optimizer.pt holds no parameters: Adam's L2 domain takes
             // |theta| <= the largest |value| of the model file(s) next to it; a .distcp
@@ -650,7 +663,7 @@ struct CompressWork {
                 const auto b = dcp_param_bound(join(in, parent_of(file)), scratch.path(), o.limits);
                 if (!b) return std::nullopt;
                 return std::make_pair(*b, std::string("the DCP folder's model items"));
-            });
+            }, companion);
         } catch (const NoAdamState&) {  // nothing to compress: copied as it is
             return copy_row(file, "no Adam/AdamW state");
         }
@@ -861,6 +874,16 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
             if (!orig.empty()) v.original = orig;
             else v.original.reset();
             try {
+                // Megatron-LM distrib_optim.pt: the hyper-parameters and step the copied
+                // model_optim_rng.pt beside it states (its hash is checked as its own row's)
+                if (r.layout == "megatron" && base_of(e.path) == "distrib_optim.pt") {
+                    const std::string sib = join(parent_of(e.path), "model_optim_rng.pt");
+                    const auto it = std::find_if(m.files.begin(), m.files.end(), [&](const Entry& x) { return x.path == sib; });
+                    if (it == m.files.end() || it->container || it->stored != sib)
+                        fail("its model_optim_rng.pt is not a copied file of the folder (hyper-parameters unchecked)");
+                    else
+                        v.companion = megatron_companion(join(dir, sib), Limits{});
+                }
                 const Report vr = verify(path, v);
                 const bool was_ok = r.ok;
                 fill_from(r, vr, path, orig);

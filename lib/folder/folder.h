@@ -9,6 +9,7 @@
 // output is the same as one process's; rank 0 writes the manifest and the summary.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,7 +28,7 @@ inline constexpr int kManifestVersion = 1;
 
 /// A layout recognised from the files of one folder (relative path "" is the root).
 struct Layout {
-    std::string kind;     ///< "hf-trainer", "deepspeed-zero", "dcp"
+    std::string kind;     ///< "hf-trainer", "deepspeed-zero", "megatron", "dcp"
     std::string dir;      ///< folder relative to the input root ("" = the root)
     std::string evidence; ///< which files said so ("optimizer.pt + model.safetensors")
     std::string note;     ///< what the tools do with it, e.g. DCP moment items kept exact
@@ -37,6 +38,15 @@ struct Layout {
 /// sorted). DCP `.metadata` files are parsed (pickled Metadata, opaque objects) to count
 /// the moment items; an unreadable one is reported in the note, never an error.
 std::vector<Layout> detect_layouts(const std::string& root, const std::vector<std::string>& files);
+
+/// Megatron-LM: the note of a distrib_optim.pt with no model_optim_rng.pt beside it.
+inline constexpr const char* kMegatronAlone =
+    "no model_optim_rng.pt beside distrib_optim.pt: its hyper-parameters and step are unknown, the file is copied exact";
+
+/// Megatron-LM: what the model_optim_rng.pt at `path` states for the distrib_optim.pt beside
+/// it (ckpt::megatron_hyper); null when there is no such file or it holds no Megatron param
+/// groups. Throws BadInput when it cannot be read.
+std::shared_ptr<const CompanionHyper> megatron_companion(const std::string& path, const Limits& limits);
 
 /// One file's line of the summary.
 struct FileRow {

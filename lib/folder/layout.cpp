@@ -3,13 +3,17 @@
 // trainer_state.json, training_args.bin next to model.safetensors / pytorch_model.bin);
 // DeepSpeed engine.py + runtime/zero/stage_1_and_2.py (global_stepN/ with
 // [bf16_]zero_pp_rank_R_mp_rank_XX_optim_states.pt and mp_rank_XX_model_states.pt, the
-// parent's `latest` naming the newest tag); torch.distributed.checkpoint filesystem.py and
+// parent's `latest` naming the newest tag); Megatron-LM megatron/training/checkpointing.py
+// (iter_NNNNNNN/mp_rank_XX[_YYY]/ with model_optim_rng.pt and, with the distributed optimizer in
+// the legacy "torch" format, distrib_optim.pt: get_distributed_optimizer_checkpoint_name);
+// torch.distributed.checkpoint filesystem.py and
 // metadata.py (.metadata: a pickled Metadata whose storage_data maps MetadataIndex(fqn,
 // offset) to _StorageInfo(relative_path, offset, length); items in *.distcp files).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "folder/folder.h"
@@ -65,6 +69,15 @@ std::optional<std::pair<double, std::string>> model_param_bound(const std::strin
     return std::make_pair(bound, names);
 }
 
+std::shared_ptr<const CompanionHyper> megatron_companion(const std::string& path, const Limits& limits) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) return nullptr;
+    const Checkpoint ck = read_checkpoint(path, limits);
+    auto c = megatron_hyper(ck, io::InputFile(path));
+    if (!c) return nullptr;
+    return std::make_shared<const CompanionHyper>(std::move(*c));
+}
+
 std::vector<Layout> detect_layouts(const std::string& root, const std::vector<std::string>& files) {
     std::map<std::string, std::set<std::string>> by_dir;   // folder -> file names
     for (const auto& f : files) by_dir[parent_of(f)].insert(base_of(f));
@@ -99,6 +112,13 @@ std::vector<Layout> detect_layouts(const std::string& root, const std::vector<st
             } catch (const BadInput&) {}
             if (!tag.empty() && by_dir.count(join(dir, tag)))
                 out.push_back({"deepspeed-zero", dir, "latest -> " + tag, "parent folder of the tagged checkpoints"});
+        }
+        // Megatron-LM legacy checkpoint with the distributed optimizer's parameter state
+        if (has("distrib_optim.pt")) {
+            if (has("model_optim_rng.pt"))
+                out.push_back({"megatron", dir, "distrib_optim.pt + model_optim_rng.pt", ""});
+            else
+                out.push_back({"megatron", dir, "distrib_optim.pt", std::string(kMegatronAlone)});
         }
         // torch.distributed.checkpoint
         if (has(".metadata") && std::any_of(names.begin(), names.end(), [](auto& n) { return n.ends_with(".distcp"); })) {

@@ -1,0 +1,199 @@
+"""Megatron-LM's legacy distributed-optimizer checkpoint (iter_0000003/mp_rank_00/distrib_optim.pt
+beside model_optim_rng.pt) written by megatron-core's own DistributedOptimizer code on 2 CPU
+data-parallel ranks (scripts/fixtures/make_megatron.py, one torch.distributed.run; Megatron's
+CUDA-only buffer allocation and __init__ are rebuilt on the CPU there, as it says), through
+ckpt-compress -> ckpt-verify --original -> ckpt-restore, and read back by Megatron's
+load_parameter_state (load_parameter_state_from_dp_zero's gloo scatter).
+
+Asserted: distrib_optim.pt compressed with 0 escapes with the hyper-parameters and step of
+model_optim_rng.pt (2 param groups, weight decay 0.1 and 0 under AdamW), verified against the
+original; the restored folder byte-identical but distrib_optim.pt, in which every leaf but
+exp_avg / exp_avg_sq is identical (the fp32 main params "param" among them); one step after
+Megatron loads each folder: the same main params before it, every coordinate after it within
+tolerance * lr (+ float32 slack). Bad inputs: distrib_optim.pt without model_optim_rng.pt and
+param groups that differ in lr are copied exact with a note; a model_optim_rng.pt changed in the
+compressed folder (its manifest row updated) fails ckpt-verify. Runs where megatron-core imports
+(.venv: scripts/requirements.txt; it needs torch >= 2.6); skipped, saying so, elsewhere.
+"""
+import importlib.machinery
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+if importlib.machinery.PathFinder.find_spec("megatron") is None:
+    pytest.skip("megatron-core is not installed here (it is in .venv, scripts/requirements.txt)", allow_module_level=True)
+
+from testlib import ROOT, parse_json_stdout, require_ckptkit_bin, run_tool  # noqa: E402
+
+SCRIPT = os.path.join(ROOT, "scripts", "fixtures", "make_megatron.py")
+TOL, EPS32 = 0.01, 2.0 ** -23
+REL = "iter_0000003/mp_rank_00"
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+@pytest.fixture(scope="session")
+def mg(tmp_path_factory):
+    root = tmp_path_factory.mktemp("megatron")
+    b = os.environ.get("CKPTKIT_BIN", "")
+    if not os.access(os.path.join(b, "ckpt-compress"), os.X_OK):
+        return None
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        SCRIPT, str(root)], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", CKPTKIT_BIN=os.path.abspath(b)))
+    assert p.returncode == 0, f"make_megatron.py: exit {p.returncode}\n{p.stdout[-3000:]}{p.stderr[-3000:]}"
+    return root
+
+
+def _root(mg):
+    require_ckptkit_bin()
+    return mg
+
+
+def _files(d):
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
+
+
+def _walk(a, b, path, moments):
+    """Every leaf of a and b: tensors under exp_avg / exp_avg_sq into moments, any other equal."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b), path
+        for k in a:
+            _walk(a[k], b[k], path + [k], moments)
+    elif torch.is_tensor(a):
+        if path and path[-1] in MOMENTS:
+            assert a.shape == b.shape and a.dtype == b.dtype == torch.float32, path
+            moments.append((a, b))
+        else:
+            assert torch.equal(a, b), path
+    else:
+        assert a == b, path
+
+
+def test_compress_verify(mg):
+    """distrib_optim.pt compressed (0 escapes, > 70% moment reduction, both model chunks' buffers)
+    with model_optim_rng.pt's hyper-parameters and step; the other files copied; verify ok."""
+    d = _root(mg)
+    rep = json.loads((d / "compress.json").read_text())
+    assert rep["ok"] and rep["max_bound_lr"] <= TOL, rep
+    assert [(l["kind"], l["dir"]) for l in rep["layouts"]] == [("megatron", REL)]
+    rows = {r["file"]: r for r in rep["files"]}
+    assert set(rows) == {f"{REL}/distrib_optim.pt", f"{REL}/model_optim_rng.pt", "latest_checkpointed_iteration.txt"}
+    r = rows[f"{REL}/distrib_optim.pt"]
+    assert r["action"] == "compressed" and r["escapes"] == 0 and r["moment_reduction"] > 0.7, r
+    assert "from model_optim_rng.pt" in r["note"], r
+    groups = r["report"]["param_groups"]
+    saved = torch.load(d / "orig" / REL / "model_optim_rng.pt", weights_only=False)["optimizer"]["optimizer"]["param_groups"]
+    assert len(saved) == 2 and {g["weight_decay"] for g in saved} == {0.1, 0.0}
+    assert [(g["optimizer"], g["lr"], g["step"], g["betas"], g["eps"], g["tensors"]) for g in groups] == \
+        [("adamw", saved[0]["lr"], saved[0]["step"], list(saved[0]["betas"]), saved[0]["eps"], 2)], groups
+    names = [t["name"] for t in r["report"]["tensors"]]
+    assert names == [f"distrib_optim/{i}/(torch.bfloat16, torch.float32)" for i in (0, 1)], names
+    for f in (f"{REL}/model_optim_rng.pt", "latest_checkpointed_iteration.txt"):
+        assert rows[f]["action"] == "copied", rows[f]
+    v = json.loads((d / "verify.json").read_text())
+    assert v["ok"], v
+
+
+def test_restored_folder(mg):
+    """The restored folder: the same files, byte-identical but distrib_optim.pt; in it every leaf
+    but the moments identical (the fp32 main params, numel_unpadded, the dtype keys), every
+    moment changed by the codec."""
+    d = _root(mg)
+    orig, back = d / "orig", d / "back"
+    assert _files(orig) == _files(back)
+    for f in _files(orig):
+        if not f.endswith("distrib_optim.pt"):
+            assert (orig / f).read_bytes() == (back / f).read_bytes(), f
+    moments = []
+    _walk(torch.load(orig / REL / "distrib_optim.pt"), torch.load(back / REL / "distrib_optim.pt"), [], moments)
+    assert len(moments) == 4 and all(not torch.equal(a, b) for a, b in moments)
+
+
+def test_megatron_resumes_within_tolerance(mg):
+    """Megatron's load_parameter_state of the original and of the restored folder on 2 ranks, one
+    step with the same gradients: every rank's fp32 main shards identical before the step, after
+    it every coordinate within tolerance * lr + float32 slack of the original run's."""
+    d = _root(mg)
+    for rank in (0, 1):
+        a = torch.load(d / f"orig.after.rank{rank}.pt")
+        b = torch.load(d / f"back.after.rank{rank}.pt")
+        assert a["lr"] == b["lr"] and len(a["before"]) == len(b["before"]) > 0
+        lr = max(a["lr"])
+        for i in a["before"]:
+            p0 = a["before"][i].double()
+            assert torch.equal(a["before"][i], b["before"][i]), (rank, i)
+            ua, ub = a["after"][i].double() - p0, b["after"][i].double() - p0
+            assert float(ua.abs().max()) > 0, "the step changed nothing"
+            slack = 4 * EPS32 * p0.abs() + 8 * EPS32 * (ua.abs() + ub.abs())
+            excess = float(((ua - ub).abs() - TOL * lr - slack).max())
+            assert excess <= 0, f"rank {rank} shard {i}: update difference exceeds tolerance * lr by {excess:.3g}"
+
+
+def test_distrib_optim_alone_copied_exact(mg, tmp_path):
+    """A distrib_optim.pt without model_optim_rng.pt beside it: copied exact with one note (the
+    layout says so too); verify and restore give the same bytes."""
+    d = _root(mg)
+    b = os.environ["CKPTKIT_BIN"]
+    src = tmp_path / "alone" / REL
+    src.mkdir(parents=True)
+    shutil.copy(d / "orig" / REL / "distrib_optim.pt", src)
+    p = run_tool(b, "ckpt-compress", tmp_path / "alone", "-o", tmp_path / "z", "--json")
+    assert p.returncode == 0, p.stderr
+    rep = parse_json_stdout(p)
+    note = ("no model_optim_rng.pt beside distrib_optim.pt: its hyper-parameters and step are unknown, "
+            "the file is copied exact")
+    assert [(l["kind"], l["note"]) for l in rep["layouts"]] == [("megatron", note)]
+    (row,) = rep["files"]
+    assert (row["action"], row["note"]) == ("copied", note), row
+    assert run_tool(b, "ckpt-verify", tmp_path / "z", "--original", tmp_path / "alone").returncode == 0
+    assert run_tool(b, "ckpt-restore", tmp_path / "z", "-o", tmp_path / "back").returncode == 0
+    assert (tmp_path / "back" / REL / "distrib_optim.pt").read_bytes() == (src / "distrib_optim.pt").read_bytes()
+
+
+def test_groups_differing_in_lr_kept_exact(mg, tmp_path):
+    """Param groups with different lr (Megatron's lr_mult / decoupled_lr): which buffer coordinate
+    is whose is in neither file, so distrib_optim.pt is copied exact, saying why."""
+    d = _root(mg)
+    src = tmp_path / "lr" / REL
+    shutil.copytree(d / "orig", tmp_path / "lr")
+    sd = torch.load(src / "model_optim_rng.pt", weights_only=False)
+    sd["optimizer"]["optimizer"]["param_groups"][1]["lr"] *= 0.5
+    torch.save(sd, src / "model_optim_rng.pt")
+    p = run_tool(os.environ["CKPTKIT_BIN"], "ckpt-compress", tmp_path / "lr", "-o", tmp_path / "z", "--json")
+    assert p.returncode == 0, p.stderr
+    row = {r["file"]: r for r in parse_json_stdout(p)["files"]}[f"{REL}/distrib_optim.pt"]
+    assert row["action"] == "copied", row
+    assert row["note"] == ("distrib_optim.pt kept exact: the param groups of model_optim_rng.pt differ in lr: a "
+                           "distrib_optim.pt buffer mixes their parameters and neither file says which coordinate is whose")
+
+
+def test_verify_checks_model_optim_rng(mg, tmp_path):
+    """ckpt-verify compares the container's step and hyper-parameters with the copied
+    model_optim_rng.pt beside it: a step changed there (its manifest row updated to match) fails."""
+    import xxhash
+    d = _root(mg)
+    z = tmp_path / "ckz"
+    shutil.copytree(d / "ckz", z)
+    f = z / REL / "model_optim_rng.pt"
+    sd = torch.load(f, weights_only=False)
+    for g in sd["optimizer"]["optimizer"]["param_groups"]:
+        g["step"] += 1
+    torch.save(sd, f)
+    man = json.loads((z / "ckptkit-folder.json").read_text())
+    h = xxhash.xxh3_64_hexdigest(f.read_bytes())
+    for e in man["files"]:
+        if e["path"] == f"{REL}/model_optim_rng.pt":
+            e.update(size=f.stat().st_size, source_size=f.stat().st_size, xxh3=h, source_xxh3=h)
+    (z / "ckptkit-folder.json").write_text(json.dumps(man))
+    p = run_tool(os.environ["CKPTKIT_BIN"], "ckpt-verify", z, "--json")
+    assert p.returncode == 1, p.stdout + p.stderr
+    rep = parse_json_stdout(p)
+    assert any("step (3 vs 4) differs" in x for x in rep["failures"]), rep["failures"]
+    shutil.copy(d / "ckz" / REL / "model_optim_rng.pt", f)   # the original sibling back: its row's hash fails only
+    p = run_tool(os.environ["CKPTKIT_BIN"], "ckpt-verify", z, "--json")
+    assert p.returncode == 1 and not any("step (" in x for x in parse_json_stdout(p)["failures"])
