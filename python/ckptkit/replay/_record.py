@@ -144,6 +144,7 @@ class SavedState:
 
 # segment calls with keyword arguments (Hugging Face layers) are seen where hooks get them
 _WITH_KWARGS = {"with_kwargs": True} if "with_kwargs" in inspect.signature(nn.Module.register_forward_pre_hook).parameters else {}
+TIME_REPEATS = 3    # plain steps timed per recording (the median is the trace's)
 MIN_SEGMENTS = 4   # fewer default segments than this: the nn.Sequential ones are opened
 # Counted as memory outside segments: small allocations of a step that vary between runs of
 # the same step (0-dim tensors, autograd and allocator bookkeeping; docs/benchmarks.md).
@@ -356,7 +357,8 @@ def _memory_events():
 class Recorder:
     """Records one training step, loss_fn(model, batch).backward(), of a live model. Phases
     (record()): segments, the op-logged step, the replay probe, the memory step (profiler memory
-    events, keep everything) with the optimizer step, then the trace. The model, its gradients,
+    events, keep everything) with the optimizer step, TIME_REPEATS plain timed steps (the
+    segments' forward_ms / backward_ms), then the trace. The model, its gradients,
     buffers, RNG streams and the optimizer are restored exactly afterwards."""
 
     def __init__(self, model, batch, loss_fn, segments=None, optimizer=None, copy_gbps=10.0,
@@ -408,6 +410,11 @@ class Recorder:
             t1 = time.perf_counter()
             self.measure_memory()
             self.timing["memory"] = time.perf_counter() - t1
+            saved.restore()
+            self.model.train()
+            t1 = time.perf_counter()
+            self.measure_times()
+            self.timing["times"] = time.perf_counter() - t1
             return self.trace(non_replayable)
         finally:
             for h in getattr(self, "handles", []):
@@ -918,12 +925,67 @@ class Recorder:
                     total += v.element_size()
         return total
 
+    # ---- step times
+    def measure_times(self, repeats=TIME_REPEATS):
+        """forward_ms / backward_ms per segment from `repeats` plain steps (no op log, no
+        profiler, no saved-tensor hooks: the recorder's own work is what made the op-logged
+        step's times several times the loop's): the forward between the segment's pre and post
+        hooks; the backward from the arrival of its output's gradient to that of the previous
+        segment (the first: to the end of backward()); the median of the repeats. A segment
+        whose output carries no gradient gets backward 0 (its backward is timed with the
+        segment after it). The model's state is put back by record() afterwards."""
+        model, order = self.model, self.order
+        t = {}
+
+        def pre(mod, inputs):
+            t["f0:" + self.seg_of[id(mod)]] = time.perf_counter()
+
+        def post(mod, inputs, output):
+            n = self.seg_of[id(mod)]
+            t["f1:" + n] = time.perf_counter()
+            for x in tensors_in(output):
+                if x.requires_grad:
+                    x.register_hook(lambda g, n=n: t.setdefault("b:" + n, time.perf_counter()) and None)
+
+        handles = [m.register_forward_pre_hook(pre) for m in self.segs.values()]
+        handles += [m.register_forward_hook(post) for m in self.segs.values()]
+        fwd = {n: [] for n in order}
+        bwd = {n: [] for n in order}
+        steps = []
+        try:
+            for _ in range(repeats):
+                t.clear()
+                t0 = time.perf_counter()
+                loss = self.loss_fn(model, self.batch)
+                loss.backward()
+                end = time.perf_counter()
+                del loss
+                steps.append((end - t0) * 1e3)
+                for n in order:
+                    fwd[n].append((t["f1:" + n] - t["f0:" + n]) * 1e3)
+                starts = [t.get("b:" + n) for n in order]
+                for i, n in enumerate(order):
+                    if starts[i] is None:
+                        bwd[n].append(0.0)
+                        continue
+                    e = next((starts[j] for j in range(i - 1, -1, -1) if starts[j] is not None), end)
+                    bwd[n].append(max(0.0, (e - starts[i]) * 1e3))
+        finally:
+            for h in handles:
+                h.remove()
+        med = lambda v: sorted(v)[len(v) // 2]   # noqa: E731
+        self.times_ms = {n: (med(fwd[n]), med(bwd[n])) for n in order}
+        self.step_ms = med(steps)
+
     # ---- the trace
     def trace(self, non_replayable):
         model, order, info = self.model, self.order, self.info
-        t0, t1, t2 = self.times
+        _, t1, t2 = self.times
+        # the op-logged step's times (several times the loop's: the op log, the saved-tensor
+        # hooks), kept for comparison (scripts/bench/bench_replay_steptime.py)
         fwd_total = sum(info[n]["forward_ms"] for n in order) or 1.0
-        bwd_ms = (t2 - t1) * 1e3
+        self.logged_ms = {n: (info[n]["forward_ms"], (t2 - t1) * 1e3 * info[n]["forward_ms"] / fwd_total)
+                          for n in order}
         pbytes = sum(p.numel() * p.element_size() for p in model.parameters())
         gbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         buffers = []
@@ -951,8 +1013,8 @@ class Recorder:
             d = info[n]
             seg = {
                 "name": n,
-                "forward_ms": round(d["forward_ms"], 6),
-                "backward_ms": round(bwd_ms * d["forward_ms"] / fwd_total, 6),
+                "forward_ms": round(self.times_ms[n][0], 6),
+                "backward_ms": round(self.times_ms[n][1], 6),
                 "saved_bytes": d["saved"],
                 "input_bytes": d["input_bytes"],
                 "input_shapes": d["input_shapes"],
@@ -976,7 +1038,7 @@ class Recorder:
             "device": {"name": "cpu", "copy_gbps": self.copy_gbps},
             "optimizer": type(self.opt).__name__ if self.opt is not None else None,
             "fixed": fixed,
-            "step_ms": round((t2 - t0) * 1e3, 6),
+            "step_ms": round(self.step_ms, 6),
             "backward_order": list(reversed(order)),
             "buffers": buffers,
             "segments": segments,

@@ -9,6 +9,7 @@ import copy
 import importlib
 import pathlib
 import sys
+import time
 import warnings
 
 import pytest
@@ -271,3 +272,48 @@ def test_enable_refuses_lightning_module():
     L = pytest.importorskip("lightning.pytorch")
     with pytest.raises(ckptkit.BadInput, match="ReplayCallback"):
         replay.enable(L.LightningModule())
+
+
+# ----------------------------------------------------------------------------- step times
+class _SlowBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        time.sleep(0.04)
+        return g * 2
+
+
+class _SlowForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        time.sleep(0.03)
+        return self.lin(x)
+
+
+class _SlowBackwardBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return _SlowBackward.apply(self.lin(x))
+
+
+def test_step_times_from_plain_steps():
+    """The trace's times come from plain timed steps, per segment: a forward that sleeps 30 ms
+    and a backward that sleeps 40 ms land on their own segments (before: the whole backward was
+    split in proportion to the op-logged forwards, so the 40 ms went mostly to the sleeping
+    forward's segment); step_ms covers at least both sleeps."""
+    torch.manual_seed(0)
+    m = nn.Sequential(_SlowForward(), _SlowBackwardBlock(), nn.Linear(8, 8), nn.Linear(8, 1))
+    t = replay.record_trace(m, torch.randn(4, 8), lambda m, b: m(b).sum(), segments=["0", "1", "2", "3"])
+    s = {x["name"]: x for x in t["segments"]}
+    assert s["0"]["forward_ms"] >= 30 and s["1"]["backward_ms"] >= 40
+    assert s["0"]["backward_ms"] < s["1"]["backward_ms"] and s["1"]["forward_ms"] < s["0"]["forward_ms"]
+    assert t["step_ms"] >= 70
