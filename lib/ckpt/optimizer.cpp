@@ -988,9 +988,17 @@ std::optional<CompanionHyper> megatron_hyper(const Checkpoint& ck, const io::Inp
         c.hyper.weight_decay = std::max(c.hyper.weight_decay, b.hyper.weight_decay);
     }
     const bool wd_differs = std::any_of(per.begin(), per.end(), [&](const ParamState& b) { return b.hyper.weight_decay != a.hyper.weight_decay; });
+    const bool zero_or_max = std::all_of(per.begin(), per.end(), [&](const ParamState& b) {
+        return b.hyper.weight_decay == 0 || b.hyper.weight_decay == c.hyper.weight_decay; });
     if (wd_differs) {
-        if (c.decoupled == true) c.stated &= ~unsigned(kWeightDecay);   // AdamW: not in the certificate
-        else differ += std::string(differ.empty() ? "" : ", ") + "weight_decay (Adam's L2 decay, or AdamW vs Adam unknown)";
+        c.stated &= ~unsigned(kWeightDecay);   // no group's own: the largest
+        // AdamW's decay is not in the certificate; Adam's L2 shifts the gradient domain by
+        // wd * theta: with every group's wd 0 or the largest, the union of the plain domain
+        // and the one shifted by the largest covers each coordinate's (kind left unknown)
+        if (c.decoupled != true) {
+            if (zero_or_max) c.decoupled.reset();
+            else differ += std::string(differ.empty() ? "" : ", ") + "weight_decay (not all 0 or the largest, under Adam's L2 decay or an unknown kind)";
+        }
     }
     if (c.why_not.empty() && !differ.empty())
         c.why_not = "the param groups of " + c.file + " differ in " + differ +

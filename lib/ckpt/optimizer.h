@@ -116,8 +116,10 @@ std::pair<std::map<std::string, std::string>, std::string> names_by_order(const 
 /// the file's args has it, else unknown). A distrib_optim.pt buffer mixes the parameters of
 /// every group and neither file says which coordinate is whose, so the groups must agree on
 /// everything the certificate uses (lr, betas, eps, step, amsgrad, kind); weight decay may
-/// differ under decoupled decay only (AdamW's does not enter it; weight_decay is then the
-/// largest and not stated). Disagreement sets why_not. Nullopt when the file holds no such
+/// differ under decoupled decay (AdamW's does not enter the certificate), or when every
+/// group's is 0 or the largest (the Adam L2 domain is then the union of the plain one and the
+/// one shifted by the largest: the kind is left unknown); weight_decay is then the largest and
+/// not stated. Disagreement sets why_not. Nullopt when the file holds no such
 /// param groups; BadInput when one cannot be read.
 std::optional<CompanionHyper> megatron_hyper(const Checkpoint&, const io::InputFile&);
 

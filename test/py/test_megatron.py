@@ -197,3 +197,45 @@ def test_verify_checks_model_optim_rng(mg, tmp_path):
     shutil.copy(d / "ckz" / REL / "model_optim_rng.pt", f)   # the original sibling back: its row's hash fails only
     p = run_tool(os.environ["CKPTKIT_BIN"], "ckpt-verify", z, "--json")
     assert p.returncode == 1 and not any("step (" in x for x in parse_json_stdout(p)["failures"])
+
+
+def test_te_fused_adam_groups(mg, tmp_path):
+    """Megatron with Transformer Engine's (or Apex's) FusedAdam, which needs CUDA: its param groups
+    as DistributedOptimizer.state_dict() writes them (TE fused_adam.py defaults lr,
+    bias_correction, betas, eps, weight_decay; Megatron's own keys; step = int(group['step']),
+    an exact count) replace the torch ones. Compressed with the exact step 3, verified (also
+    under --horizon 1); with bias_correction False, copied exact (not Adam)."""
+    d = _root(mg)
+    b = os.environ["CKPTKIT_BIN"]
+    for bc in (True, False):
+        root = tmp_path / f"te{bc}"
+        shutil.copytree(d / "orig", root)
+        f = root / REL / "model_optim_rng.pt"
+        sd = torch.load(f, weights_only=False)
+        groups = sd["optimizer"]["optimizer"]["param_groups"]
+        keep = ("is_expert_parallel", "default_config", "wd_mult", "lr_mult", "is_decoupled_lr", "max_lr", "min_lr",
+                "lr", "betas", "eps", "weight_decay")
+        sd["optimizer"]["optimizer"]["param_groups"] = [
+            dict({k: g[k] for k in keep}, bias_correction=bc, step=int(g["step"])) for g in groups]
+        torch.save(sd, f)
+        p = run_tool(b, "ckpt-compress", root, "-o", tmp_path / f"z{bc}", "--json")
+        assert p.returncode == 0, p.stderr
+        row = {r["file"]: r for r in parse_json_stdout(p)["files"]}[f"{REL}/distrib_optim.pt"]
+        if not bc:
+            assert (row["action"], row["note"]) == ("copied", "distrib_optim.pt kept exact: FusedAdam without bias "
+                                                              "correction (not Adam)"), row
+            continue
+        assert row["action"] == "compressed" and row["escapes"] == 0 and row["moment_reduction"] > 0.7, row
+        (g,) = row["report"]["param_groups"]
+        assert (g["step"], g["lr"], g["tensors"]) == (3, groups[0]["lr"], 2), g
+        assert run_tool(b, "ckpt-verify", tmp_path / f"z{bc}", "--original", root).returncode == 0
+        # --horizon 1 needs the gradient domain: AdamW vs Adam is in neither file (args has no
+        # decoupled_weight_decay), the groups' weight decay is 0.1 or 0: the union of the plain
+        # domain and the one shifted by 0.1 * theta, theta the buffer's fp32 "param"
+        p = run_tool(b, "ckpt-compress", root, "-o", tmp_path / "h1", "--horizon", "1", "--json")
+        assert p.returncode == 0, p.stderr
+        row = {r["file"]: r for r in parse_json_stdout(p)["files"]}[f"{REL}/distrib_optim.pt"]
+        (g,) = row["report"]["param_groups"]
+        assert (g["optimizer"], g["domain"], g["weight_decay"]) == ("adam|adamw", "|g| <= 1, and shifted by wd*theta", 0.1), g
+        assert row["escapes"] == 0 and row["moment_reduction"] > 0.7, row
+        assert run_tool(b, "ckpt-verify", tmp_path / "h1", "--original", root).returncode == 0
