@@ -420,6 +420,31 @@ PYBIND11_MODULE(_ckptkit, m) {
     }, py::arg("src"), py::arg("opts"), py::arg("tool") = "ckptkit.load", py::arg("file") = std::nullopt,
        "the checkpoint restored from the container SRC (or, with FILE, that original file of the compressed "
        "folder SRC), in memory (no file; decoded in the reader process); returns (Buffer, json, table, warnings)");
+    m.def("read_dcp_moments", [](const std::string& dir, py::list reads, unsigned threads) {
+        // in this process, not the reader process: a DCP folder is trusted input already
+        // (torch unpickles its .metadata), and each container's stored bytes are checked
+        // against the manifest's XXH3 before libhdf5 opens it
+        std::vector<folder::DcpMomentRead> rs;
+        std::vector<uint8_t*> dst;
+        for (const auto& r : reads) {
+            const auto t = r.cast<py::tuple>();
+            rs.push_back({t[0].cast<std::string>(), t[1].cast<std::string>(), t[2].cast<uint64_t>(), t[3].cast<uint64_t>(),
+                          t[4].cast<uint64_t>(), t[5].cast<uint64_t>()});
+            dst.push_back(reinterpret_cast<uint8_t*>(t[6].cast<uintptr_t>()));
+        }
+        run_job("ckptkit.dcp", dir, threads, [&] {
+            std::vector<uint64_t> at;   // read i's bytes start at output offset at[i]
+            uint64_t total = 0;
+            for (const auto& r : rs) at.push_back(total), total += r.count * r.element_size;
+            folder::read_dcp_moments(dir, rs, [&](uint64_t off, const uint8_t* p, std::size_t n) {
+                const std::size_t i = std::size_t(std::upper_bound(at.begin(), at.end(), off) - at.begin()) - 1;
+                std::memcpy(dst[i] + (off - at[i]), p, n);
+            });
+        });
+    }, py::arg("dir"), py::arg("reads"), py::arg("threads") = 0,
+       "ckptkit.dcp's reader: READS, (moments entry, gathered tensor, first element, count, numel, element size, "
+       "address) each, decoded from the compressed folder DIR (only the parameters they name) into the memory at "
+       "each address (count * element size bytes, which the caller keeps alive)");
     m.def("check_stored", [](const std::string& dir, const std::string& file) {
         run_job("ckptkit.dcp", dir, 1, [&] { folder::check_stored_file(dir, file); });
     }, py::arg("dir"), py::arg("file"),
