@@ -24,16 +24,6 @@ namespace {
 
 namespace ct = container;
 
-/// CheckFailed naming the damaged datasets (those given, else every one whose checksum
-/// fails); returns when there are none.
-void check_damage(const ContainerReader& cr, std::vector<std::string> bad = {}) {
-    if (bad.empty()) bad = cr.damaged_datasets();
-    if (bad.empty()) return;
-    std::string s;
-    for (auto& b : bad) s += (s.empty() ? "" : ", ") + b;
-    throw CheckFailed(cr.path() + ": damaged dataset(s), checksum mismatch: " + s);
-}
-
 /// Every byte outside moment storages from /raw, in file order, in one pass that also
 /// checks /raw's checksum (damaged: CheckFailed, as an unreadable /raw) and each kept
 /// tensor against its hash (CheckFailed); moment storages are left as holes for
@@ -45,7 +35,7 @@ void restore_raw(const ContainerReader& cr, FileWriter& w, Progress& prog) {
             prog.advance(n);
         },
         [&](uint64_t n) { w.skip(n); });  // filled in place by restore_moments
-    if (!scan.raw_ok) check_damage(cr, {ct::kRaw});
+    if (!scan.raw_ok) cr.check_damage({ct::kRaw});
     if (scan.bad_tensors)
         throw CheckFailed(cr.path() + ": stored tensor bytes at source offset " +
                           std::to_string(cr.manifest().storages[std::size_t(scan.first_bad)].offset) +
@@ -64,11 +54,7 @@ void restore_moments(const ContainerReader& cr, FileWriter& w, Progress& prog) {
         uint32_t crc[3] = {0, 0, 0};  // zip's CRC-32 (ISO-HDLC), chained over the chunks
         auto write = [&](ContainerReader::Chunk& c) {
             for (int k = 0; k < e.moments(); ++k) {
-                // F32: the values are the bytes (element_bytes), escapes go in place
-                uint8_t* out = element_bytes(e.dtype, c.values[k].data(), c.n, bytes);
-                if (e.dtype != DType::F32) float_to_bytes(e.dtype, c.values[k].data(), c.n, out);
-                for (std::size_t q = 0; q < c.escaped.size(); ++q)
-                    store_bits(e.dtype, c.escaped_bits[k][q], out, c.escaped[q]);
+                const uint8_t* out = ContainerReader::storage_bytes(e.dtype, c, k, bytes);
                 const auto& st = man.storages[std::size_t(e.storage[k])];
                 w.pwrite(st.offset + c.begin * es, out, c.n * es);
                 crc[k] = crc32_gzip_refl(crc[k], out, c.n * es);
@@ -113,10 +99,10 @@ void restore_into(const ContainerReader& cr, FileWriter& w, const std::string& o
         try {
             restore_moments(cr, w, prog);
         } catch (const std::runtime_error&) {
-            check_damage(cr);
+            cr.check_damage();
             throw;
         }
-        check_damage(cr);
+        cr.check_damage();
         w.close();
     } catch (const std::runtime_error& e) {
         if (dynamic_cast<const BadInput*>(&e) || dynamic_cast<const CheckFailed*>(&e)) throw;

@@ -123,6 +123,22 @@ std::vector<std::string> ContainerReader::damaged_datasets() const {
     return bad;
 }
 
+void ContainerReader::check_damage(std::vector<std::string> bad) const {
+    if (bad.empty()) bad = damaged_datasets();
+    if (bad.empty()) return;
+    std::string s;
+    for (auto& b : bad) s += (s.empty() ? "" : ", ") + b;
+    throw CheckFailed(path_ + ": damaged dataset(s), checksum mismatch: " + s);
+}
+
+uint8_t* ContainerReader::storage_bytes(DType dtype, Chunk& c, int k, std::vector<uint8_t>& scratch) {
+    // F32: the values are the bytes (element_bytes), escapes go in place
+    uint8_t* out = element_bytes(dtype, c.values[std::size_t(k)].data(), c.n, scratch);
+    if (dtype != DType::F32) float_to_bytes(dtype, c.values[std::size_t(k)].data(), c.n, out);
+    for (std::size_t q = 0; q < c.escaped.size(); ++q) store_bits(dtype, c.escaped_bits[std::size_t(k)][q], out, c.escaped[q]);
+    return out;
+}
+
 void ContainerReader::load_escapes(uint64_t row, uint64_t end_row, int) const {
     const uint64_t n = std::min<uint64_t>(end_row - row, 1 << 16);
     buf_begin_ = row;

@@ -55,6 +55,9 @@ public:
     /// The checksums of every dataset but /raw (scan_source checks that one); returns the
     /// paths that fail.
     std::vector<std::string> damaged_datasets() const;
+    /// CheckFailed naming the damaged datasets (`bad`, else every one damaged_datasets()
+    /// finds); returns when there are none.
+    void check_damage(std::vector<std::string> bad = {}) const;
     /// Tensor setup (codec, hyper-parameters, domain) of parameter j.
     codec::TensorSetup setup(std::size_t j) const;
     /// Stored (compressed) bytes of all moment datasets plus the manifest's params part:
@@ -95,6 +98,10 @@ public:
         std::array<std::vector<int16_t>, 3> params;
         std::vector<uint8_t> theta_bytes;
     };
+    /// Role k's storage bytes (`dtype`: the parameter's moment type) of the decoded chunk
+    /// `c` (Want::Values): the values as `dtype`, each escaped coordinate's exact bits in
+    /// place. Returns c.n elements: c's own values for F32 (changed in place), else `scratch`.
+    static uint8_t* storage_bytes(DType dtype, Chunk& c, int k, std::vector<uint8_t>& scratch);
     /// The decode chunk for this process: the chunk of the backend chunks are decoded
     /// with (codec/backend.h, codec::decode_device()).
     static std::size_t default_decode_chunk();

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "container/reader.h"
 #include "folder/dcp.h"
 #include "folder/files.h"
 #include "common/cleanup.h"
@@ -1079,6 +1081,86 @@ uint64_t restore_folder_file(const std::string& dir, const std::string& path, in
     (void)restore_to_fd(join(dir, v->stored), mfd, oo);
     rebuild_from_shell(src, DcpFile{e->path, cuts_from(e->extra.at("cuts"))}, "/proc/self/fd/" + std::to_string(mfd), *w);
     return w->offset();
+}
+
+uint64_t read_dcp_moments(const std::string& dir, const std::vector<DcpMomentRead>& reads,
+                          const std::function<void(uint64_t, const uint8_t*, std::size_t)>& sink) {
+    const Manifest m = read_manifest(dir);
+    std::vector<uint64_t> at(reads.size());   // each read's byte offset in the output
+    uint64_t total = 0;
+    std::map<std::string, std::vector<std::size_t>> by_moments;
+    for (std::size_t i = 0; i < reads.size(); ++i) {
+        const auto& r = reads[i];
+        if ((r.element_size != 2 && r.element_size != 4) || r.numel > (uint64_t(1) << 56) || r.begin > r.numel ||
+            r.count > r.numel - r.begin)
+            throw BadInput(join(dir, r.moments), fmt::format("read of {} outside its {} elements", r.tensor, r.numel));
+        at[i] = total;
+        total += r.count * r.element_size;
+        by_moments[r.moments].push_back(i);
+    }
+    for (const auto& [path, idx] : by_moments) {
+        const auto e = std::find_if(m.files.begin(), m.files.end(), [&](const Entry& x) { return x.path == path; });
+        if (e == m.files.end() || !e->is_virtual())
+            throw BadInput(join(dir, path), std::string("not a gathered-moments entry of the folder (") + kManifestName + ")");
+        const std::string src = join(dir, e->stored);
+        (void)check_stored(dir, *e);
+        const container::ContainerReader cr(src);
+        const container::Manifest& man = cr.manifest();
+        // the gathered safetensors' header (in /raw): tensor name -> source offset -> storage
+        uint64_t hn = 0;
+        if (man.source_size < 8) throw BadInput(src, "gathered moments: not a safetensors source");
+        cr.read_raw(0, 8, &hn);
+        if (hn > man.source_size - 8) throw BadInput(src, "gathered moments: header past the end");
+        std::string text(std::size_t(hn), '\0');
+        cr.read_raw(8, hn, text.data());
+        const json header = json::parse(text, nullptr, false);
+        if (!header.is_object()) throw BadInput(src, "gathered moments: header is not a JSON object");
+        std::map<std::size_t, std::vector<std::pair<std::size_t, int>>> by_param;   // j -> (read, role)
+        for (std::size_t i : idx) {
+            const auto& r = reads[i];
+            const auto t = header.find(r.tensor);
+            uint64_t off = 0;
+            try {
+                if (t == header.end()) throw std::invalid_argument("absent");
+                off = 8 + hn + json_count_of(t->at("data_offsets").at(0), "data_offsets");
+            } catch (const std::exception& x) {
+                throw BadInput(src, "gathered moments lack tensor " + r.tensor + " (" + x.what() + ")");
+            }
+            const auto s = std::lower_bound(man.storages.begin(), man.storages.end(), off,
+                                            [](const container::StorageEntry& a, uint64_t o) { return a.offset < o; });
+            if (s == man.storages.end() || s->offset != off || s->param < 0)
+                throw BadInput(src, "tensor " + r.tensor + " is not a coded moment");
+            const auto& p = man.params[std::size_t(s->param)];
+            if (float_dtype_size(p.dtype) != r.element_size || s->nbytes != r.numel * r.element_size)
+                throw BadInput(src, fmt::format("tensor {} holds {} bytes of {}-byte elements, the DCP metadata {} of {}",
+                                                r.tensor, s->nbytes, float_dtype_size(p.dtype), r.numel, r.element_size));
+            by_param[std::size_t(s->param)].push_back({i, s->role});
+        }
+        container::ContainerReader::Chunk chunk;
+        std::array<std::vector<uint8_t>, 3> scratch;
+        try {
+            for (const auto& [j, list] : by_param) {
+                const DType dtype = man.params[j].dtype;
+                const uint64_t es = float_dtype_size(dtype);
+                cr.for_each_chunk(j, container::ContainerReader::default_decode_chunk(), container::ContainerReader::Want::Values,
+                                  [&](container::ContainerReader::Chunk& c) {
+                    std::array<const uint8_t*, 3> bytes{};
+                    for (const auto& [i, k] : list) {
+                        const auto& r = reads[i];
+                        const uint64_t lo = std::max<uint64_t>(c.begin, r.begin), hi = std::min<uint64_t>(c.begin + c.n, r.begin + r.count);
+                        if (lo >= hi) continue;
+                        if (!bytes[std::size_t(k)]) bytes[std::size_t(k)] = container::ContainerReader::storage_bytes(dtype, c, k, scratch[std::size_t(k)]);
+                        sink(at[i] + (lo - r.begin) * es, bytes[std::size_t(k)] + (lo - c.begin) * es, std::size_t((hi - lo) * es));
+                    }
+                }, &chunk);
+            }
+        } catch (const std::runtime_error&) {   // a decode that fails on damage is reported as the damage
+            cr.check_damage();
+            throw;
+        }
+        cr.check_damage();
+    }
+    return total;
 }
 
 void write_dcp_writer_manifest(const std::string& dir, const std::vector<std::string>& parts, const std::string& metadata) {

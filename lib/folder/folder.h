@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -123,6 +124,25 @@ FolderReport restore_folder(const std::string& dir, const std::string& out, cons
 /// opens instead of restoring the whole folder. Returns its size. Throws BadInput (not in the
 /// manifest, unreadable) / CheckFailed (a hash or checksum differs).
 uint64_t restore_folder_file(const std::string& dir, const std::string& path, int fd, const RestoreOptions&);
+
+/// One read of ckptkit.dcp's reader: `count` elements from element `begin` (row-major) of
+/// the gathered moment tensor `tensor` (a DCP shell's cut names it) of the gathered-moments
+/// entry `moments` (its manifest path); `numel` and `element_size` are that tensor's as the
+/// DCP metadata gives them (checked against the container).
+struct DcpMomentRead {
+    std::string moments, tensor;
+    uint64_t begin = 0, count = 0, numel = 0, element_size = 0;
+};
+
+/// The reads decoded from the compressed folder `dir`: their bytes, concatenated in the order
+/// of `reads` (count * element_size each), handed to sink(byte offset, bytes, n) piece by
+/// piece as the chunks are decoded. Only the parameters the reads name are decoded, straight
+/// from their containers (no file is rebuilt); each container's stored file is checked
+/// against the manifest's size and XXH3 first and its datasets' checksums after. Returns the
+/// total bytes. Throws BadInput (not in the manifest, a read outside its tensor, unreadable) /
+/// CheckFailed (a hash or checksum differs).
+uint64_t read_dcp_moments(const std::string& dir, const std::vector<DcpMomentRead>& reads,
+                          const std::function<void(uint64_t, const uint8_t*, std::size_t)>& sink);
 
 /// The stored file of `path` (manifest path) in the compressed folder `dir` checked against
 /// the manifest's size and XXH3 (what ckptkit.dcp's reader does before reading a file in

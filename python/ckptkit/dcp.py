@@ -18,11 +18,15 @@ coordinator writes `ckptkit-folder.json` and then `.metadata` (torch's own, the 
 of a plain save), so a save that did not finish has no `.metadata`. The folder is a
 compressed folder of formats/folder.md: `ckpt-verify` proves it (with `--original`, against
 a plain DCP save of the same state), `ckpt-restore` gives the plain folder stock `dcp.load`
-reads. The reader reads a shell's bytes in place and rebuilds the file in memory (a memfd)
-only when a rank reads one of its moment items.
+reads. The reader hands every item but the moments to torch's reader (a shell's bytes read
+in place); a rank's moment read items are decoded in one library call (in this process),
+only the parameters they name, straight from their containers, and copied into DCP's
+destination tensors: no `.distcp` file is rebuilt.
 """
+import bisect
 import contextlib
 import dataclasses
+import math
 import json
 import os
 import pickle
@@ -33,7 +37,7 @@ import warnings
 import torch
 from torch.distributed.checkpoint import filesystem as _fs
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import SavePlan
+from torch.distributed.checkpoint.planner import LoadItemType, SavePlan
 
 from . import _ckptkit, _compress_opts, _report
 from ._errors import BadInput, CkptkitWarning, FileNotFound
@@ -251,11 +255,24 @@ class _RestoringFileSystem(_fs.FileSystem):
             yield f
 
 
+def _span(sizes, offsets, lengths):
+    """(first element, count) of the region `offsets`/`lengths` of a row-major tensor of
+    `sizes` when its elements are contiguous, else None."""
+    d = next((i for i, n in enumerate(lengths) if n != 1), len(sizes) - 1)
+    if any(lengths[i] != sizes[i] for i in range(d + 1, len(sizes))):
+        return None
+    first, stride = 0, 1
+    for i in reversed(range(len(sizes))):
+        first += offsets[i] * stride
+        stride *= sizes[i]
+    return first, math.prod(lengths)
+
+
 class FileSystemReader(_fs.FileSystemReader):
     """torch's FileSystemReader for folders ckptkit.dcp.FileSystemWriter (or ckpt-compress)
     wrote, and for plain DCP folders: DCP gets exactly the tensors a plain folder gives,
-    whatever the loading world size. Each rank rebuilds the `.distcp` files it reads in
-    memory (moments decoded, checksums checked). BadInput (an OSError for path errors) for
+    whatever the loading world size. Each rank decodes the moment chunks its read items
+    name (checksums checked) into DCP's tensors; torch's reader reads the rest. BadInput (an OSError for path errors) for
     a folder without `.metadata` (not a checkpoint, or a save that did not finish) or
     with a damaged or missing file."""
 
@@ -263,6 +280,8 @@ class FileSystemReader(_fs.FileSystemReader):
         super().__init__(path)
         self.fs = _RestoringFileSystem(self)
         self._manifest = None
+        self._cuts = None
+        self._md = None
 
     def _rows(self):
         if self._manifest is None:
@@ -277,6 +296,78 @@ class FileSystemReader(_fs.FileSystemReader):
     def reset(self, checkpoint_id=None):
         super().reset(checkpoint_id)
         self._manifest = None
+        self._cuts = None
+
+    def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self._md = metadata
+
+    def _moment_of(self, req):
+        """(gathered-moments entry, gathered tensor) of a read item that is a moment cut out
+        of a shell, else None (torch's reader reads it)."""
+        if req.type != LoadItemType.TENSOR:
+            return None
+        if self._cuts is None:   # shell path -> (sorted cut offsets, cuts, moments entry)
+            self._cuts = {}
+            for rel, row in self._rows().items():
+                if row.get("shell"):
+                    cuts = sorted(row["cuts"], key=lambda c: c["offset"])
+                    self._cuts[rel] = ([c["offset"] for c in cuts], cuts, row["moments"])
+        info = self.storage_data[req.storage_index]
+        found = self._cuts.get(info.relative_path)
+        if found is None:
+            return None
+        offsets, cuts, moments = found
+        i = bisect.bisect_left(offsets, info.offset)
+        if i < len(cuts) and cuts[i]["offset"] + cuts[i]["length"] <= info.offset + info.length:
+            return moments, cuts[i]["tensor"]
+        return None
+
+    def read_data(self, plan, planner):
+        """torch's read_data, except that the moment items of shells are decoded by the
+        library straight from their containers into DCP's tensors."""
+        moments, rest = [], []
+        for req in plan.items:
+            m = self._moment_of(req)
+            if m is None:
+                rest.append(req)
+            else:
+                moments.append((req, m))
+        if moments:
+            self._read_moments(moments, planner)
+        if rest:
+            super().read_data(dataclasses.replace(plan, items=rest), planner).wait()
+        fut = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_moments(self, moments, planner):
+        """Decode the moment read items (req, (entry, tensor)) into DCP's tensors: straight
+        into each target when it is a contiguous run of the stored chunk with its dtype,
+        else into a temporary copied over as torch's reader copies."""
+        reads, later = [], []
+        for req, (entry, tensor) in moments:
+            idx = req.storage_index
+            tmd = self._md.state_dict_metadata[idx.fqn]
+            chunk = next(c for c in tmd.chunks if list(c.offsets) == list(idx.offset or [0] * len(c.offsets)))
+            sizes, dtype = list(chunk.sizes), tmd.properties.dtype
+            numel = math.prod(sizes)
+            span = _span(sizes, list(req.storage_offsets), list(req.lengths))
+            first, count = span if span is not None else (0, numel)   # not contiguous: the whole chunk
+            target = planner.resolve_tensor(req).detach()
+            if target.size() != torch.Size(req.lengths):
+                raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {list(req.lengths)}")
+            direct = span is not None and target.dtype == dtype and target.is_contiguous() and target.device.type == "cpu"
+            dest = target if direct else torch.empty(count, dtype=dtype)
+            reads.append((entry, tensor, first, count, numel, dtype.itemsize, dest.data_ptr()))
+            later.append((req, target, None if direct else dest, sizes if span is None else None))
+        _ckptkit.read_dcp_moments(os.fspath(self.path), reads)
+        for req, target, tmp, whole in later:
+            if tmp is not None:
+                src = tmp.view(list(req.lengths)) if whole is None else \
+                    _fs.narrow_tensor_by_index(tmp.view(whole), req.storage_offsets, req.lengths)
+                target.copy_(src)
+            planner.commit_tensor(req, target)
 
     def read_metadata(self, *args, **kwargs):
         root = os.fspath(self.path)

@@ -190,14 +190,16 @@ def _single_process_load(folder, out):
         m2.load_here([("flat", str(folder), str(out))])
 
 
-@pytest.mark.parametrize("damage", ["flip", "missing"])
+@pytest.mark.parametrize("damage", ["flip", "missing", "flip-moments"])
 def test_damaged_file_refused(wr, tmp_path, damage):
-    """A shell with one byte flipped, or missing: the load fails naming the file."""
+    """A shell with one byte flipped, or missing, or a gathered-moments container with one
+    byte flipped (the reader decodes the moments from it, no file rebuilt): the load fails
+    naming the file."""
     root = _ok(wr)
     d = tmp_path / "ck"
     shutil.copytree(root / "ck", d)
-    shell = d / "__2_0.distcp.ckz-shell"
-    if damage == "flip":
+    shell = d / ("ckptkit-dcp-moments-2-0.safetensors.ckz.h5" if damage == "flip-moments" else "__2_0.distcp.ckz-shell")
+    if damage.startswith("flip"):
         data = bytearray(shell.read_bytes())
         data[100] ^= 1
         shell.write_bytes(bytes(data))
@@ -206,8 +208,20 @@ def test_damaged_file_refused(wr, tmp_path, damage):
     with pytest.raises(BaseException) as e:   # DCP wraps it in CheckpointException (a BaseException)
         _single_process_load(d, tmp_path / "out.pt")
     msg = str(e.value)
-    assert f"ckptkit.dcp: check failed: {d}: {shell}: size/xxh3" in msg if damage == "flip" else f"{shell}" in msg, msg
+    assert f"ckptkit.dcp: check failed: {d}: {shell}: size/xxh3" in msg if damage != "missing" else f"{shell}" in msg, msg
     assert not (tmp_path / "out.pt").exists()
+
+
+def test_span():
+    """The reader's contiguous-run test for a read item's region of a stored chunk (row-major):
+    (first element, count), or None where the region is not one run."""
+    assert ckptkit.dcp._span([4, 6], [1, 0], [2, 6]) == (6, 12)
+    assert ckptkit.dcp._span([4, 6], [2, 3], [1, 2]) == (15, 2)
+    assert ckptkit.dcp._span([4, 6, 5], [3, 1, 0], [1, 2, 5]) == (95, 10)
+    assert ckptkit.dcp._span([7], [2], [3]) == (2, 3)
+    assert ckptkit.dcp._span([], [], []) == (0, 1)
+    assert ckptkit.dcp._span([4, 6], [0, 2], [4, 3]) is None
+    assert ckptkit.dcp._span([4, 6, 5], [0, 0, 1], [1, 6, 4]) is None
 
 
 def test_no_adam_state_written_exactly(tmp_path):
