@@ -143,7 +143,7 @@ class FileSystemWriter(_fs.FileSystemWriter):
             self.reports.append(rep)
             for line in rep.warnings:
                 warnings.warn(line, CkptkitWarning, stacklevel=2)
-            if not any(f.get("virtual") for f in rep.get("files", [])):
+            if not any(f.get("virtual_input") for f in rep.get("files", [])):   # no gathered moments
                 warnings.warn(f"{_TOOL}: {root}: rank {rank}: no Adam/AdamW moments compressed; its files are "
                               "written exactly", CkptkitWarning, stacklevel=2)
             with open(os.path.join(part, _MANIFEST)) as f:

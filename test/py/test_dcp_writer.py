@@ -251,6 +251,22 @@ def test_no_adam_state_written_exactly(tmp_path):
     _same_state(back, sd)
 
 
+def test_adam_state_compressed_without_warning(tmp_path):
+    """AdamW (one process): no CkptkitWarning (the "no Adam/AdamW moments" note is for states
+    without them), the moments gathered into one container, a shell in place of the file."""
+    torch.manual_seed(0)
+    model = m2.Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    m2.train(model, opt, 0)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        dcp.save({"model": model.state_dict(), "optim": opt.state_dict()},
+                 storage_writer=ckptkit.dcp.FileSystemWriter(tmp_path / "ck"))
+    assert [str(x.message) for x in w if issubclass(x.category, ckptkit.CkptkitWarning)] == []
+    assert sorted(f for f in os.listdir(tmp_path / "ck") if not f.startswith(".")) == [
+        "__0_0.distcp.ckz-shell", "ckptkit-dcp-moments-0-0.safetensors.ckz.h5", "ckptkit-folder.json"]
+
+
 def test_writer_options_checked(tmp_path):
     """The compress options are checked when the writer is made, as ckpt-compress's flags."""
     with pytest.raises(ckptkit.BadInput, match=r"^ckptkit.dcp: error: --tolerance: 2 is outside \(0, 1\]"):
