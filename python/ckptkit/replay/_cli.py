@@ -100,13 +100,13 @@ def segment_modules(model, names):
     return {n: mods[n] for n in names}
 
 
-def record_file(model_path, copy_gbps=10.0, source="ckptkit.replay"):
+def record_file(model_path, copy_gbps=10.0, source="ckptkit.replay", ops=False):
     """Record one step of MODEL.py (torch.manual_seed(0) before build()); returns the trace
-    dict (formats/trace.md). Raises RecordError."""
+    dict (formats/trace.md; ops: with each segment's op table). Raises RecordError."""
     torch.manual_seed(0)
     model, batch, loss_fn, names = load_build(model_path)
     return record_trace(model, batch, loss_fn, segments=names, copy_gbps=copy_gbps,
-                        model_name=os.path.basename(model_path), source=source)
+                        model_name=os.path.basename(model_path), source=source, ops=ops)
 
 
 def record_et(model_path, out_path, names):
@@ -177,7 +177,7 @@ def summary_line(trace, path, prog="record"):
 
 
 def record_main(argv=None, prog="record", source="ckptkit.replay", usage_name=None):
-    """`record MODEL.py -o TRACE.json [--et ET.json [--chakra C.json]] [--copy-gbps G] [--quiet]`;
+    """`record MODEL.py -o TRACE.json [--et ET.json [--chakra C.json]] [--copy-gbps G] [--ops] [--quiet]`;
     errors are one line "PROG: error: ...", exit 2 (usage_name: --help's program name, default
     the script's). Returns the exit code."""
     ap = argparse.ArgumentParser(prog=usage_name, description=RECORD_DOC, epilog=__doc__[__doc__.index("The MODEL.py contract"):],
@@ -188,10 +188,12 @@ def record_main(argv=None, prog="record", source="ckptkit.replay", usage_name=No
     ap.add_argument("--chakra", help="also write the --et trace in the Chakra nested schema")
     ap.add_argument("--copy-gbps", type=float, default=10.0,
                     help="device copy bandwidth used for snapshot costs (GB/s)")
+    ap.add_argument("--ops", action="store_true",
+                    help="also record each segment's op table, for op-level plans (replay-plan --planner ops)")
     ap.add_argument("--quiet", action="store_true", help="no summary line on stderr")
     a = ap.parse_args(argv)
     try:
-        trace = record_file(a.model, a.copy_gbps, source)
+        trace = record_file(a.model, a.copy_gbps, source, a.ops)
         write_json(trace, a.output)
         if not a.quiet:
             print(summary_line(trace, a.output, prog), file=sys.stderr)
