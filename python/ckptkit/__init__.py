@@ -394,6 +394,17 @@ class _Staging:
 _staging = _Staging()
 
 
+def _staged(owner, n, align=1):
+    """n bytes of staging memory for `owner` (its .arenas and .arena_used: a _Sink or a
+    _Snapshot), at a multiple of `align` in its arena, as a memoryview."""
+    at = -(-owner.arena_used // align) * align
+    if not owner.arenas or len(owner.arenas[-1]) - at < n:
+        owner.arenas.append(_staging.take(n))
+        at = 0
+    owner.arena_used = at + n
+    return memoryview(owner.arenas[-1])[at:at + n]
+
+
 def release_staging():
     """Free the host memory kept for background saves (the size of the last checkpoint
     saved in the background); the next background save allocates it again."""
@@ -429,12 +440,7 @@ class _Sink:
 
     def _staged(self, n):
         """n bytes of staging memory (a background save's snapshot)."""
-        if not self.arenas or len(self.arenas[-1]) - self.arena_used < n:
-            self.arenas.append(_staging.take(n))
-            self.arena_used = 0
-        mv = memoryview(self.arenas[-1])[self.arena_used:self.arena_used + n]
-        self.arena_used += n
-        return mv
+        return _staged(self, n)
 
     def _copy(self, b):
         """A copy of the large write `b` (torch's view, valid during the call only)."""
@@ -562,6 +568,105 @@ def _serialize(obj, borrow):
     return sink
 
 
+class _NotPlain(Exception):
+    """The object holds something _Snapshot does not copy."""
+
+
+class _Snapshot:
+    """A background save's snapshot, taken without serialising: the object's dicts
+    (OrderedDicts with their attributes, as module state_dicts carry _metadata), lists and
+    tuples rebuilt around copies of its host tensors; each storage is copied once, whole, into
+    staging memory (tensors that share a storage keep sharing its copy, at their offsets and
+    strides), all by one C++ copy on every core. Other values are immutable and shared. Then
+    torch.save(snapshot) writes the bytes torch.save(obj) would (the same pickle, storages in
+    the same order, the same sizes), and the pickling, torch's CRC-32 and compression run off
+    the caller's thread. Raises _NotPlain for anything else (other objects, tensors off the
+    host, subclasses, sparse or quantized tensors, tensors with attributes or autograd
+    history): then the whole serialised checkpoint is staged instead (_Sink)."""
+
+    _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)
+
+    def __init__(self, obj):
+        import collections
+        import torch
+        self.arenas, self.arena_used = [], 0
+        self._torch, self._memo, self._storages, self._spans = torch, {}, {}, []
+        self._dicts = (dict, collections.OrderedDict)
+        self._leaf = self._IMMUTABLE + (torch.dtype, torch.device, torch.Size)
+        try:
+            self.obj = self._walk(obj)
+            _ckptkit.copy_spans(self._spans, _cores())
+        except BaseException:
+            self.release()
+            raise
+        finally:
+            self._memo = self._storages = self._spans = None
+
+    def _walk(self, x):
+        t = type(x)
+        if t in self._leaf:
+            return x
+        i = id(x)
+        if i in self._memo:
+            return self._memo[i]
+        if t in self._dicts:
+            y = self._memo[i] = t()
+            if getattr(x, "__dict__", None):
+                y.__dict__.update(x.__dict__)   # _metadata: immutable while the save runs
+            for k, v in x.items():
+                y[self._walk(k)] = self._walk(v)
+        elif t is list:
+            y = self._memo[i] = []
+            y.extend(self._walk(v) for v in x)
+        elif t is tuple:
+            y = self._memo[i] = tuple(self._walk(v) for v in x)
+        elif t is self._torch.Tensor or t is self._torch.nn.Parameter:
+            y = self._memo[i] = self._tensor(x)
+        else:
+            raise _NotPlain(t.__name__)
+        return y
+
+    def _tensor(self, x):
+        torch = self._torch
+        if (x.device.type != "cpu" or x.layout != torch.strided or x.is_quantized or x.__dict__
+                or (x.requires_grad and type(x) is not torch.nn.Parameter) or x.is_conj() or x.is_neg()):
+            raise _NotPlain("tensor")
+        st = x.untyped_storage() if hasattr(x, "untyped_storage") else x.storage()._storage
+        if st.device.type != "cpu":
+            raise _NotPlain("storage off the host")
+        key = st._cdata
+        if key not in self._storages:
+            n = st.nbytes()
+            if n == 0 or n % x.element_size():
+                raise _NotPlain("storage")
+            mv = _staged(self, n, 64)
+            self._spans.append((_ckptkit_addr(mv), st.data_ptr(), n))
+            self._storages[key] = (torch.frombuffer(mv, dtype=x.dtype), x.dtype)
+        whole, dtype = self._storages[key]
+        if dtype != x.dtype:
+            raise _NotPlain("a storage viewed as two dtypes")
+        y = whole.as_strided(x.size(), x.stride(), x.storage_offset())
+        return torch.nn.Parameter(y, requires_grad=x.requires_grad) if type(x) is torch.nn.Parameter else y
+
+    def release(self, keep=False):
+        """Free the staging memory, or keep it for the next background save (`keep`), once
+        nothing refers to the snapshot's tensors."""
+        self.obj = None
+        if keep:
+            _staging.give(self.arenas)
+        self.arenas = []
+
+
+def _ckptkit_addr(mv):
+    """The address of a writable memoryview's first byte."""
+    import ctypes
+    return ctypes.addressof(ctypes.c_char.from_buffer(mv))
+
+
+def _cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _save_parts(parts, name, path, opts):
     return _report(*_ckptkit.compress_memory(name, parts, path, opts, "ckptkit.save"))
 
@@ -611,21 +716,43 @@ def _save_job(parts, name, target, opts, keep_last, progress, t0):
     return _ended("save", shown, progress, t0, rep)
 
 
-def _save_staged(sink, name, target, opts, keep_last, progress, t0):
-    """A background save's job: compress the snapshot, then give its staging memory back."""
-    parts = sink.finish()
+def _save_snapshot(snap, keep, name, target, opts, keep_last, progress, t0):
+    """A background save's job from a _Snapshot: serialise it (torch.save, reading the
+    staged storages where they are), compress, then free its staging memory (or keep it)."""
+    parts = None
     try:
+        parts = _serialize(snap.obj, borrow=True).finish()
+        snap.obj = None
+        return _warn(_save_job(parts, name, target, opts, keep_last, progress, t0))
+    finally:
+        parts = None
+        snap.release(keep)
+        _pending.release()
+
+
+def _save_staged(sink, keep, name, target, opts, keep_last, progress, t0):
+    """A background save's job from a serialised snapshot (_Sink): compress it, then free
+    its staging memory (or keep it)."""
+    parts = []
+    try:
+        parts = sink.finish()
         return _warn(_save_job(parts, name, target, opts, keep_last, progress, t0))
     finally:
         for p in parts:
             if isinstance(p, memoryview):
                 p.release()
         del parts
-        _staging.give(sink.arenas)
+        if keep:
+            _staging.give(sink.arenas)
+        sink.arenas = []
+        _pending.release()
 
 
 _executor = None
 _executor_lock = threading.Lock()
+# background saves holding a snapshot (running or queued): a third waits for the oldest
+_PENDING_MAX = 2
+_pending = threading.BoundedSemaphore(_PENDING_MAX)
 
 
 def _background():
@@ -637,7 +764,7 @@ def _background():
 
 
 def save(obj, path, *, tolerance=0.01, grad_bound=1.0, optimizer="auto", codec="vlog", horizon="all",
-         threads=None, background=False, keep_last=None, progress=None, **hyper):
+         threads=None, background=False, keep_staging=False, keep_last=None, progress=None, **hyper):
     """torch.save(obj, path), compressed: the object serialised as torch.save writes it
     (zip format, to a buffer) and its Adam/AdamW moments coded into the container `path`
     (written under a temporary name, verified, renamed; an existing file is replaced). No
@@ -667,13 +794,17 @@ def save(obj, path, *, tolerance=0.01, grad_bound=1.0, optimizer="auto", codec="
     tensors are never copied whole: they are read in pieces of 64 MiB as the compressor asks
     (once more before, for their zip CRC-32), so a checkpoint on the GPU takes no host copy.
 
-    background=True: returns a concurrent.futures.Future of the Report once the object is
-    serialised, synchronously, into host staging memory (a snapshot: one full copy of the
-    serialised checkpoint, CUDA storages copied into it in pieces of 64 MiB, kept for the next background save as DCP's async_save keeps its
-    staging buffers; ckptkit.release_staging() frees it), so training may step the optimizer
-    meanwhile; compression runs in one worker thread (saves queue in order) on half the
-    cores unless `threads` says otherwise. The container is the same bytes as a synchronous
-    save's.
+    background=True: returns a concurrent.futures.Future of the Report once a snapshot is in
+    host staging memory, so training may step the optimizer meanwhile: for dicts, lists and
+    tuples of host tensors (state_dicts), a copy of every storage, made on every core in C++
+    (torch's pickling and CRC-32 then run in the worker); for other objects, or tensors off
+    the host, the serialised checkpoint (CUDA storages copied in pieces of 64 MiB). Staging
+    memory: the snapshot's size (the storages' bytes, or the serialised file's), held until
+    that save is done, then freed; keep_staging=True keeps it for the next background save
+    (whose copy then costs no page faults; ckptkit.release_staging() frees it). At most two
+    background saves hold a snapshot at a time: a third call waits for the oldest to end.
+    Compression runs in one worker thread (saves queue in order) on half the cores unless
+    `threads` says otherwise. The container is the same bytes as a synchronous save's.
 
     Options as ckpt-compress's flags; **hyper: lr, beta1, beta2, eps, weight_decay, amsgrad,
     maximize (fill in what the file does not state), param_bound, strict, chunk, device."""
@@ -700,9 +831,17 @@ def save(obj, path, *, tolerance=0.01, grad_bound=1.0, optimizer="auto", codec="
         sink = _serialize(obj, borrow=True)
         return _warn(_save_job(sink.finish(), name, target, opts, keep_last, progress, t0))
     if threads is None:   # leave training half the cores (any count gives the same bytes)
-        opts["threads"] = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2) // 2)
-    sink = _serialize(obj, borrow=False)
-    return _background().submit(_save_staged, sink, name, target, opts, keep_last, progress, t0)
+        opts["threads"] = max(1, _cores() // 2)
+    _pending.acquire()
+    try:
+        try:
+            job = (_save_snapshot, _Snapshot(obj))
+        except _NotPlain:
+            job = (_save_staged, _serialize(obj, borrow=False))
+        return _background().submit(job[0], job[1], bool(keep_staging), name, target, opts, keep_last, progress, t0)
+    except BaseException:
+        _pending.release()
+        raise
 
 
 # ------------------------------------------------------------------------------ load

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -487,4 +488,24 @@ PYBIND11_MODULE(_ckptkit, m) {
         }
         return same;
     }, py::arg("address"), py::arg("data"), "whether the memory at ADDRESS holds DATA's bytes");
+
+    m.def("copy_spans", [](const std::vector<std::array<uint64_t, 3>>& spans, unsigned threads) {
+        // pieces of 4 MiB handed out in order to `threads` threads (this one included)
+        constexpr uint64_t kPiece = 4 << 20;
+        std::vector<std::array<uint64_t, 3>> pieces;
+        for (const auto& [dst, src, n] : spans)
+            for (uint64_t o = 0; o < n; o += kPiece) pieces.push_back({dst + o, src + o, std::min(kPiece, n - o)});
+        py::gil_scoped_release nogil;
+        std::atomic<std::size_t> next{0};
+        auto run = [&] {
+            for (std::size_t i; (i = next.fetch_add(1)) < pieces.size();)
+                std::memcpy(reinterpret_cast<void*>(pieces[i][0]), reinterpret_cast<const void*>(pieces[i][1]), pieces[i][2]);
+        };
+        const std::size_t nt = std::min<std::size_t>(std::max(1u, threads ? threads : codec::cpu_threads()), pieces.size());
+        std::vector<std::thread> ts;
+        for (std::size_t t = 1; t < nt; ++t) ts.emplace_back(run);
+        run();
+        for (auto& t : ts) t.join();
+    }, py::arg("spans"), py::arg("threads") = 0,
+       "copy each (dst address, src address, bytes) span, in 4 MiB pieces on THREADS threads (0: every core)");
 }

@@ -10,6 +10,7 @@ The package is found at $CKPTKIT_PYTHONPATH, else next to $CKPTKIT_BIN (<build>/
 absent the module is skipped, saying so.
 """
 import copy
+import threading
 import io
 import os
 import pickle
@@ -145,6 +146,48 @@ def test_background_bytes_equal_sync_and_snapshot(tmp_path):
     assert rep.ok
     assert (tmp_path / "bg.ckz.h5").read_bytes() == (tmp_path / "sync.ckz.h5").read_bytes()
     _assert_same_step("lm_adamw.pt", want, ckptkit.load(tmp_path / "bg.ckz.h5"), fixture_path("lm_adamw.pt"))
+
+
+def test_background_snapshot_copies_storages_not_the_pickle(tmp_path, monkeypatch):
+    """Issue 58: a background save of plain containers (dicts, OrderedDicts with _metadata,
+    lists, tuples) of host tensors blocks the caller only for a copy of the storages: torch's
+    serialisation (pickle walk, CRC-32) runs in the worker thread. Views and tied tensors keep
+    sharing their storage's copy; Parameters stay Parameters; the container is the synchronous
+    save's bytes, also after every tensor changed in place. An object the snapshot does not
+    take (an argparse.Namespace) is staged serialised, as before, with the same bytes."""
+    import argparse
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.Linear(64, 64))
+    model[2].weight = model[0].weight   # tied
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(8, 64)).sum().backward()
+    opt.step()
+    w = model[0].weight.detach()
+    obj = {"model": model.state_dict(), "optimizer": opt.state_dict(), "views": (w, w[3:], w.t()),
+           "params": list(model.parameters()), "lr": torch.tensor(1e-3), "step": 1}
+    w0 = w.clone()
+    ckptkit.save(obj, tmp_path / "sync.ckz.h5")
+    callers = []
+    real = ckptkit._serialize
+    monkeypatch.setattr(ckptkit, "_serialize", lambda o, borrow: callers.append(threading.current_thread()) or real(o, borrow))
+    fut = ckptkit.save(obj, tmp_path / "bg.ckz.h5", background=True)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    assert fut.result(timeout=300).ok
+    assert callers and threading.main_thread() not in callers
+    assert (tmp_path / "bg.ckz.h5").read_bytes() == (tmp_path / "sync.ckz.h5").read_bytes()
+    back = ckptkit.load(tmp_path / "bg.ckz.h5", weights_only=False)
+    assert back["views"][1].untyped_storage().data_ptr() == back["views"][0].untyped_storage().data_ptr() \
+        if hasattr(torch.Tensor, "untyped_storage") else back["views"][1].storage().data_ptr() == back["views"][0].storage().data_ptr()
+    assert isinstance(back["params"][0], torch.nn.Parameter) and torch.equal(back["views"][2], w0.t())
+    callers.clear()
+    obj["args"] = argparse.Namespace(lr=1e-3)
+    ckptkit.save(obj, tmp_path / "sync2.ckz.h5")
+    fut = ckptkit.save(obj, tmp_path / "bg2.ckz.h5", background=True)
+    assert threading.main_thread() in callers[1:]   # serialised on the caller's thread (staged whole)
+    assert fut.result(timeout=300).ok
+    assert (tmp_path / "bg2.ckz.h5").read_bytes() == (tmp_path / "sync2.ckz.h5").read_bytes()
 
 
 def test_training_loop_saves_in_background_and_resumes(tmp_path):
