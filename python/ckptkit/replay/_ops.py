@@ -52,9 +52,32 @@ def sac_kwargs(name, entry):
             op = str(func)
             k = c.get(op, 0)
             c[op] = k + 1
-            return must if (op, k) in keys else recompute
+            # a key that now falls on an op writing, aliasing or drawing RNG (the forward took
+            # another path than the recorded one) is recomputed: the contract replays it
+            return must if (op, k) in keys and not _never_saved(func) else recompute
         return tuc.create_selective_checkpoint_contexts(policy)
     return {"context_fn": context_fn}
+
+
+_NEVER = {}
+
+
+def _never_saved(func):
+    """Whether an op may never be saved whatever the plan says: it writes an argument, returns
+    an alias of one, or draws RNG (its schema and tags; cached per op)."""
+    v = _NEVER.get(func)
+    if v is None:
+        sch = func._schema
+        v = _NEVER[func] = (any(a.alias_info is not None and a.alias_info.is_write for a in sch.arguments)
+                            or any(r.alias_info is not None for r in sch.returns)
+                            or any("Generator" in str(a.type) for a in sch.arguments)
+                            or _seeded(func))
+    return v
+
+
+def _seeded(func):
+    tag = getattr(getattr(torch, "Tag", None), "nondeterministic_seeded", None)
+    return tag is not None and tag in getattr(func, "tags", ())
 
 
 class _OpTable(TorchDispatchMode):
@@ -94,7 +117,7 @@ class _OpTable(TorchDispatchMode):
                 fixed = "random"
         if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
             fixed = "inplace"
-        elif torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
+        elif _seeded(func):
             fixed = "random"
         elif any(r.alias_info is not None for r in schema.returns):
             fixed = fixed or "view"
