@@ -3,12 +3,16 @@
 from local configs, no download) and ReplayCallback in a real Lightning Trainer on CPU train
 bitwise equal to no recomputation (losses, parameters, gradients, Adam state, RNG) while the
 plan recomputes segments; remove() gives the model back; the default segments of GPT-2, BERT
-and a torchvision-style ViT are the layers inside their encoder. Skipped per test where
-transformers / lightning are not installed (Debian's torch 1.13 line)."""
+and a torchvision-style ViT are the layers inside their encoder; the trace's step times come
+from plain timed steps per segment; the runtime holds nothing in optimizer.step(); size strings
+in any case. Skipped per test where transformers / lightning are not installed (Debian's torch
+1.13 line)."""
 import copy
 import gc
 import importlib
+import json
 import pathlib
+import subprocess
 import sys
 import time
 import warnings
@@ -376,3 +380,25 @@ def test_runtime_holds_nothing_in_optimizer_step(name, tmp_path):
         # the same live bytes; the peak within the small allocations every prediction counts
         # (outside_bytes' SMALL_ALLOC_SLACK: a 0-dim tensor freed before or after a peak)
         assert a1 == a0 and abs(p1 - p0) <= SMALL_ALLOC_SLACK, (got, SMALL_ALLOC_SLACK)
+
+
+# ----------------------------------------------------------------------------- units
+def test_size_strings_any_case(replay_plan, tmp_path):
+    """Budgets in any case, with or without a space, in plan(), enable()'s budget and
+    replay-plan --budget: one C++ parser (issue 53.5)."""
+    assert [replay.parse_bytes(s) for s in ("1.5mib", "8 MiB", "2gb", "2GB", "3 kB", "7")] == [
+        1572864, 8388608, 2000000000, 2000000000, 3000, 7]
+    with pytest.raises(ValueError, match="not a size"):
+        replay.parse_bytes("8 MiBs")
+    torch.manual_seed(0)
+    m = ViT()
+    tr = replay.record(m, torch.randn(8, 3, 32, 32), lambda m, b: m(b).square().mean(), path=tmp_path / "t.json")
+    hi = replay.plan(tr).range["keep_all_peak_bytes"]
+    kib = -(-hi // 1024)
+    for s in (f"{kib}kib", f"{kib} KiB", f"{kib}KIB"):
+        assert replay.plan(tr, s).entries[0]["budget_bytes"] == kib * 1024
+    out = tmp_path / "p.json"
+    r = subprocess.run([replay_plan, str(tr), "--budget", f"{kib}kib", "-o", str(out), "-q"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.load(open(out))["budgets"][0]["budget_bytes"] == kib * 1024
