@@ -213,6 +213,31 @@ def test_enable_bert_loss_fn_and_budget():
         m3(input_ids=torch.zeros(2, 16, dtype=torch.long))
 
 
+def test_enable_hf_trainer_bitwise(tmp_path):
+    """enable(model) then a real transformers.Trainer (CPU, 4 AdamW steps, its own seeding and
+    sampler): the plan recomputes blocks and the trained parameters and training loss equal
+    the Trainer's run without replay."""
+    tr = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    base = gpt2()
+    g = torch.Generator().manual_seed(3)
+    data = [{"input_ids": x, "labels": x} for x in torch.randint(0, 97, (16, 16), generator=g)]
+    runs = []
+    for use in (False, True):
+        m = copy.deepcopy(base)
+        h = replay.enable(m) if use else None
+        args = tr.TrainingArguments(output_dir=str(tmp_path / str(use)), per_device_train_batch_size=4, max_steps=4,
+                                    learning_rate=1e-2, logging_strategy="no", save_strategy="no", report_to=[],
+                                    use_cpu=True, seed=0, dataloader_num_workers=0, disable_tqdm=True)
+        loss = tr.Trainer(model=m, args=args, train_dataset=data).train().training_loss
+        runs.append((m, h, loss))
+    (m0, _, l0), (m1, h, l1) = runs
+    assert any(n.startswith("transformer.h.") for n in h.recomputed)
+    assert l0 == l1 and same_params(m0, m1)
+    h.remove()
+    assert patched(m1) == ([], 0)
+
+
 # ----------------------------------------------------------------------------- Lightning
 def lightning_run(steps, callback):
     L = pytest.importorskip("lightning.pytorch")
