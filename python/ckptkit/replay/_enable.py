@@ -99,6 +99,12 @@ class Enabled(_Once):
         if self.no_cache and kwargs.get("use_cache") is None:
             kwargs = dict(kwargs, use_cache=False)
         if self.applied is None:
+            on = [n for n, m in mod.named_modules() if getattr(m, "gradient_checkpointing", False) is True]
+            if on:
+                raise BadInput("ckptkit.replay: error: enable(): Hugging Face gradient checkpointing is on "
+                               f"({on[0] or 'the model'}): it would recompute what the plan keeps; call "
+                               "model.gradient_checkpointing_disable() (Trainer: gradient_checkpointing=False)",
+                               None, "gradient checkpointing is on")
             loss_fn = self.loss_fn
 
             def step_loss(m, batch):

@@ -168,6 +168,12 @@ def test_enable_gpt2_bitwise_and_remove():
         replay.enable(m1, "1TiB")
     h2.remove()
     assert patched(m1) == ([], 0)
+    # Hugging Face's own checkpointing on too: refused at the first training forward
+    m1.gradient_checkpointing_enable()
+    h3 = replay.enable(m1)
+    with pytest.raises(ckptkit.BadInput, match=r"gradient checkpointing is on \(transformer\).*gradient_checkpointing_disable"):
+        m1(input_ids=torch.zeros(2, 16, dtype=torch.long), labels=torch.zeros(2, 16, dtype=torch.long))
+    h3.remove()
 
 
 def test_enable_gpt2_no_cache_in_training():
