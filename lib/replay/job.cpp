@@ -173,6 +173,11 @@ std::string PlanJob::table() const {
                            human_bytes(r.budget_bytes), "yes", human_bytes(r.peak_bytes), r.step_time_ns / 1e6,
                            r.safe ? "yes" : "UNSAFE", n[0], n[1], n[2], n[3]);
         out += fmt::format("{:>12}  recomputed: {}\n", "", recomputed_names(t, r.decisions));
+        std::string saved;   // op-level plans: the ops each recomputed segment saves
+        for (size_t i = 0; i < r.saved_ops.size(); ++i)
+            if (!r.saved_ops[i].empty())
+                saved += fmt::format("{}{} ({})", saved.empty() ? "" : ", ", t.segments[i].name, r.saved_ops[i].size());
+        if (!saved.empty()) out += fmt::format("{:>12}  saved ops: {}\n", "", saved);
     }
     if (curves.size() > 1 && named < results().size()) {   // a sweep: every planner's times
         out += fmt::format("\nbudget vs predicted step time (ms; OOM = infeasible)\n{:>12}", "budget");

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "helpers.h"
+#include "replay/job.h"
 #include "replay/plan_io.h"
 #include "replay/planner.h"
 
@@ -93,4 +94,14 @@ TEST_CASE("ops planner: saved ops fill the budget, never the fixed ones, never s
         for (size_t i = 0; i < r.saved_ops.size(); ++i)
             for (uint32_t k : r.saved_ops[i]) CHECK(t.segments[i].ops[k].saveable());
     }
+}
+
+TEST_CASE("replay-plan --planner ops: the table names the saved ops per segment") {
+    PlanRequest req;
+    req.planner = "ops";
+    req.budgets = {1350};
+    const PlanJob job = run_plan(trace_to_json(three()).dump(), "t.json", req);
+    CHECK(job.table().find("              saved ops: s0 (1)\n") != std::string::npos);
+    req.budgets = {1250};
+    CHECK(run_plan(trace_to_json(three()).dump(), "t.json", req).table().find("saved ops") == std::string::npos);
 }
