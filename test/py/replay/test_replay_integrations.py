@@ -138,7 +138,8 @@ def test_default_segments_vit_range(tmp_path):
     assert r["min_peak_bytes"] < r["keep_all_peak_bytes"]
     # the old segments give no range, and the warning names segments=
     with pytest.warns(ckptkit.CkptkitWarning, match=r"record with segments=\[\.\.\.\]"):
-        r = replay.plan(replay.record(m, x, loss, segments=["conv_proj", "encoder", "heads.0"], path=tmp_path / "b.json")).range
+        r = replay.plan(replay.record(m, x, loss, segments=["conv_proj", "encoder", "heads.0"],
+                                      path=tmp_path / "b.json")).range
     assert r["min_peak_bytes"] == r["keep_all_peak_bytes"]
 
 
@@ -171,7 +172,8 @@ def test_enable_gpt2_bitwise_and_remove():
     # Hugging Face's own checkpointing on too: refused at the first training forward
     m1.gradient_checkpointing_enable()
     h3 = replay.enable(m1)
-    with pytest.raises(ckptkit.BadInput, match=r"gradient checkpointing is on \(transformer\).*gradient_checkpointing_disable"):
+    with pytest.raises(ckptkit.BadInput,
+                       match=r"gradient checkpointing is on \(transformer\).*gradient_checkpointing_disable"):
         m1(input_ids=torch.zeros(2, 16, dtype=torch.long), labels=torch.zeros(2, 16, dtype=torch.long))
     h3.remove()
 
