@@ -185,6 +185,39 @@ def test_default_segments_torchvision():
         "avgpool", "classifier.0", "classifier.1"]
 
 
+def vit():
+    """torchvision's VisionTransformer, small (4 layers, 64 wide, 32 x 32 images, patch 4)."""
+    pytest.importorskip("torchvision", reason="torchvision is not installed beside this torch")
+    from torchvision.models.vision_transformer import VisionTransformer
+    torch.manual_seed(0)
+    model = VisionTransformer(image_size=32, patch_size=4, num_layers=4, num_heads=2, hidden_dim=64, mlp_dim=128,
+                              num_classes=10, dropout=0.1)
+    g = torch.Generator().manual_seed(0)
+    batch = (torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g))
+    return model, batch, lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1])
+
+
+def test_default_segments_torchvision_vit(tmp_path):
+    """Issue 53: torchvision's ViT got segments conv_proj, encoder, heads.head (the smallest plan
+    kept everything); now the encoder's layers, a real range (activations less than half of
+    keep-all), and 3 Adam steps at the smallest plan (3 layers recomputed, dropout on) bitwise
+    equal to no recomputation."""
+    model, batch, loss_fn = vit()
+    tr = replay.record(model, batch, loss_fn, optimizer=torch.optim.Adam(model.parameters()),
+                       path=tmp_path / "t.json")
+    assert [s["name"] for s in json.load(open(tr))["segments"]] == ["conv_proj", "encoder.dropout"] + [
+        f"encoder.layers.encoder_layer_{i}" for i in range(4)] + ["encoder.ln", "heads"]
+    r = replay.plan(tr).range
+    assert r["min_activation_bytes"] < r["keep_all_activation_bytes"] / 2
+    plan = replay.plan(tr, r["min_peak_bytes"])
+    rec = [s["name"] for s in plan.entries[0]["segments"] if s["decision"] != "keep"]
+    assert len(rec) >= 3 and all(n.startswith("encoder.layers.encoder_layer_") for n in rec)
+    ref_losses, ref = run_steps(vit, steps=3)
+    got_losses, got = run_steps(vit, plan, steps=3)
+    assert torch.equal(ref_losses, got_losses)
+    assert_same(ref, got)
+
+
 def test_record_error_explains_uncovered_rng():
     class Net(torch.nn.Module):
         def __init__(self):
