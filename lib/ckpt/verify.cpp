@@ -11,9 +11,7 @@
 #include <cmath>
 #include <cstring>
 
-#include <unistd.h>
 
-#include <filesystem>
 #include <optional>
 
 #include "common/xxh3.h"
@@ -33,72 +31,28 @@ using container::ContainerReader;
 
 namespace {
 
-/// The source file rebuilt from /raw with every moment storage left as a hole (zeros):
-/// enough to parse it again (pickle, zip records, step and parameter tensors). Filled
-/// span by span during check_integrity's pass over /raw (add, hole), then finish(). Removed
-/// when destroyed. A failure (the temporary cannot be created or written, or fail()) is
-/// recorded, not thrown: error() says what, and later calls do nothing.
-class SourceSkeleton {
-public:
-    SourceSkeleton() {
-        std::string dir = std::filesystem::temp_directory_path().string();
-        std::string tmpl = dir + "/ckptkit-verify-XXXXXX";
-        const int fd = mkstemp(tmpl.data());
-        if (fd < 0) {
-            error_ = "cannot create a temporary file to re-read the source";
-            return;
-        }
-        ::close(fd);
-        path_ = tmpl;
-        guard([&] { w_.emplace(path_); });
+/// The source as check 2 parses it, without a copy: an InputFile over the container whose
+/// bytes outside the moment storages are read from /raw as the parser asks for them
+/// (ContainerReader::read_raw; check 1 has proven /raw's checksum first) and whose moment
+/// storages read as zeros (plan_layout reads none of their bytes). Named after the source.
+io::InputFile source_view(const ContainerReader& cr) {
+    std::vector<io::InputFile::Span> spans;
+    for (const container::SourceSpan& sp : container::source_spans(cr.manifest())) {
+        if (sp.size() == 0) continue;
+        io::InputFile::Span s;
+        s.size = sp.size();
+        if (sp.moment)
+            s.fill = [](uint64_t, void* dst, std::size_t n) { std::memset(dst, 0, n); };
+        else
+            s.fill = [&cr, at = sp.begin](uint64_t off, void* dst, std::size_t n) { cr.read_raw(at + off, n, dst); };
+        spans.push_back(std::move(s));
     }
-    ~SourceSkeleton() { if (!path_.empty()) ::unlink(path_.c_str()); }
-    SourceSkeleton(const SourceSkeleton&) = delete;
-    SourceSkeleton& operator=(const SourceSkeleton&) = delete;
-    void add(const uint8_t* p, std::size_t n) {
-        guard([&] { w_->write(p, n); });
-        if (n) ends_in_hole_ = false;
-    }
-    void hole(uint64_t n) {
-        guard([&] { w_->skip(n); });
-        if (n) ends_in_hole_ = true;
-    }
-    /// Close it at the source's size (a source that ends in a hole gets its last byte).
-    void finish(uint64_t source_size) {
-        guard([&] {
-            if (ends_in_hole_ && source_size > 0) {
-                const uint8_t zero = 0;
-                w_->pwrite(source_size - 1, &zero, 1);
-            }
-            w_->close();
-        });
-    }
-    /// Record a failure from outside (the source's bytes could not all be read).
-    void fail(const std::string& why) {
-        if (error_.empty()) error_ = why;
-    }
-    /// Empty while the copy is sound, else what went wrong first.
-    const std::string& error() const { return error_; }
-    const std::string& path() const { return path_; }
-
-private:
-    std::string path_, error_;
-    std::optional<FileWriter> w_;
-    bool ends_in_hole_ = false;
-    template <class F>
-    void guard(F f) {
-        if (!error_.empty()) return;
-        try {
-            f();
-        } catch (const std::runtime_error& e) {
-            error_ = std::string("cannot write the temporary source copy: ") + e.what();
-        }
-    }
-};
+    return io::InputFile(cr.manifest().source_name, std::move(spans));
+}
 
 /// The plan the source implies, under the options the manifest records (and what a sibling
 /// file states for it: VerifyOptions::companion).
-Layout derive_layout(const ContainerReader& cr, const SourceSkeleton& src, const std::shared_ptr<const CompanionHyper>& companion) {
+Layout derive_layout(const ContainerReader& cr, const std::shared_ptr<const CompanionHyper>& companion) {
     const auto& man = cr.manifest();
     CompressOptions o;
     o.tolerance = man.tolerance;
@@ -115,8 +69,8 @@ Layout derive_layout(const ContainerReader& cr, const SourceSkeleton& src, const
     o.allow_no_state = man.params.empty() && man.kept.empty();
     // hyper-parameters the source does not state were filled in by overrides: take them
     // from the manifest (compare_layout checks only what the source states)
-    const io::InputFile f(src.path());
-    const Checkpoint ck = read_checkpoint(src.path());
+    const io::InputFile f = source_view(cr);
+    const Checkpoint ck = read_checkpoint(f);
     return plan_layout(ck, f, o);
 }
 
@@ -127,17 +81,11 @@ void add_failure(Report& rep, const std::string& s) {
 }
 
 /// Check 1, integrity, first part: /raw's checksum and every tensor kept in /raw against its
-/// hash, in one pass over /raw that also fills `skel` when given. Returns the number of
-/// kept tensors. The moment datasets' checksums: check_moment_datasets, once check 3 has
-/// read them.
-uint64_t check_integrity(const ContainerReader& cr, Report& rep, SourceSkeleton* skel) {
+/// hash, in one pass over /raw. Returns the number of kept tensors. The moment datasets'
+/// checksums: check_moment_datasets, once check 3 has read them.
+uint64_t check_integrity(const ContainerReader& cr, Report& rep) {
     const auto& man = cr.manifest();
-    const auto scan = cr.scan_source([&](const uint8_t* p, std::size_t n) { if (skel) skel->add(p, n); },
-                                     [&](uint64_t n) { if (skel) skel->hole(n); });
-    if (skel) {
-        if (scan.raw_read) skel->finish(man.source_size);
-        else skel->fail("/raw cannot be read");
-    }
+    const auto scan = cr.scan_source([](const uint8_t*, std::size_t) {}, [](uint64_t) {});
     if (!scan.raw_ok) add_failure(rep, std::string("dataset ") + container::kRaw + ": checksum mismatch (damaged)");
     if (scan.bad_tensors) {
         const auto& s = man.storages[std::size_t(scan.first_bad)];
@@ -162,16 +110,15 @@ void check_moment_datasets(const ContainerReader& cr, Report& rep, uint64_t raw_
 }
 
 /// Check 2: the manifest agrees with the checkpoint's own state: the plan re-derived from
-/// the source bytes kept in /raw (skel), or, in compress's self-check, the plan compress
+/// the source bytes kept in /raw (source_view), or, in compress's self-check, the plan compress
 /// made from the source itself (`planned`; /raw is those bytes when check 1 passed, and
 /// plan_layout reads no moment byte, so the re-derived plan would be this one).
-void check_manifest(const ContainerReader& cr, Report& rep, const SourceSkeleton* skel, const Layout* planned,
+void check_manifest(const ContainerReader& cr, Report& rep, const Layout* planned,
                     const std::shared_ptr<const CompanionHyper>& companion) {
     auto fail = [&](const std::string& s) { add_failure(rep, s); };
     const auto& man = cr.manifest();
     try {
-        if (!planned && !skel->error().empty()) throw BadInput(cr.path(), skel->error());
-        const Layout derived = planned ? Layout{} : derive_layout(cr, *skel, companion);
+        const Layout derived = planned ? Layout{} : derive_layout(cr, companion);
         for (const auto& d : compare_layout(man, planned ? *planned : derived)) fail(d);
         if (rep.ok) rep.checks.push_back(fmt::format("manifest: {} coded states match the source's param_groups, step and storages", man.params.size()));
     } catch (const BadInput& ex) {
@@ -435,11 +382,9 @@ Report verify(const std::string& path, const VerifyOptions& o) {
     rep.rows = tensor_rows(cr);
     rep.bits = moment_bits(cr);
     rep.escape_causes = escape_causes(cr);
-    std::optional<SourceSkeleton> skel;  // check 2's copy of the source, filled by check 1's pass
-    if (!o.planned) skel.emplace();
-    const uint64_t raw_checked = check_integrity(cr, rep, skel ? &*skel : nullptr);  // 1, /raw
+    const uint64_t raw_checked = check_integrity(cr, rep);  // 1, /raw
     rep.groups = param_groups(cr);
-    if (rep.ok) check_manifest(cr, rep, skel ? &*skel : nullptr, o.planned, o.companion);  // 2
+    if (rep.ok) check_manifest(cr, rep, o.planned, o.companion);  // 2
     std::unique_ptr<io::InputFile> orig;
     if (o.original) orig = open_original(cr, o, rep);
     if (orig) compare_non_moment(cr, *orig, rep);  // 4, non-moment bytes

@@ -46,7 +46,7 @@ void InputFile::copy_memory(uint64_t offset, char* p, std::size_t len) const {
             try {
                 spans_[i].fill(in, p, k);
             } catch (const std::exception& e) {
-                throw BadInput(path_, fmt::format("reading {} bytes at offset {} from the device: {}", k, offset, e.what()));
+                throw BadInput(path_, fmt::format("reading {} bytes at offset {}: {}", k, offset, e.what()));
             }
         }
         p += k;
