@@ -12,13 +12,15 @@ gloo group, timed from the call to its return (blocking) and to fut.result() (to
 bytes; dcp.load of it into the same ranks' state dict (torch's reader, or ckptkit's); per rank the
 growth of peak RSS (ru_maxrss) over the peak before the save, through the save and through the
 load. Figures: the slowest rank's times, the largest rank's RSS growth; ratios to torch's writer
-in the same run. Prints one markdown table (docs/benchmarks.md).
+in the same run; --load-reps N loads each folder N times (median of the slowest rank's). Prints one
+markdown table (docs/benchmarks.md).
 """
 import argparse
 import json
 import os
 import resource
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -33,7 +35,7 @@ def _rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _rank(rank, world, store, kind, folder, outdir, width, depth, steps):
+def _rank(rank, world, store, kind, folder, outdir, width, depth, steps, load_reps=1):
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -84,9 +86,18 @@ def _rank(rank, world, store, kind, folder, outdir, width, depth, steps):
     dcp.load(sd, storage_reader=reader)
     t_load = time.perf_counter() - t0
     r2 = _rss_mib()
+    loads = [t_load]
+    for _ in range(load_reps - 1):   # --load-reps: the same load again
+        msd, osd = get_state_dict(model, opt, options=options)
+        sd = {"model": msd, "optim": osd}
+        reader.reset(folder)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dcp.load(sd, storage_reader=reader)
+        loads.append(time.perf_counter() - t0)
     with open(os.path.join(outdir, f"{kind}.{rank}.json"), "w") as f:
         json.dump({"block": t_block, "total": t_total, "load": t_load, "rss_save": r1 - r0, "rss_load": r2 - r1,
-                   "params": sum(p.numel() for p in model.parameters())}, f)
+                   "loads": loads, "params": sum(p.numel() for p in model.parameters())}, f)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -97,6 +108,7 @@ def main():
     ap.add_argument("--depth", type=int, default=10)
     ap.add_argument("--steps", type=int, default=3, help="AdamW steps before the saves")
     ap.add_argument("--writers", default=",".join(WRITERS), help="comma-separated subset of " + ",".join(WRITERS))
+    ap.add_argument("--load-reps", type=int, default=1, help="loads per writer (the median of the slowest rank's is printed)")
     ap.add_argument("--out", default=None, help="folder for the checkpoints (default: a temporary one)")
     a = ap.parse_args()
     import make_dcp_torch2 as m2
@@ -106,11 +118,12 @@ def main():
     for kind in a.writers.split(","):
         folder = os.path.join(out, kind.replace("+", "_"))
         shutil.rmtree(folder, ignore_errors=True)
-        m2.ranks(_rank, WORLD, out, kind, folder, out, a.width, a.depth, a.steps)
+        m2.ranks(_rank, WORLD, out, kind, folder, out, a.width, a.depth, a.steps, a.load_reps)
         per = [json.load(open(os.path.join(out, f"{kind}.{r}.json"))) for r in range(WORLD)]
         size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
         row = {k: max(p[k] for p in per) for k in ("block", "total", "load", "rss_save", "rss_load")}
         row["bytes"] = size
+        row["load_med"] = statistics.median(max(p["loads"][i] for p in per) for i in range(a.load_reps))
         if kind == "ckptkit":
             man = json.load(open(os.path.join(folder, "ckptkit-folder.json")))
             row["moment_bytes"] = sum(f["size"] for f in man["files"] if f.get("virtual"))
@@ -129,6 +142,9 @@ def main():
         print(f"| {kind} | {r['block']:.2f} ({r['block'] / t['block']:.2f}x) | {r['total']:.2f} | {r['bytes'] / 1e6:.1f} | "
               f"{r['bytes'] / t['bytes']:.3f} | {r['load']:.2f} | {r['load'] / t['load']:.2f}x | "
               f"{r['rss_save']:.0f} / {r['rss_load']:.0f} |")
+    if a.load_reps > 1:
+        print(f"\nload, median of {a.load_reps}: " + ", ".join(f"{k} {r['load_med']:.3f} s ({r['load_med'] / t['load_med']:.2f}x)"
+                                                         for k, r in rows.items()))
     c = rows["ckptkit"]
     print(f"\nckptkit: moments {c['moment_bytes'] / 1e6:.1f} MB = {c['moment_bytes'] / (8 * p):.3f}x of their fp32 bytes")
 
