@@ -129,7 +129,7 @@ struct SourceSpan {
 };
 /// The source file [0, source_size) in file order: every storage (empty ones too) and the
 /// non-empty gaps around them. The one walk that writing /raw, restoring, hashing the kept
-/// tensors and rebuilding the source skeleton share. Storages must be sorted and inside
+/// tensors and verify's view of the source share. Storages must be sorted and inside
 /// source_size (from_json checks it).
 std::vector<SourceSpan> source_spans(const Manifest&);
 

@@ -204,7 +204,7 @@ USAGE = [
     ("ckpt-verify", ["IN", "--bogus"], "The following argument was not expected: --bogus"),
     ("ckpt-verify", [], "input is required"),
     ("ckpt-restore", ["IN", "-o", "OUT", "--device", "tpu"], "--device: tpu not in {cpu,cuda,auto}"),
-    ("replay-plan", ["IN", "--planner", "magic"], "--planner: magic not in {joint,eager,stateless,all,none}"),
+    ("replay-plan", ["IN", "--planner", "magic"], "--planner: magic not in {joint,eager,stateless,all,none,ops}"),
     ("replay-plan", ["IN"], "give at least one --budget, --activation-budget or a --sweep"),
 ]
 
