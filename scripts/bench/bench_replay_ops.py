@@ -4,8 +4,9 @@ torch.compile's activation_memory_budget on a nanoGPT-style model, one run (issu
 For the same activation budgets (fractions 0, 0.25, 0.5, 0.75 of the range between the
 smallest plan and keep-all, from the joint planner's range) it prints per configuration the
 measured peak (bytes alive before the step + the peak of torch.profiler's CPU memory events
-over forward, backward and Adam's step, as test_replay_api.py measures) and the step
-time (the fastest of --steps steps: the shared machine's noise only slows a step down), each as
+over forward, backward and Adam's step, as test_replay_api.py measures) and the step's CPU
+time (time.process_time: one torch thread, which also runs the CPU backward, so time spent
+waiting for a core on the shared machine is left out; the fastest of --steps steps), each as
 a ratio to no checkpointing measured in the same run: the eager configurations take their
 steps in turn (one step each per round, so the machine's load falls on all alike), each
 compiled one in turn with a plain model of its own:
@@ -69,7 +70,7 @@ def measure_peak(model, opt, batch, loss_fn):
 
 class Config:
     """One configuration's model, optimizer and setup: start() (2 warm-up steps, then the peak:
-    one step under the profiler), step() (one timed Adam step, ms), stop() (cleanup)."""
+    one step under the profiler), step() (one Adam step, its process CPU ms), stop() (cleanup)."""
 
     def __init__(self, build, setup):
         self.build, self.setup, self.times = build, setup, []
@@ -85,11 +86,11 @@ class Config:
         return self
 
     def step(self):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         self.loss_fn(self.fwd, self.batch).backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        self.times.append((time.perf_counter() - t0) * 1e3)
+        self.times.append((time.process_time() - t0) * 1e3)
 
     def stop(self):
         self.done()
