@@ -590,38 +590,100 @@ DatasetReader::DatasetReader(hid_t file, const std::string& path, hid_t type, st
     }
 }
 
+namespace {
+/// A chunk as H5Dread_chunk gave it (`stored`, its filter mask) decoded into `out` (nbytes:
+/// zstd undone, then the byte shuffle where it was applied; a stored-as-is chunk trades
+/// buffers with `stored`). False when damaged. Runs on any thread (its scratch is the
+/// thread's).
+bool decode_stored(ChunkBuffer& stored, uint32_t mask, bool shuffled, std::size_t elem, std::size_t nbytes,
+                   ChunkBuffer& out) {
+    out.resize(nbytes);
+    const bool unshuffle = shuffled && !(mask & 1);  // shuffle applied (filter 0)
+    const unsigned char* p = stored.data();
+    if (!(mask & (shuffled ? 2u : 1u))) {  // zstd applied (the last filter): into out unless unshuffled after
+        if (unshuffle) read_scratch.plain.resize(nbytes);
+        unsigned char* dst = unshuffle ? read_scratch.plain.data() : out.data();
+        const unsigned long long n = ZSTD_getFrameContentSize(stored.data(), stored.size());
+        if (n != nbytes || ZSTD_decompressDCtx(zstd_ctx.d, dst, nbytes, stored.data(), stored.size()) != nbytes) return false;
+        p = dst;
+    } else if (stored.size() != nbytes) {
+        return false;
+    }
+    if (unshuffle) unshuffle_bytes(p, out.data(), nbytes, elem);
+    else if (p != out.data()) out.swap(stored);  // stored as it is: the buffers trade places, no copy
+    return true;
+}
+}  // namespace
+
+bool DatasetReader::read_stored(uint64_t c, ChunkBuffer& stored, uint32_t& mask) const {
+    const hsize_t off = c * chunk_;
+    hsize_t size = 0;
+    if (H5Dget_chunk_storage_size(ds_.get(), &off, &size) < 0 || size == 0) return false;  // never written
+    if (size > most_) fail("dataset " + path_ + " has a damaged chunk");
+    stored.resize(std::size_t(size));
+    mask = 0;
+    if (H5Dread_chunk(ds_.get(), H5P_DEFAULT, &off, &mask, stored.data()) < 0)
+        fail("dataset " + path_ + " cannot be read (damaged chunk?)");
+    return true;
+}
+
+void DatasetReader::read_ahead(uint64_t c) const {
+    const uint64_t chunks = (count_ + chunk_ - 1) / chunk_;
+    const std::size_t k = std::size_t(std::min<uint64_t>(kReadAhead, chunks - c));
+    const std::size_t nbytes = std::size_t(chunk_ * elem_);
+    ahead_.resize(kReadAhead);
+    ahead_stored_.resize(kReadAhead);
+    ahead_state_.assign(kReadAhead, kAheadNone);
+    ahead_first_ = c;
+    std::vector<uint32_t> masks(k, 0);
+    for (std::size_t i = 0; i < k; ++i) {  // libhdf5 from this thread only
+        try {
+            ahead_state_[i] = read_stored(c + i, ahead_stored_[i], masks[i]) ? kAheadStored : kAheadZero;
+        } catch (const std::exception&) {
+            break;  // left to chunk_bytes' own read, which throws when that chunk is asked for
+        }
+    }
+    codec::parallel_items(k, [&](unsigned, std::size_t i0, std::size_t i1) {
+        for (std::size_t i = i0; i < i1; ++i)
+            if (ahead_state_[i] == kAheadStored)
+                ahead_state_[i] = decode_stored(ahead_stored_[i], masks[i], shuffled_, elem_, nbytes, ahead_[i]) ? kAheadReady
+                                                                                                                : kAheadNone;
+    });
+}
+
 const ChunkBuffer& DatasetReader::chunk_bytes(uint64_t c) const {
     if (c == cached_) return chunk_buf_;
     const std::size_t nbytes = std::size_t(chunk_ * elem_);
     cached_ = UINT64_MAX;
-    chunk_buf_.resize(nbytes);
-    const hsize_t off = c * chunk_;
-    hsize_t size = 0;
-    if (H5Dget_chunk_storage_size(ds_.get(), &off, &size) < 0 || size == 0) {
-        std::memset(chunk_buf_.data(), 0, nbytes);  // never written: the fill value, as in libhdf5
-        cached_ = c;
-        return chunk_buf_;
+    const bool in_order = c == last_chunk_ + 1;
+    last_chunk_ = c;
+    // in-order reads decode the next kReadAhead chunks at once in the worker pool; chunks
+    // are read (H5Dread_chunk) on this thread, in order
+    if (in_order && (c < ahead_first_ || c >= ahead_first_ + kReadAhead || ahead_state_[c - ahead_first_] == kAheadNone))
+        read_ahead(c);
+    if (c >= ahead_first_ && c < ahead_first_ + kReadAhead) {
+        const uint8_t st = ahead_state_[c - ahead_first_];
+        ahead_state_[c - ahead_first_] = kAheadNone;  // taken
+        if (st == kAheadReady) {
+            chunk_buf_.swap(ahead_[c - ahead_first_]);
+            cached_ = c;
+            return chunk_buf_;
+        }
+        if (st == kAheadZero) {
+            chunk_buf_.resize(nbytes);
+            std::memset(chunk_buf_.data(), 0, nbytes);  // never written: the fill value, as in libhdf5
+            cached_ = c;
+            return chunk_buf_;
+        }
     }
-    if (size > most_) fail("dataset " + path_ + " has a damaged chunk");
     ChunkBuffer& stored = read_scratch.stored;  // grown once per thread: no allocation per chunk
-    stored.resize(std::size_t(size));
     uint32_t mask = 0;
-    if (H5Dread_chunk(ds_.get(), H5P_DEFAULT, &off, &mask, stored.data()) < 0)
-        fail("dataset " + path_ + " cannot be read (damaged chunk?)");
-    const bool unshuffle = shuffled_ && !(mask & 1);  // shuffle applied (filter 0)
-    const unsigned char* p = stored.data();
-    if (!(mask & (shuffled_ ? 2u : 1u))) {  // zstd applied (the last filter): into chunk_buf_ unless unshuffled after
-        if (unshuffle) read_scratch.plain.resize(nbytes);
-        unsigned char* dst = unshuffle ? read_scratch.plain.data() : chunk_buf_.data();
-        const unsigned long long n = ZSTD_getFrameContentSize(stored.data(), stored.size());
-        if (n != nbytes || ZSTD_decompressDCtx(zstd_ctx.d, dst, nbytes, stored.data(), stored.size()) != nbytes)
-            fail("dataset " + path_ + " cannot be read (damaged chunk?)");
-        p = dst;
-    } else if (stored.size() != nbytes) {
+    if (!read_stored(c, stored, mask)) {
+        chunk_buf_.resize(nbytes);
+        std::memset(chunk_buf_.data(), 0, nbytes);  // never written: the fill value, as in libhdf5
+    } else if (!decode_stored(stored, mask, shuffled_, elem_, nbytes, chunk_buf_)) {
         fail("dataset " + path_ + " cannot be read (damaged chunk?)");
     }
-    if (unshuffle) unshuffle_bytes(p, chunk_buf_.data(), nbytes, elem_);
-    else if (p != chunk_buf_.data()) chunk_buf_.swap(stored);  // stored as it is: the buffers trade places, no copy
     cached_ = c;
     return chunk_buf_;
 }

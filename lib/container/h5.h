@@ -191,6 +191,18 @@ private:
     bool shuffled_ = false;
     mutable uint64_t cached_ = UINT64_MAX;
     mutable ChunkBuffer chunk_buf_;  ///< decoded (as stored, unzstd'ed: h5.cpp's ReadScratch)
+    /// Read-ahead of in-order reads: chunks [ahead_first_, + kReadAhead) read as stored and
+    /// decoded in the worker pool at once (read_ahead), each taken by chunk_bytes once.
+    static constexpr std::size_t kReadAhead = 8;
+    enum : uint8_t { kAheadNone, kAheadStored, kAheadZero, kAheadReady };
+    mutable std::vector<ChunkBuffer> ahead_, ahead_stored_;
+    mutable std::vector<uint8_t> ahead_state_;
+    mutable uint64_t ahead_first_ = UINT64_MAX, last_chunk_ = UINT64_MAX - 1;
+    /// Chunk c as stored into `stored` (its filter mask in `mask`); false for a chunk never
+    /// written. Throws when damaged.
+    bool read_stored(uint64_t c, ChunkBuffer& stored, uint32_t& mask) const;
+    /// Read chunks c, c+1, ... (up to kReadAhead) and decode them in the worker pool.
+    void read_ahead(uint64_t c) const;
     /// checksum_ok's running hash of the bytes [0, hashed_) read so far in order; stale
     /// when a read skipped ahead (in_order_ false).
     mutable Xxh3State running_ = make_xxh3();
