@@ -629,7 +629,8 @@ bool DatasetReader::read_stored(uint64_t c, ChunkBuffer& stored, uint32_t& mask)
 
 void DatasetReader::read_ahead(uint64_t c) const {
     const uint64_t chunks = (count_ + chunk_ - 1) / chunk_;
-    const std::size_t k = std::size_t(std::min<uint64_t>(kReadAhead, chunks - c));
+    // as many chunks as the pool has threads (memory: 2 chunks each, kept by this reader)
+    const std::size_t k = std::size_t(std::min<uint64_t>(std::min<uint64_t>(kReadAhead, codec::cpu_threads()), chunks - c));
     const std::size_t nbytes = std::size_t(chunk_ * elem_);
     ahead_.resize(kReadAhead);
     ahead_stored_.resize(kReadAhead);
@@ -659,7 +660,7 @@ const ChunkBuffer& DatasetReader::chunk_bytes(uint64_t c) const {
     last_chunk_ = c;
     // in-order reads decode the next kReadAhead chunks at once in the worker pool; chunks
     // are read (H5Dread_chunk) on this thread, in order
-    if (in_order && (c < ahead_first_ || c >= ahead_first_ + kReadAhead || ahead_state_[c - ahead_first_] == kAheadNone))
+    if (in_order && codec::cpu_threads() > 1 && (c < ahead_first_ || c >= ahead_first_ + kReadAhead || ahead_state_[c - ahead_first_] == kAheadNone))
         read_ahead(c);
     if (c >= ahead_first_ && c < ahead_first_ + kReadAhead) {
         const uint8_t st = ahead_state_[c - ahead_first_];

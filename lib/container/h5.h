@@ -191,8 +191,9 @@ private:
     bool shuffled_ = false;
     mutable uint64_t cached_ = UINT64_MAX;
     mutable ChunkBuffer chunk_buf_;  ///< decoded (as stored, unzstd'ed: h5.cpp's ReadScratch)
-    /// Read-ahead of in-order reads: chunks [ahead_first_, + kReadAhead) read as stored and
-    /// decoded in the worker pool at once (read_ahead), each taken by chunk_bytes once.
+    /// Read-ahead of in-order reads with more than one codec thread: the next
+    /// min(kReadAhead, threads) chunks read as stored and decoded in the worker pool at once
+    /// (read_ahead), each taken by chunk_bytes once; memory: 2 chunks per thread per reader.
     static constexpr std::size_t kReadAhead = 8;
     enum : uint8_t { kAheadNone, kAheadStored, kAheadZero, kAheadReady };
     mutable std::vector<ChunkBuffer> ahead_, ahead_stored_;
