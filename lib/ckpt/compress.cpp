@@ -115,12 +115,20 @@ const uint8_t* read_floats(const io::InputFile& f, uint64_t off, DType dtype, st
     return raw;
 }
 
-/// Read coordinates [i0, i0+n) of parameter e (moments, and theta when its domain needs
-/// it) from the source; hashes the moment bytes into hs and counts progress when given;
-/// appends the theta bytes to /raw when `raw` is given (chunks in order: RawWriter::take).
+/// Where parameter e's theta is read from: its manifest storage when the certificate needs it
+/// (ParamEntry::theta_storage), else `counted` (the report's ulp count; storage -1: none).
+Layout::ThetaAt theta_of(const ct::ParamEntry& e, const Layout::ThetaAt& counted = {}) {
+    if (e.theta_storage >= 0) return {e.theta_storage, e.theta_dtype.value_or(DType::F32)};
+    return counted;
+}
+
+/// Read coordinates [i0, i0+n) of parameter e (moments, and theta from `theta` when it has a
+/// storage: into b.theta, handed to the codec only when e's certificate needs it) from the
+/// source; hashes the moment bytes into hs and counts progress when given; appends the theta
+/// bytes to /raw when `raw` is given (chunks in order: RawWriter::take).
 codec::ChunkIn read_chunk(const io::InputFile& f, const ct::Manifest& man, const ct::ParamEntry& e, uint64_t i0,
                           std::size_t n, ChunkBuffers& b, const Xxh3State* hs, Progress* prog,
-                          const ThetaToRaw* raw = nullptr) {
+                          const Layout::ThetaAt& theta, const ThetaToRaw* raw = nullptr) {
     const std::size_t es = float_dtype_size(e.dtype);
     const int nm = e.moments();
     codec::ChunkIn ci;
@@ -134,12 +142,11 @@ codec::ChunkIn read_chunk(const io::InputFile& f, const ct::Manifest& man, const
     ci.m = b.vals[0].data();
     ci.v = b.vals[1].data();
     ci.vmax = nm == 3 ? b.vals[2].data() : nullptr;
-    if (e.theta_storage >= 0) {
-        const auto& st = man.storages[std::size_t(e.theta_storage)];
-        const DType td = e.theta_dtype.value_or(DType::F32);
-        const std::size_t ts = float_dtype_size(td);
-        const uint8_t* tb = read_floats(f, st.offset + i0 * ts, td, n, b.theta, b.tbytes, "parameter storage");
-        ci.theta = b.theta.data();
+    if (theta.storage >= 0) {
+        const auto& st = man.storages[std::size_t(theta.storage)];
+        const std::size_t ts = float_dtype_size(theta.dtype);
+        const uint8_t* tb = read_floats(f, st.offset + i0 * ts, theta.dtype, n, b.theta, b.tbytes, "parameter storage");
+        if (e.theta_storage >= 0) ci.theta = b.theta.data();
         if (raw) {
             raw->out->append_raw(tb, n * ts);
             XXH3_64bits_update(raw->hash, tb, n * ts);
@@ -183,7 +190,7 @@ void warn_escapes(const io::InputFile& f, const ct::Manifest& man, const Report&
     ChunkBuffers b;
     for (const auto& e : man.params) {
         const std::size_t n = std::size_t(std::min<uint64_t>(e.numel, 16384));
-        const codec::ChunkIn ci = read_chunk(f, man, e, 0, n, b, nullptr, nullptr);
+        const codec::ChunkIn ci = read_chunk(f, man, e, 0, n, b, nullptr, nullptr, theta_of(e));
         for (auto& t : tries) {
             t.esc += codec::encode_chunk(ct::tensor_setup(e, t.kind, t.tol), ci).escapes.size() * uint64_t(e.moments());
             t.n += n * uint64_t(e.moments());
@@ -226,35 +233,26 @@ void count_ulp_regime(const float* theta, std::size_t n, const std::vector<uint3
 }
 
 /// Phase 3: encode parameter e chunk by chunk into the moment streams; the hashes of its
-/// moment storages into the manifest (buf: the reused chunk buffers). Its theta storage,
-/// when it has one that `raw` has not copied yet, goes into /raw as it is read. Returns
-/// the hashes of its codes.
+/// moment storages into the manifest (buf: the reused chunk buffers). Its theta storage (the
+/// certificate's, or the one `ulp` counts on), when `raw` has not copied it yet, goes into
+/// /raw as it is read, so theta is read once. Returns the hashes of its codes.
 CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntry& e, const codec::TensorSetup& setup,
                         const codec::Device device, std::size_t chunk, ct::ContainerWriter& out, RawWriter& raw,
                         Progress& prog, ChunkBuffers& buf, UlpCount* ulp) {
     const int nm = e.moments();
     const Xxh3State ht = make_xxh3();
     ThetaToRaw to_raw{&out, ht.get()};
-    const bool fused = e.theta_storage >= 0 &&
-                       raw.take(e.theta_storage, e.numel * float_dtype_size(e.theta_dtype.value_or(DType::F32)));
+    const Layout::ThetaAt theta = theta_of(e, ulp ? ulp->at : Layout::ThetaAt{});
+    const bool fused = theta.storage >= 0 && raw.take(theta.storage, e.numel * float_dtype_size(theta.dtype));
     out.begin_param(e);
     const Xxh3State hs[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
     const Xxh3State hc[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
     std::array<std::vector<uint32_t>, 3> bits;   // exact bits of the escaped values, per role
     for (uint64_t i0 = 0; i0 < e.numel; i0 += chunk) {
         const std::size_t n = std::size_t(std::min<uint64_t>(chunk, e.numel - i0));
-        const codec::ChunkIn ci = read_chunk(f, man, e, i0, n, buf, hs, &prog, fused ? &to_raw : nullptr);
+        const codec::ChunkIn ci = read_chunk(f, man, e, i0, n, buf, hs, &prog, theta, fused ? &to_raw : nullptr);
         const codec::ChunkOut co = codec::backend(device).encode(setup, ci);
-        if (ulp) {
-            const float* theta = ci.theta;
-            if (!theta) {
-                const std::size_t ts = float_dtype_size(ulp->at.dtype);
-                read_floats(f, man.storages[std::size_t(ulp->at.storage)].offset + i0 * ts, ulp->at.dtype, n, buf.theta,
-                            buf.tbytes, "parameter storage");
-                theta = buf.theta.data();
-            }
-            count_ulp_regime(theta, n, co.escapes, *ulp);
-        }
+        if (ulp) count_ulp_regime(buf.theta.data(), n, co.escapes, *ulp);
         for (int k = 0; k < nm; ++k) {
             XXH3_64bits_update(hc[k].get(), co.codes[k].data(), co.codes[k].size());
             bits[std::size_t(k)].clear();
@@ -267,7 +265,7 @@ CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntr
         man.storages[std::size_t(e.storage[k])].xxh3 = XXH3_64bits_digest(hs[k].get());
         h[std::size_t(k)] = XXH3_64bits_digest(hc[k].get());
     }
-    if (fused) man.storages[std::size_t(e.theta_storage)].xxh3 = XXH3_64bits_digest(ht.get());
+    if (fused) man.storages[std::size_t(theta.storage)].xxh3 = XXH3_64bits_digest(ht.get());
     return h;
 }
 

@@ -37,35 +37,13 @@ import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "test" / "models"))
+sys.path.insert(0, str(ROOT / "test" / "py" / "replay"))
 import nanogpt  # noqa: E402
+from test_replay_api import measure_peak  # noqa: E402  (the tests' peak measurement)
 
 from ckptkit import replay  # noqa: E402
 
 MATMULS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default")
-
-
-def measure_peak(model, opt, batch, loss_fn):
-    """Bytes alive before the step (params, buffers, grads, optimizer state, batch; each storage
-    once) + the peak of the profiler's CPU memory events over forward, backward and opt.step()."""
-    from torch.profiler import ProfilerActivity, profile
-    seen, pre = set(), 0
-    ts = list(model.parameters()) + list(model.buffers()) + [p.grad for p in model.parameters()]
-    ts += [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
-    ts += [t for t in batch if torch.is_tensor(t)]
-    for t in ts:
-        if t is not None and t.untyped_storage().data_ptr() not in seen:
-            seen.add(t.untyped_storage().data_ptr())
-            pre += t.untyped_storage().nbytes()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        loss_fn(model, batch).backward()
-        opt.step()
-    live = peak = 0
-    for e in prof.profiler.kineto_results.events():
-        if e.name() == "[memory]":
-            live += e.nbytes()
-            peak = max(peak, live)
-    opt.zero_grad(set_to_none=True)
-    return pre + peak
 
 
 class Config:
@@ -82,7 +60,7 @@ class Config:
         for _ in range(2):
             self.step()
         self.times = []
-        self.peak = measure_peak(self.fwd, self.opt, self.batch, self.loss_fn)
+        self.peak = measure_peak(self.fwd, self.opt, self.batch, self.loss_fn, True)
         return self
 
     def step(self):

@@ -30,7 +30,7 @@ if importlib.machinery.PathFinder.find_spec("deepspeed") is None:   # the instal
     pytest.skip("deepspeed is not installed here (it is in .venv, scripts/requirements.txt)", allow_module_level=True)
 pytestmark = pytest.mark.usefixtures("real_frameworks")   # conftest.py: the real deepspeed, not a stand-in
 
-from testlib import ROOT, require_ckptkit_bin  # noqa: E402
+from testlib import ROOT, folder_files, require_ckptkit_bin, walk_leaves  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "scripts", "fixtures", "make_deepspeed.py")
 MODES = ("zero3", "bf16", "bf16opt")
@@ -39,7 +39,6 @@ PREFIX = {"zero3": "zero_pp_rank", "bf16": "bf16_zero_pp_rank", "bf16opt": "bf16
 MASTERS = {"zero3": "fp32_flat_groups", "bf16": "single_partition_of_fp32_groups",
            "bf16opt": "single_partition_of_fp32_groups"}
 TOL, LR, EPS32 = 0.01, 1e-3, 2.0 ** -23
-MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 @pytest.fixture(scope="session")
@@ -79,32 +78,6 @@ def _shards(d, mode, tag):
     return sorted((d / tag).glob(f"{PREFIX[mode]}_*_mp_rank_00_optim_states.pt"))
 
 
-def _files(d):
-    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
-
-
-def _walk(a, b, path, moments):
-    """Every leaf of a and b: tensors under exp_avg / exp_avg_sq into moments, any other equal."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and list(a) == list(b), path
-        for k in a:
-            _walk(a[k], b[k], path + [k], moments)
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _walk(x, y, path + [i], moments)
-    elif torch.is_tensor(a):
-        if path and path[-1] in MOMENTS:
-            assert a.shape == b.shape and a.dtype == b.dtype == torch.float32, path
-            moments.append((a, b))
-        else:
-            assert torch.equal(a, b), path
-    elif hasattr(a, "__dict__") and not isinstance(a, type):
-        _walk(vars(a), vars(b), path + ["__dict__"], moments)
-    else:
-        assert a == b, path
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_compress_verify(ds, mode):
     """DeepSpeed's optimizer class is the one the mode names; both optimizer shards are
@@ -131,14 +104,14 @@ def test_restored_folder(ds, mode):
     own objects), every moment changed by the codec."""
     d = _run(ds, mode)
     orig, back = d / "orig", d / "back"
-    assert _files(orig) == _files(back)
+    assert folder_files(orig) == folder_files(back)
     shards = {p.relative_to(orig) for p in _shards(orig, mode, "step3")}
-    for f in _files(orig):
+    for f in folder_files(orig):
         if f not in {str(s) for s in shards}:
             assert (orig / f).read_bytes() == (back / f).read_bytes(), f
     for s in shards:
         moments = []
-        _walk(torch.load(orig / s, weights_only=False), torch.load(back / s, weights_only=False), [], moments)
+        walk_leaves(torch.load(orig / s, weights_only=False), torch.load(back / s, weights_only=False), [], moments)
         assert len(moments) == 2 and all(not torch.equal(a, b) for a, b in moments), s
 
 

@@ -28,12 +28,11 @@ import torch
 if importlib.machinery.PathFinder.find_spec("megatron") is None:
     pytest.skip("megatron-core is not installed here (it is in .venv, scripts/requirements.txt)", allow_module_level=True)
 
-from testlib import ROOT, parse_json_stdout, require_ckptkit_bin, run_tool  # noqa: E402
+from testlib import ROOT, folder_files, parse_json_stdout, require_ckptkit_bin, run_tool, walk_leaves  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "scripts", "fixtures", "make_megatron.py")
 TOL, EPS32 = 0.01, 2.0 ** -23
 REL = "iter_0000003/mp_rank_00"
-MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 @pytest.fixture(scope="session")
@@ -52,26 +51,6 @@ def mg(tmp_path_factory):
 def _root(mg):
     require_ckptkit_bin()
     return mg
-
-
-def _files(d):
-    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
-
-
-def _walk(a, b, path, moments):
-    """Every leaf of a and b: tensors under exp_avg / exp_avg_sq into moments, any other equal."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and list(a) == list(b), path
-        for k in a:
-            _walk(a[k], b[k], path + [k], moments)
-    elif torch.is_tensor(a):
-        if path and path[-1] in MOMENTS:
-            assert a.shape == b.shape and a.dtype == b.dtype == torch.float32, path
-            moments.append((a, b))
-        else:
-            assert torch.equal(a, b), path
-    else:
-        assert a == b, path
 
 
 def test_compress_verify(mg):
@@ -105,12 +84,12 @@ def test_restored_folder(mg):
     moment changed by the codec."""
     d = _root(mg)
     orig, back = d / "orig", d / "back"
-    assert _files(orig) == _files(back)
-    for f in _files(orig):
+    assert folder_files(orig) == folder_files(back)
+    for f in folder_files(orig):
         if not f.endswith("distrib_optim.pt"):
             assert (orig / f).read_bytes() == (back / f).read_bytes(), f
     moments = []
-    _walk(torch.load(orig / REL / "distrib_optim.pt"), torch.load(back / REL / "distrib_optim.pt"), [], moments)
+    walk_leaves(torch.load(orig / REL / "distrib_optim.pt"), torch.load(back / REL / "distrib_optim.pt"), [], moments)
     assert len(moments) == 4 and all(not torch.equal(a, b) for a, b in moments)
 
 

@@ -109,3 +109,33 @@ def moment_count(path):
     _, osd = torch_step_check.split_state(obj, path)
     return sum(t.numel() for st in osd["state"].values()
                for k, t in st.items() if k in torch_step_check.MOMENT_KEYS)
+
+
+def folder_files(d):
+    """Every file under folder d (a pathlib.Path), as sorted relative paths."""
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
+
+
+def walk_leaves(a, b, path, moments, names=("exp_avg", "exp_avg_sq")):
+    """Every leaf of two loaded checkpoints a and b (dicts, lists, tuples, objects' __dict__):
+    float32 tensors under a key in `names` go into moments as (a, b) pairs, any other leaf must
+    be equal (tensors by torch.equal)."""
+    import torch
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b), path
+        for k in a:
+            walk_leaves(a[k], b[k], path + [k], moments, names)
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            walk_leaves(x, y, path + [i], moments, names)
+    elif torch.is_tensor(a):
+        if path and path[-1] in names:
+            assert a.shape == b.shape and a.dtype == b.dtype == torch.float32, path
+            moments.append((a, b))
+        else:
+            assert torch.equal(a, b), path
+    elif hasattr(a, "__dict__") and not isinstance(a, type):
+        walk_leaves(vars(a), vars(b), path + ["__dict__"], moments, names)
+    else:
+        assert a == b, path
