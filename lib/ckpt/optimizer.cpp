@@ -921,7 +921,7 @@ std::pair<std::map<std::string, std::string>, std::string> names_by_order(const 
     return {{}, why};
 }
 
-std::optional<CompanionHyper> megatron_hyper(const Checkpoint& ck, const io::InputFile& f) {
+std::optional<CompanionHyper> megatron_hyper(const Checkpoint& ck, const io::InputFile& f, const std::string& mixed) {
     const Value* top = ck.root.is_dict() ? ck.root.get("optimizer") : nullptr;
     if (!top) return std::nullopt;
     std::vector<const Value*> sds;   // DistributedOptimizer.state_dict()s (a ChainedOptimizer's list)
@@ -1001,8 +1001,7 @@ std::optional<CompanionHyper> megatron_hyper(const Checkpoint& ck, const io::Inp
         }
     }
     if (c.why_not.empty() && !differ.empty())
-        c.why_not = "the param groups of " + c.file + " differ in " + differ +
-                    ": a distrib_optim.pt buffer mixes their parameters and neither file says which coordinate is whose";
+        c.why_not = "the param groups of " + c.file + " differ in " + differ + ": " + mixed;
     return c;
 }
 

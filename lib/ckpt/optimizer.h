@@ -107,6 +107,10 @@ using GroupShapes = std::vector<std::vector<std::pair<std::string, const std::ve
 std::pair<std::map<std::string, std::string>, std::string> names_by_order(const std::vector<ModelTensors>& models,
                                                                           const GroupShapes& groups);
 
+/// Why a distrib_optim.pt buffer needs its param groups to agree (megatron_hyper's why_not).
+inline constexpr const char* kMegatronBufferMixes =
+    "a distrib_optim.pt buffer mixes their parameters and neither file says which coordinate is whose";
+
 /// Megatron-LM's model_optim_rng.pt (megatron/training/checkpointing.py generate_state_dict):
 /// the param groups of its 'optimizer' (DistributedOptimizer.state_dict(): 'optimizer' /
 /// 'param_groups' without 'params', each with the step; a ChainedOptimizer's list of them) as
@@ -119,9 +123,10 @@ std::pair<std::map<std::string, std::string>, std::string> names_by_order(const 
 /// differ under decoupled decay (AdamW's does not enter the certificate), or when every
 /// group's is 0 or the largest (the Adam L2 domain is then the union of the plain one and the
 /// one shifted by the largest: the kind is left unknown); weight_decay is then the largest and
-/// not stated. Disagreement sets why_not. Nullopt when the file holds no such
-/// param groups; BadInput when one cannot be read.
-std::optional<CompanionHyper> megatron_hyper(const Checkpoint&, const io::InputFile&);
+/// not stated. Disagreement sets why_not (ending in `mixed`: why the groups must agree). Nullopt
+/// when the file holds no such param groups; BadInput when one cannot be read.
+std::optional<CompanionHyper> megatron_hyper(const Checkpoint&, const io::InputFile&,
+                                             const std::string& mixed = kMegatronBufferMixes);
 
 /// Read every element of a tensor (any float dtype, any strides) as double. For small
 /// tensors only (step); throws BadInput.

@@ -129,10 +129,58 @@ std::vector<Item> dcp_items(const std::string& dir) {
     return items;
 }
 
-bool is_moment_fqn(const std::string& fqn) {
-    return fqn.find(".state.") != std::string::npos &&
-           (fqn.ends_with(".exp_avg") || fqn.ends_with(".exp_avg_sq") || fqn.ends_with(".max_exp_avg_sq"));
+namespace {
+const char* const kMoments[3] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+constexpr const char* kMegatronState = "optimizer.state.";
+}  // namespace
+
+std::string DcpMomentName::fqn(const std::string& key) const {
+    return megatron ? X + ".state." + key + "." + P : X + ".state." + P + "." + key;
 }
+
+std::optional<DcpMomentName> dcp_moment_name(const std::string& fqn) {
+    const auto st = fqn.find(".state.");
+    if (st == std::string::npos) return std::nullopt;
+    for (int k = 0; k < 3; ++k) {   // torch's "<X>.state.<P>.<moment>"
+        const std::string tail = std::string(".") + kMoments[k];
+        if (fqn.ends_with(tail) && fqn.size() > st + 7 + tail.size())
+            return DcpMomentName{fqn.substr(0, st), fqn.substr(st + 7, fqn.size() - st - 7 - tail.size()), k, false};
+    }
+    if (fqn.rfind(kMegatronState, 0) != 0) return std::nullopt;
+    const std::string rest = fqn.substr(std::strlen(kMegatronState));   // Megatron's "<moment>.<P>"
+    for (int k = 0; k < 3; ++k) {
+        const std::string head = std::string(kMoments[k]) + ".";
+        if (rest.rfind(head, 0) == 0 && rest.size() > head.size())
+            return DcpMomentName{"optimizer", rest.substr(head.size()), k, true};
+    }
+    return std::nullopt;
+}
+
+bool is_moment_fqn(const std::string& fqn) { return dcp_moment_name(fqn).has_value(); }
+
+namespace {
+
+/// The parameter of a Megatron main-parameter item ("optimizer.state.fp32_param.<P>" or
+/// "optimizer.state.param.<P>"); "" for any other FQN.
+std::string megatron_theta_param(const std::string& fqn) {
+    for (const char* k : {"fp32_param.", "param."}) {
+        const std::string head = std::string(kMegatronState) + k;
+        if (fqn.rfind(head, 0) == 0 && fqn.size() > head.size()) return fqn.substr(head.size());
+    }
+    return "";
+}
+
+/// What Megatron's common.pt in `dir` says for its moment items: the param groups' agreed
+/// hyper-parameters and step (megatron_hyper), the first group as JSON for the moments file
+/// (its step left out, weight_decay the largest, decoupled_weight_decay only when every group
+/// says the same), or why the moments stay exact.
+struct MegatronCommon {
+    std::shared_ptr<const CompanionHyper> hyper;
+    json group;
+    std::string why_not;
+};
+
+}  // namespace
 
 namespace {
 
@@ -183,6 +231,48 @@ void copy_range(const io::InputFile& f, uint64_t off, uint64_t n, FileWriter& w,
     }
 }
 
+/// MegatronCommon of the DCP folder `dir` (its common.pt).
+MegatronCommon read_megatron_common(const std::string& dir, const Limits& limits) {
+    MegatronCommon m;
+    const std::string path = join(dir, "common.pt");
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) {
+        m.why_not = "no Megatron common.pt beside .metadata: their hyper-parameters and step are unknown";
+        return m;
+    }
+    const Checkpoint ck = read_checkpoint(path, limits);
+    const io::InputFile f(path);
+    auto c = megatron_hyper(ck, f, "common.pt does not say which parameter is in which group");
+    if (!c) {
+        m.why_not = "common.pt holds no Megatron optimizer param groups: their hyper-parameters and step are unknown";
+        return m;
+    }
+    if (!c->why_not.empty()) {
+        m.why_not = c->why_not;
+        return m;
+    }
+    // the first group (megatron_hyper found them all agreeing): optimizer.optimizer.param_groups[0],
+    // or a ChainedOptimizer's optimizer[0].optimizer.param_groups[0]
+    const Value* top = ck.root.get("optimizer");
+    if (const auto* l = std::get_if<Value::List>(&top->v)) top = &l->front();
+    const Value* g = &std::get<Value::List>(top->get("optimizer")->get("param_groups")->v).front();
+    m.group = json::object();
+    for (const auto& [k, v] : std::get<Value::Dict>(g->v)) {
+        const std::string key = k.key_text();
+        if (key == "step" || key == "params") continue;
+        json x;
+        if (!to_json(v, x)) {
+            m.why_not = "param_groups '" + key + "' of common.pt is not a plain value";
+            return m;
+        }
+        m.group[key] = x;
+    }
+    m.group["weight_decay"] = c->hyper.weight_decay;   // the largest when they differ
+    if (!c->decoupled) m.group.erase("decoupled_weight_decay");
+    m.hyper = std::make_shared<const CompanionHyper>(std::move(*c));
+    return m;
+}
+
 }  // namespace
 
 std::string dcp_moments_name(std::size_t n, const std::string& tag) {
@@ -198,10 +288,19 @@ std::vector<std::vector<std::string>> dcp_units(const std::string& dir, uint64_t
         if (it->second == f) return f;
         return it->second = find(it->second);
     };
-    std::map<std::pair<std::string, std::string>, std::vector<std::string>> chunk_files;   // (base, chunk) -> files
+    std::map<std::pair<std::string, std::string>, std::vector<std::string>> chunk_files;   // (X, P, chunk) -> files
+    auto key_of = [](const DcpMomentName& n) { return n.X + (n.megatron ? "\n" : "\t") + n.P; };
     for (const auto& it : items) {
-        if (!is_moment_fqn(it.fqn)) continue;
-        chunk_files[{it.fqn.substr(0, it.fqn.rfind('.')), it.chunk}].push_back(it.file);
+        const auto n = dcp_moment_name(it.fqn);
+        if (!n) continue;
+        chunk_files[{key_of(*n), it.chunk}].push_back(it.file);
+        (void)find(it.file);
+    }
+    for (const auto& it : items) {   // Megatron's main parameters go with their moments (theta)
+        const std::string P = megatron_theta_param(it.fqn);
+        auto c = P.empty() ? chunk_files.end() : chunk_files.find({key_of({"optimizer", P, 0, true}), it.chunk});
+        if (c == chunk_files.end()) continue;
+        c->second.push_back(it.file);
         (void)find(it.file);
     }
     for (const auto& [key, files] : chunk_files)
@@ -242,9 +341,8 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
         auto i = by_fqn.find(fqn);
         return i != by_fqn.end() && i->second.size() == 1 ? i->second[0] : nullptr;
     };
-    static const char* kMoments[3] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
     struct Moment { std::string name; std::string file; uint64_t abs = 0, nbytes = 0; DType dtype = DType::F32; std::vector<int64_t> shape; std::vector<uint64_t> crcs; };
-    struct Param { std::string name; std::vector<Moment> m; double step = 0; json group; std::string X; };
+    struct Param { std::string name; std::vector<Moment> m; double step = 0; DType step_dtype = DType::F64; json group; std::string X; };
     std::vector<Param> params;
     std::vector<std::string> skipped;
     // the item of `fqn` for chunk `chunk` (the only item when the FQN is not chunked)
@@ -290,24 +388,32 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
             if (std::find(fqns.begin(), fqns.end(), P) != fqns.end()) return prefix;
         return "";
     };
+    // Megatron's items: hyper-parameters and step from common.pt, read once
+    std::optional<MegatronCommon> mc;
+    std::size_t megatron_left = 0;
+    auto megatron_common = [&]() -> const MegatronCommon& {
+        if (!mc) mc = read_megatron_common(dir, limits);
+        return *mc;
+    };
     for (const auto& [fqn, list] : by_fqn) {
-        const std::string tail = ".exp_avg";
-        const auto st = fqn.find(".state.");
-        if (!fqn.ends_with(tail) || st == std::string::npos) continue;
-        const std::string X = fqn.substr(0, st), P = fqn.substr(st + 7, fqn.size() - st - 7 - tail.size());
-        if (P.empty()) continue;
-        const std::string base = X + ".state." + P + ".";
+        const auto nm = dcp_moment_name(fqn);
+        if (!nm || nm->moment != 0) continue;
+        const std::string X = nm->X, P = nm->P;
+        if (nm->megatron && !megatron_common().why_not.empty()) {   // one note for them all
+            megatron_left += list.size();
+            continue;
+        }
         for (const Item* first : list) {
         // one gathered parameter per chunk: "P" when the FQN has one chunk, else "P@i,j"
         const std::string name = list.size() == 1 ? P : P + "@" + first->chunk;
         auto skip = [&](const std::string& why) { skipped.push_back(name + " (" + why + ")"); };
         Param p;
         p.name = name;
-        if (list.size() == 1 && !P.empty() && std::all_of(P.begin(), P.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        if (list.size() == 1 && !nm->megatron && std::all_of(P.begin(), P.end(), [](char c) { return c >= '0' && c <= '9'; }))
             p.X = X;   // a state id of the plain optimizer.state_dict() form: named by parameter order below
         bool ok = true;
         for (int k = 0; k < 3 && ok; ++k) {
-            const std::string f = base + kMoments[k];
+            const std::string f = nm->fqn(kMoments[k]);
             if (!by_fqn.count(f)) {
                 if (k < 2) { skip(std::string("no ") + kMoments[k]); ok = false; }
                 break;
@@ -323,13 +429,38 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
             p.m.push_back(m);
         }
         if (!ok) continue;
-        const Item* si = one(base + "step");
+        if (nm->megatron) {   // theta: the main parameters' item, else the model's, cut out as the moments are
+            for (const std::string& t : {nm->fqn("fp32_param"), nm->fqn("param"), P}) {
+                const Item* it = by_fqn.count(t) && by_fqn[t].size() == list.size() ? chunk_of(t, first->chunk) : nullptr;
+                if (!it || !in_unit.count(it->file)) continue;
+                const Parsed pa = parse_item(dir, *it, scratch, limits);
+                const TensorInfo* ti = whole_tensor(pa.ck);
+                if (!ti || !float_dtype_size(ti->dtype) || ti->shape != p.m[0].shape) continue;
+                const StorageInfo& s = pa.ck.storages[ti->storage];
+                Moment m{name, it->file, pa.base + s.file_offset, s.nbytes, ti->dtype, ti->shape, {}};
+                for (uint64_t c : s.crc_offsets) m.crcs.push_back(pa.base + c);
+                p.m.push_back(m);
+                break;
+            }
+        }
+        const std::string step_fqn = nm->fqn("step");
+        const Item* si = one(step_fqn);
+        if (nm->megatron && !si) {   // the param groups' step, as Megatron's load_state_dict sets it
+            const MegatronCommon& c = megatron_common();
+            p.step = c.hyper->hyper.step;
+            p.step_dtype = c.hyper->stated & kStepNumber ? DType::F32 : DType::F64;
+            p.group = c.group;
+            p.group["params"] = json::array({name});
+            params.push_back(std::move(p));
+            continue;
+        }
         if (!si) { skip("no step item"); continue; }
         {
             const Parsed pa = parse_item(dir, *si, scratch, limits);
             if (auto d = std::get_if<double>(&pa.ck.root.v)) p.step = *d;
             else if (auto i = std::get_if<int64_t>(&pa.ck.root.v)) p.step = double(*i);
             else if (auto t = std::get_if<Value::Tensor>(&pa.ck.root.v)) {
+                if (nm->megatron && pa.ck.tensors.at(t->index).dtype == DType::F32) p.step_dtype = DType::F32;
                 const io::InputFile f(pa.path);
                 const auto v = read_small_tensor(pa.ck, f, int(t->index));
                 if (v.size() != 1) { skip("step is not a scalar"); continue; }
@@ -360,12 +491,16 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
             p.group[key] = v;
         }
         if (!ok) continue;
+        if (nm->megatron) p.group = megatron_common().group;
         if (p.group.empty()) { skip("no param_groups items"); continue; }
         p.group["params"] = json::array({name});
         params.push_back(std::move(p));
         }
     }
     DcpMoments res;
+    if (megatron_left)
+        skipped.push_back(fmt::format("Megatron's optimizer.state.<moment>.<param> items of {} parameter chunks ({})",
+                                      megatron_left, mc->why_not));
     if (!skipped.empty()) res.note = "left exact: " + fmt::format("{}", fmt::join(skipped, ", "));
     if (params.empty()) return res;
     // report names for the state ids of the plain form: by parameter order (names_by_order)
@@ -419,8 +554,9 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
             header[m.name] = {{"dtype", dtype_name(m.dtype)}, {"shape", m.shape}, {"data_offsets", {off, off + m.nbytes}}};
             off += m.nbytes;
         }
-        header["state." + p.name + ".step"] = {{"dtype", dtype_name(DType::F64)}, {"shape", json::array()}, {"data_offsets", {off, off + 8}}};
-        off += 8;
+        const uint64_t sn = p.step_dtype == DType::F32 ? 4 : 8;
+        header["state." + p.name + ".step"] = {{"dtype", dtype_name(p.step_dtype)}, {"shape", json::array()}, {"data_offsets", {off, off + sn}}};
+        off += sn;
         groups.push_back(p.group);
     }
     header["__metadata__"] = {{"format", "pt"}, {"param_groups", groups.dump()}, {"source", "ckptkit folder mode: DCP moment items"}};
@@ -442,7 +578,12 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
                 df.file = m.file;
                 df.cuts.push_back({m.abs, m.nbytes, m.name, m.crcs});
             }
-            w.write(&p.step, 8);
+            if (p.step_dtype == DType::F32) {
+                const float s32 = float(p.step);
+                w.write(&s32, 4);
+            } else {
+                w.write(&p.step, 8);
+            }
         }
         w.close();
     } catch (const BadInput&) {

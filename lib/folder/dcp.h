@@ -46,7 +46,22 @@ struct DcpItem {
 /// run). Throws BadInput when it cannot be read or an entry is malformed.
 std::vector<DcpItem> dcp_items(const std::string& dir);
 
-/// True for an optimizer moment FQN: "<X>.state.<P>.exp_avg" / "exp_avg_sq" / "max_exp_avg_sq".
+/// A moment item's FQN taken apart. torch names them "<X>.state.<P>.<moment>" (get_state_dict,
+/// optimizer.state_dict()); Megatron-LM "optimizer.state.<moment>.<P>", its main parameters
+/// "optimizer.state.fp32_param.<P>" (DistributedOptimizer.sharded_state_dict's
+/// fully_sharded_model_space) or "optimizer.state.param.<P>" (fully_reshardable), P the model
+/// ShardedTensor's key (megatron/core/optimizer/distrib_optimizer.py).
+struct DcpMomentName {
+    std::string X, P;        ///< optimizer prefix, parameter
+    int moment = 0;          ///< 0 exp_avg, 1 exp_avg_sq, 2 max_exp_avg_sq
+    bool megatron = false;   ///< Megatron's order
+    /// The FQN of this parameter's item `key` ("exp_avg", "step", "fp32_param") in the same order.
+    std::string fqn(const std::string& key) const;
+};
+/// The parts of a moment FQN (exp_avg / exp_avg_sq / max_exp_avg_sq, either order); nullopt else.
+std::optional<DcpMomentName> dcp_moment_name(const std::string& fqn);
+
+/// True for an optimizer moment FQN (dcp_moment_name finds one).
 bool is_moment_fqn(const std::string& fqn);
 
 /// One moment storage cut out of a .distcp file.
@@ -70,6 +85,12 @@ struct DcpMoments {
 };
 
 /// Read `dir`/.metadata and the items it names; write the moments file to `out` (safetensors).
+/// Megatron's moment items take their hyper-parameters and step from Megatron's common.pt in
+/// `dir` (dist_checkpointing's common state: the param groups of DistributedOptimizer.state_dict(),
+/// read as megatron_hyper reads model_optim_rng.pt; an "optimizer.state.step.<P>" item first
+/// when there is one), and theta (the moments file's tensor named as the parameter, cut out of
+/// its .distcp file as the moments are) from the main-parameter item, else the model item P;
+/// groups that must agree and do not leave them all exact with one note.
 /// `scratch` is a folder for item copies. A parameter whose moments are chunked (ShardedTensor,
 /// FSDP) gives one gathered parameter per chunk ("P@i,j", the chunk offset), its moments
 /// paired by chunk offset. Chunks whose moments are not each one whole, contiguous
