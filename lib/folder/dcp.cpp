@@ -275,6 +275,12 @@ MegatronCommon read_megatron_common(const std::string& dir, const Limits& limits
 
 }  // namespace
 
+std::shared_ptr<const CompanionHyper> dcp_megatron_hyper(const std::string& dir, const Limits& limits, std::string& why_not) {
+    MegatronCommon m = read_megatron_common(dir, limits);
+    why_not = m.why_not;
+    return m.why_not.empty() ? m.hyper : nullptr;
+}
+
 std::string dcp_moments_name(std::size_t n, const std::string& tag) {
     return kDcpMomentsPrefix + tag + std::to_string(n) + ".safetensors";
 }
@@ -345,6 +351,7 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
     struct Param { std::string name; std::vector<Moment> m; double step = 0; DType step_dtype = DType::F64; json group; std::string X; };
     std::vector<Param> params;
     std::vector<std::string> skipped;
+    DcpMoments res;
     // the item of `fqn` for chunk `chunk` (the only item when the FQN is not chunked)
     auto chunk_of = [&](const std::string& fqn, const std::string& chunk) -> const Item* {
         auto i = by_fqn.find(fqn);
@@ -452,6 +459,7 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
             p.group = c.group;
             p.group["params"] = json::array({name});
             params.push_back(std::move(p));
+            ++res.megatron;
             continue;
         }
         if (!si) { skip("no step item"); continue; }
@@ -497,7 +505,6 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
         params.push_back(std::move(p));
         }
     }
-    DcpMoments res;
     if (megatron_left)
         skipped.push_back(fmt::format("Megatron's optimizer.state.<moment>.<param> items of {} parameter chunks ({})",
                                       megatron_left, mc->why_not));

@@ -14,6 +14,7 @@
 // the zip CRC-32 fields that cover them, so torch's DCP reader loads the file.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file.h"
+#include "ckpt/optimizer.h"
 #include "io/checkpoint.h"
 
 namespace ckpt::folder {
@@ -82,7 +84,13 @@ struct DcpMoments {
     std::vector<DcpFile> files;   ///< .distcp files holding moment storages, sorted
     uint64_t params = 0;          ///< parameter chunks whose moments were gathered ("P", or "P@i,j" per chunk)
     std::string note;             ///< parameters left exact and why (sharded chunks, odd items)
+    uint64_t megatron = 0;        ///< of params, Megatron's (hyper-parameters and step from common.pt)
 };
+
+/// Megatron's common.pt in the DCP folder `dir` as gather_dcp_moments reads it for Megatron's
+/// moment items: the param groups' agreed hyper-parameters and step; null, and `why_not` set,
+/// when there is none or they cannot be certified. Throws BadInput when it cannot be read.
+std::shared_ptr<const CompanionHyper> dcp_megatron_hyper(const std::string& dir, const Limits&, std::string& why_not);
 
 /// Read `dir`/.metadata and the items it names; write the moments file to `out` (safetensors).
 /// Megatron's moment items take their hyper-parameters and step from Megatron's common.pt in

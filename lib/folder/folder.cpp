@@ -111,7 +111,7 @@ Manifest read_manifest(const std::string& dir) {
             m.files.push_back({e.at("path").get<std::string>(), e.at("stored").get<std::string>(), e.at("container").get<bool>(),
                                json_count(e, "size"), parse_hex64(e.at("xxh3").get<std::string>()),
                                json_count(e, "source_size"), parse_hex64(e.at("source_xxh3").get<std::string>())});
-            for (const char* k : {"virtual", "files", "shell", "moments", "cuts", "dcp_metadata"})
+            for (const char* k : {"virtual", "files", "shell", "moments", "cuts", "dcp_metadata", "megatron_common"})
                 if (e.contains(k)) m.files.back().extra[k] = e.at(k);
             if (m.files.back().is_shell()) (void)cuts_from(m.files.back().extra.at("cuts"));   // validate
         }
@@ -699,6 +699,10 @@ struct CompressWork {
                 return std::make_pair(*b, std::string("the DCP model items"));
             });
             r.note += (r.note.empty() ? "" : "; ") + fmt::format("moments of {} parameter chunks gathered from .distcp items", dm.params);
+            if (dm.megatron) {   // ckpt-verify holds the container to the copied common.pt
+                r.note += fmt::format("; hyper-parameters and step of {} from common.pt (Megatron)", dm.megatron);
+                r.manifest_extra = json{{"virtual", true}, {"files", local}, {"megatron_common", join(u.dcp_dir, "common.pt")}}.dump();
+            }
             if (!dm.note.empty()) r.note += "; " + dm.note;
             rows.push_back(r);
             for (const auto& f : dm.files) cut_of[join(u.dcp_dir, f.file)] = &f;
@@ -767,6 +771,44 @@ FolderReport compress_folder(const std::string& in, const std::string& out_arg, 
 }
 
 // ---------------------------------------------------------------- verify
+
+namespace {
+
+/// Gathered Megatron moments (manifest "megatron_common"): the coded groups' lr, betas, eps and
+/// step (the container's report `report_json`) against the copied common.pt they were read
+/// from (its hash is checked as its own row's); `fail` for each difference.
+void check_megatron_common(const std::string& dir, const Manifest& m, const Entry& e, const std::string& report_json,
+                           const std::function<void(const std::string&)>& fail) {
+    const std::string sib = e.extra.at("megatron_common").get<std::string>();
+    const auto it = std::find_if(m.files.begin(), m.files.end(), [&](const Entry& x) { return x.path == sib; });
+    if (it == m.files.end() || it->container || it->stored != sib) {
+        fail("its " + sib + " is not a copied file of the folder (hyper-parameters unchecked)");
+        return;
+    }
+    std::string why;
+    std::shared_ptr<const CompanionHyper> c;
+    try {
+        c = dcp_megatron_hyper(join(dir, parent_of(sib)), Limits{}, why);
+    } catch (const std::exception& ex) {
+        why = ex.what();
+    }
+    if (!c) {
+        fail(sib + ": " + why);
+        return;
+    }
+    const json groups = report_json.empty() ? json::array() : json::parse(report_json).value("param_groups", json::array());
+    for (const auto& g : groups) {
+        const double got[5] = {g.value("lr", NAN), g.value("/betas/0"_json_pointer, NAN), g.value("/betas/1"_json_pointer, NAN),
+                               g.value("eps", NAN), g.value("step", NAN)};
+        const double want[5] = {c->hyper.lr, c->hyper.beta1, c->hyper.beta2, c->hyper.eps, c->hyper.step};
+        const char* names[5] = {"lr", "beta1", "beta2", "eps", "step"};
+        for (int k = 0; k < 5; ++k)   // the report states lr, betas and eps in float32
+            if (k < 4 ? float(got[k]) != float(want[k]) : got[k] != want[k])
+                fail(fmt::format("{} ({:g} vs {:g}) differs from {}'s", names[k], got[k], want[k], sib));
+    }
+}
+
+}  // namespace
 
 FolderReport verify_folder(const std::string& dir, const std::optional<std::string>& original, const VerifyOptions& vo,
                            Comm& c) {
@@ -891,6 +933,7 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
                 fill_from(r, vr, path, orig);
                 r.ok = was_ok && vr.ok;
                 for (const auto& f : vr.failures) fail(f);
+                if (e.extra.contains("megatron_common")) check_megatron_common(dir, m, e, r.report_json, fail);
             } catch (const std::exception& ex) {
                 fail(ex.what());
             }

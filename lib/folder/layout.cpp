@@ -122,7 +122,9 @@ std::vector<Layout> detect_layouts(const std::string& root, const std::vector<st
         }
         // torch.distributed.checkpoint
         if (has(".metadata") && std::any_of(names.begin(), names.end(), [](auto& n) { return n.ends_with(".distcp"); })) {
-            Layout l{"dcp", dir, ".metadata + *.distcp", ""};
+            // Megatron-LM's torch_dist (dist_checkpointing's torch_dist strategy): its common
+            // state in common.pt, the backend in metadata.json
+            Layout l{"dcp", dir, has("common.pt") && has("metadata.json") ? ".metadata + *.distcp + Megatron common.pt" : ".metadata + *.distcp", ""};
             try {
                 l.note = dcp_summary(join(root, dir));
             } catch (const std::exception& e) {
