@@ -12,7 +12,14 @@ exp_avg / exp_avg_sq is identical (the fp32 main params "param" among them); one
 Megatron loads each folder: the same main params before it, every coordinate after it within
 tolerance * lr (+ float32 slack). Bad inputs: distrib_optim.pt without model_optim_rng.pt and
 param groups that differ in lr are copied exact with a note; a model_optim_rng.pt changed in the
-compressed folder (its manifest row updated) fails ckpt-verify. Runs where megatron-core imports
+compressed folder (its manifest row updated) fails ckpt-verify.
+
+The torch_dist (DCP) format, the test_torch_dist_* tests: megatron-core's dist_checkpointing.save
+of the same training (make_megatron.py --format torch_dist), its optimizer.state.exp_avg.<param> /
+exp_avg_sq.<param> items coded with common.pt's hyper-parameters and step, theta the
+optimizer.state.param.<param> items; the restored folder identical but the moment items;
+dist_checkpointing.load of both folders and one step within tolerance * lr; common.pt's groups
+differing in lr keep the moments exact; a changed common.pt fails ckpt-verify. Runs where megatron-core imports
 (.venv: scripts/requirements.txt; it needs torch >= 2.6); skipped, saying so, elsewhere.
 """
 import importlib.machinery
@@ -218,3 +225,164 @@ def test_te_fused_adam_groups(mg, tmp_path):
         assert (g["optimizer"], g["domain"], g["weight_decay"]) == ("adam|adamw", "|g| <= 1, and shifted by wd*theta", 0.1), g
         assert row["escapes"] == 0 and row["moment_reduction"] > 0.7, row
         assert run_tool(b, "ckpt-verify", tmp_path / "h1", "--original", root).returncode == 0
+
+
+# ---------------------------------------------------------------- torch_dist (a DCP folder)
+# make_megatron.py --format torch_dist: the same training saved by megatron-core's
+# dist_checkpointing.save (iter_0000003/: .metadata, __R_I.distcp, common.pt, metadata.json) with
+# the distributed optimizer's sharded_state_dict (fully_reshardable: 0.16.1 refuses to save
+# fully_sharded_model_space, whose items are named the same way), loaded back with
+# dist_checkpointing.load and load_parameter_state_from_fully_reshardable.
+ITER_DIR = "iter_0000003"
+
+
+@pytest.fixture(scope="session")
+def mgd(tmp_path_factory):
+    root = tmp_path_factory.mktemp("megatron_torch_dist")
+    b = os.environ.get("CKPTKIT_BIN", "")
+    if not os.access(os.path.join(b, "ckpt-compress"), os.X_OK):
+        return None
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        SCRIPT, "--format", "torch_dist", str(root)], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", CKPTKIT_BIN=os.path.abspath(b)))
+    assert p.returncode == 0, f"make_megatron.py --format torch_dist: exit {p.returncode}\n{p.stdout[-3000:]}{p.stderr[-3000:]}"
+    return root
+
+
+def _dcp_items(d):
+    """(fqn, chunk offset) -> (file, offset, length) of a DCP folder's .metadata."""
+    from torch.distributed.checkpoint import FileSystemReader
+    md = FileSystemReader(str(d)).read_metadata()
+    return {(k.fqn, tuple(k.offset) if k.offset is not None else None): (v.relative_path, v.offset, v.length)
+            for k, v in md.storage_data.items()}
+
+
+def test_torch_dist_compress_verify(mgd):
+    """Megatron's optimizer.state.exp_avg.<param> / exp_avg_sq items gathered and coded (0
+    escapes, > 70% moment reduction, every moment value of the 8 parameters: 2 x their numel),
+    with lr, betas, eps and step 3 of common.pt's param groups (weight decay 0.1 and 0 under
+    AdamW: one group), theta the optimizer.state.param.<param> items (the ulp regime counted);
+    the two .distcp files holding them kept as shells, every other file copied; verify ok."""
+    d = _root(mgd)
+    rep = json.loads((d / "compress.json").read_text())
+    assert rep["ok"] and rep["max_bound_lr"] <= TOL, rep
+    assert [(l["kind"], l["dir"], l["evidence"]) for l in rep["layouts"]] == \
+        [("dcp", ITER_DIR, ".metadata + *.distcp + Megatron common.pt")]
+    rows = {r["file"]: r for r in rep["files"]}
+    moments = f"{ITER_DIR}/ckptkit-dcp-moments-0.safetensors"
+    assert {f: r["action"] for f, r in rows.items()} == {
+        f"{ITER_DIR}/.metadata": "copied", f"{ITER_DIR}/__0_0.distcp": "shell", f"{ITER_DIR}/__0_1.distcp": "shell",
+        f"{ITER_DIR}/__1_0.distcp": "copied", f"{ITER_DIR}/common.pt": "copied", f"{ITER_DIR}/metadata.json": "copied",
+        "latest_checkpointed_iteration.txt": "copied", moments: "compressed"}, rows
+    r = rows[moments]
+    numel = sum(t.numel() for k, t in torch.load(d / "orig.after.rank0.pt")["model"].items())
+    assert r["moment_values"] == rep["moment_values"] == 2 * numel == 206880, r
+    assert r["escapes"] == 0 and r["moment_reduction"] > 0.7, r
+    assert "hyper-parameters and step of 8 from common.pt (Megatron)" in r["note"], r["note"]
+    common = torch.load(d / "orig" / ITER_DIR / "common.pt", weights_only=False)
+    saved = common["optimizer"]["optimizer"]["param_groups"]
+    assert common["optimizer"]["param_state_sharding_type"] == "fully_reshardable"
+    assert len(saved) == 2 and {g["weight_decay"] for g in saved} == {0.1, 0.0} and saved[0]["step"] == 3
+    (g,) = r["report"]["param_groups"]
+    assert (g["optimizer"], g["step"], g["tensors"]) == ("adamw", 3, 8), g
+    assert (g["lr"], g["betas"], g["eps"]) == (saved[0]["lr"], list(saved[0]["betas"]), saved[0]["eps"]), g
+    params = {k for (k, _) in _dcp_items(d / "orig" / ITER_DIR) if "." in k and not k.startswith(("optimizer", "rng"))}
+    assert {t["name"] for t in r["report"]["tensors"]} == params and len(params) == 8
+    assert all(t["ulp_regime"] == 0 and t["escapes"] == 0 for t in r["report"]["tensors"]), r["report"]["tensors"]
+    assert json.loads((d / "verify.json").read_text())["ok"]
+
+
+def test_torch_dist_restored_folder(mgd):
+    """The restored folder: the same files, byte-identical but the two .distcp files holding
+    moments; in those every item but the moments byte-identical (the bf16 model, the fp32 main
+    params 'optimizer.state.param.*', the RNG state), each moment item of the same length, its
+    tensor changed by the codec and torch.load-able."""
+    import io
+    d = _root(mgd)
+    orig, back = d / "orig", d / "back"
+    assert folder_files(orig) == folder_files(back)
+    for f in folder_files(orig):
+        if not f.endswith(("__0_0.distcp", "__0_1.distcp")):
+            assert (orig / f).read_bytes() == (back / f).read_bytes(), f
+    items = _dcp_items(orig / ITER_DIR)
+    assert items == _dcp_items(back / ITER_DIR)
+    changed = 0
+    for (fqn, _), (f, off, n) in items.items():
+        a = (orig / ITER_DIR / f).read_bytes()[off:off + n]
+        b = (back / ITER_DIR / f).read_bytes()[off:off + n]
+        if fqn.startswith(("optimizer.state.exp_avg.", "optimizer.state.exp_avg_sq.")):
+            ta, tb = torch.load(io.BytesIO(a)), torch.load(io.BytesIO(b))
+            assert ta.shape == tb.shape and ta.dtype == tb.dtype == torch.float32 and not torch.equal(ta, tb), fqn
+            changed += 1
+        else:
+            assert a == b, fqn
+    assert changed == 16
+    assert all((orig / ITER_DIR / f).stat().st_size == (back / ITER_DIR / f).stat().st_size for f in ("__0_0.distcp", "__0_1.distcp"))
+
+
+def test_torch_dist_megatron_resumes_within_tolerance(mgd):
+    """Megatron's dist_checkpointing.load of the original and of the restored folder on 2 ranks,
+    the distributed optimizer's state set from it, one step with the same gradients: the loaded
+    bf16 model and every rank's fp32 main shards identical before the step, after it every
+    coordinate within tolerance * lr + float32 slack of the original run's."""
+    d = _root(mgd)
+    for rank in (0, 1):
+        a = torch.load(d / f"orig.after.rank{rank}.pt")
+        b = torch.load(d / f"back.after.rank{rank}.pt")
+        assert a["sharding_type"] == b["sharding_type"] == "fully_reshardable"
+        assert a["lr"] == b["lr"] and len(a["before"]) == len(b["before"]) > 0
+        assert a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+        lr = max(a["lr"])
+        for i in a["before"]:
+            p0 = a["before"][i].double()
+            assert torch.equal(a["before"][i], b["before"][i]), (rank, i)
+            ua, ub = a["after"][i].double() - p0, b["after"][i].double() - p0
+            assert float(ua.abs().max()) > 0, "the step changed nothing"
+            slack = 4 * EPS32 * p0.abs() + 8 * EPS32 * (ua.abs() + ub.abs())
+            excess = float(((ua - ub).abs() - TOL * lr - slack).max())
+            assert excess <= 0, f"rank {rank} shard {i}: update difference exceeds tolerance * lr by {excess:.3g}"
+
+
+def test_torch_dist_groups_differing_in_lr_kept_exact(mgd, tmp_path):
+    """common.pt's param groups with different lr: which parameter is in which group is not in
+    the folder, so Megatron's moment items stay exact, the .distcp files copied with one note."""
+    d = _root(mgd)
+    root = tmp_path / "lr"
+    shutil.copytree(d / "orig", root)
+    f = root / ITER_DIR / "common.pt"
+    sd = torch.load(f, weights_only=False)
+    sd["optimizer"]["optimizer"]["param_groups"][1]["lr"] *= 0.5
+    torch.save(sd, f)
+    p = run_tool(os.environ["CKPTKIT_BIN"], "ckpt-compress", root, "-o", tmp_path / "z", "--json")
+    assert p.returncode == 0, p.stderr
+    rep = parse_json_stdout(p)
+    assert rep["container_count"] == 0 and rep["moment_values"] == 0
+    rows = {r["file"]: r for r in rep["files"]}
+    why = ("DCP moments left exact: left exact: Megatron's optimizer.state.<moment>.<param> items of 8 parameter "
+           "chunks (the param groups of common.pt differ in lr: common.pt does not say which parameter is in which group)")
+    for n in ("__0_0.distcp", "__0_1.distcp"):
+        assert (rows[f"{ITER_DIR}/{n}"]["action"], rows[f"{ITER_DIR}/{n}"]["note"]) == ("copied", why), rows[f"{ITER_DIR}/{n}"]
+
+
+def test_torch_dist_verify_checks_common(mgd, tmp_path):
+    """ckpt-verify holds the gathered moments' container to the copied common.pt: a step changed
+    there (its manifest row updated to match) fails."""
+    import xxhash
+    d = _root(mgd)
+    z = tmp_path / "ckz"
+    shutil.copytree(d / "ckz", z)
+    f = z / ITER_DIR / "common.pt"
+    sd = torch.load(f, weights_only=False)
+    for g in sd["optimizer"]["optimizer"]["param_groups"]:
+        g["step"] += 1
+    torch.save(sd, f)
+    man = json.loads((z / "ckptkit-folder.json").read_text())
+    h = xxhash.xxh3_64_hexdigest(f.read_bytes())
+    for e in man["files"]:
+        if e["path"] == f"{ITER_DIR}/common.pt":
+            e.update(size=f.stat().st_size, source_size=f.stat().st_size, xxh3=h, source_xxh3=h)
+    (z / "ckptkit-folder.json").write_text(json.dumps(man))
+    p = run_tool(os.environ["CKPTKIT_BIN"], "ckpt-verify", z, "--json")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert parse_json_stdout(p)["failures"] == [
+        f"{ITER_DIR}/ckptkit-dcp-moments-0.safetensors.ckz.h5: step (3 vs 4) differs from {ITER_DIR}/common.pt's"]
