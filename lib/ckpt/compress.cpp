@@ -18,6 +18,7 @@
 #include "common/chunk_buffer.h"
 #include "common/error.h"
 #include "common/file.h"
+#include "common/lane.h"
 #include "common/progress.h"
 #include "common/xxh3.h"
 #include "container/h5.h"
@@ -39,8 +40,8 @@ namespace ct = container;
 /// 3 appends the theta bytes it reads (ThetaToRaw).
 class RawWriter {
 public:
-    RawWriter(ct::ContainerWriter& out, const io::InputFile& f, ct::Manifest& man, Progress& prog)
-        : out_(out), f_(f), man_(man), prog_(prog), spans_(ct::source_spans(man)), span_of_(man.storages.size()) {
+    RawWriter(ct::ContainerWriter& out, const io::InputFile& f, ct::Manifest& man, Progress& prog, SerialLane& lane)
+        : out_(out), f_(f), man_(man), prog_(prog), lane_(lane), spans_(ct::source_spans(man)), span_of_(man.storages.size()) {
         for (std::size_t i = 0; i < spans_.size(); ++i)
             if (spans_[i].storage >= 0) span_of_[std::size_t(spans_[i].storage)] = i;
     }
@@ -60,38 +61,52 @@ public:
     }
 
 private:
+    /// Copy spans [next_, end) in 1 MiB pieces: the lane reads (and hashes) the next piece
+    /// while this thread appends the last one to /raw.
     void copy_before(std::size_t end) {
+        std::future<void> read[2];
+        LaneTasks wait{{&read[0], &read[1]}};
         for (; next_ < end; ++next_) {
             const ct::SourceSpan& sp = spans_[next_];
             if (sp.moment) continue;
-            XXH3_64bits_reset(h_.get());
-            for (uint64_t off = sp.begin; off < sp.end;) {
-                const uint64_t n = std::min<uint64_t>(buf_.size(), sp.end - off);
-                f_.read_at(off, buf_.data(), n, "raw bytes");
-                out_.append_raw(buf_.data(), n);
-                if (sp.storage >= 0) XXH3_64bits_update(h_.get(), buf_.data(), n);
+            XXH3_64bits_reset(h_.get());  // the lane is idle: every piece before was taken
+            XXH3_state_t* h = sp.storage >= 0 ? h_.get() : nullptr;
+            auto piece = [&](uint64_t off) { return std::min<uint64_t>(buf_[0].size(), sp.end - off); };
+            auto start = [&](int b, uint64_t off) {
+                auto job = [this, b, off, n = piece(off), h] {
+                    f_.read_at(off, buf_[b].data(), n, "raw bytes");
+                    if (h) XXH3_64bits_update(h, buf_[b].data(), n);
+                };
+                if (sp.size() <= buf_[0].size()) {  // one piece: no hand-over to the lane
+                    job();
+                    read[b] = std::future<void>();
+                } else {
+                    read[b] = lane_.submit(job);
+                }
+            };
+            int b = 0;
+            if (sp.begin < sp.end) start(0, sp.begin);
+            for (uint64_t off = sp.begin; off < sp.end; b ^= 1) {
+                const uint64_t n = piece(off);
+                if (off + n < sp.end) start(b ^ 1, off + n);
+                if (read[b].valid()) read[b].get();
+                out_.append_raw(buf_[b].data(), n);
                 off += n;
                 prog_.advance(n);
             }
-            if (sp.storage >= 0) man_.storages[std::size_t(sp.storage)].xxh3 = XXH3_64bits_digest(h_.get());
+            if (h) man_.storages[std::size_t(sp.storage)].xxh3 = XXH3_64bits_digest(h);
         }
     }
     ct::ContainerWriter& out_;
     const io::InputFile& f_;
     ct::Manifest& man_;
     Progress& prog_;
+    SerialLane& lane_;
     std::vector<ct::SourceSpan> spans_;
     std::vector<std::size_t> span_of_;  ///< storage index -> its span
     std::size_t next_ = 0;              ///< the first span not yet copied
-    ChunkBuffer buf_{1 << 20};
+    ChunkBuffer buf_[2] = {ChunkBuffer(1 << 20), ChunkBuffer(1 << 20)};
     Xxh3State h_ = make_xxh3();
-};
-
-/// Where phase 3 puts the theta bytes it reads when RawWriter::take gave them to it: /raw
-/// and the hash of the theta storage.
-struct ThetaToRaw {
-    ct::ContainerWriter* out = nullptr;
-    XXH3_state_t* hash = nullptr;
 };
 
 /// Buffers of one chunk's moment and parameter bytes and values, reused across chunks and
@@ -102,6 +117,7 @@ struct ChunkBuffers {
     std::vector<uint8_t> bytes[3], tbytes;
     std::vector<float> vals[3], theta;
     const uint8_t* raw[3] = {};
+    const uint8_t* theta_raw = nullptr;  ///< theta's bytes as read (when read)
 };
 
 /// Read n elements of `dtype` at source offset `off` into values (through `bytes` unless
@@ -124,11 +140,11 @@ Layout::ThetaAt theta_of(const ct::ParamEntry& e, const Layout::ThetaAt& counted
 
 /// Read coordinates [i0, i0+n) of parameter e (moments, and theta from `theta` when it has a
 /// storage: into b.theta, handed to the codec only when e's certificate needs it) from the
-/// source; hashes the moment bytes into hs and counts progress when given; appends the theta
-/// bytes to /raw when `raw` is given (chunks in order: RawWriter::take).
+/// source; hashes the moment bytes into hs and counts progress when given; hashes the theta
+/// bytes into theta_hash when given (the caller appends them to /raw: RawWriter::take).
 codec::ChunkIn read_chunk(const io::InputFile& f, const ct::Manifest& man, const ct::ParamEntry& e, uint64_t i0,
                           std::size_t n, ChunkBuffers& b, const Xxh3State* hs, Progress* prog,
-                          const Layout::ThetaAt& theta, const ThetaToRaw* raw = nullptr) {
+                          const Layout::ThetaAt& theta, XXH3_state_t* theta_hash = nullptr) {
     const std::size_t es = float_dtype_size(e.dtype);
     const int nm = e.moments();
     codec::ChunkIn ci;
@@ -142,16 +158,13 @@ codec::ChunkIn read_chunk(const io::InputFile& f, const ct::Manifest& man, const
     ci.m = b.vals[0].data();
     ci.v = b.vals[1].data();
     ci.vmax = nm == 3 ? b.vals[2].data() : nullptr;
+    b.theta_raw = nullptr;
     if (theta.storage >= 0) {
         const auto& st = man.storages[std::size_t(theta.storage)];
         const std::size_t ts = float_dtype_size(theta.dtype);
-        const uint8_t* tb = read_floats(f, st.offset + i0 * ts, theta.dtype, n, b.theta, b.tbytes, "parameter storage");
+        b.theta_raw = read_floats(f, st.offset + i0 * ts, theta.dtype, n, b.theta, b.tbytes, "parameter storage");
         if (e.theta_storage >= 0) ci.theta = b.theta.data();
-        if (raw) {
-            raw->out->append_raw(tb, n * ts);
-            XXH3_64bits_update(raw->hash, tb, n * ts);
-            if (prog) prog->advance(n * ts);
-        }
+        if (theta_hash) XXH3_64bits_update(theta_hash, b.theta_raw, n * ts);
     }
     return ci;
 }
@@ -233,33 +246,65 @@ void count_ulp_regime(const float* theta, std::size_t n, const std::vector<uint3
 }
 
 /// Phase 3: encode parameter e chunk by chunk into the moment streams; the hashes of its
-/// moment storages into the manifest (buf: the reused chunk buffers). Its theta storage (the
-/// certificate's, or the one `ulp` counts on), when `raw` has not copied it yet, goes into
-/// /raw as it is read, so theta is read once. Returns the hashes of its codes.
+/// moment storages into the manifest (bufs: two sets of reused chunk buffers). Its theta
+/// storage (the certificate's, or the one `ulp` counts on), when `raw` has not copied it yet,
+/// goes into /raw as it is read, so theta is read once. A pipeline of three stages: the lane
+/// reads and hashes chunk c+1 and hashes chunk c-1's codes (and counts its ulp regime) while
+/// the worker pool encodes chunk c, then this thread appends c to the container. Returns the
+/// hashes of its codes.
 CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntry& e, const codec::TensorSetup& setup,
                         const codec::Device device, std::size_t chunk, ct::ContainerWriter& out, RawWriter& raw,
-                        Progress& prog, ChunkBuffers& buf, UlpCount* ulp) {
+                        Progress& prog, ChunkBuffers (&bufs)[2], UlpCount* ulp, SerialLane& lane) {
     const int nm = e.moments();
+    const std::size_t es = float_dtype_size(e.dtype);
     const Xxh3State ht = make_xxh3();
-    ThetaToRaw to_raw{&out, ht.get()};
     const Layout::ThetaAt theta = theta_of(e, ulp ? ulp->at : Layout::ThetaAt{});
-    const bool fused = theta.storage >= 0 && raw.take(theta.storage, e.numel * float_dtype_size(theta.dtype));
+    const std::size_t ts = theta.storage >= 0 ? float_dtype_size(theta.dtype) : 0;
+    const bool fused = theta.storage >= 0 && raw.take(theta.storage, e.numel * ts);
     out.begin_param(e);
     const Xxh3State hs[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
     const Xxh3State hc[3] = {make_xxh3(), make_xxh3(), make_xxh3()};
     std::array<std::vector<uint32_t>, 3> bits;   // exact bits of the escaped values, per role
-    for (uint64_t i0 = 0; i0 < e.numel; i0 += chunk) {
+    struct Slot {
+        codec::ChunkIn ci;
+        codec::ChunkOut co;
+        std::future<void> read, post;   // the lane's tasks on this slot's buffers
+    } slot[2];
+    LaneTasks wait{{&slot[0].read, &slot[0].post, &slot[1].read, &slot[1].post}};
+    auto start_read = [&](int s, uint64_t i0) {
+        if (slot[s].post.valid()) slot[s].post.get();   // the codes hashed before the buffers are reused
         const std::size_t n = std::size_t(std::min<uint64_t>(chunk, e.numel - i0));
-        const codec::ChunkIn ci = read_chunk(f, man, e, i0, n, buf, hs, &prog, theta, fused ? &to_raw : nullptr);
-        const codec::ChunkOut co = codec::backend(device).encode(setup, ci);
-        if (ulp) count_ulp_regime(buf.theta.data(), n, co.escapes, *ulp);
+        slot[s].read = lane.submit([&, s, i0, n] {
+            slot[s].ci = read_chunk(f, man, e, i0, n, bufs[s], hs, nullptr, theta, fused ? ht.get() : nullptr);
+        });
+    };
+    if (e.numel) start_read(0, 0);
+    int s = 0;
+    for (uint64_t i0 = 0; i0 < e.numel; i0 += chunk, s ^= 1) {
+        const std::size_t n = std::size_t(std::min<uint64_t>(chunk, e.numel - i0));
+        if (i0 + chunk < e.numel) start_read(s ^ 1, i0 + chunk);
+        slot[s].read.get();
+        prog.advance(n * es * std::size_t(nm));
+        ChunkBuffers& b = bufs[s];
+        if (fused) {
+            out.append_raw(b.theta_raw, n * ts);
+            prog.advance(n * ts);
+        }
+        codec::ChunkOut& co = slot[s].co;
+        codec::backend(device).encode(setup, slot[s].ci, co);
+        slot[s].post = lane.submit([&, s, n] {
+            const codec::ChunkOut& c = slot[s].co;
+            if (ulp) count_ulp_regime(bufs[s].theta.data(), n, c.escapes, *ulp);
+            for (int k = 0; k < nm; ++k) XXH3_64bits_update(hc[k].get(), c.codes[k].data(), c.codes[k].size());
+        });
         for (int k = 0; k < nm; ++k) {
-            XXH3_64bits_update(hc[k].get(), co.codes[k].data(), co.codes[k].size());
             bits[std::size_t(k)].clear();
-            for (uint32_t li : co.escapes) bits[std::size_t(k)].push_back(element_bits(e.dtype, buf.raw[k], li));
+            for (uint32_t li : co.escapes) bits[std::size_t(k)].push_back(element_bits(e.dtype, b.raw[k], li));
         }
         out.append_chunk(i0, co, bits);
     }
+    for (auto& sl : slot)
+        if (sl.post.valid()) sl.post.get();
     CodeHashes h{};
     for (int k = 0; k < nm; ++k) {
         man.storages[std::size_t(e.storage[k])].xxh3 = XXH3_64bits_digest(hs[k].get());
@@ -286,18 +331,19 @@ Written write_container(const std::string& path, const io::InputFile& f, ct::Man
     ct::ContainerWriter out(path);
     Progress prog(o.progress, "ckpt-compress", f.size(), man.params.size());
     out.begin_moments(man);
-    RawWriter raw(out, f, man, prog);
+    SerialLane lane(codec::cpu_threads() > 1);  // declared after out: its tasks end first
+    RawWriter raw(out, f, man, prog, lane);
     const std::size_t unit = codec::entropy_coded(o.codec) ? codec::kSegment : codec::kBlock;  // chunks start on segments
     const std::size_t want = o.chunk ? o.chunk : codec::backend(device).chunk;
     const std::size_t chunk = std::max<std::size_t>(unit, want / unit * unit);
     Written w;
-    ChunkBuffers buf;
+    ChunkBuffers buf[2];
     for (std::size_t j = 0; j < man.params.size(); ++j) {
         ct::ParamEntry& e = man.params[j];
         UlpCount u{theta[j], std::ldexp(o.tolerance * e.hyper.lr, 23), 0};
         const bool count = theta[j].storage >= 0 && !o.bound_param;
         w.codes.push_back(encode_param(f, man, e, ct::tensor_setup(e, o.codec, o.tolerance), device, chunk, out, raw, prog,
-                                       buf, count ? &u : nullptr));
+                                       buf, count ? &u : nullptr, lane));
         w.ulp_regime.push_back(count ? u.count : -1);
         prog.item_done();
     }

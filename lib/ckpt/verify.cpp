@@ -248,8 +248,10 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
         try {
             cr.for_each_chunk(j, ContainerReader::default_decode_chunk(), want, [&](const ContainerReader::Chunk& c) {
                 prog.advance(c.n * uint64_t(nm) * es);
-                if (codes_only) {  // self-check: the decoded codes hashed (hs[] serves the original otherwise)
-                    for (int k = 0; k < nm; ++k) XXH3_64bits_update(hs[k], c.codes[k].data(), c.n * code_bytes);
+                if (codes_only) {  // self-check: the decoded codes hashed (hs[] serves the original otherwise), a role per thread
+                    codec::parallel_items(std::size_t(nm), [&](unsigned, std::size_t k0, std::size_t k1) {
+                        for (std::size_t k = k0; k < k1; ++k) XXH3_64bits_update(hs[k], c.codes[k].data(), c.n * code_bytes);
+                    });
                     escapes += c.escaped.size();
                     return;
                 }

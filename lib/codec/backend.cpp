@@ -13,14 +13,13 @@ namespace {
 
 bool cpu_available(std::string*) { return true; }
 
-ChunkOut cuda_encode(const TensorSetup& s, const ChunkIn& in) {
-    ChunkOut out = gpu::encode_chunk_gpu(s, in);
+void cuda_encode(const TensorSetup& s, const ChunkIn& in, ChunkOut& out) {
+    out = gpu::encode_chunk_gpu(s, in);
     classify_escapes(s, in, out);   // causes: the CPU encoder re-run on the blocks holding escapes
-    return out;
 }
 
 constexpr Backend kBackends[] = {
-    {Device::Cpu, "cpu", kCpuChunk, cpu_available, encode_chunk, decode_chunk},
+    {Device::Cpu, "cpu", kCpuChunk, cpu_available, encode_chunk_into, decode_chunk},
     {Device::Cuda, "cuda", kDeviceChunk, gpu::gpu_available, cuda_encode, gpu::decode_chunk_gpu},
 };
 

@@ -30,9 +30,10 @@ struct Backend {
     /// True when the backend can run in this process; otherwise false with the reason in
     /// *why (when non-null). Cached after the first call.
     bool (*available)(std::string* why);
-    /// encode_chunk's semantics and output, escape causes classified (classify_escapes).
-    /// Throws std::runtime_error when the backend is not available or a device call fails.
-    ChunkOut (*encode)(const TensorSetup&, const ChunkIn&);
+    /// encode_chunk_into's semantics and output (out's buffers reused), escape causes
+    /// classified (classify_escapes). Throws std::runtime_error when the backend is not
+    /// available or a device call fails.
+    void (*encode)(const TensorSetup&, const ChunkIn&, ChunkOut& out);
     /// decode_chunk's semantics and output (the first block with a used code outside the
     /// float range, or SIZE_MAX). Throws std::runtime_error as encode does.
     std::size_t (*decode)(const TensorSetup&, const std::array<const uint8_t*, 3>& codes,

@@ -295,7 +295,8 @@ void encode_blocks(const TensorSetup& s, const GuardConst& gc, const float* cons
         }
         for (int j = 0; j < bn; ++j) {
             const std::size_t i = i0 + std::size_t(j);
-            if (!best.keep[j]) {
+            if (!best.keep[j]) {   // its codes 0 (out's buffers are reused, not zeroed)
+                for (int k = 0; k < nm; ++k) store_code(out.codes[k].data(), Q::kCodeBytes, i, 0);
                 r.escapes.push_back(uint32_t(i));
                 ++r.causes[std::size_t(escape_cause(src, nm, i, best.code_ok[j]))];
                 continue;
@@ -343,16 +344,18 @@ CKPT_ISA_CLONES(decode_blocks_isa, decode_blocks)
 
 // The loops over blocks and coordinates; the bodies are block.h's (shared with cuda/).
 template <class Q>
-ChunkOut encode_impl(const TensorSetup& s, const ChunkIn& in) {
+void encode_impl(const TensorSetup& s, const ChunkIn& in, ChunkOut& out) {
     const int nm = s.moments();
     const std::size_t n = in.n, blocks = (n + kBlock - 1) / kBlock;
     const GuardConst gc = make_guard_const(s.hyper, s.tolerance, s.format6);
     const float* src[3] = {in.m, in.v, in.vmax};
-    ChunkOut out;
-    for (int k = 0; k < nm; ++k) {
-        out.codes[k].assign(n * Q::kCodeBytes, 0);
-        out.params[k].assign(blocks * Q::kParams, 0);
+    for (int k = 0; k < 3; ++k) {  // every byte is written by encode_blocks: a reused buffer is not zeroed
+        out.codes[k].resize(k < nm ? n * Q::kCodeBytes : 0);
+        out.params[k].resize(k < nm ? blocks * Q::kParams : 0);
     }
+    out.escapes.clear();
+    out.max_bound = 0;
+    out.causes = {};
     const unsigned parts = parts_for(n);
     std::vector<RangeOut> ranges(parts);
     for_block_ranges(blocks, parts, [&](unsigned part, std::size_t b0, std::size_t b1) {
@@ -363,7 +366,6 @@ ChunkOut encode_impl(const TensorSetup& s, const ChunkIn& in) {
         out.max_bound = std::max(out.max_bound, r.max_bound);
         for (std::size_t c = 0; c < 3; ++c) out.causes[c] += r.causes[c];
     }
-    return out;
 }
 
 template <class Q>
@@ -442,14 +444,20 @@ std::size_t invalid_block_param(Kind kind, int k, const int16_t* params, std::si
     return b;
 }
 
-ChunkOut encode_chunk(const TensorSetup& s, const ChunkIn& in) {
+void encode_chunk_into(const TensorSetup& s, const ChunkIn& in, ChunkOut& out) {
     switch (s.kind) {
-        case Kind::Log8: return encode_impl<Log8>(s, in);
-        case Kind::BF16: return encode_impl<BF16>(s, in);
-        case Kind::Blockwise8: return encode_impl<Blockwise8>(s, in);
-        case Kind::VLog: return encode_impl<VLog>(s, in);
+        case Kind::Log8: return encode_impl<Log8>(s, in, out);
+        case Kind::BF16: return encode_impl<BF16>(s, in, out);
+        case Kind::Blockwise8: return encode_impl<Blockwise8>(s, in, out);
+        case Kind::VLog: return encode_impl<VLog>(s, in, out);
     }
     throw std::logic_error("codec kind");
+}
+
+ChunkOut encode_chunk(const TensorSetup& s, const ChunkIn& in) {
+    ChunkOut out;
+    encode_chunk_into(s, in, out);
+    return out;
 }
 
 std::size_t decode_chunk(const TensorSetup& s, const std::array<const uint8_t*, 3>& codes,

@@ -132,6 +132,9 @@ std::size_t invalid_block_param(Kind kind, int k, const int16_t* params, std::si
 
 /// Encode and certify one chunk (n need not be a multiple of kBlock only for the last).
 ChunkOut encode_chunk(const TensorSetup&, const ChunkIn&);
+/// The same into `out`, reusing its buffers (a pipeline's per-chunk output: no allocation
+/// or zero-fill on the calling thread once they have grown; every byte is written).
+void encode_chunk_into(const TensorSetup&, const ChunkIn&, ChunkOut& out);
 
 /// Fill out.causes for an encoding made elsewhere (the GPU path): re-runs the CPU block
 /// encoder on the blocks that hold escapes (the same math, so the same trial).

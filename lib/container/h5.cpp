@@ -41,9 +41,11 @@ bool store_declines(const void* chunk, std::size_t nbytes) {
 std::atomic<bool> direct_writes{false};
 
 /// Appender::flush's working buffers, shared by every Appender of a thread (a container has
-/// a dozen datasets, most of a few KiB): `pad` holds a partial last chunk zero-filled to a
-/// whole one, and is all zeros again after each use, so a small dataset neither zeroes nor
-/// pages in a chunk of its own; `shuffled` and `packed` hold its shuffle and zstd frame.
+/// a dozen datasets, most of a few KiB): `pad` holds the one partial chunk of a dataset of
+/// less than a chunk zero-filled to a whole one, and is all zeros again after each use, so a
+/// small dataset neither zeroes nor pages in a chunk of its own; `shuffled` and `packed` hold
+/// its shuffle and zstd frame. (A larger dataset's last chunk is padded in its own buffer and
+/// compressed with the last batch: flush_full.)
 struct FlushScratch {
     ChunkBuffer pad, shuffled, packed;
 };
@@ -405,7 +407,7 @@ constexpr std::size_t kBatch = 8;
 
 void Appender::push(const void* data, std::size_t n) {
     const auto* p = static_cast<const unsigned char*>(data);
-    XXH3_64bits_update(hash_.get(), p, n);
+    if (!direct_) XXH3_64bits_update(hash_.get(), p, n);  // direct: hashed by chunk as flushed, in the same order
     const std::size_t chunk_bytes = chunk_elems_ * elem_;
     while (n > 0) {  // one chunk buffered at a time (whole elements: appends come in elements or bytes, never both)
         const std::size_t take = std::min(chunk_bytes - buf_.size(), n);
@@ -426,15 +428,23 @@ void Appender::push(const void* data, std::size_t n) {
     }
 }
 
-void Appender::flush_full() {
+void Appender::flush_full(std::size_t tail) {
     if (full_.empty()) return;
     const std::size_t chunk_bytes = chunk_elems_ * elem_, count = full_.size();
     if (packed_.size() < count) packed_.resize(count);
     std::vector<std::size_t> size(count, chunk_bytes);
     std::vector<uint32_t> mask(count, 0);
-    codec::parallel_items(count, [&](unsigned, std::size_t i0, std::size_t i1) {
+    // item `count`, the last range's (a worker's when there are two or more): the batch's
+    // xxh3, in order (a tail: its `tail` bytes, not the padding), beside the compression of
+    // the others
+    codec::parallel_items(count + 1, [&](unsigned, std::size_t i0, std::size_t i1) {
         FlushScratch& s = flush_scratch;   // this worker's
         for (std::size_t i = i0; i < i1; ++i) {
+            if (i == count) {
+                for (std::size_t c = 0; c < count; ++c)
+                    XXH3_64bits_update(hash_.get(), full_[c].data(), tail && c + 1 == count ? tail : chunk_bytes);
+                continue;
+            }
             const unsigned char* data = full_[i].data();
             if (level_ == kZstdStore && store_declines(data, chunk_bytes)) {
                 mask[i] = 1;   // the optional zstd filter (the only one) skipped, as libhdf5 marks it
@@ -452,7 +462,7 @@ void Appender::flush_full() {
         }
     });
     for (std::size_t i = 0; i < count; ++i) {
-        const hsize_t start = written_, total = written_ + chunk_elems_;
+        const hsize_t start = written_, total = written_ + (tail && i + 1 == count ? tail / elem_ : chunk_elems_);
         if (H5Dset_extent(ds_.get(), &total) < 0) fail("cannot extend dataset");
         const void* data = mask[i] ? static_cast<const void*>(full_[i].data()) : packed_[i].data();
         if (H5Dwrite_chunk(ds_.get(), H5P_DEFAULT, mask[i], &start, size[i], data) < 0)
@@ -464,30 +474,34 @@ void Appender::flush_full() {
 }
 
 void Appender::flush() {
+    const std::size_t chunk_bytes = chunk_elems_ * elem_, used = buf_.size();
+    if (direct_ && used && !full_.empty()) {  // the partial last chunk zero-filled past the data
+        buf_.resize(chunk_bytes);             // (filtered whole, as libhdf5's pipeline does),
+        std::memset(buf_.data() + used, 0, chunk_bytes - used);  // compressed with the batch
+        full_.push_back(std::move(buf_));
+        buf_.clear();
+        flush_full(used);
+        return;
+    }
     flush_full();
     if (buf_.empty()) return;
-    const hsize_t n = buf_.size() / elem_, start = written_, total = written_ + n;
+    const hsize_t n = used / elem_, start = written_, total = written_ + n;
     if (H5Dset_extent(ds_.get(), &total) < 0) fail("cannot extend dataset");
-    if (direct_) {  // the pipeline's bytes: the chunk zero-filled past the data, filtered whole
-        const std::size_t chunk_bytes = chunk_elems_ * elem_, used = buf_.size();
+    if (direct_) {  // a dataset of less than a chunk: padded in the thread's shared zeros
+        XXH3_64bits_update(hash_.get(), buf_.data(), used);
         FlushScratch& s = flush_scratch;
-        const unsigned char* data = buf_.data();
-        if (used < chunk_bytes) {  // the last, partial chunk: padded in the shared zeros
-            if (s.pad.size() < chunk_bytes) {  // zeros past what it held
-                const std::size_t had = s.pad.size();
-                s.pad.resize(chunk_bytes);
-                std::memset(s.pad.data() + had, 0, chunk_bytes - had);
-            }
-            std::memcpy(s.pad.data(), buf_.data(), used);
-            data = s.pad.data();
+        if (s.pad.size() < chunk_bytes) {  // zeros past what it held
+            const std::size_t had = s.pad.size();
+            s.pad.resize(chunk_bytes);
+            std::memset(s.pad.data() + had, 0, chunk_bytes - had);
         }
+        std::memcpy(s.pad.data(), buf_.data(), used);
+        const unsigned char* data = s.pad.data();
         struct Rezero {  // pad is all zeros again on every way out, a throw included
             ChunkBuffer& pad;
             std::size_t n;
-            ~Rezero() {
-                if (n) std::memset(pad.data(), 0, n);
-            }
-        } rezero{s.pad, used < chunk_bytes ? used : 0};
+            ~Rezero() { std::memset(pad.data(), 0, n); }
+        } rezero{s.pad, used};
         std::size_t size = chunk_bytes;
         uint32_t mask = 0;
         if (level_ == kZstdStore && store_declines(data, size)) {
@@ -523,7 +537,7 @@ uint64_t Appender::finish() {
         static constexpr unsigned char zeros[16] = {};
         const std::size_t pad = elem_ - buf_.size() % elem_;
         buf_.append(zeros, pad);
-        XXH3_64bits_update(hash_.get(), zeros, pad);
+        if (!direct_) XXH3_64bits_update(hash_.get(), zeros, pad);  // direct: hashed with the chunk
     }
     flush();
     if (byte_mode_) set_attr(ds_.get(), "bytes", bytes_);

@@ -119,16 +119,18 @@ public:
     uint64_t count() const { return count_; }
     /// Whether this dataset's chunks are written directly (enable_direct_chunk_writes).
     bool direct() const { return direct_; }
-    /// xxh3 of the elements appended so far (after finish(): the `xxh3` attribute's value).
+    /// xxh3 of the elements flushed so far (after finish(): the `xxh3` attribute's value).
     uint64_t xxh3() const { return XXH3_64bits_digest(hash_.get()); }
 
 private:
-    void push(const void* data, std::size_t nbytes);  ///< hash, buffer, flush whole chunks
+    void push(const void* data, std::size_t nbytes);  ///< buffer (and hash), flush whole chunks
     void flush();
     /// Direct writes: the whole chunks queued in full_ shuffled and zstd-compressed in the
-    /// worker pool (codec::parallel_items), then written in order from this thread (libhdf5
-    /// is called from one thread only); the same bytes for any thread count.
-    void flush_full();
+    /// worker pool (codec::parallel_items), the batch hashed in order beside them, then
+    /// written in order from this thread (libhdf5 is called from one thread only); the same
+    /// bytes for any thread count.
+    /// tail: the last entry of full_ is the partial last chunk, `tail` bytes zero-padded.
+    void flush_full(std::size_t tail = 0);
     std::vector<ChunkBuffer> full_, packed_;   ///< queued whole chunks and their zstd frames
     Handle ds_;
     hid_t type_;

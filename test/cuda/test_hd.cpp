@@ -100,7 +100,8 @@ TEST_CASE("device selection") {
             CHECK(std::string(e.what()) == "--device cuda: no CUDA device (" + why + ")");
         }
         CHECK_THROWS(ckpt::gpu::encode_chunk_gpu(TensorSetup{}, ChunkIn{}));
-        CHECK_THROWS(backend(Device::Cuda).encode(TensorSetup{}, ChunkIn{}));
+        ChunkOut out;
+        CHECK_THROWS(backend(Device::Cuda).encode(TensorSetup{}, ChunkIn{}, out));
     } else {
         CHECK(resolve_device("cuda") == Device::Cuda);
     }
