@@ -46,20 +46,23 @@ void restore_raw(const ContainerReader& cr, FileWriter& w, Progress& prog) {
 /// and the zip CRC-32 fields of those storages recomputed.
 void restore_moments(const ContainerReader& cr, FileWriter& w, Progress& prog) {
     const auto& man = cr.manifest();
-    std::vector<uint8_t> bytes;
+    std::vector<uint8_t> bytes[3];
     ContainerReader::Chunk chunk;  // reused by every parameter
+    w.flush_buffered();  // from here on only pwrite: one per role at a time, on several threads
     for (std::size_t j = 0; j < man.params.size(); ++j) {
         const auto& e = man.params[j];
         const std::size_t es = float_dtype_size(e.dtype);
         uint32_t crc[3] = {0, 0, 0};  // zip's CRC-32 (ISO-HDLC), chained over the chunks
-        auto write = [&](ContainerReader::Chunk& c) {
-            for (int k = 0; k < e.moments(); ++k) {
-                const uint8_t* out = ContainerReader::storage_bytes(e.dtype, c, k, bytes);
-                const auto& st = man.storages[std::size_t(e.storage[k])];
-                w.pwrite(st.offset + c.begin * es, out, c.n * es);
-                crc[k] = crc32_gzip_refl(crc[k], out, c.n * es);
-                prog.advance(c.n * es);
-            }
+        auto write = [&](ContainerReader::Chunk& c) {  // a role per thread: its bytes, write and CRC
+            codec::parallel_items(std::size_t(e.moments()), [&](unsigned, std::size_t k0, std::size_t k1) {
+                for (std::size_t k = k0; k < k1; ++k) {
+                    const uint8_t* out = ContainerReader::storage_bytes(e.dtype, c, int(k), bytes[k]);
+                    const auto& st = man.storages[std::size_t(e.storage[k])];
+                    w.pwrite(st.offset + c.begin * es, out, c.n * es);
+                    crc[k] = crc32_gzip_refl(crc[k], out, c.n * es);
+                }
+            });
+            prog.advance(c.n * es * std::size_t(e.moments()));
         };
         cr.for_each_chunk(j, ContainerReader::default_decode_chunk(), ContainerReader::Want::Values, write, &chunk);
         for (int k = 0; k < e.moments(); ++k) {

@@ -61,7 +61,11 @@ public:
     FileWriter(int fd, uint64_t size, std::string name);
     ~FileWriter();
     void write(const void* data, uint64_t n);
-    void pwrite(uint64_t offset, const void* data, uint64_t n);  ///< after the buffered bytes
+    /// After the buffered bytes. Several threads may pwrite at once (disjoint ranges) once
+    /// nothing is buffered (flush_buffered, and no write / skip since).
+    void pwrite(uint64_t offset, const void* data, uint64_t n);
+    /// Write the buffered bytes now.
+    void flush_buffered() { flush(); }
     void skip(uint64_t n);   ///< leave n bytes to be filled by pwrite (zeros until then)
     void close();   ///< flush, fsync and close
     uint64_t offset() const { return off_; }

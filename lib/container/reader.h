@@ -161,8 +161,18 @@ ContainerReader::SourceScan ContainerReader::scan_source(Piece piece, Hole hole)
                 continue;
             }
             for_each_raw_piece(sp.begin, sp.end, [&](uint64_t, const uint8_t* p, std::size_t n) {
-                if (sp.storage >= 0) XXH3_64bits_update(h.get(), p, n);
-                piece(p, n);
+                if (sp.storage < 0 || n < (std::size_t(1) << 16)) {
+                    if (sp.storage >= 0) XXH3_64bits_update(h.get(), p, n);
+                    piece(p, n);
+                    return;
+                }
+                // the tensor's hash on a worker beside piece() (restore's write) on this thread
+                codec::parallel_items(2, [&](unsigned, std::size_t i0, std::size_t i1) {
+                    for (std::size_t i = i0; i < i1; ++i) {
+                        if (i == 0) piece(p, n);
+                        else XXH3_64bits_update(h.get(), p, n);
+                    }
+                });
             });
             if (sp.storage < 0) continue;
             ++r.tensors;
