@@ -328,11 +328,14 @@ def apply(model, plan, budget=None, *, optimizer=None, check_scalars=True):
     recompute gets another Python scalar than its forward got (one the runtime does not keep:
     not a numeric attribute of the segment's modules nor a numeric global of their modules).
 
-    check_scalars: compare every recompute op by op with its forward's Python numbers (a
-    ScalarTape: a Python dispatch mode over the recomputed segments' forwards and recomputes,
-    the runtime's largest cost on models of small ops). False: only the numeric module
-    attributes and globals are kept per call (and the replay probe's verdict), so a number
-    held elsewhere that changes between a forward and its backward goes unnoticed.
+    check_scalars: compare every recompute call by call with its forward's Python numbers: a
+    FunctionTape (a Python torch-function mode: torch.*, Tensor methods, torch.nn.functional,
+    torch.ops calls) over the recomputed segments' forwards and recomputes, or a ScalarTape (a
+    dispatch mode: every aten op) for a segment whose first forward passes a Python number to
+    an aten op outside any torch function (a TorchScript function, a C++ extension) and on
+    torch 1.13; the runtime's largest cost on models of small ops. False: only the numeric
+    module attributes and globals are kept per call (and the replay probe's verdict), so a
+    number held elsewhere that changes between a forward and its backward goes unnoticed.
 
     optimizer: the loop's optimizer, compared with the recording's. One CkptkitWarning per
     handle, at the first difference, says the plan's prediction (peak, step time) no longer

@@ -2,11 +2,20 @@
 views and storages, the RNG streams (default CPU / CUDA generators and the model's private
 torch.Generator attributes), sizes, the model fingerprint and the per-segment op hash."""
 import contextlib
+import itertools
 import json
+import numbers
+import operator
 
 import torch
 import xxhash
 from torch.utils._python_dispatch import TorchDispatchMode
+
+try:   # torch >= 2: the runtime's scalar tape at the torch-function level (FunctionTape)
+    from torch.overrides import TorchFunctionMode
+    FUNCTION_TAPE = int(torch.__version__.split(".")[0]) >= 2
+except ImportError:   # pragma: no cover
+    TorchFunctionMode, FUNCTION_TAPE = object, False
 
 from .._errors import BadInput, CkptkitError
 
@@ -341,10 +350,21 @@ class ScalarTape(TorchDispatchMode):
     op instead and calls `mismatch(index, func, want, got)` at the first difference. With `ops`
     it also feeds an OpsHash under `name` (the first training forward's check)."""
 
-    def __init__(self, check=None, mismatch=None, ops=None, name=None):
+    def __init__(self, check=None, mismatch=None, ops=None, name=None, cover=None):
         super().__init__()
         self.tape, self.check, self.mismatch, self.ops, self.name = [], check, mismatch, ops, name
         self.i = 0
+        self.cover, self.uncovered = cover, []
+        self.error = None
+
+    def fail(self, func, want, got):
+        """mismatch() for the current op; its error is kept in `error` too (code between the op
+        and the caller, the TorchScript interpreter, may replace it with a bare RuntimeError)."""
+        try:
+            self.mismatch(self.i - 1, func, want, got)
+        except BaseException as e:
+            self.error = e
+            raise
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -363,11 +383,193 @@ class ScalarTape(TorchDispatchMode):
         vals = (func, _value(args, found), _value(kwargs, found) if kwargs else ())
         if not found:   # no Python number (the casts autocast caches run in one pass and not the other)
             return func(*args, **kwargs)
+        if self.cover is not None and not self.cover.depth:
+            self.uncovered.append(str(func))
         if self.check is None:
             self.tape.append(vals)
         else:
             want = self.check[self.i] if self.i < len(self.check) else None
             self.i += 1
             if want is None or want[0] != func or not (_same(want[1], vals[1]) and _same(want[2], vals[2])):
-                self.mismatch(self.i - 1, func, want, vals)
+                self.fail(func, want, vals)
+        return func(*args, **kwargs)
+
+
+def fast_digest(t):
+    """XXH3-64 of a tensor's bytes alone (host tensors read in place; see digest): for comparing
+    one tensor object with itself, as the runtime's watch does."""
+    if t.device.type == "cpu" and t.is_contiguous():
+        try:
+            return xxhash.xxh3_64_intdigest(t.detach().numpy().reshape(-1).view("u1").data)
+        except (TypeError, RuntimeError, ValueError):
+            pass
+    return digest(t)
+
+
+def _getter(keys):
+    """A function giving the tuple of a dict's values at `keys` (operator.itemgetter, C speed)."""
+    if len(keys) > 1:
+        return operator.itemgetter(*keys)
+    if keys:
+        k = keys[0]
+        return lambda d: (d[k],)
+    return lambda d: ()
+
+
+class ScalarSnap:
+    """Snapshots of the numeric entries of a segment's Python-scalar holders
+    (py_scalar_holders) at C speed, for the runtime. take() reads the entries that held a
+    number or None when the holders' keys last changed (itemgetters); two snapshots are
+    `same()` when taken under the same layout and every such entry is the same object. Only
+    where they differ does the runtime go through numeric() and set_py_scalars, so the common
+    step, where nothing changed, costs no Python per entry. A snapshot holds numbers and None
+    only (an entry that now holds anything else is kept as a marker). Not seen: an entry that
+    held something else (a tensor, a string) when the keys last changed and holds a number now."""
+
+    _OTHER = object()
+
+    def __init__(self, holders):
+        self.holders = holders
+        self.refresh()
+
+    def refresh(self):
+        self.sizes = [len(d) for d in self.holders]
+        cand = [tuple(k for k, v in d.items() if v is None or type(v) in _NUMBER) for d in self.holders]
+        self.getters = [_getter(k) for k in cand]
+        self.layout = tuple((i, k) for i, ks in enumerate(cand) for k in ks)
+
+    def take(self):
+        """(layout, the values of the entries that may hold a number)."""
+        try:
+            if list(map(len, self.holders)) != self.sizes:
+                raise KeyError
+            vals = tuple(itertools.chain.from_iterable([g(d) for g, d in zip(self.getters, self.holders)]))
+        except KeyError:   # keys added or removed
+            self.refresh()
+            vals = tuple(itertools.chain.from_iterable([g(d) for g, d in zip(self.getters, self.holders)]))
+        if not all(map(_NUMBER_OR_NONE.__contains__, map(type, vals))):
+            vals = tuple(v if type(v) in _NUMBER_OR_NONE else self._OTHER for v in vals)
+        return self.layout, vals
+
+    @staticmethod
+    def same(a, b):
+        """Every entry the same object, under the same layout."""
+        return a[0] is b[0] and all(map(operator.is_, a[1], b[1]))
+
+    @staticmethod
+    def numeric(snap):
+        """The snapshot's numbers as py_scalars gives them: {(holder index, key): value}."""
+        return {p: v for p, v in zip(*snap) if type(v) in _NUMBER}
+
+
+_NUMBER_OR_NONE = frozenset((int, float, bool, type(None)))
+
+
+def _fvalue(v, found):
+    """A torch function's non-tensor argument as the FunctionTape compares it (tensors: None);
+    appends to `found` when it holds a Python number (numbers in lists, tuples, torch.Size,
+    dicts and slices included)."""
+    t = type(v)
+    if t in _WRAPPED:
+        found.append(True)
+        return v
+    if t is list or t is tuple:
+        return tuple(_fvalue(x, found) for x in v)
+    if v is None or t is str:
+        return v
+    if isinstance(v, torch.Tensor):
+        return None
+    if t is slice:
+        return ("slice", _fvalue(v.start, found), _fvalue(v.stop, found), _fvalue(v.step, found))
+    if isinstance(v, tuple):
+        return tuple(_fvalue(x, found) for x in v)
+    if t is dict:
+        return tuple((k, _fvalue(x, found)) for k, x in sorted(v.items()))
+    if isinstance(v, torch.Generator):
+        return "gen"
+    if isinstance(v, numbers.Number):
+        found.append(True)
+    return v
+
+
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _fargs(args):
+    """(_fvalue of each argument as a tuple, whether one holds a Python number): _fvalue with
+    the common flat cases (numbers, tensors, None, strings) inline."""
+    out, found = [], False
+    for v in args:
+        t = type(v)
+        if t in _WRAPPED:
+            found = True
+            out.append(v)
+        elif t in _TENSOR_TYPES:
+            out.append(None)
+        elif v is None or t is str:
+            out.append(v)
+        else:
+            f = []
+            out.append(_fvalue(v, f))
+            found = found or bool(f)
+    return tuple(out), found
+
+
+def function_name(func):
+    """A torch function as the FunctionTape's messages name it: "aten.mul.Tensor" (torch.ops),
+    "Tensor.mul", "torch.nn.functional.dropout"."""
+    if isinstance(func, torch._ops.OpOverload if hasattr(torch, "_ops") else ()):
+        return str(func)
+    q = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or str(func)
+    if q.startswith("TensorBase.") or q.startswith("Tensor."):
+        return "Tensor." + q.split(".", 1)[1]
+    mod = getattr(func, "__module__", None)
+    if q.startswith("_VariableFunctionsClass."):
+        return "torch." + q.split(".", 1)[1]
+    return f"{mod}.{q}" if mod else q
+
+
+class FunctionTape(TorchFunctionMode):
+    """The runtime's scalar tape at the torch-function level (torch >= 2): the non-tensor
+    arguments of every torch function (torch.*, Tensor methods, torch.nn.functional, torch.ops)
+    with a Python number among them that a segment's forward calls, in order (`tape`); with
+    `check` (the forward's tape) it compares the recompute's call by call and calls
+    `mismatch(index, func, want, got)` at the first difference. Functions called inside a
+    taped one are not seen (one call for F.linear, where ScalarTape sees its aten ops), so it
+    costs a fraction of ScalarTape. With `cover=True` it records nothing and counts how deep
+    the forward is inside taped calls (`depth`), so a ScalarTape beside it can tell which aten
+    ops with Python numbers run outside any (a C++ extension's: the runtime then keeps
+    ScalarTape for that segment)."""
+
+    def __init__(self, check=None, mismatch=None, cover=False):
+        super().__init__()
+        self.tape, self.check, self.mismatch, self.cover = [], check, mismatch, cover
+        self.i = self.depth = 0
+        self.error = None
+
+    fail = ScalarTape.fail
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.cover:
+            self.depth += 1
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.depth -= 1
+        a, found = _fargs(args)
+        if kwargs:
+            k, kfound = _fargs(kwargs[x] for x in sorted(kwargs))
+            k, found = tuple(zip(sorted(kwargs), k)), found or kfound
+        else:
+            k = ()
+        if found:
+            vals = (func, a, k)
+            if self.check is None:
+                self.tape.append(vals)
+            else:
+                want = self.check[self.i] if self.i < len(self.check) else None
+                self.i += 1
+                if want is None or want[0] != func or not (_same(want[1], vals[1]) and _same(want[2], vals[2])):
+                    self.fail(func, want, vals)
         return func(*args, **kwargs)

@@ -1,5 +1,6 @@
 """The contract runtime: a plan applied to a live model in the user's own training loop. See
 ckptkit.replay.apply."""
+import contextlib
 import warnings
 import weakref
 
@@ -9,9 +10,11 @@ import torch.utils.checkpoint as tuc
 from .._errors import BadInput, CkptkitWarning
 
 from ._ops import sac_kwargs
-from ._common import (ContractError, OpsHash, ScalarTape, StalePlan, all_streams, buffer_owner,
-                      byte_view, digest, generator_names, model_fingerprint, py_scalar_holders,
-                      py_scalars, py_scalars_as, stream_state, set_stream_state, tensors_in)
+from ._common import _MISSING
+from ._common import (FUNCTION_TAPE, ContractError, FunctionTape, OpsHash, ScalarSnap, ScalarTape, StalePlan,
+                      buffer_owner, byte_view, cuda_streams, digest, fast_digest, function_name,
+                      generator_names, model_fingerprint, py_scalar_holders, set_py_scalars, stream_state,
+                      set_stream_state, tensors_in)
 
 
 # module -> the Applied handle whose segment patches its forward: one plan at a time per module
@@ -26,7 +29,8 @@ class _Segment:
     forward. A recomputed segment's first training forward is checked against the plan's ops
     hash; every one of its training forwards keeps its Python scalars and the scalar arguments
     of its ops for its recompute (_Call). Kept segments are never checked: nothing of theirs is
-    replayed."""
+    replayed. What a call needs is looked up once here (watch lists, state kinds, the scalar
+    holders); the output-gradient hook is set only where the contract has state to rebuild."""
 
     def __init__(self, handle, name, module, entry, layout):
         self.h, self.name, self.module = handle, name, module
@@ -43,6 +47,13 @@ class _Segment:
         self.touched = restored + [x["buffer"] for x in self.contract.get("discard", [])
                                    if x["buffer"] not in restored]
         self.rng_streams = [g["stream"] for g in self.contract.get("rng", [])]
+        self.kinds = {b: self._kind(b) for b in self.touched}
+        self.snap = ScalarSnap(self.py_holders) if self.recompute_on else None
+        # the scalar tape's level, decided on the first taped forward: "function" (FunctionTape)
+        # where every aten op with a Python number ran inside a torch function, else "dispatch"
+        self.tape_level = None if FUNCTION_TAPE else "dispatch"
+        if self.recompute_on:
+            self._watch_lists()
         # op-level plans: torch's selective checkpointing saves the entry's save_ops (_ops.py)
         self.ckpt_kw = sac_kwargs(name, entry) if self.recompute_on else {}
         module.forward = self.forward
@@ -55,6 +66,10 @@ class _Segment:
 
     # ---- state lookup
     def kind(self, b):
+        k = self.kinds.get(b)
+        return k if k is not None else self._kind(b)
+
+    def _kind(self, b):
         for r in self.contract.get("restore", []):
             if r["buffer"] == b and r.get("kind"):
                 return r["kind"]
@@ -94,20 +109,31 @@ class _Segment:
         # the recompute restores it; torch 1.13 kept plain references, as `call` does.
         out = tuc.checkpoint(call, use_reentrant=False, preserve_rng_state=False, **self.ckpt_kw, **kw)
         self.watch_after(watch)
-        for t in tensors_in(out):
-            if t.requires_grad:
-                t.register_hook(call.before_backward)
+        if self.touched:   # state to rebuild: built and checked when the output gradient arrives
+            for t in tensors_in(out):
+                if t.requires_grad:
+                    t.register_hook(call.before_backward)
         return out
 
     def run_taped(self, args, kw):
         """The segment's forward under a ScalarTape (returns (output, tape)); on its first
         training forward also under the ops hash, which must be the plan's (else StalePlan)."""
         ops = None if self.checked else OpsHash()
-        if ops is None and not self.h.check_scalars:
+        check = self.h.check_scalars
+        if ops is None and not check:
             return self.orig(*args, **kw), None
-        mode = ScalarTape(ops=ops, name=self.name)
-        with mode:
+        if ops is None and self.tape_level == "function":
+            mode = FunctionTape()
+            with mode:
+                out = self.orig(*args, **kw)
+            return out, ("function", mode.tape)
+        # the first taped forward also learns whether FunctionTape sees every Python number
+        cover = FunctionTape(cover=True) if check and self.tape_level is None else None
+        mode = ScalarTape(ops=ops, name=self.name, cover=cover)
+        with (cover if cover is not None else contextlib.nullcontext()), mode:
             out = self.orig(*args, **kw)
+        if cover is not None:
+            self.tape_level = "dispatch" if mode.uncovered else "function"
         if ops is not None:
             got = ops.hexdigest(self.name)
             self.checked = True
@@ -115,58 +141,95 @@ class _Segment:
                 raise StalePlan(self.name, f"its forward ops differ from the recorded ones (ops_hash {got}, "
                                            f"the plan has {self.ops_hash}: an op, a dtype, a flag or a string "
                                            "argument changed, or dropout was switched on or off): record and plan again")
-        return out, mode.tape if self.h.check_scalars else None
+        return out, ("dispatch", mode.tape) if check else None
 
     def scalar_changed(self, i, func, want, got):
         """ContractError for a recompute whose op `i` differs from its forward's: the argument
         and both values, the Python objects holding that value now, and the fix."""
         if want is None or want[0] != func:
-            what = (f"its recompute runs {func} as op {i} where its forward ran "
-                    f"{want[0] if want else 'no more ops'}: its control flow depends on Python state that "
+            what = (f"its recompute runs {function_name(func)} as op {i} where its forward ran "
+                    f"{function_name(want[0]) if want else 'no more ops'}: its control flow depends on Python state that "
                     "changed between the forward and the backward")
         else:
             pos, w, g = next(((k, a, b) for k, (a, b) in enumerate(zip(want[1], got[1])) if a != b),
                              ("keyword", want[2], got[2]))
             holders = _holders_of(self.module, self.name, g)
-            what = (f"its recompute passes {g!r} to {func} (argument {pos}) where its forward passed {w!r}: "
+            what = (f"its recompute passes {g!r} to {function_name(func)} (argument {pos}) where its forward passed {w!r}: "
                     f"a Python scalar it reads ({', '.join(holders) if holders else 'not a numeric attribute of its modules'}) "
                     "changed between the forward and the backward, and the runtime keeps per call only the numeric "
                     "attributes of the segment's modules and the numeric globals of their Python modules")
         raise ContractError(self.name, what + "; hold the value in such an attribute or in a tensor buffer "
                                                "(register_buffer), or change it only after backward()")
 
+    def _watch_lists(self):
+        """What watch_before reads, resolved once: (name, owner's buffer dict, attribute, own)
+        per buffer and (name, parameter dict, attribute) per parameter outside the contract, and
+        the model generators' streams it does not restore."""
+        model, touched = self.h.model, set(self.touched)
+        mine = {id(b) for b in self.module.buffers()}
+        self.w_bufs, self.w_params = [], []
+        for n, b in model.named_buffers():
+            if n not in touched:
+                owner, attr = buffer_owner(model, n)
+                self.w_bufs.append((n, owner._buffers, attr, id(b) in mine))
+        for n, _ in model.named_parameters():
+            if n not in touched:
+                owner, attr = buffer_owner(model, n)
+                self.w_params.append((n, owner._parameters, attr))
+        self.w_gens = []
+        for name in self.h.gen_names.values():
+            if "gen:" + name not in self.rng_streams:
+                owner, _, attr = name.rpartition(".")
+                self.w_gens.append(("gen:" + name, model.get_submodule(owner) if owner else model, attr))
+
+    def _rng_now(self):
+        out = [] if "cpu" in self.rng_streams else [("cpu", torch.get_rng_state())]
+        out += [(s, torch.cuda.get_rng_state(int(s[5:]))) for s in cuda_streams() if s not in self.rng_streams]
+        return out + [(s, getattr(owner, attr).get_state()) for s, owner, attr in self.w_gens]
+
+    @contextlib.contextmanager
+    def scalars_as(self, fwd):
+        """The segment's Python scalars are the forward's (`fwd`, a ScalarSnap snapshot) inside
+        the block and as before it afterwards (the recompute's writes undone): py_scalars_as,
+        with the common case (nothing changed) at C speed."""
+        snap, holders = self.snap, self.py_holders
+        before = snap.take()
+        undo = {} if snap.same(before, fwd) else set_py_scalars(holders, snap.numeric(fwd))
+        try:
+            yield
+        finally:
+            if undo or not snap.same(snap.take(), before):
+                for (i, k), v in undo.items():
+                    if v is _MISSING:
+                        holders[i].pop(k, None)
+                    else:
+                        holders[i][k] = v
+                set_py_scalars(holders, snap.numeric(before))
+
     def watch_before(self):
         """What a recomputed segment's forward must leave alone unless its contract covers it:
         its module's buffers (digests), every other buffer and parameter (object, version)
         and the RNG streams its contract does not restore."""
-        model = self.h.model
-        mine = {id(b) for b in self.module.buffers()}
-        bufs = {}
-        for n, b in model.named_buffers():
-            if n in self.touched:
-                continue
-            bufs[n] = (b, b._version, digest(b) if id(b) in mine else None)
-        params = {n: (p, p._version) for n, p in model.named_parameters() if n not in self.touched}
-        rng = {s: stream_state(model, s) for s in all_streams(model, self.h.gen_names)
-               if s not in self.rng_streams}
-        return bufs, params, rng
+        bufs = [(n, d, attr, b, b._version, fast_digest(b) if own else None)
+                for n, d, attr, own in self.w_bufs for b in (d.get(attr),) if b is not None]
+        params = [(n, p, p._version) for n, d, attr in self.w_params for p in (d.get(attr),) if p is not None]
+        return bufs, params, self._rng_now()
 
     def watch_after(self, watch):
         bufs, params, rng = watch
-        model = self.h.model
-        for n, (b, v, d) in bufs.items():
-            owner, attr = buffer_owner(model, n)
-            now = getattr(owner, attr)
-            if now is not b or now._version != v or (d is not None and digest(now) != d):
+        for n, d, attr, b, v, dg in bufs:
+            now = d.get(attr)
+            if now is not b or now._version != v or (dg is not None and fast_digest(now) != dg):
                 raise ContractError(self.name, f"writes buffer '{n}', which its contract does not restore "
                                                "or discard (a plain recompute would apply the write twice): "
                                                "the plan is stale or was edited; record and plan again")
-        for n, (p, v) in params.items():
+        for n, p, v in params:
             if p._version != v:
                 raise ContractError(self.name, f"writes parameter '{n}' in place, which its contract does "
                                                "not restore: record and plan again")
-        for s, st in rng.items():
-            if not torch.equal(stream_state(model, s), st):
+        after = dict(self._rng_now())
+        for s, st in rng:
+            if not torch.equal(after[s], st):
                 raise ContractError(self.name, f"draws RNG stream {s}, which its contract does not restore "
                                                "(the recompute would draw other numbers): record and plan again")
 
@@ -198,7 +261,7 @@ class _Call:
         self.calls += 1
         if self.calls == 1:
             self.args_for_build = list(self.args)
-            self.py = py_scalars(self.seg.py_holders)   # the Python scalars the forward reads
+            self.py = self.seg.snap.take()   # the Python scalars the forward reads
             out, self.tape = self.seg.run_taped(self.args, k)
             return out
         return self.recompute(list(self.args), k)
@@ -263,11 +326,18 @@ class _Call:
         for s, st in self.rng.items():
             set_stream_state(model, s, st)
         try:
-            with py_scalars_as(seg.py_holders, self.py):   # the forward's values; the recompute's writes undone
+            with seg.scalars_as(self.py):   # the forward's values; the recompute's writes undone
                 if self.tape is None:
                     return seg.orig(*a, **k)
-                with ScalarTape(check=self.tape, mismatch=lambda *m: seg.scalar_changed(*m)):
-                    return seg.orig(*a, **k)
+                level, tape = self.tape
+                mode = FunctionTape if level == "function" else ScalarTape
+                with mode(check=tape, mismatch=lambda *m: seg.scalar_changed(*m)) as m:
+                    try:
+                        return seg.orig(*a, **k)
+                    except RuntimeError as e:
+                        if m.error is None or e is m.error:
+                            raise
+                        raise m.error from e   # wrapped on its way out (a TorchScript function)
         finally:
             with torch.no_grad():
                 for b, cur in rebound.items():
@@ -292,7 +362,9 @@ class Applied:
         self.check_scalars = check_scalars
         self.budget_bytes = entry.get("budget_bytes")
         self.order = [s["name"] for s in entry["segments"]]
-        self.shapes = layout.get("input_shapes", {})
+        # segment -> the segments the recording ran just before it (the first: none, or the last)
+        self.after = {n: (None, self.order[-1]) if i == 0 else (self.order[i - 1],) for i, n in enumerate(self.order)}
+        self.shapes = {n: [torch.Size(x) for x in v] for n, v in layout.get("input_shapes", {}).items()}
         self.last, self.noted = None, False
         want = layout.get("optimizer", "?")
         if optimizer is not None and want != "?":
@@ -325,12 +397,12 @@ class Applied:
         differ from the recording."""
         prev, self.last = self.last, seg.name
         want = self.shapes.get(seg.name)
-        got = [list(a.shape) for a in args if torch.is_tensor(a)]
-        if want is not None and got != want:
-            return self.note(f"segment {seg.name}'s inputs have shapes {got} where the recording had {want} "
-                             "(another batch or sequence length)")
-        i = self.order.index(seg.name)
-        after = (None, self.order[-1]) if i == 0 else (self.order[i - 1],)
+        if want is not None:
+            got = [a.shape for a in args if isinstance(a, torch.Tensor)]
+            if got != want:
+                return self.note(f"segment {seg.name}'s inputs have shapes {[list(x) for x in got]} where the "
+                                 f"recording had {[list(x) for x in want]} (another batch or sequence length)")
+        after = self.after[seg.name]
         if prev not in after:
             self.note(f"segment {seg.name} ran after {prev or 'no segment'} where the recording ran it after "
                       f"{after[-1] or 'no segment'} (a segment bypassed, or called in another order or twice)")
