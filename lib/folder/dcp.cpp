@@ -503,6 +503,7 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
         if (p.group.empty()) { skip("no param_groups items"); continue; }
         p.group["params"] = json::array({name});
         params.push_back(std::move(p));
+        if (nm->megatron) ++res.megatron;
         }
     }
     if (megatron_left)
