@@ -1,6 +1,8 @@
 """The contract runtime: a plan applied to a live model in the user's own training loop. See
 ckptkit.replay.apply."""
 import contextlib
+import itertools
+import operator
 import warnings
 import weakref
 
@@ -15,6 +17,11 @@ from ._common import (FUNCTION_TAPE, ContractError, FunctionTape, OpsHash, Scala
                       buffer_owner, byte_view, cuda_streams, digest, fast_digest, function_name,
                       generator_names, model_fingerprint, py_scalar_holders, set_py_scalars, stream_state,
                       set_stream_state, tensors_in)
+
+
+def _versions(tensors):
+    """The tensors' version counters (None for None), by a C-level map."""
+    return list(map(getattr, tensors, itertools.repeat("_version"), itertools.repeat(None)))
 
 
 # module -> the Applied handle whose segment patches its forward: one plan at a time per module
@@ -48,6 +55,7 @@ class _Segment:
                                    if x["buffer"] not in restored]
         self.rng_streams = [g["stream"] for g in self.contract.get("rng", [])]
         self.kinds = {b: self._kind(b) for b in self.touched}
+        self.owners = {}
         self.snap = ScalarSnap(self.py_holders) if self.recompute_on else None
         # the scalar tape's level, decided on the first taped forward: "function" (FunctionTape)
         # where every aten op with a Python number ran inside a torch function, else "dispatch"
@@ -90,8 +98,24 @@ class _Segment:
             if pos is None:
                 raise ContractError(self.name, f"input state {b} is not an argument of the call")
             return args[pos]
-        owner, attr = buffer_owner(self.h.model, b)
+        owner, attr = self.owner_of(b)
         return getattr(owner, attr)
+
+    def owner_of(self, b):
+        """buffer_owner(model, b), looked up once per segment."""
+        o = self.owners.get(b)
+        if o is None:
+            o = self.owners[b] = buffer_owner(self.h.model, b)
+        return o
+
+    def rebind(self, b, t):
+        """Set state `b` (a module buffer) to tensor `t`: the owner's buffer entry (what
+        Module.__setattr__ ends with for a registered buffer), else setattr."""
+        owner, attr = self.owner_of(b)
+        if attr in owner._buffers:
+            owner._buffers[attr] = t
+        else:
+            setattr(owner, attr, t)
 
     # ---- forward
     def forward(self, *args, **kw):
@@ -176,6 +200,12 @@ class _Segment:
             if n not in touched:
                 owner, attr = buffer_owner(model, n)
                 self.w_params.append((n, owner._parameters, attr))
+        # the same as parallel lists, read by C-level maps per call (watch_before)
+        self.w_buf_dicts = [d for _, d, _, _ in self.w_bufs]
+        self.w_buf_attrs = [a for _, _, a, _ in self.w_bufs]
+        self.w_own = [(n, d, a) for n, d, a, own in self.w_bufs if own]
+        self.w_par_dicts = [d for _, d, _ in self.w_params]
+        self.w_par_attrs = [a for _, _, a in self.w_params]
         self.w_gens = []
         for name in self.h.gen_names.values():
             if "gen:" + name not in self.rng_streams:
@@ -210,23 +240,26 @@ class _Segment:
         """What a recomputed segment's forward must leave alone unless its contract covers it:
         its module's buffers (digests), every other buffer and parameter (object, version)
         and the RNG streams its contract does not restore."""
-        bufs = [(n, d, attr, b, b._version, fast_digest(b) if own else None)
-                for n, d, attr, own in self.w_bufs for b in (d.get(attr),) if b is not None]
-        params = [(n, p, p._version) for n, d, attr in self.w_params for p in (d.get(attr),) if p is not None]
-        return bufs, params, self._rng_now()
+        bufs = list(map(dict.get, self.w_buf_dicts, self.w_buf_attrs))
+        params = list(map(dict.get, self.w_par_dicts, self.w_par_attrs))
+        own = [(n, d, a, fast_digest(b)) for n, d, a in self.w_own for b in (d.get(a),) if b is not None]
+        return bufs, _versions(bufs), _versions(params), own, self._rng_now()
 
     def watch_after(self, watch):
-        bufs, params, rng = watch
-        for n, d, attr, b, v, dg in bufs:
-            now = d.get(attr)
-            if now is not b or now._version != v or (dg is not None and fast_digest(now) != dg):
-                raise ContractError(self.name, f"writes buffer '{n}', which its contract does not restore "
-                                               "or discard (a plain recompute would apply the write twice): "
-                                               "the plan is stale or was edited; record and plan again")
-        for n, p, v in params:
-            if p._version != v:
-                raise ContractError(self.name, f"writes parameter '{n}' in place, which its contract does "
-                                               "not restore: record and plan again")
+        bufs, bver, pver, own, rng = watch
+        now = list(map(dict.get, self.w_buf_dicts, self.w_buf_attrs))
+        changed = [n for n, d, a, dg in own if fast_digest(d.get(a)) != dg]
+        if changed or not all(map(operator.is_, bufs, now)) or _versions(now) != bver:
+            for (n, _, _, _), b, t, v in zip(self.w_bufs, bufs, now, bver):
+                if b is not None and (t is not b or t._version != v or n in changed):
+                    raise ContractError(self.name, f"writes buffer '{n}', which its contract does not restore "
+                                                   "or discard (a plain recompute would apply the write twice): "
+                                                   "the plan is stale or was edited; record and plan again")
+        pnow = _versions(map(dict.get, self.w_par_dicts, self.w_par_attrs))
+        if pnow != pver:
+            n = next(n for (n, _, _), v, w in zip(self.w_params, pver, pnow) if v is not None and v != w)
+            raise ContractError(self.name, f"writes parameter '{n}' in place, which its contract does "
+                                           "not restore: record and plan again")
         after = dict(self._rng_now())
         for s, st in rng:
             if not torch.equal(after[s], st):
@@ -246,10 +279,11 @@ class _Call:
         self.kept = {}
         for r in seg.contract.get("restore", []):
             t = seg.current(r["buffer"], args, self.positions)
-            e = {"shape": t.shape, "dtype": t.dtype, "digest": digest(t)}
-            if r["mode"] == "whole":
+            e = {"shape": t.shape, "dtype": t.dtype}
+            if r["mode"] == "whole":   # rebuilt from this copy alone: nothing to check it against
                 e["whole"] = t.detach().clone()
             else:
+                e["digest"] = digest(t)
                 bv = byte_view(t)
                 e["regions"] = [(o, n, bv[o:o + n].clone()) for o, n in r["regions"]]
             self.kept[r["buffer"]] = e
@@ -284,7 +318,7 @@ class _Call:
                     for o, n, chunk in e["regions"]:
                         tb[o:o + n] = chunk
                     tmp = tb.view(e["dtype"]).reshape(e["shape"])
-                if e is not None and digest(tmp) != e["digest"]:
+                if e is not None and "digest" in e and digest(tmp) != e["digest"]:
                     raise ContractError(seg.name, f"state '{b}' cannot be rebuilt at the version the segment "
                                                   "read (its preserved regions do not cover what was written "
                                                   "since): the plan does not fit this step; record and plan again")
@@ -313,9 +347,8 @@ class _Call:
                     cur.data.copy_(tmp)
                     continue
                 if kind == "buffer":
-                    owner, attr = buffer_owner(model, b)
                     rebound[b] = cur
-                    setattr(owner, attr, tmp)
+                    seg.rebind(b, tmp)
                 pos = seg.arg_pos(b, self.positions)
                 if pos is not None:
                     if cur.requires_grad:
@@ -341,8 +374,7 @@ class _Call:
         finally:
             with torch.no_grad():
                 for b, cur in rebound.items():
-                    owner, attr = buffer_owner(model, b)
-                    setattr(owner, attr, cur)
+                    seg.rebind(b, cur)
                 for b, (cur, now) in overwritten.items():
                     cur.data.copy_(now)
             for s, st in outer.items():
