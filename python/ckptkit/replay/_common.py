@@ -437,6 +437,7 @@ class ScalarSnap:
         cand = [tuple(k for k, v in d.items() if v is None or type(v) in _NUMBER) for d in self.holders]
         self.getters = [_getter(k) for k in cand]
         self.layout = tuple((i, k) for i, ks in enumerate(cand) for k in ks)
+        self.keysets = [frozenset(d) for d in self.holders]
 
     def take(self):
         """(layout, the values of the entries that may hold a number)."""
@@ -449,7 +450,24 @@ class ScalarSnap:
             vals = tuple(itertools.chain.from_iterable([g(d) for g, d in zip(self.getters, self.holders)]))
         if not all(map(_NUMBER_OR_NONE.__contains__, map(type, vals))):
             vals = tuple(v if type(v) in _NUMBER_OR_NONE else self._OTHER for v in vals)
-        return self.layout, vals
+        return self.layout, vals, self.keysets
+
+    def put(self, snap):
+        """Make the holders' entries the snapshot's (numbers and None; numeric entries whose key
+        did not exist then are removed); returns what it replaced ({(i, key): old value or
+        _MISSING}), as set_py_scalars."""
+        layout, vals, keysets = snap
+        undo = {}
+        for (i, k), v in zip(layout, vals):
+            if v is not self._OTHER:
+                old = self.holders[i].get(k, _MISSING)
+                if old is not v:
+                    undo[(i, k)] = old
+                    self.holders[i][k] = v
+        for (i, k) in py_scalars(self.holders):
+            if k not in keysets[i]:
+                undo[(i, k)] = self.holders[i].pop(k)
+        return undo
 
     @staticmethod
     def same(a, b):
@@ -459,7 +477,7 @@ class ScalarSnap:
     @staticmethod
     def numeric(snap):
         """The snapshot's numbers as py_scalars gives them: {(holder index, key): value}."""
-        return {p: v for p, v in zip(*snap) if type(v) in _NUMBER}
+        return {p: v for p, v in zip(snap[0], snap[1]) if type(v) in _NUMBER}
 
 
 _NUMBER_OR_NONE = frozenset((int, float, bool, type(None)))

@@ -15,7 +15,7 @@ from ._ops import sac_kwargs
 from ._common import _MISSING
 from ._common import (FUNCTION_TAPE, ContractError, FunctionTape, OpsHash, ScalarSnap, ScalarTape, StalePlan,
                       buffer_owner, byte_view, cuda_streams, digest, fast_digest, function_name,
-                      generator_names, model_fingerprint, py_scalar_holders, set_py_scalars, stream_state,
+                      generator_names, model_fingerprint, py_scalar_holders, stream_state,
                       set_stream_state, tensors_in)
 
 
@@ -224,17 +224,17 @@ class _Segment:
         with the common case (nothing changed) at C speed."""
         snap, holders = self.snap, self.py_holders
         before = snap.take()
-        undo = {} if snap.same(before, fwd) else set_py_scalars(holders, snap.numeric(fwd))
+        undo = {} if snap.same(before, fwd) else snap.put(fwd)
         try:
             yield
         finally:
-            if undo or not snap.same(snap.take(), before):
-                for (i, k), v in undo.items():
-                    if v is _MISSING:
-                        holders[i].pop(k, None)
-                    else:
-                        holders[i][k] = v
-                set_py_scalars(holders, snap.numeric(before))
+            for (i, k), v in undo.items():
+                if v is _MISSING:
+                    holders[i].pop(k, None)
+                else:
+                    holders[i][k] = v
+            if not snap.same(snap.take(), before):
+                snap.put(before)
 
     def watch_before(self):
         """What a recomputed segment's forward must leave alone unless its contract covers it:

@@ -713,3 +713,43 @@ def test_issue53_models_bitwise_at_smallest_and_middle_budget(name):
         got_losses, got = run_steps(build, plan, b, steps=3, check_scalars=check)
         assert torch.equal(ref_losses, got_losses), (b, check)
         assert_same(ref, got)
+
+
+class _Retyped(torch.nn.Module):
+    """An MLP block scaled by `scale`, a tensor attribute when the plan is applied and a Python
+    float later, and counting its calls in `calls`."""
+
+    def __init__(self):
+        super().__init__()
+        import common
+        self.inner = common.mlp()
+        self.scale = torch.tensor(1.0)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.inner(x * self.scale)
+
+
+def test_runtime_scalars_survive_an_attribute_that_becomes_a_number():
+    """The runtime's scalar snapshots (ScalarSnap) track the entries that held a number or None
+    when the plan was applied; an attribute that was a tensor then and is a float now is left
+    in place for the recompute (not removed), and the call counter is given back as the forward
+    left it: gradients and counters equal to no recomputation, with and without the tape."""
+    import common
+
+    def build():
+        return common.classifier([common.mlp(), _Retyped(), common.mlp()])
+
+    model, batch, loss_fn = build()
+    p = replay.plan(replay.record(model, batch, loss_fn), planner="all")
+    for check in (True, False):
+        ref, _, _ = build()
+        got, _, _ = build()
+        with replay.apply(got, p, check_scalars=check):
+            for m in (ref, got):
+                for scale in (torch.tensor(1.0), 0.5, 0.25):   # the first training forward checks the ops hash
+                    m[2].scale = scale
+                    loss_fn(m, batch).backward()
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), got.parameters())), check
+        assert ref[2].calls == got[2].calls == 3 and got[2].scale == 0.25
