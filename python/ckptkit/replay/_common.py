@@ -278,9 +278,12 @@ def py_scalar_holders(module):
     return out
 
 
-def py_scalars(holders):
-    """{(holder index, key): value} of every int / float / bool entry of the holders."""
-    return {(i, k): v for i, d in enumerate(holders) for k, v in d.items() if type(v) in _NUMBER}
+def py_scalars(holders, nones=False):
+    """{(holder index, key): value} of every int / float / bool entry of the holders; with
+    `nones`, the None entries too, so that set_py_scalars gives an attribute that was None and
+    holds a number since (`self.k = None`, set in forward) back as None rather than removing it."""
+    return {(i, k): v for i, d in enumerate(holders) for k, v in d.items()
+            if type(v) in _NUMBER or (nones and v is None)}
 
 
 def set_py_scalars(holders, values):
@@ -301,7 +304,7 @@ def set_py_scalars(holders, values):
 def py_scalars_as(holders, values):
     """The holders' numeric entries are `values` inside the block; afterwards every entry is as
     before it (what the block wrote undone, entries it set to other types too)."""
-    before = py_scalars(holders)
+    before = py_scalars(holders, nones=True)
     undo = set_py_scalars(holders, values)
     try:
         yield

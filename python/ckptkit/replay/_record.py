@@ -104,7 +104,7 @@ class SavedState:
         self.training = [(m, m.training) for m in model.modules()]
         self.rng = rng_states(model)
         self.py_holders = py_scalar_holders(model)
-        self.py = py_scalars(self.py_holders)
+        self.py = py_scalars(self.py_holders, nones=True)
         if optimizer is not None:
             self.opt_state = {p: {k: (v, v.detach().clone()) if torch.is_tensor(v) else (v, None)
                                   for k, v in s.items()} for p, s in optimizer.state.items()}
@@ -530,7 +530,7 @@ class Recorder:
             "kwargs": {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in kwargs.items()},
             "input_shapes": [list(x.shape) for x in args],
             "input_keys": {storage_of(x)[0] for x in args}, "inputs": list(inputs),
-            "py": py_scalars(self.py_holders[name]),
+            "py": py_scalars(self.py_holders[name], nones=True),
             "autocast": (torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype())}
         self.current = name
         self.info[name]["t0"] = time.perf_counter()

@@ -753,3 +753,40 @@ def test_runtime_scalars_survive_an_attribute_that_becomes_a_number():
                     loss_fn(m, batch).backward()
         assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), got.parameters())), check
         assert ref[2].calls == got[2].calls == 3 and got[2].scale == 0.25
+
+
+class _LazyScale(torch.nn.Module):
+    """An attribute that is None until the first forward sets it to a number."""
+
+    def __init__(self):
+        super().__init__()
+        import common
+        self.inner = common.mlp()
+        self.k = None
+
+    def forward(self, x):
+        if self.k is None:
+            self.k = 2
+        return self.inner(x) * self.k
+
+
+def test_record_gives_back_an_attribute_that_was_none():
+    """record() puts the model back as it found it: an attribute that was None before the
+    recorded steps and a number after them is None again (before: removed, and the next
+    forward raised AttributeError); a plan of the recording then trains as the plain model."""
+    import common
+
+    def build():
+        torch.manual_seed(0)
+        return common.classifier([common.mlp(), _LazyScale(), common.mlp()])
+
+    model, batch, loss_fn = build()
+    trace = replay.record(model, batch, loss_fn)
+    assert "k" in vars(model[2]) and model[2].k is None
+    p = replay.plan(trace, planner="all")
+    ref, _, _ = build()
+    loss_fn(ref, batch).backward()
+    with replay.apply(model, p):
+        loss_fn(model, batch).backward()
+    assert model[2].k == ref[2].k == 2
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), model.parameters()))
