@@ -158,14 +158,14 @@ def test_groups_differing_in_lr_kept_exact(mg, tmp_path):
                            "distrib_optim.pt buffer mixes their parameters and neither file says which coordinate is whose")
 
 
-def test_verify_checks_model_optim_rng(mg, tmp_path):
-    """ckpt-verify compares the container's step and hyper-parameters with the copied
-    model_optim_rng.pt beside it: a step changed there (its manifest row updated to match) fails."""
+
+def _verify_with_bumped_step(root, tmp_path, rel):
+    """Copy root's compressed folder, add 1 to every param group's step in its copied file `rel`
+    (model_optim_rng.pt or common.pt; the manifest row updated to match) and run ckpt-verify --json."""
     import xxhash
-    d = _root(mg)
     z = tmp_path / "ckz"
-    shutil.copytree(d / "ckz", z)
-    f = z / REL / "model_optim_rng.pt"
+    shutil.copytree(root / "ckz", z)
+    f = z / rel
     sd = torch.load(f, weights_only=False)
     for g in sd["optimizer"]["optimizer"]["param_groups"]:
         g["step"] += 1
@@ -173,14 +173,20 @@ def test_verify_checks_model_optim_rng(mg, tmp_path):
     man = json.loads((z / "ckptkit-folder.json").read_text())
     h = xxhash.xxh3_64_hexdigest(f.read_bytes())
     for e in man["files"]:
-        if e["path"] == f"{REL}/model_optim_rng.pt":
+        if e["path"] == rel:
             e.update(size=f.stat().st_size, source_size=f.stat().st_size, xxh3=h, source_xxh3=h)
     (z / "ckptkit-folder.json").write_text(json.dumps(man))
-    p = run_tool(os.environ["CKPTKIT_BIN"], "ckpt-verify", z, "--json")
+    return run_tool(os.environ["CKPTKIT_BIN"], "ckpt-verify", z, "--json")
+
+def test_verify_checks_model_optim_rng(mg, tmp_path):
+    """ckpt-verify compares the container's step and hyper-parameters with the copied
+    model_optim_rng.pt beside it: a step changed there (its manifest row updated to match) fails."""
+    d, z = _root(mg), tmp_path / "ckz"
+    p = _verify_with_bumped_step(d, tmp_path, f"{REL}/model_optim_rng.pt")
     assert p.returncode == 1, p.stdout + p.stderr
     rep = parse_json_stdout(p)
     assert any("step (3 vs 4) differs" in x for x in rep["failures"]), rep["failures"]
-    shutil.copy(d / "ckz" / REL / "model_optim_rng.pt", f)   # the original sibling back: its row's hash fails only
+    shutil.copy(d / "ckz" / REL / "model_optim_rng.pt", z / REL / "model_optim_rng.pt")   # the original sibling back: its row's hash fails only
     p = run_tool(os.environ["CKPTKIT_BIN"], "ckpt-verify", z, "--json")
     assert p.returncode == 1 and not any("step (" in x for x in parse_json_stdout(p)["failures"])
 
@@ -367,22 +373,7 @@ def test_torch_dist_groups_differing_in_lr_kept_exact(mgd, tmp_path):
 def test_torch_dist_verify_checks_common(mgd, tmp_path):
     """ckpt-verify holds the gathered moments' container to the copied common.pt: a step changed
     there (its manifest row updated to match) fails."""
-    import xxhash
-    d = _root(mgd)
-    z = tmp_path / "ckz"
-    shutil.copytree(d / "ckz", z)
-    f = z / ITER_DIR / "common.pt"
-    sd = torch.load(f, weights_only=False)
-    for g in sd["optimizer"]["optimizer"]["param_groups"]:
-        g["step"] += 1
-    torch.save(sd, f)
-    man = json.loads((z / "ckptkit-folder.json").read_text())
-    h = xxhash.xxh3_64_hexdigest(f.read_bytes())
-    for e in man["files"]:
-        if e["path"] == f"{ITER_DIR}/common.pt":
-            e.update(size=f.stat().st_size, source_size=f.stat().st_size, xxh3=h, source_xxh3=h)
-    (z / "ckptkit-folder.json").write_text(json.dumps(man))
-    p = run_tool(os.environ["CKPTKIT_BIN"], "ckpt-verify", z, "--json")
+    p = _verify_with_bumped_step(_root(mgd), tmp_path, f"{ITER_DIR}/common.pt")
     assert p.returncode == 1, p.stdout + p.stderr
     assert parse_json_stdout(p)["failures"] == [
         f"{ITER_DIR}/ckptkit-dcp-moments-0.safetensors.ckz.h5: step (3 vs 4) differs from {ITER_DIR}/common.pt's"]
