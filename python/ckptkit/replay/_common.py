@@ -309,15 +309,21 @@ def py_scalars_as(holders, values):
     try:
         yield
     finally:
-        for (i, k), v in undo.items():
-            if v is _MISSING:
-                holders[i].pop(k, None)
-            else:
-                holders[i][k] = v
+        undo_py_scalars(holders, undo)
         set_py_scalars(holders, before)
 
 
 _MISSING = object()
+
+
+def undo_py_scalars(holders, undo):
+    """Put back what set_py_scalars (or ScalarSnap.put) replaced: `undo` {(i, key): old value,
+    _MISSING where there was none}."""
+    for (i, k), v in undo.items():
+        if v is _MISSING:
+            holders[i].pop(k, None)
+        else:
+            holders[i][k] = v
 
 
 def _value(v, found):

@@ -12,7 +12,7 @@ import torch.utils.checkpoint as tuc
 from .._errors import BadInput, CkptkitWarning
 
 from ._ops import sac_kwargs
-from ._common import _MISSING
+from ._common import undo_py_scalars
 from ._common import (FUNCTION_TAPE, ContractError, FunctionTape, OpsHash, ScalarSnap, ScalarTape, StalePlan,
                       buffer_owner, byte_view, cuda_streams, digest, fast_digest, function_name,
                       generator_names, model_fingerprint, py_scalar_holders, stream_state,
@@ -228,11 +228,7 @@ class _Segment:
         try:
             yield
         finally:
-            for (i, k), v in undo.items():
-                if v is _MISSING:
-                    holders[i].pop(k, None)
-                else:
-                    holders[i][k] = v
+            undo_py_scalars(holders, undo)
             if not snap.same(snap.take(), before):
                 snap.put(before)
 
