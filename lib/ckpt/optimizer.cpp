@@ -921,37 +921,51 @@ std::pair<std::map<std::string, std::string>, std::string> names_by_order(const 
     return {{}, why};
 }
 
-std::optional<CompanionHyper> megatron_hyper(const Checkpoint& ck, const io::InputFile& f, const std::string& mixed) {
-    const Value* top = ck.root.is_dict() ? ck.root.get("optimizer") : nullptr;
-    if (!top) return std::nullopt;
+std::vector<const Value*> megatron_param_groups(const Value& optimizer) {
     std::vector<const Value*> sds;   // DistributedOptimizer.state_dict()s (a ChainedOptimizer's list)
-    if (const auto* l = std::get_if<Value::List>(&top->v)) for (const Value& x : *l) sds.push_back(&x);
-    else sds.push_back(top);
+    if (const auto* l = std::get_if<Value::List>(&optimizer.v)) for (const Value& x : *l) sds.push_back(&x);
+    else sds.push_back(&optimizer);
     std::vector<const Value*> groups;
     for (const Value* sd : sds) {
         const Value* inner = sd->is_dict() ? sd->get("optimizer") : nullptr;
+        if (!inner && sd->is_dict() && sd->get("param_groups")) inner = sd;   // already the inner state_dict
         const Value* pg = inner && inner->is_dict() ? inner->get("param_groups") : nullptr;
         const auto* gl = pg ? std::get_if<Value::List>(&pg->v) : nullptr;
-        if (!gl) return std::nullopt;
+        if (!gl) return {};
         for (const Value& g : *gl) groups.push_back(&g);
     }
-    if (groups.empty()) return std::nullopt;
-    // args.decoupled_weight_decay (argparse.Namespace pickled whole): FusedAdam's adam_w_mode
-    std::optional<bool> args_decoupled;
-    if (const Value* a = ck.root.get("args"))
+    return groups;
+}
+
+std::optional<bool> megatron_args_decoupled(const Checkpoint& ck) {
+    if (const Value* a = ck.root.is_dict() ? ck.root.get("args") : nullptr)
         if (const Value::Object* ob = a->object())
             if (const Value* d = ob->attr("decoupled_weight_decay"))
-                if (auto b = std::get_if<bool>(&d->v)) args_decoupled = *b;
+                if (auto b = std::get_if<bool>(&d->v)) return *b;
+    return std::nullopt;
+}
+
+std::optional<CompanionHyper> megatron_hyper(const Checkpoint& ck, const io::InputFile& f, const std::string& mixed) {
+    const Value* top = ck.root.is_dict() ? ck.root.get("optimizer") : nullptr;
+    if (!top) return std::nullopt;
+    std::vector<MegatronGroup> groups;
+    for (const Value* g : megatron_param_groups(*top)) groups.push_back({&ck, &f, g});
+    return megatron_groups_hyper(groups, megatron_args_decoupled(ck), f.path().substr(f.path().rfind('/') + 1), mixed);
+}
+
+std::optional<CompanionHyper> megatron_groups_hyper(const std::vector<MegatronGroup>& groups, std::optional<bool> args_decoupled,
+                                                    const std::string& file, const std::string& mixed) {
+    if (groups.empty()) return std::nullopt;
     std::vector<ParamState> per;
-    for (const Value* g : groups) {
-        if (!g->is_dict()) throw BadInput(f.path(), "a param group of 'optimizer' is not a dict");
+    for (const auto& [ck, f, g] : groups) {
+        if (!g->is_dict()) throw BadInput(f->path(), "a param group of 'optimizer' is not a dict");
         ParamState p;
-        read_torch_group(ck, f, *g, p);
+        read_torch_group(*ck, *f, *g, p);
         const Value* step = g->get("step");
         if (!step || std::holds_alternative<Value::None>(step->v)) {
             p.why_not = "a param group of model_optim_rng.pt has no step";
         } else {
-            p.hyper.step = as_double(*step, "step", f.path());
+            p.hyper.step = as_double(*step, "step", f->path());
             if (g->get("bias_correction")) {   // TE / Apex FusedAdam: group['step'] += 1, a Python int
                 const Value* bc = g->get("bias_correction");
                 if (!std::holds_alternative<bool>(bc->v) || !std::get<bool>(bc->v)) p.why_not = "FusedAdam without bias correction (not Adam)";
@@ -967,7 +981,7 @@ std::optional<CompanionHyper> megatron_hyper(const Checkpoint& ck, const io::Inp
         per.push_back(std::move(p));
     }
     CompanionHyper c;
-    c.file = f.path().substr(f.path().rfind('/') + 1);   // npos + 1 = 0: the whole path
+    c.file = file;
     const ParamState& a = per[0];
     c.hyper = a.hyper;
     c.stated = a.stated;

@@ -128,6 +128,26 @@ inline constexpr const char* kMegatronBufferMixes =
 std::optional<CompanionHyper> megatron_hyper(const Checkpoint&, const io::InputFile&,
                                              const std::string& mixed = kMegatronBufferMixes);
 
+/// The param groups of a Megatron DistributedOptimizer.state_dict() value (its 'optimizer' /
+/// 'param_groups'), of a ChainedOptimizer's list of them, or of the inner state_dict itself
+/// (dp_reshardable's ShardedObject "optimizer.distributed.dp_group_idx_<G>.optimizer"); empty
+/// when it holds none.
+std::vector<const Value*> megatron_param_groups(const Value& optimizer);
+
+/// args.decoupled_weight_decay of a Megatron file's pickled args (FusedAdam's adam_w_mode), if stated.
+std::optional<bool> megatron_args_decoupled(const Checkpoint&);
+
+/// One Megatron param group and the file it was read from.
+struct MegatronGroup {
+    const Checkpoint* ck;
+    const io::InputFile* f;
+    const Value* group;
+};
+
+/// megatron_hyper over groups gathered from one or more files (`file` names them in why_not).
+std::optional<CompanionHyper> megatron_groups_hyper(const std::vector<MegatronGroup>& groups, std::optional<bool> args_decoupled,
+                                                    const std::string& file, const std::string& mixed = kMegatronBufferMixes);
+
 /// Read every element of a tensor (any float dtype, any strides) as double. For small
 /// tensors only (step); throws BadInput.
 std::vector<double> read_small_tensor(const Checkpoint&, const io::InputFile&, int tensor);

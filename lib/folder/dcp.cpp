@@ -132,13 +132,28 @@ std::vector<Item> dcp_items(const std::string& dir) {
 namespace {
 const char* const kMoments[3] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
 constexpr const char* kMegatronState = "optimizer.state.";
+constexpr const char* kMegatronDpGroup = "optimizer.distributed.dp_group_idx_";   // dp_reshardable
+
+/// Whether `fqn` names a dp_reshardable bucket item "optimizer.distributed.dp_group_idx_<G>.
+/// gbuf_idx_<I>.dtype_<D>.bucket_idx_<K>.<key>" and `key` its last part (its bucket B = the rest).
+bool bucket_item(const std::string& fqn, const std::string& key) {
+    const std::string tail = "." + key;
+    return fqn.rfind(kMegatronDpGroup, 0) == 0 && fqn.ends_with(tail) && fqn.find(".gbuf_idx_") != std::string::npos &&
+           fqn.find(".bucket_idx_") != std::string::npos && fqn.find(".bucket_idx_") < fqn.size() - tail.size();
+}
 }  // namespace
 
 std::string DcpMomentName::fqn(const std::string& key) const {
+    if (bucket) return X + "." + key;
     return megatron ? X + ".state." + key + "." + P : X + ".state." + P + "." + key;
 }
 
 std::optional<DcpMomentName> dcp_moment_name(const std::string& fqn) {
+    for (int k = 0; k < 3; ++k)   // Megatron's dp_reshardable buckets: "<B>.<moment>"
+        if (bucket_item(fqn, kMoments[k])) {
+            const std::string B = fqn.substr(0, fqn.size() - std::strlen(kMoments[k]) - 1);
+            return DcpMomentName{B, B, k, true, true};
+        }
     const auto st = fqn.find(".state.");
     if (st == std::string::npos) return std::nullopt;
     for (int k = 0; k < 3; ++k) {   // torch's "<X>.state.<P>.<moment>"
@@ -160,14 +175,18 @@ bool is_moment_fqn(const std::string& fqn) { return dcp_moment_name(fqn).has_val
 
 namespace {
 
-/// The parameter of a Megatron main-parameter item ("optimizer.state.fp32_param.<P>" or
-/// "optimizer.state.param.<P>"); "" for any other FQN.
-std::string megatron_theta_param(const std::string& fqn) {
+/// The moments whose theta a Megatron main-parameter item holds ("optimizer.state.fp32_param.<P>",
+/// "optimizer.state.param.<P>", a bucket's "<B>.param"), as their exp_avg's name; nullopt else.
+std::optional<DcpMomentName> megatron_theta_of(const std::string& fqn) {
     for (const char* k : {"fp32_param.", "param."}) {
         const std::string head = std::string(kMegatronState) + k;
-        if (fqn.rfind(head, 0) == 0 && fqn.size() > head.size()) return fqn.substr(head.size());
+        if (fqn.rfind(head, 0) == 0 && fqn.size() > head.size()) return DcpMomentName{"optimizer", fqn.substr(head.size()), 0, true};
     }
-    return "";
+    if (bucket_item(fqn, "param")) {
+        const std::string B = fqn.substr(0, fqn.size() - 6);
+        return DcpMomentName{B, B, 0, true, true};
+    }
+    return std::nullopt;
 }
 
 /// What Megatron's common.pt in `dir` says for its moment items: the param groups' agreed
@@ -178,6 +197,7 @@ struct MegatronCommon {
     std::shared_ptr<const CompanionHyper> hyper;
     json group;
     std::string why_not;
+    std::string source = "common.pt";   ///< where the groups were read
 };
 
 }  // namespace
@@ -231,8 +251,8 @@ void copy_range(const io::InputFile& f, uint64_t off, uint64_t n, FileWriter& w,
     }
 }
 
-/// MegatronCommon of the DCP folder `dir` (its common.pt).
-MegatronCommon read_megatron_common(const std::string& dir, const Limits& limits) {
+/// MegatronCommon of the DCP folder `dir` (dcp_megatron_hyper says where the groups come from).
+MegatronCommon read_megatron_common(const std::string& dir, const Limits& limits, const DcpItemRemap& remap) {
     MegatronCommon m;
     const std::string path = join(dir, "common.pt");
     std::error_code ec;
@@ -242,7 +262,40 @@ MegatronCommon read_megatron_common(const std::string& dir, const Limits& limits
     }
     const Checkpoint ck = read_checkpoint(path, limits);
     const io::InputFile f(path);
-    auto c = megatron_hyper(ck, f, "common.pt does not say which parameter is in which group");
+    std::vector<MegatronGroup> groups;
+    std::string source = "common.pt";
+    if (const Value* top = ck.root.is_dict() ? ck.root.get("optimizer") : nullptr)
+        for (const Value* g : megatron_param_groups(*top)) groups.push_back({&ck, &f, g});
+    // dp_reshardable: each DP group's ShardedObject "optimizer.distributed.dp_group_idx_<G>.optimizer/shard_*"
+    struct Held {
+        std::string bytes;
+        std::unique_ptr<io::InputFile> f;
+        Checkpoint ck;
+    };
+    std::vector<std::unique_ptr<Held>> held;
+    if (groups.empty()) {
+        for (const Item& it0 : dcp_items(dir)) {
+            if (it0.fqn.rfind(kMegatronDpGroup, 0) != 0 || it0.fqn.find(".optimizer/shard_") == std::string::npos) continue;
+            const Item it = remap ? remap(it0) : it0;
+            const io::InputFile src(join(dir, it.file));
+            if (!src.contains(it.offset, it.length) || it.length > (uint64_t(64) << 20))
+                throw BadInput(src.path(), fmt::format("item {} lies outside the file or is too large for param groups", it.fqn));
+            auto h = std::make_unique<Held>();
+            h->bytes.resize(std::size_t(it.length));
+            src.read_at(it.offset, h->bytes.data(), h->bytes.size(), "item");
+            h->f = std::make_unique<io::InputFile>(src.path() + " (item " + it0.fqn + ")",
+                                                   std::vector<io::InputFile::Span>{{h->bytes.data(), h->bytes.size(), {}}});
+            h->ck = read_checkpoint(*h->f, limits);
+            const auto gs = megatron_param_groups(h->ck.root);
+            if (gs.empty()) continue;
+            for (const Value* g : gs) groups.push_back({&h->ck, h->f.get(), g});
+            held.push_back(std::move(h));
+        }
+        source = "the optimizer.distributed.dp_group_idx_*.optimizer items";
+    }
+    m.source = source;
+    auto c = megatron_groups_hyper(groups, megatron_args_decoupled(ck), source,
+                                   source + (held.empty() ? " does" : " do") + " not say which parameter is in which group");
     if (!c) {
         m.why_not = "common.pt holds no Megatron optimizer param groups: their hyper-parameters and step are unknown";
         return m;
@@ -251,18 +304,15 @@ MegatronCommon read_megatron_common(const std::string& dir, const Limits& limits
         m.why_not = c->why_not;
         return m;
     }
-    // the first group (megatron_hyper found them all agreeing): optimizer.optimizer.param_groups[0],
-    // or a ChainedOptimizer's optimizer[0].optimizer.param_groups[0]
-    const Value* top = ck.root.get("optimizer");
-    if (const auto* l = std::get_if<Value::List>(&top->v)) top = &l->front();
-    const Value* g = &std::get<Value::List>(top->get("optimizer")->get("param_groups")->v).front();
+    // the first group (megatron_groups_hyper found them all agreeing)
+    const Value* g = groups.front().group;
     m.group = json::object();
     for (const auto& [k, v] : std::get<Value::Dict>(g->v)) {
         const std::string key = k.key_text();
         if (key == "step" || key == "params") continue;
         json x;
         if (!to_json(v, x)) {
-            m.why_not = "param_groups '" + key + "' of common.pt is not a plain value";
+            m.why_not = "param_groups '" + key + "' of " + source + " is not a plain value";
             return m;
         }
         m.group[key] = x;
@@ -275,8 +325,9 @@ MegatronCommon read_megatron_common(const std::string& dir, const Limits& limits
 
 }  // namespace
 
-std::shared_ptr<const CompanionHyper> dcp_megatron_hyper(const std::string& dir, const Limits& limits, std::string& why_not) {
-    MegatronCommon m = read_megatron_common(dir, limits);
+std::shared_ptr<const CompanionHyper> dcp_megatron_hyper(const std::string& dir, const Limits& limits, std::string& why_not,
+                                                         const DcpItemRemap& remap) {
+    MegatronCommon m = read_megatron_common(dir, limits, remap);
     why_not = m.why_not;
     return m.why_not.empty() ? m.hyper : nullptr;
 }
@@ -303,8 +354,8 @@ std::vector<std::vector<std::string>> dcp_units(const std::string& dir, uint64_t
         (void)find(it.file);
     }
     for (const auto& it : items) {   // Megatron's main parameters go with their moments (theta)
-        const std::string P = megatron_theta_param(it.fqn);
-        auto c = P.empty() ? chunk_files.end() : chunk_files.find({key_of({"optimizer", P, 0, true}), it.chunk});
+        const auto n = megatron_theta_of(it.fqn);
+        auto c = !n ? chunk_files.end() : chunk_files.find({key_of(*n), it.chunk});
         if (c == chunk_files.end()) continue;
         c->second.push_back(it.file);
         (void)find(it.file);
@@ -399,7 +450,7 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
     std::optional<MegatronCommon> mc;
     std::size_t megatron_left = 0;
     auto megatron_common = [&]() -> const MegatronCommon& {
-        if (!mc) mc = read_megatron_common(dir, limits);
+        if (!mc) mc = read_megatron_common(dir, limits, {});
         return *mc;
     };
     for (const auto& [fqn, list] : by_fqn) {
@@ -506,8 +557,9 @@ DcpMoments gather_dcp_moments(const std::string& dir, const std::vector<std::str
         if (nm->megatron) ++res.megatron;
         }
     }
+    if (mc) res.megatron_source = mc->source;
     if (megatron_left)
-        skipped.push_back(fmt::format("Megatron's optimizer.state.<moment>.<param> items of {} parameter chunks ({})",
+        skipped.push_back(fmt::format("Megatron's moment items of {} parameter chunks ({})",
                                       megatron_left, mc->why_not));
     if (!skipped.empty()) res.note = "left exact: " + fmt::format("{}", fmt::join(skipped, ", "));
     if (params.empty()) return res;

@@ -14,6 +14,7 @@
 // the zip CRC-32 fields that cover them, so torch's DCP reader loads the file.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,11 +53,15 @@ std::vector<DcpItem> dcp_items(const std::string& dir);
 /// optimizer.state_dict()); Megatron-LM "optimizer.state.<moment>.<P>", its main parameters
 /// "optimizer.state.fp32_param.<P>" (DistributedOptimizer.sharded_state_dict's
 /// fully_sharded_model_space) or "optimizer.state.param.<P>" (fully_reshardable), P the model
-/// ShardedTensor's key (megatron/core/optimizer/distrib_optimizer.py).
+/// ShardedTensor's key (megatron/core/optimizer/distrib_optimizer.py). Megatron's default
+/// dp_reshardable sharding saves flat buckets instead: "<B>.exp_avg", "<B>.exp_avg_sq" and the
+/// main parameters "<B>.param", B = "optimizer.distributed.dp_group_idx_<G>.gbuf_idx_<I>.
+/// dtype_<D>.bucket_idx_<K>", one chunk per parameter range and padding (X = P = B).
 struct DcpMomentName {
     std::string X, P;        ///< optimizer prefix, parameter
     int moment = 0;          ///< 0 exp_avg, 1 exp_avg_sq, 2 max_exp_avg_sq
     bool megatron = false;   ///< Megatron's order
+    bool bucket = false;     ///< a dp_reshardable bucket (megatron too)
     /// The FQN of this parameter's item `key` ("exp_avg", "step", "fp32_param") in the same order.
     std::string fqn(const std::string& key) const;
 };
@@ -85,12 +90,21 @@ struct DcpMoments {
     uint64_t params = 0;          ///< parameter chunks whose moments were gathered ("P", or "P@i,j" per chunk)
     std::string note;             ///< parameters left exact and why (sharded chunks, odd items)
     uint64_t megatron = 0;        ///< of params, Megatron's (hyper-parameters and step from common.pt)
+    std::string megatron_source;  ///< where Megatron's param groups were read (common.pt, or dp_reshardable's items)
 };
 
-/// Megatron's common.pt in the DCP folder `dir` as gather_dcp_moments reads it for Megatron's
-/// moment items: the param groups' agreed hyper-parameters and step; null, and `why_not` set,
-/// when there is none or they cannot be certified. Throws BadInput when it cannot be read.
-std::shared_ptr<const CompanionHyper> dcp_megatron_hyper(const std::string& dir, const Limits&, std::string& why_not);
+/// Where an item of a DCP folder's .metadata lies now (ckpt-verify of a compressed folder: in
+/// a shell, at an offset shifted by the cuts before it); the identity when empty.
+using DcpItemRemap = std::function<DcpItem(const DcpItem&)>;
+
+/// Megatron's param groups in the DCP folder `dir` as gather_dcp_moments reads them for
+/// Megatron's moment items: common.pt's (dist_checkpointing's common state), else, under
+/// dp_reshardable, the ShardedObject items "optimizer.distributed.dp_group_idx_<G>.optimizer/
+/// shard_*" (the inner optimizer's state_dict without its state): their agreed
+/// hyper-parameters and step; null, and `why_not` set, when there are none or they cannot be
+/// certified. Throws BadInput when one cannot be read.
+std::shared_ptr<const CompanionHyper> dcp_megatron_hyper(const std::string& dir, const Limits&, std::string& why_not,
+                                                         const DcpItemRemap& remap = {});
 
 /// Read `dir`/.metadata and the items it names; write the moments file to `out` (safetensors).
 /// Megatron's moment items take their hyper-parameters and step from Megatron's common.pt in

@@ -700,7 +700,7 @@ struct CompressWork {
             });
             r.note += (r.note.empty() ? "" : "; ") + fmt::format("moments of {} parameter chunks gathered from .distcp items", dm.params);
             if (dm.megatron) {   // ckpt-verify holds the container to the copied common.pt
-                r.note += fmt::format("; hyper-parameters and step of {} from common.pt (Megatron)", dm.megatron);
+                r.note += fmt::format("; hyper-parameters and step of {} from {} (Megatron)", dm.megatron, dm.megatron_source);
                 r.manifest_extra = json{{"virtual", true}, {"files", local}, {"megatron_common", join(u.dcp_dir, "common.pt")}}.dump();
             }
             if (!dm.note.empty()) r.note += "; " + dm.note;
@@ -785,10 +785,27 @@ void check_megatron_common(const std::string& dir, const Manifest& m, const Entr
         fail("its " + sib + " is not a copied file of the folder (hyper-parameters unchecked)");
         return;
     }
+    // dp_reshardable's param groups lie in .distcp items: in the copied file, or in its shell
+    // shifted by the cuts before them (never inside one: a cut is a moment storage)
+    const std::string dcp_dir = parent_of(sib);
+    auto remap = [&](const DcpItem& it) {
+        const std::string path = join(dcp_dir, it.file);
+        const auto e = std::find_if(m.files.begin(), m.files.end(), [&](const Entry& x) { return x.path == path; });
+        if (e == m.files.end() || e->container || e->is_virtual()) throw BadInput(join(dir, path), "not a copied file or shell of the folder");
+        DcpItem at = it;
+        at.file = dcp_dir.empty() ? e->stored : e->stored.substr(dcp_dir.size() + 1);
+        if (e->is_shell())
+            for (const DcpCut& cut : cuts_from(e->extra.at("cuts"))) {
+                if (cut.offset < it.offset + it.length && it.offset < cut.offset + cut.length)
+                    throw BadInput(join(dir, e->stored), "item " + it.fqn + " overlaps a cut moment storage");
+                if (cut.offset + cut.length <= it.offset) at.offset -= cut.length;
+            }
+        return at;
+    };
     std::string why;
     std::shared_ptr<const CompanionHyper> c;
     try {
-        c = dcp_megatron_hyper(join(dir, parent_of(sib)), Limits{}, why);
+        c = dcp_megatron_hyper(join(dir, dcp_dir), Limits{}, why, remap);
     } catch (const std::exception& ex) {
         why = ex.what();
     }

@@ -19,11 +19,14 @@ of the same training (make_megatron.py --format torch_dist), its optimizer.state
 exp_avg_sq.<param> items coded with common.pt's hyper-parameters and step, theta the
 optimizer.state.param.<param> items; the restored folder identical but the moment items;
 dist_checkpointing.load of both folders and one step within tolerance * lr; common.pt's groups
-differing in lr keep the moments exact; a changed common.pt fails ckpt-verify. Runs where megatron-core imports
+differing in lr keep the moments exact; a changed common.pt fails ckpt-verify. The test_dp_reshardable_*
+tests: the same with Megatron-LM's default sharding, dp_reshardable (flat per-bucket items B.exp_avg /
+B.exp_avg_sq / B.param, the param groups in a ShardedObject item). Runs where megatron-core imports
 (.venv: scripts/requirements.txt; it needs torch >= 2.6); skipped, saying so, elsewhere.
 """
 import importlib.machinery
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -42,17 +45,22 @@ TOL, EPS32 = 0.01, 2.0 ** -23
 REL = "iter_0000003/mp_rank_00"
 
 
-@pytest.fixture(scope="session")
-def mg(tmp_path_factory):
-    root = tmp_path_factory.mktemp("megatron")
+def _make(tmp_path_factory, name, *args):
+    """make_megatron.py ARGS ROOT on 2 gloo ranks (None without the tools: _root skips)."""
+    root = tmp_path_factory.mktemp(name)
     b = os.environ.get("CKPTKIT_BIN", "")
     if not os.access(os.path.join(b, "ckpt-compress"), os.X_OK):
         return None
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        SCRIPT, str(root)], capture_output=True, text=True, timeout=600,
+                        SCRIPT, *args, str(root)], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, OMP_NUM_THREADS="1", CKPTKIT_BIN=os.path.abspath(b)))
-    assert p.returncode == 0, f"make_megatron.py: exit {p.returncode}\n{p.stdout[-3000:]}{p.stderr[-3000:]}"
+    assert p.returncode == 0, f"make_megatron.py {' '.join(args)}: exit {p.returncode}\n{p.stdout[-3000:]}{p.stderr[-3000:]}"
     return root
+
+
+@pytest.fixture(scope="session")
+def mg(tmp_path_factory):
+    return _make(tmp_path_factory, "megatron")
 
 
 def _root(mg):
@@ -244,15 +252,7 @@ ITER_DIR = "iter_0000003"
 
 @pytest.fixture(scope="session")
 def mgd(tmp_path_factory):
-    root = tmp_path_factory.mktemp("megatron_torch_dist")
-    b = os.environ.get("CKPTKIT_BIN", "")
-    if not os.access(os.path.join(b, "ckpt-compress"), os.X_OK):
-        return None
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        SCRIPT, "--format", "torch_dist", str(root)], capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, OMP_NUM_THREADS="1", CKPTKIT_BIN=os.path.abspath(b)))
-    assert p.returncode == 0, f"make_megatron.py --format torch_dist: exit {p.returncode}\n{p.stdout[-3000:]}{p.stderr[-3000:]}"
-    return root
+    return _make(tmp_path_factory, "megatron_torch_dist", "--format", "torch_dist")
 
 
 def _dcp_items(d):
@@ -331,11 +331,14 @@ def test_torch_dist_megatron_resumes_within_tolerance(mgd):
     the distributed optimizer's state set from it, one step with the same gradients: the loaded
     bf16 model and every rank's fp32 main shards identical before the step, after it every
     coordinate within tolerance * lr + float32 slack of the original run's."""
-    d = _root(mgd)
+    _resumes_within_tolerance(_root(mgd), "fully_reshardable")
+
+
+def _resumes_within_tolerance(d, sharding):
     for rank in (0, 1):
         a = torch.load(d / f"orig.after.rank{rank}.pt")
         b = torch.load(d / f"back.after.rank{rank}.pt")
-        assert a["sharding_type"] == b["sharding_type"] == "fully_reshardable"
+        assert a["sharding_type"] == b["sharding_type"] == sharding
         assert a["lr"] == b["lr"] and len(a["before"]) == len(b["before"]) > 0
         assert a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
         lr = max(a["lr"])
@@ -364,7 +367,7 @@ def test_torch_dist_groups_differing_in_lr_kept_exact(mgd, tmp_path):
     rep = parse_json_stdout(p)
     assert rep["container_count"] == 0 and rep["moment_values"] == 0
     rows = {r["file"]: r for r in rep["files"]}
-    why = ("DCP moments left exact: left exact: Megatron's optimizer.state.<moment>.<param> items of 8 parameter "
+    why = ("DCP moments left exact: left exact: Megatron's moment items of 8 parameter "
            "chunks (the param groups of common.pt differ in lr: common.pt does not say which parameter is in which group)")
     for n in ("__0_0.distcp", "__0_1.distcp"):
         assert (rows[f"{ITER_DIR}/{n}"]["action"], rows[f"{ITER_DIR}/{n}"]["note"]) == ("copied", why), rows[f"{ITER_DIR}/{n}"]
@@ -377,3 +380,83 @@ def test_torch_dist_verify_checks_common(mgd, tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     assert parse_json_stdout(p)["failures"] == [
         f"{ITER_DIR}/ckptkit-dcp-moments-0.safetensors.ckz.h5: step (3 vs 4) differs from {ITER_DIR}/common.pt's"]
+
+
+# ---------------------------------------------------------------- torch_dist, dp_reshardable
+# make_megatron.py --format torch_dist --sharding dp_reshardable: Megatron-LM's default sharding
+# for torch_dist (no --dist-ckpt-optim-fully-reshardable). Per bucket B = "optimizer.distributed.
+# dp_group_idx_0.gbuf_idx_<I>.dtype_(torch.bfloat16, torch.float32).bucket_idx_<K>" the items
+# B.exp_avg / B.exp_avg_sq / B.param, one chunk per parameter range and per padding (torch.empty:
+# any bits), and the param groups in the ShardedObject optimizer.distributed.dp_group_idx_0.
+# optimizer (common.pt holds only the sharding type); 2 buckets per model chunk here.
+BUCKET = "optimizer.distributed.dp_group_idx_0.gbuf_idx_"
+
+
+@pytest.fixture(scope="session")
+def mgr(tmp_path_factory):
+    return _make(tmp_path_factory, "megatron_dp_reshardable", "--format", "torch_dist", "--sharding", "dp_reshardable")
+
+
+def test_dp_reshardable_compress_verify(mgr):
+    """Every bucket chunk's exp_avg / exp_avg_sq coded with the hyper-parameters and step of the
+    DP group's optimizer item (read again by ckpt-verify from its shell), theta the B.param chunk
+    of the same offset: the 8 parameters' moment values and the padding's, escapes only in
+    padding chunks, > 70% smaller; the four .distcp files kept as shells; verify ok."""
+    d = _root(mgr)
+    rep = json.loads((d / "compress.json").read_text())
+    assert rep["ok"] and rep["max_bound_lr"] <= TOL, rep
+    common = torch.load(d / "orig" / ITER_DIR / "common.pt", weights_only=False)
+    assert common["optimizer"] == {"param_state_sharding_type": "dp_reshardable"}
+    rows = {r["file"]: r for r in rep["files"]}
+    moments = f"{ITER_DIR}/ckptkit-dcp-moments-0.safetensors"
+    assert {f: r["action"] for f, r in rows.items() if r["action"] != "copied"} == {
+        **{f"{ITER_DIR}/__{r}_{t}.distcp": "shell" for r in (0, 1) for t in (0, 1)}, moments: "compressed"}, rows
+    r = rows[moments]
+    from torch.distributed.checkpoint import FileSystemReader
+    md = FileSystemReader(str(d / "orig" / ITER_DIR)).read_metadata()
+    sizes = [math.prod(c.sizes) for k, t in md.state_dict_metadata.items() if k.startswith(BUCKET) and k.endswith(".exp_avg")
+             for c in t.chunks]
+    numel = sum(t.numel() for k, t in torch.load(d / "orig.after.rank0.pt")["model"].items())
+    padding = sum(sizes) - numel   # the chunks between and after the parameter ranges
+    assert len(sizes) == 12 and padding > 0 and r["moment_values"] == rep["moment_values"] == 2 * sum(sizes), (sizes, r)
+    assert r["moment_reduction"] > 0.7, r
+    assert "hyper-parameters and step of 12 from the optimizer.distributed.dp_group_idx_*.optimizer items (Megatron)" in r["note"], r["note"]
+    (g,) = r["report"]["param_groups"]
+    assert (g["optimizer"], g["step"], g["tensors"], g["weight_decay"]) == ("adamw", 3, 12, 0.1), g
+    tensors = r["report"]["tensors"]
+    assert sorted(t["values"] for t in tensors) == sorted(2 * n for n in sizes), tensors
+    assert all(t["name"].startswith(BUCKET) and t["ulp_regime"] == 0 for t in tensors), tensors
+    assert all(t["values"] <= 2 * padding for t in tensors if t["escapes"]), tensors   # escapes: padding only
+    assert json.loads((d / "verify.json").read_text())["ok"]
+
+
+def test_dp_reshardable_restored_folder(mgr):
+    """The restored folder: every file byte-identical but the four .distcp files, in which every
+    item but the bucket moments is byte-identical (B.param, the bf16 model, the param groups'
+    ShardedObject); each moment chunk torch.load-able, of its length and dtype."""
+    import io
+    d = _root(mgr)
+    orig, back = d / "orig", d / "back"
+    assert folder_files(orig) == folder_files(back)
+    for f in folder_files(orig):
+        if not f.endswith(".distcp"):
+            assert (orig / f).read_bytes() == (back / f).read_bytes(), f
+    items = _dcp_items(orig / ITER_DIR)
+    assert items == _dcp_items(back / ITER_DIR)
+    changed = 0
+    for (fqn, _), (f, off, n) in items.items():
+        a = (orig / ITER_DIR / f).read_bytes()[off:off + n]
+        b = (back / ITER_DIR / f).read_bytes()[off:off + n]
+        if fqn.startswith(BUCKET) and fqn.endswith((".exp_avg", ".exp_avg_sq")):
+            ta, tb = torch.load(io.BytesIO(a)), torch.load(io.BytesIO(b))
+            assert ta.shape == tb.shape and ta.dtype == tb.dtype == torch.float32, fqn
+            changed += not torch.equal(ta, tb)
+        else:
+            assert a == b, fqn
+    assert changed >= 20
+
+
+def test_dp_reshardable_megatron_resumes_within_tolerance(mgr):
+    """Megatron's dist_checkpointing.load and load_parameter_state_from_dp_reshardable of both
+    folders, one step with the same gradients: identical before, within tolerance * lr after."""
+    _resumes_within_tolerance(_root(mgr), "dp_reshardable")
