@@ -6,6 +6,8 @@
 
 
 #include <algorithm>
+#include <array>
+#include <future>
 #include <memory>
 
 #include "container/reader.h"
@@ -13,6 +15,7 @@
 #include "container/values.h"
 #include "common/error.h"
 #include "common/file.h"
+#include "common/lane.h"
 #include "common/progress.h"
 #include "io/file.h"
 
@@ -43,37 +46,55 @@ void restore_raw(const ContainerReader& cr, FileWriter& w, Progress& prog) {
 }
 
 /// Every coded parameter decoded chunk by chunk (escapes exact) into its moment storages,
-/// and the zip CRC-32 fields of those storages recomputed.
+/// and the zip CRC-32 fields of those storages recomputed. Two stages: the caller and the
+/// pool decode chunk c+1 while a lane writes chunk c and chains its CRC-32s (pwrite from one
+/// thread: concurrent writes to one file only queue on its inode lock); the same bytes at
+/// the same offsets as one thread writes them.
 void restore_moments(const ContainerReader& cr, FileWriter& w, Progress& prog) {
     const auto& man = cr.manifest();
-    std::vector<uint8_t> bytes[3];
-    ContainerReader::Chunk chunk;  // reused by every parameter
-    w.flush_buffered();  // from here on only pwrite: one per role at a time, on several threads
+    ContainerReader::Chunk chunk;       // decoded into (reused by every parameter)
+    ContainerReader::Chunk written[2];  // swapped out of `chunk`, each written by the lane
+    std::vector<uint8_t> bytes[2][3];
+    std::vector<std::array<uint32_t, 3>> crc(man.params.size(), {0, 0, 0});   // zip's CRC-32 (ISO-HDLC), chained
+    std::future<void> pending[2];
+    std::vector<std::future<void>> patched;
+    w.flush_buffered();  // from here on only pwrite
+    SerialLane lane(codec::cpu_threads() > 1);   // declared after the buffers: its tasks end first
+    int next = 0;
     for (std::size_t j = 0; j < man.params.size(); ++j) {
         const auto& e = man.params[j];
         const std::size_t es = float_dtype_size(e.dtype);
-        uint32_t crc[3] = {0, 0, 0};  // zip's CRC-32 (ISO-HDLC), chained over the chunks
-        auto write = [&](ContainerReader::Chunk& c) {  // a role per thread: its bytes, write and CRC
-            codec::parallel_items(std::size_t(e.moments()), [&](unsigned, std::size_t k0, std::size_t k1) {
-                for (std::size_t k = k0; k < k1; ++k) {
-                    const uint8_t* out = ContainerReader::storage_bytes(e.dtype, c, int(k), bytes[k]);
-                    const auto& st = man.storages[std::size_t(e.storage[k])];
-                    w.pwrite(st.offset + c.begin * es, out, c.n * es);
-                    crc[k] = crc32_gzip_refl(crc[k], out, c.n * es);
+        auto write = [&](ContainerReader::Chunk& c) {
+            const int b = next;
+            next ^= 1;
+            if (pending[b].valid()) pending[b].get();   // the lane is done with this buffer (rethrows its error)
+            std::swap(c, written[b]);
+            pending[b] = lane.submit([&, b, j, es] {
+                const auto& e = man.params[j];
+                ContainerReader::Chunk& d = written[b];
+                for (int k = 0; k < e.moments(); ++k) {
+                    const uint8_t* out = ContainerReader::storage_bytes(e.dtype, d, k, bytes[b][k]);
+                    w.pwrite(man.storages[std::size_t(e.storage[k])].offset + d.begin * es, out, d.n * es);
+                    crc[j][std::size_t(k)] = crc32_gzip_refl(crc[j][std::size_t(k)], out, d.n * es);
                 }
             });
-            prog.advance(c.n * es * std::size_t(e.moments()));
+            prog.advance(written[b].n * es * std::size_t(e.moments()));
         };
         cr.for_each_chunk(j, ContainerReader::default_decode_chunk(), ContainerReader::Want::Values, write, &chunk);
-        for (int k = 0; k < e.moments(); ++k) {
-            const uint32_t v = uint32_t(crc[k]);
-            const uint8_t le[4] = {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)};
-            for (uint64_t off : man.storages[std::size_t(e.storage[k])].crc_offsets) w.pwrite(off, le, 4);
-        }
+        patched.push_back(lane.submit([&, j] {   // after the parameter's last chunk
+            const auto& e = man.params[j];
+            for (int k = 0; k < e.moments(); ++k) {
+                const uint32_t v = crc[j][std::size_t(k)];
+                const uint8_t le[4] = {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)};
+                for (uint64_t off : man.storages[std::size_t(e.storage[k])].crc_offsets) w.pwrite(off, le, 4);
+            }
+        }));
         prog.item_done();
     }
+    for (auto& f : pending)
+        if (f.valid()) f.get();
+    for (auto& f : patched) f.get();
 }
-
 }  // namespace
 
 namespace {
