@@ -425,8 +425,13 @@ def test_dp_reshardable_compress_verify(mgr):
     assert (g["optimizer"], g["step"], g["tensors"], g["weight_decay"]) == ("adamw", 3, 12, 0.1), g
     tensors = r["report"]["tensors"]
     assert sorted(t["values"] for t in tensors) == sorted(2 * n for n in sizes), tensors
-    assert all(t["name"].startswith(BUCKET) and t["ulp_regime"] == 0 for t in tensors), tensors
-    assert all(t["values"] <= 2 * padding for t in tensors if t["escapes"]), tensors   # escapes: padding only
+    pads = {f"{k[:-len('.exp_avg')]}@{','.join(map(str, o))}" for rank in (0, 1)
+            for k, o in json.loads((d / f"padding.rank{rank}.json").read_text())}
+    assert len(pads) >= 1 and pads <= {t["name"] for t in tensors}, (pads, tensors)
+    assert sum(t["values"] // 2 for t in tensors if t["name"] in pads) == padding
+    # the parameter ranges: no escape, no ulp regime (the padding's bits are torch.empty's: anything)
+    assert all(t["name"].startswith(BUCKET) and t["ulp_regime"] == 0 and t["escapes"] == 0
+               for t in tensors if t["name"] not in pads), tensors
     assert json.loads((d / "verify.json").read_text())["ok"]
 
 
