@@ -19,6 +19,7 @@ import io
 import json
 import logging
 import math
+import mmap
 import os
 import pickle
 import shutil
@@ -366,7 +367,9 @@ _BORROW_MIN = 64 * 1024
 class _Staging:
     """Host memory a background save copies the storages into (its snapshot), kept for the
     next background save when this one is done, as DCP's async_save keeps its staging
-    buffers: the copy then costs no page faults. Arenas of 64 MiB (or one record's size);
+    buffers: the copy then costs no page faults. Arenas of 64 MiB (or one record's size),
+    anonymous mappings: a new one costs nothing until the copy (on every core) first
+    touches its pages, where a bytearray would zero them all on the caller's thread first;
     ckptkit.release_staging() frees what is kept."""
 
     ARENA = 64 << 20
@@ -380,7 +383,7 @@ class _Staging:
             fits = [i for i, a in enumerate(self.free) if len(a) >= n]
             if fits:
                 return self.free.pop(min(fits, key=lambda i: len(self.free[i])))
-        return bytearray(max(n, self.ARENA))
+        return mmap.mmap(-1, max(n, self.ARENA))
 
     def give(self, arenas):
         with self.lock:
