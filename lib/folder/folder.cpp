@@ -821,7 +821,8 @@ void check_megatron_common(const std::string& dir, const Manifest& m, const Entr
         const char* names[5] = {"lr", "beta1", "beta2", "eps", "step"};
         for (int k = 0; k < 5; ++k)   // the report states lr, betas and eps in float32
             if (k < 4 ? float(got[k]) != float(want[k]) : got[k] != want[k])
-                fail(fmt::format("{} ({:g} vs {:g}) differs from {}'s", names[k], got[k], want[k], sib));
+                fail(fmt::format("{} ({:g} vs {:g}) differs from {}", names[k], got[k], want[k],
+                                 c->file == "common.pt" ? sib + "'s" : c->file + " of " + dcp_dir));
     }
 }
 

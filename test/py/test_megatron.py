@@ -465,3 +465,38 @@ def test_dp_reshardable_megatron_resumes_within_tolerance(mgr):
     """Megatron's dist_checkpointing.load and load_parameter_state_from_dp_reshardable of both
     folders, one step with the same gradients: identical before, within tolerance * lr after."""
     _resumes_within_tolerance(_root(mgr), "dp_reshardable")
+
+
+def test_dp_reshardable_verify_checks_group_item(mgr, tmp_path):
+    """ckpt-verify reads the DP group's param groups again from the shell that holds them (at
+    the offset shifted by the cuts before it): a step changed there (the same length; the
+    shell's manifest row updated to match) fails."""
+    import io
+    import xxhash
+    d = _root(mgr)
+    z = tmp_path / "ckz"
+    shutil.copytree(d / "ckz", z)
+    ((fqn, _), (f, off, n)), = [(k, v) for k, v in _dcp_items(d / "orig" / ITER_DIR).items()
+                                if k[0].startswith("optimizer.distributed.dp_group_idx_0.optimizer/")]
+    man = json.loads((z / "ckptkit-folder.json").read_text())
+    (e,) = [e for e in man["files"] if e["path"] == f"{ITER_DIR}/{f}"]
+    assert e.get("shell") and e["stored"] != e["path"], e
+    at = off - sum(c["length"] for c in e["cuts"] if c["offset"] + c["length"] <= off)
+    shell = z / e["stored"]
+    data = bytearray(shell.read_bytes())
+    obj = torch.load(io.BytesIO(bytes(data[at:at + n])), weights_only=False)
+    for g in (obj[0] if isinstance(obj, list) else obj)["param_groups"]:
+        assert g["step"] == 3
+        g["step"] += 1
+    b = io.BytesIO()
+    torch.save(obj, b)
+    assert len(b.getvalue()) == n
+    data[at:at + n] = b.getvalue()
+    shell.write_bytes(bytes(data))
+    h = xxhash.xxh3_64_hexdigest(bytes(data))
+    e.update(xxh3=h)
+    (z / "ckptkit-folder.json").write_text(json.dumps(man))
+    p = run_tool(os.environ["CKPTKIT_BIN"], "ckpt-verify", z, "--json")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert f"{ITER_DIR}/ckptkit-dcp-moments-0.safetensors.ckz.h5: step (3 vs 4) differs from the " \
+           f"optimizer.distributed.dp_group_idx_*.optimizer items of {ITER_DIR}" in parse_json_stdout(p)["failures"], p.stdout
