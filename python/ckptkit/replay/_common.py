@@ -375,6 +375,17 @@ class ScalarTape(TorchDispatchMode):
             self.error = e
             raise
 
+    def take(self, func, vals):
+        """The forward: append `vals` (func, args, kwargs values) to the tape. The recompute:
+        compare them with the forward's next entry, fail() at the first difference."""
+        if self.check is None:
+            self.tape.append(vals)
+        else:
+            want = self.check[self.i] if self.i < len(self.check) else None
+            self.i += 1
+            if want is None or want[0] != func or not (_same(want[1], vals[1]) and _same(want[2], vals[2])):
+                self.fail(func, want, vals)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         skip = _SKIPPED.get(func)
@@ -394,13 +405,7 @@ class ScalarTape(TorchDispatchMode):
             return func(*args, **kwargs)
         if self.cover is not None and not self.cover.depth:
             self.uncovered.append(str(func))
-        if self.check is None:
-            self.tape.append(vals)
-        else:
-            want = self.check[self.i] if self.i < len(self.check) else None
-            self.i += 1
-            if want is None or want[0] != func or not (_same(want[1], vals[1]) and _same(want[2], vals[2])):
-                self.fail(func, want, vals)
+        self.take(func, vals)
         return func(*args, **kwargs)
 
 
@@ -575,6 +580,7 @@ class FunctionTape(TorchFunctionMode):
         self.error = None
 
     fail = ScalarTape.fail
+    take = ScalarTape.take
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -591,12 +597,5 @@ class FunctionTape(TorchFunctionMode):
         else:
             k = ()
         if found:
-            vals = (func, a, k)
-            if self.check is None:
-                self.tape.append(vals)
-            else:
-                want = self.check[self.i] if self.i < len(self.check) else None
-                self.i += 1
-                if want is None or want[0] != func or not (_same(want[1], vals[1]) and _same(want[2], vals[2])):
-                    self.fail(func, want, vals)
+            self.take(func, (func, a, k))
         return func(*args, **kwargs)
