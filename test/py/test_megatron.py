@@ -303,27 +303,37 @@ def test_torch_dist_restored_folder(mgd):
     moments; in those every item but the moments byte-identical (the bf16 model, the fp32 main
     params 'optimizer.state.param.*', the RNG state), each moment item of the same length, its
     tensor changed by the codec and torch.load-able."""
-    import io
     d = _root(mgd)
+    moments = ("optimizer.state.exp_avg.", "optimizer.state.exp_avg_sq.")
+    assert _compare_restored(d, ("__0_0.distcp", "__0_1.distcp"), lambda fqn: fqn.startswith(moments)) == (16, 0)
+    orig, back = d / "orig", d / "back"
+    assert all((orig / ITER_DIR / f).stat().st_size == (back / ITER_DIR / f).stat().st_size for f in ("__0_0.distcp", "__0_1.distcp"))
+
+
+def _compare_restored(d, shells, is_moment):
+    """orig vs back of a torch_dist fixture: the same files, byte-identical but the .distcp
+    files whose names end in `shells`; in those every item byte-identical but the moment items
+    (is_moment(fqn)), each torch.load-able as a float32 tensor of the original's shape. Returns
+    how many moment items the codec changed and how many it left as they were."""
+    import io
     orig, back = d / "orig", d / "back"
     assert folder_files(orig) == folder_files(back)
     for f in folder_files(orig):
-        if not f.endswith(("__0_0.distcp", "__0_1.distcp")):
+        if not f.endswith(shells):
             assert (orig / f).read_bytes() == (back / f).read_bytes(), f
     items = _dcp_items(orig / ITER_DIR)
     assert items == _dcp_items(back / ITER_DIR)
-    changed = 0
+    changed = same = 0
     for (fqn, _), (f, off, n) in items.items():
         a = (orig / ITER_DIR / f).read_bytes()[off:off + n]
         b = (back / ITER_DIR / f).read_bytes()[off:off + n]
-        if fqn.startswith(("optimizer.state.exp_avg.", "optimizer.state.exp_avg_sq.")):
+        if is_moment(fqn):
             ta, tb = torch.load(io.BytesIO(a)), torch.load(io.BytesIO(b))
-            assert ta.shape == tb.shape and ta.dtype == tb.dtype == torch.float32 and not torch.equal(ta, tb), fqn
-            changed += 1
+            assert ta.shape == tb.shape and ta.dtype == tb.dtype == torch.float32, fqn
+            changed, same = (changed, same + 1) if torch.equal(ta, tb) else (changed + 1, same)
         else:
             assert a == b, fqn
-    assert changed == 16
-    assert all((orig / ITER_DIR / f).stat().st_size == (back / ITER_DIR / f).stat().st_size for f in ("__0_0.distcp", "__0_1.distcp"))
+    return changed, same
 
 
 def test_torch_dist_megatron_resumes_within_tolerance(mgd):
@@ -439,26 +449,9 @@ def test_dp_reshardable_restored_folder(mgr):
     """The restored folder: every file byte-identical but the four .distcp files, in which every
     item but the bucket moments is byte-identical (B.param, the bf16 model, the param groups'
     ShardedObject); each moment chunk torch.load-able, of its length and dtype."""
-    import io
-    d = _root(mgr)
-    orig, back = d / "orig", d / "back"
-    assert folder_files(orig) == folder_files(back)
-    for f in folder_files(orig):
-        if not f.endswith(".distcp"):
-            assert (orig / f).read_bytes() == (back / f).read_bytes(), f
-    items = _dcp_items(orig / ITER_DIR)
-    assert items == _dcp_items(back / ITER_DIR)
-    changed = 0
-    for (fqn, _), (f, off, n) in items.items():
-        a = (orig / ITER_DIR / f).read_bytes()[off:off + n]
-        b = (back / ITER_DIR / f).read_bytes()[off:off + n]
-        if fqn.startswith(BUCKET) and fqn.endswith((".exp_avg", ".exp_avg_sq")):
-            ta, tb = torch.load(io.BytesIO(a)), torch.load(io.BytesIO(b))
-            assert ta.shape == tb.shape and ta.dtype == tb.dtype == torch.float32, fqn
-            changed += not torch.equal(ta, tb)
-        else:
-            assert a == b, fqn
-    assert changed >= 20
+    changed, same = _compare_restored(_root(mgr), (".distcp",),
+                                      lambda fqn: fqn.startswith(BUCKET) and fqn.endswith((".exp_avg", ".exp_avg_sq")))
+    assert changed + same == 24 and changed >= 20
 
 
 def test_dp_reshardable_megatron_resumes_within_tolerance(mgr):
