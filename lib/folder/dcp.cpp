@@ -138,8 +138,9 @@ constexpr const char* kMegatronDpGroup = "optimizer.distributed.dp_group_idx_"; 
 /// gbuf_idx_<I>.dtype_<D>.bucket_idx_<K>.<key>" and `key` its last part (its bucket B = the rest).
 bool bucket_item(const std::string& fqn, const std::string& key) {
     const std::string tail = "." + key;
+    const auto bucket = fqn.find(".bucket_idx_");
     return fqn.rfind(kMegatronDpGroup, 0) == 0 && fqn.ends_with(tail) && fqn.find(".gbuf_idx_") != std::string::npos &&
-           fqn.find(".bucket_idx_") != std::string::npos && fqn.find(".bucket_idx_") < fqn.size() - tail.size();
+           bucket != std::string::npos && bucket < fqn.size() - tail.size();
 }
 }  // namespace
 
@@ -263,7 +264,7 @@ MegatronCommon read_megatron_common(const std::string& dir, const Limits& limits
     const Checkpoint ck = read_checkpoint(path, limits);
     const io::InputFile f(path);
     std::vector<MegatronGroup> groups;
-    std::string source = "common.pt";
+    std::string& source = m.source;   // "common.pt" unless dp_reshardable's items hold the groups
     if (const Value* top = ck.root.is_dict() ? ck.root.get("optimizer") : nullptr)
         for (const Value* g : megatron_param_groups(*top)) groups.push_back({&ck, &f, g});
     // dp_reshardable: each DP group's ShardedObject "optimizer.distributed.dp_group_idx_<G>.optimizer/shard_*"
@@ -293,7 +294,6 @@ MegatronCommon read_megatron_common(const std::string& dir, const Limits& limits
         }
         source = "the optimizer.distributed.dp_group_idx_*.optimizer items";
     }
-    m.source = source;
     auto c = megatron_groups_hyper(groups, megatron_args_decoupled(ck), source,
                                    source + (held.empty() ? " does" : " do") + " not say which parameter is in which group");
     if (!c) {
