@@ -39,7 +39,7 @@ from torch.distributed.checkpoint import filesystem as _fs
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, SavePlan
 
-from . import _ckptkit, _compress_opts, _report
+from . import _ckptkit, _compress_opts, _report, _threads
 from ._errors import BadInput, CkptkitWarning, FileNotFound
 from ._torch import SeekableReader
 
@@ -61,6 +61,18 @@ def _hyper_fqn(fqn):
     return ".param_groups" in fqn or (".state." in fqn and fqn.endswith(".step"))
 
 
+def _rank_threads(threads):
+    """The CPU threads a rank's library call uses: `threads` when given (> 0), else this process's
+    cores shared among the ranks on its node (LOCAL_WORLD_SIZE, which torchrun sets; all of
+    them when unset), at least 1. Ranks that each took every core would oversubscribe the
+    node: the same work, more switching."""
+    if threads:
+        return threads
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // int(local)) if local.isdigit() and int(local) > 0 else 0
+
+
 def _fsync_dir(path):
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -73,7 +85,8 @@ class FileSystemWriter(_fs.FileSystemWriter):
     """torch's FileSystemWriter (same arguments) whose ranks compress their Adam/AdamW
     moments before the checkpoint is complete. `options`: ckpt-compress's (tolerance=0.01
     in units of lr, grad_bound=1.0, codec="vlog", optimizer="auto", threads=None, lr, beta1,
-    beta2, eps, weight_decay, ...; hyper-parameters the state dict lacks). Checked here
+    beta2, eps, weight_decay, ...; hyper-parameters the state dict lacks; threads=None: the
+    node's cores shared among its ranks, LOCAL_WORLD_SIZE as torchrun sets it). Checked here
     (BadInput). `reports`: this rank's compress Reports of its saves. A state without
     Adam/AdamW moments is written exactly, with a CkptkitWarning."""
 
@@ -83,6 +96,7 @@ class FileSystemWriter(_fs.FileSystemWriter):
                          thread_count=thread_count, per_thread_copy_ahead=per_thread_copy_ahead,
                          cache_staged_state_dict=cache_staged_state_dict, overwrite=overwrite)
         self._opts = _compress_opts(_TOOL, **options)
+        self._opts["threads"] = _rank_threads(self._opts["threads"])
         self._local_items = []
         self._tag = ""
         self.reports = []
@@ -199,21 +213,26 @@ class _ShellFile(SeekableReader):
     def __init__(self, root, rel, shell, cuts):
         self._root, self._rel = root, rel
         self._shell = open(shell, "rb")
-        self._cuts = sorted((c["offset"], c["length"]) for c in cuts)
-        super().__init__(os.fstat(self._shell.fileno()).st_size + sum(n for _, n in self._cuts))
+        cuts = sorted((c["offset"], c["length"]) for c in cuts)
+        self._ends = [o + k for o, k in cuts]    # cuts are disjoint: ends ascend with offsets
+        self._starts = [o for o, _ in cuts]
+        self._shift = [0]                        # _shift[i]: bytes cut before cut i
+        for _, k in cuts:
+            self._shift.append(self._shift[-1] + k)
+        super().__init__(os.fstat(self._shell.fileno()).st_size + self._shift[-1])
         self._full = None
 
     def readinto(self, b):
         n = max(0, min(len(b), self.size - self.pos))
         lo, hi = self.pos, self.pos + n
-        if n and (self._full is not None or any(o < hi and lo < o + k for o, k in self._cuts)):
+        i = bisect.bisect_right(self._ends, lo)  # the cuts before i end at or before lo
+        if n and (self._full is not None or (i < len(self._starts) and self._starts[i] < hi)):
             if self._full is None:
                 buf = _ckptkit.restore_bytes(self._root, {}, _TOOL, self._rel)[0]
                 self._full = os.fdopen(os.dup(buf.fileno()), "rb")
             n = os.preadv(self._full.fileno(), [memoryview(b)[:n]], lo)
         elif n:
-            shift = sum(k for o, k in self._cuts if o + k <= lo)
-            n = os.preadv(self._shell.fileno(), [memoryview(b)[:n]], lo - shift)
+            n = os.preadv(self._shell.fileno(), [memoryview(b)[:n]], lo - self._shift[i])
         self.pos += n
         return n
 
@@ -274,11 +293,13 @@ class FileSystemReader(_fs.FileSystemReader):
     whatever the loading world size. Each rank decodes the moment chunks its read items
     name (checksums checked) into DCP's tensors; torch's reader reads the rest. BadInput (an OSError for path errors) for
     a folder without `.metadata` (not a checkpoint, or a save that did not finish) or
-    with a damaged or missing file."""
+    with a damaged or missing file. `threads`: the decode's CPU threads (None: the node's
+    cores shared among its ranks, as the writer's)."""
 
-    def __init__(self, path):
+    def __init__(self, path, *, threads=None):
         super().__init__(path)
         self.fs = _RestoringFileSystem(self)
+        self._threads = _rank_threads(_threads(_TOOL, threads))
         self._manifest = None
         self._cuts = None
         self._md = None
@@ -361,7 +382,7 @@ class FileSystemReader(_fs.FileSystemReader):
             dest = target if direct else torch.empty(count, dtype=dtype)
             reads.append((entry, tensor, first, count, numel, dtype.itemsize, dest.data_ptr()))
             later.append((req, target, None if direct else dest, sizes if span is None else None))
-        _ckptkit.read_dcp_moments(os.fspath(self.path), reads)
+        _ckptkit.read_dcp_moments(os.fspath(self.path), reads, self._threads)
         for req, target, tmp, whole in later:
             if tmp is not None:
                 src = tmp.view(list(req.lengths)) if whole is None else \

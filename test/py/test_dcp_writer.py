@@ -273,3 +273,51 @@ def test_writer_options_checked(tmp_path):
         ckptkit.dcp.FileSystemWriter(tmp_path / "x", tolerance=2)
     with pytest.raises(TypeError, match="unknown option"):
         ckptkit.dcp.FileSystemWriter(tmp_path / "x", tolerence=0.1)
+
+
+def test_shell_file_reads_the_original(tmp_path, monkeypatch):
+    """_ShellFile over a shell (the original without its cuts): every read of [lo, lo + n)
+    gives the original's bytes; a read outside every cut comes from the shell at its shifted
+    offset, one that touches a cut from the whole file the library rebuilds (here the
+    original itself, counted)."""
+    data = bytes(range(256)) * 2
+    cuts = [{"offset": 40, "length": 24}, {"offset": 64, "length": 8}, {"offset": 300, "length": 100}]
+    kept = [(0, 40), (72, 300), (400, len(data))]
+    shell = tmp_path / "f.ckz-shell"
+    shell.write_bytes(b"".join(data[a:b] for a, b in kept))
+    orig = tmp_path / "f"
+    orig.write_bytes(data)
+    rebuilt = []
+
+    class Buf:
+        def fileno(self):
+            return os.open(orig, os.O_RDONLY)
+
+    monkeypatch.setattr(ckptkit.dcp._ckptkit, "restore_bytes", lambda *a: rebuilt.append(a) or (Buf(),))
+    for lo in range(0, len(data) + 1, 7):
+        for n in (0, 1, 5, 24, 37, 600):
+            with ckptkit.dcp._ShellFile(str(tmp_path), "f", str(shell), cuts) as f:
+                assert f.size == len(data)
+                f.seek(lo)
+                got = f.read(n)
+                assert got == data[lo:lo + n], (lo, n)
+                hit = bool(got) and any(c["offset"] < lo + len(got) and lo < c["offset"] + c["length"] for c in cuts)
+                assert len(rebuilt) == int(hit), (lo, n)
+                rebuilt.clear()
+
+
+def test_rank_threads(tmp_path, monkeypatch):
+    """Threads per rank: the node's cores shared among LOCAL_WORLD_SIZE ranks (at least 1),
+    all of them (0) when it is unset, `threads` when given; the reader checks it."""
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert ckptkit.dcp.FileSystemReader(tmp_path)._threads == 0
+    assert ckptkit.dcp.FileSystemWriter(tmp_path / "w")._opts["threads"] == 0
+    for local in (1, 2, 4, 64):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+        assert ckptkit.dcp.FileSystemReader(tmp_path)._threads == max(1, cores // local)
+        assert ckptkit.dcp.FileSystemWriter(tmp_path / "w")._opts["threads"] == max(1, cores // local)
+    assert ckptkit.dcp.FileSystemReader(tmp_path, threads=3)._threads == 3
+    assert ckptkit.dcp.FileSystemWriter(tmp_path / "w", threads=5)._opts["threads"] == 5
+    with pytest.raises(ckptkit.BadInput, match=r"^ckptkit.dcp: error: --threads: 0 is not a count"):
+        ckptkit.dcp.FileSystemReader(tmp_path, threads=0)
