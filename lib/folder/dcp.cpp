@@ -748,6 +748,15 @@ json cuts_json(const std::vector<DcpCut>& cuts) {
     return a;
 }
 
+std::optional<uint64_t> shell_offset(const std::vector<DcpCut>& cuts, uint64_t offset, uint64_t length) {
+    uint64_t at = offset;
+    for (const DcpCut& cut : cuts) {
+        if (cut.offset < offset + length && offset < cut.offset + cut.length) return std::nullopt;
+        if (cut.offset + cut.length <= offset) at -= cut.length;
+    }
+    return at;
+}
+
 std::vector<DcpCut> cuts_from(const json& a) {
     std::vector<DcpCut> out;
     uint64_t prev = 0;

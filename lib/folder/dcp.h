@@ -148,6 +148,12 @@ void rebuild_from_shell(const std::string& shell, const DcpFile& f, const std::s
 /// The same into an open writer (closed here).
 void rebuild_from_shell(const std::string& shell, const DcpFile& f, const std::string& moments, FileWriter& w);
 
+/// Where bytes [offset, offset + length) of a .distcp file stored as a shell lie in the
+/// shell: `offset` less the bytes of the cuts that end at or before it; nullopt when they
+/// overlap a cut (a moment storage, not in the shell). `cuts`: sorted and disjoint, as
+/// cuts_from gives them.
+std::optional<uint64_t> shell_offset(const std::vector<DcpCut>& cuts, uint64_t offset, uint64_t length);
+
 /// JSON of the cuts (manifest "cuts") and back.
 nlohmann::json cuts_json(const std::vector<DcpCut>&);
 std::vector<DcpCut> cuts_from(const nlohmann::json&);

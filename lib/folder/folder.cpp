@@ -794,12 +794,11 @@ void check_megatron_common(const std::string& dir, const Manifest& m, const Entr
         if (e == m.files.end() || e->container || e->is_virtual()) throw BadInput(join(dir, path), "not a copied file or shell of the folder");
         DcpItem at = it;
         at.file = dcp_dir.empty() ? e->stored : e->stored.substr(dcp_dir.size() + 1);
-        if (e->is_shell())
-            for (const DcpCut& cut : cuts_from(e->extra.at("cuts"))) {
-                if (cut.offset < it.offset + it.length && it.offset < cut.offset + cut.length)
-                    throw BadInput(join(dir, e->stored), "item " + it.fqn + " overlaps a cut moment storage");
-                if (cut.offset + cut.length <= it.offset) at.offset -= cut.length;
-            }
+        if (e->is_shell()) {
+            const auto shifted = shell_offset(cuts_from(e->extra.at("cuts")), it.offset, it.length);
+            if (!shifted) throw BadInput(join(dir, e->stored), "item " + it.fqn + " overlaps a cut moment storage");
+            at.offset = *shifted;
+        }
         return at;
     };
     std::string why;

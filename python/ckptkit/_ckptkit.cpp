@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "folder/dcp.h"
 #include "folder/folder.h"
 #include "ckpt/pipeline.h"
 #include "codec/codec.h"
@@ -446,6 +447,17 @@ PYBIND11_MODULE(_ckptkit, m) {
        "ckptkit.dcp's reader: READS, (moments entry, gathered tensor, first element, count, numel, element size, "
        "address) each, decoded from the compressed folder DIR (only the parameters they name) into the memory at "
        "each address (count * element size bytes, which the caller keeps alive)");
+    m.def("shell_offsets", [](const std::string& cuts, const std::vector<std::pair<uint64_t, uint64_t>>& items) {
+        const auto c = folder::cuts_from(nlohmann::json::parse(cuts));
+        std::vector<int64_t> out;
+        for (const auto& [offset, length] : items) {
+            const auto at = folder::shell_offset(c, offset, length);
+            out.push_back(at ? int64_t(*at) : -1);
+        }
+        return out;
+    }, py::arg("cuts"), py::arg("items"),
+       "where ITEMS, (offset, length) byte ranges of a .distcp file stored as a shell with CUTS (the manifest's "
+       "JSON), lie in the shell: each offset less the cut bytes before it, or -1 where it overlaps a cut");
     m.def("check_stored", [](const std::string& dir, const std::string& file) {
         run_job("ckptkit.dcp", dir, 1, [&] { folder::check_stored_file(dir, file); });
     }, py::arg("dir"), py::arg("file"),

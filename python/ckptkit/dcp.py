@@ -203,50 +203,39 @@ class FileSystemWriter(_fs.FileSystemWriter):
                 shutil.rmtree(p, ignore_errors=True)
 
 
-class _ShellFile(SeekableReader):
-    """A `.distcp` file stored as a shell, read as the original: a read outside every cut is
-    served from the shell at its shifted offset; the first read that touches a cut (a moment
-    storage) has the library rebuild the whole file in memory (the unit decoded, hashes
-    checked), and every later read comes from there. So a rank that reads only the step and
-    param_groups items a file holds decodes nothing."""
+class _RestoredFile(SeekableReader):
+    """A `.distcp` file stored as a shell, read as the original where a read item overlaps a
+    moment storage the reader does not decode straight into DCP's tensors (a region that is
+    not a whole cut): at the first read the library rebuilds the whole file in memory (the
+    unit decoded, hashes checked), and every read comes from there. Items outside the cuts
+    are read from the shell itself (FileSystemReader.set_up_storage_reader)."""
 
-    def __init__(self, root, rel, shell, cuts):
+    def __init__(self, root, rel, size):
         self._root, self._rel = root, rel
-        self._shell = open(shell, "rb")
-        cuts = sorted((c["offset"], c["length"]) for c in cuts)
-        self._ends = [o + k for o, k in cuts]    # cuts are disjoint: ends ascend with offsets
-        self._starts = [o for o, _ in cuts]
-        self._shift = [0]                        # _shift[i]: bytes cut before cut i
-        for _, k in cuts:
-            self._shift.append(self._shift[-1] + k)
-        super().__init__(os.fstat(self._shell.fileno()).st_size + self._shift[-1])
+        super().__init__(size)
         self._full = None
 
     def readinto(self, b):
         n = max(0, min(len(b), self.size - self.pos))
-        lo, hi = self.pos, self.pos + n
-        i = bisect.bisect_right(self._ends, lo)  # the cuts before i end at or before lo
-        if n and (self._full is not None or (i < len(self._starts) and self._starts[i] < hi)):
+        if n:
             if self._full is None:
                 buf = _ckptkit.restore_bytes(self._root, {}, _TOOL, self._rel)[0]
                 self._full = os.fdopen(os.dup(buf.fileno()), "rb")
-            n = os.preadv(self._full.fileno(), [memoryview(b)[:n]], lo)
-        elif n:
-            n = os.preadv(self._shell.fileno(), [memoryview(b)[:n]], lo - self._shift[i])
+            n = os.preadv(self._full.fileno(), [memoryview(b)[:n]], self.pos)
         self.pos += n
         return n
 
     def close(self):
-        for f in (self._shell, self._full):
-            if f is not None:
-                f.close()
+        if self._full is not None:
+            self._full.close()
         super().close()
 
 
 class _RestoringFileSystem(_fs.FileSystem):
     """torch's FileSystem, except that a file stored otherwise than under its name opens as its
-    original bytes: a shell as a _ShellFile, a container restored in memory; a file read in
-    place (a shell, a copy) is checked against the manifest's XXH3 first."""
+    original bytes: a shell as a _RestoredFile, a container restored in memory; a file read
+    in place (a copy, or a shell under its stored name) is checked against the manifest's
+    XXH3 first."""
 
     def __init__(self, reader):
         super().__init__()
@@ -257,15 +246,16 @@ class _RestoringFileSystem(_fs.FileSystem):
         root = os.fspath(self._reader.path)
         rows = self._reader._rows()
         rel = os.path.relpath(os.fspath(path), root)
-        row = rows.get(rel)
-        if mode == "rb" and row is not None and not row["container"]:
-            _ckptkit.check_stored(root, rel)   # read in place: its hash first
+        row = rows.get(rel) or self._reader._shells().get(rel)
+        if mode == "rb" and row is not None and not row["container"] and (not row.get("shell") or row["stored"] == rel):
+            _ckptkit.check_stored(root, row["path"])   # read in place: its hash first
         if mode != "rb" or row is None or row["stored"] == rel:
             with super().create_stream(path, mode) as s:
                 yield s
             return
         if row.get("shell"):
-            with _ShellFile(root, rel, os.path.join(root, row["stored"]), row["cuts"]) as f:
+            size = os.path.getsize(os.path.join(root, row["stored"])) + sum(c["length"] for c in row["cuts"])
+            with _RestoredFile(root, rel, size) as f:
                 yield f
             return
         buf = _ckptkit.restore_bytes(root, {}, _TOOL, rel)[0]
@@ -300,7 +290,7 @@ class FileSystemReader(_fs.FileSystemReader):
         super().__init__(path)
         self.fs = _RestoringFileSystem(self)
         self._threads = _rank_threads(_threads(_TOOL, threads))
-        self._manifest = None
+        self._manifest = self._shell_rows = None
         self._cuts = None
         self._md = None
 
@@ -316,12 +306,30 @@ class FileSystemReader(_fs.FileSystemReader):
 
     def reset(self, checkpoint_id=None):
         super().reset(checkpoint_id)
-        self._manifest = None
+        self._manifest = self._shell_rows = None
         self._cuts = None
+
+    def _shells(self):
+        """Stored name -> manifest row of each `.distcp` file stored as a shell."""
+        if self._shell_rows is None:
+            self._shell_rows = {r["stored"]: r for r in self._rows().values() if r.get("shell")}
+        return self._shell_rows
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self._md = metadata
+        # items of shells outside every cut: read by torch from the shell, at their offsets there
+        data, rows, per_file = dict(self.storage_data), self._rows(), {}
+        for k, v in data.items():
+            if rows.get(v.relative_path, {}).get("shell"):
+                per_file.setdefault(v.relative_path, []).append(k)
+        for rel, keys in per_file.items():
+            row = rows[rel]
+            at = _ckptkit.shell_offsets(json.dumps(row["cuts"]), [(data[k].offset, data[k].length) for k in keys])
+            for k, o in zip(keys, at):
+                if o >= 0:
+                    data[k] = dataclasses.replace(data[k], relative_path=row["stored"], offset=o)
+        self.storage_data = data
 
     def _moment_of(self, req):
         """(gathered-moments entry, gathered tensor) of a read item that is a moment cut out

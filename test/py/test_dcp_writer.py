@@ -275,35 +275,24 @@ def test_writer_options_checked(tmp_path):
         ckptkit.dcp.FileSystemWriter(tmp_path / "x", tolerence=0.1)
 
 
-def test_shell_file_reads_the_original(tmp_path, monkeypatch):
-    """_ShellFile over a shell (the original without its cuts): every read of [lo, lo + n)
-    gives the original's bytes; a read outside every cut comes from the shell at its shifted
-    offset, one that touches a cut from the whole file the library rebuilds (here the
-    original itself, counted)."""
+def test_shell_offsets():
+    """Where a byte range of a .distcp file lies in its shell (the file without its cuts), as
+    ckpt-verify and the reader take it: its offset less the cut bytes before it, -1 where it
+    overlaps a cut; every window of a small file against the bytes themselves."""
     data = bytes(range(256)) * 2
-    cuts = [{"offset": 40, "length": 24}, {"offset": 64, "length": 8}, {"offset": 300, "length": 100}]
-    kept = [(0, 40), (72, 300), (400, len(data))]
-    shell = tmp_path / "f.ckz-shell"
-    shell.write_bytes(b"".join(data[a:b] for a, b in kept))
-    orig = tmp_path / "f"
-    orig.write_bytes(data)
-    rebuilt = []
-
-    class Buf:
-        def fileno(self):
-            return os.open(orig, os.O_RDONLY)
-
-    monkeypatch.setattr(ckptkit.dcp._ckptkit, "restore_bytes", lambda *a: rebuilt.append(a) or (Buf(),))
-    for lo in range(0, len(data) + 1, 7):
-        for n in (0, 1, 5, 24, 37, 600):
-            with ckptkit.dcp._ShellFile(str(tmp_path), "f", str(shell), cuts) as f:
-                assert f.size == len(data)
-                f.seek(lo)
-                got = f.read(n)
-                assert got == data[lo:lo + n], (lo, n)
-                hit = bool(got) and any(c["offset"] < lo + len(got) and lo < c["offset"] + c["length"] for c in cuts)
-                assert len(rebuilt) == int(hit), (lo, n)
-                rebuilt.clear()
+    cuts = [{"offset": 40, "length": 24, "tensor": "a", "crc_offsets": []},
+            {"offset": 64, "length": 8, "tensor": "b", "crc_offsets": []},
+            {"offset": 300, "length": 100, "tensor": "c", "crc_offsets": []}]
+    shell = data[:40] + data[72:300] + data[400:]
+    items = [(lo, n) for lo in range(0, len(data) + 1, 3) for n in (0, 1, 5, 24, 37, 600) if lo + n <= len(data)]
+    got = ckptkit.dcp._ckptkit.shell_offsets(json.dumps(cuts), items)
+    for (lo, n), at in zip(items, got):
+        hit = any(c["offset"] < lo + n and lo < c["offset"] + c["length"] for c in cuts)
+        assert (at == -1) == hit, (lo, n, at)
+        if not hit:
+            assert shell[at:at + n] == data[lo:lo + n], (lo, n, at)
+    with pytest.raises(ValueError, match="out of order"):
+        ckptkit.dcp._ckptkit.shell_offsets(json.dumps(cuts[::-1]), [(0, 1)])
 
 
 def test_rank_threads(tmp_path, monkeypatch):
