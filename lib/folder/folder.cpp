@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -61,6 +62,7 @@ struct Manifest {
     std::vector<Layout> layouts;
     std::vector<std::string> dirs;
     std::vector<Entry> files;         ///< sorted by path
+    std::string save_dir;             ///< version 2: "ckptkit-<tag>", the folder of every stored file but .metadata
 };
 
 json layout_json(const Layout& l) { return {{"kind", l.kind}, {"dir", l.dir}, {"evidence", l.evidence}, {"note", l.note}}; }
@@ -69,8 +71,9 @@ Layout layout_from(const json& j) {
 }
 
 void write_manifest(const std::string& dir, const Manifest& m) {
-    json j{{"format", kManifestFormat}, {"version", kManifestVersion}, {"tool_version", CKPTKIT_VERSION},
+    json j{{"format", kManifestFormat}, {"version", m.save_dir.empty() ? kManifestVersion : 2}, {"tool_version", CKPTKIT_VERSION},
            {"source", m.source}, {"dirs", m.dirs}};
+    if (!m.save_dir.empty()) j["save_dir"] = m.save_dir;
     j["layouts"] = json::array();
     for (auto& l : m.layouts) j["layouts"].push_back(layout_json(l));
     j["files"] = json::array();
@@ -83,9 +86,7 @@ void write_manifest(const std::string& dir, const Manifest& m) {
     const std::string text = j.dump(1) + "\n";
     const std::string path = join(dir, kManifestName);
     try {
-        FileWriter w(path);
-        w.write(text.data(), text.size());
-        w.close();
+        write_text_atomic(path, text);
     } catch (const std::exception& e) {
         throw BadInput(path, e.what());
     }
@@ -102,8 +103,13 @@ Manifest read_manifest(const std::string& dir) {
         if (f.size() > (256u << 20)) throw BadInput(path, "manifest over 256 MiB");
         const json j = json::parse(f.read_string(0, std::size_t(f.size()), "manifest"));
         if (j.at("format").get<std::string>() != kManifestFormat) throw BadInput(path, "not a ckptkit folder manifest");
-        if (const int version = json_int(j, "version"); version != kManifestVersion)
-            throw BadInput(path, fmt::format("manifest version {} (this tool reads {})", version, kManifestVersion));
+        const int version = json_int(j, "version");
+        if (version != kManifestVersion && version != 2)
+            throw BadInput(path, fmt::format("manifest version {} (this tool reads {} and 2)", version, kManifestVersion));
+        if (version == 2) {
+            m.save_dir = j.at("save_dir").get<std::string>();
+            if (!dcp_writer_folder(m.save_dir) || m.save_dir[0] == '.') throw BadInput(path, "manifest save_dir is not ckptkit-<16 hex digits>: " + m.save_dir);
+        }
         m.source = j.value("source", "");
         for (auto& l : j.at("layouts")) m.layouts.push_back(layout_from(l));
         for (auto& d : j.at("dirs")) m.dirs.push_back(d.get<std::string>());
@@ -131,7 +137,8 @@ Manifest read_manifest(const std::string& dir) {
     for (auto& e : m.files) {
         safe(e.path);
         safe(e.stored);
-        if (e.stored != (e.container ? e.path + kSuffix : e.is_shell() ? e.path + kShellSuffix : e.path))
+        const std::string name = e.container ? e.path + kSuffix : e.is_shell() ? e.path + kShellSuffix : e.path;
+        if (e.stored != (m.save_dir.empty() || e.extra.value("dcp_metadata", false) ? name : m.save_dir + "/" + name))
             throw BadInput(path, "manifest entry with a wrong stored name: " + e.stored);
         if (e.is_shell()) safe(e.extra.value("moments", std::string()));
         if (!seen.insert(e.path).second) throw BadInput(path, "manifest lists a file twice: " + e.path);
@@ -470,6 +477,7 @@ std::string FolderReport::table() const {
         line(f.file, f.action, f.bytes_in, f.bytes_out, f.moment_values, f.escapes, f.moment_bytes_fp32, f.moment_bytes_out,
              f.max_bound, f.note);
     line("total", fmt::format("{} files", files.size()), bytes_in(), bytes_out(), mv, esc, mf, mo, mb, "");
+    for (auto& n : notes) s += "note: " + n + "\n";
     for (auto& f : failures) s += "FAILED: " + f + "\n";
     s += ok ? "ok\n" : "NOT OK\n";
     return s;
@@ -510,6 +518,7 @@ std::string FolderReport::json() const {
     j["moment_reduction"] = mf ? 1.0 - double(mo) / double(mf) : 0.0;
     j["max_bound_lr"] = mb;
     j["failures"] = failures;
+    j["notes"] = notes;
     return j.dump();
 }
 
@@ -832,6 +841,7 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
     FolderReport rep = new_report("ckpt-verify", dir, original.value_or(""), c);
     Manifest m;
     std::vector<std::string> pre;   // failures found before the per-file work
+    std::vector<std::string> notes;
     std::set<std::string> missing;
     agree(c, false, [&] {
         if (!is_folder(dir)) throw BadInput(dir, "not a folder");
@@ -842,13 +852,14 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
         present.erase(kManifestName);
         for (const auto& e : m.files) {
             listed.insert(e.stored);
-            if (!present.count(e.stored)) {
-                missing.insert(e.stored);
-                pre.push_back(e.stored + ": missing (listed in the manifest)");
-            }
+            if (!present.count(e.stored)) missing.insert(e.stored);   // its row fails
         }
         for (const auto& p : present)
-            if (!listed.count(p)) pre.push_back(p + ": not in the manifest");
+            if (listed.count(p)) continue;
+            else if (dcp_writer_folder(p.substr(0, p.find('/'))))
+                notes.push_back(p + ": left by a ckptkit.dcp save that did not finish (the next save into this folder removes it)");
+            else
+                pre.push_back(p + ": not in the manifest");
         if (original) {
             std::set<std::string> paths;
             for (const auto& e : m.files) paths.insert(e.path);
@@ -876,7 +887,7 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
             r.note += (r.note.empty() ? "" : "; ") + why;
         };
         if (missing.count(e.stored)) {
-            fail("missing");
+            fail("missing (listed in the manifest)");
             return {r};
         }
         const std::string path = join(dir, e.stored);
@@ -959,6 +970,7 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
     };
     rep.files = run_shared(c, weights, job, Output{}, vo.progress);
     rep.failures = pre;
+    rep.notes = notes;
     rep.ok = pre.empty();
     for (const auto& r : rep.files)
         if (!r.ok) {
@@ -1223,15 +1235,37 @@ uint64_t read_dcp_moments(const std::string& dir, const std::vector<DcpMomentRea
     return total;
 }
 
-void write_dcp_writer_manifest(const std::string& dir, const std::vector<std::string>& parts, const std::string& metadata) {
+bool dcp_writer_folder(const std::string& name) {
+    if (name.rfind(".ckptkit-", 0) == 0 || name.rfind("..ckptkit-", 0) == 0) return true;
+    const std::string pre = "ckptkit-";
+    return name.size() == pre.size() + 16 && name.rfind(pre, 0) == 0 &&
+           std::all_of(name.begin() + std::ptrdiff_t(pre.size()), name.end(), [](char ch) { return std::isxdigit((unsigned char)ch) && !std::isupper((unsigned char)ch); });
+}
+
+void commit_dcp_save(const std::string& dir, const std::vector<std::string>& parts, const std::string& metadata, const std::string& tag) {
+    const std::string save = "ckptkit-" + tag;
+    if (!dcp_writer_folder(save) || save.rfind('.', 0) == 0) throw BadInput(dir, "save tag " + tag + " is not 16 hex digits");
+    std::set<std::string> earlier;   // the stored files of the checkpoint this save replaces
+    if (fs::is_regular_file(join(dir, kManifestName))) {
+        try {
+            for (const auto& e : read_manifest(dir).files) earlier.insert(e.stored);
+        } catch (const BadInput&) {   // not ours to read: nothing of it is removed
+        }
+    }
     Manifest m;
     m.source = folder_name(dir);
     std::size_t distcp = 0, moments = 0;
+    std::error_code ec;
+    fs::create_directories(join(dir, save), ec);
+    if (ec) throw BadInput(join(dir, save), ec.message());
     for (const auto& p : parts) {
         const Manifest part = read_manifest(p);
-        for (const auto& e : part.files) {
+        for (auto e : part.files) {
             if (e.path == ".metadata" || e.path.rfind(".ckptkit-", 0) == 0) continue;
-            if (!fs::is_regular_file(join(dir, e.stored))) throw BadInput(join(dir, e.stored), "missing: a rank's file was not moved in");
+            const std::string to = save + "/" + e.stored;
+            fs::rename(join(p, e.stored), join(dir, to), ec);
+            if (ec) throw BadInput(join(p, e.stored), "cannot move a rank's file into the checkpoint: " + ec.message());
+            e.stored = to;
             distcp += !e.is_virtual();
             moments += e.is_virtual();
             m.files.push_back(e);
@@ -1244,7 +1278,26 @@ void write_dcp_writer_manifest(const std::string& dir, const std::vector<std::st
         if (m.files[i].path == m.files[i - 1].path) throw BadInput(join(dir, m.files[i].path), "written by two ranks");
     m.layouts.push_back({"dcp", "", fmt::format(".metadata and {} .distcp files", distcp),
                          fmt::format("written by ckptkit.dcp.FileSystemWriter: {} gathered-moments containers", moments)});
+    m.save_dir = save;
+    fsync_path(join(dir, save));
     write_manifest(dir, m);
+    fs::rename(metadata, join(dir, ".metadata"), ec);   // last: the save is readable only now
+    if (ec) throw BadInput(join(dir, ".metadata"), ec.message());
+    fsync_path(dir);
+    // what the replaced checkpoint and earlier saves left
+    std::set<std::string> stale;
+    for (const auto& e : m.files)
+        for (const std::string& name : {e.path, e.path + kShellSuffix, e.path + ".ckz.h5"}) stale.insert(name);
+    stale.insert(earlier.begin(), earlier.end());
+    for (const auto& e : m.files) stale.erase(e.stored);
+    for (const auto& name : stale)
+        if (fs::is_regular_file(join(dir, name), ec)) fs::remove(join(dir, name), ec);
+    std::vector<fs::path> leftovers;
+    for (const auto& d : fs::directory_iterator(dir, ec)) {
+        const std::string name = d.path().filename().string();
+        if (name != save && dcp_writer_folder(name)) leftovers.push_back(d.path());
+    }
+    for (const auto& d : leftovers) fs::remove_all(d, ec);
 }
 
 }  // namespace ckpt::folder

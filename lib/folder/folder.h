@@ -25,7 +25,7 @@ inline constexpr const char* kManifestName = "ckptkit-folder.json";
 /// Value of the manifest's "format" key.
 inline constexpr const char* kManifestFormat = "ckptkit-folder";
 /// Manifest format version (formats/folder.md).
-inline constexpr int kManifestVersion = 1;
+inline constexpr int kManifestVersion = 1;   ///< version 2: files in a save folder (`save_dir`, ckptkit.dcp's writer)
 
 /// A layout recognised from the files of one folder (relative path "" is the root).
 struct Layout {
@@ -77,6 +77,7 @@ struct FolderReport {
     std::vector<FileRow> files;   ///< sorted by path
     bool ok = true;
     std::vector<std::string> failures;   ///< "FILE: what failed"
+    std::vector<std::string> notes;      ///< "FILE: what", not failures (verify: leftovers of an unfinished ckptkit.dcp save)
 
     uint64_t bytes_in() const;   ///< sum of the input files' sizes (DCP gathered moments not counted)
     uint64_t bytes_out() const;  ///< sum of the written / stored files' sizes
@@ -149,10 +150,21 @@ uint64_t read_dcp_moments(const std::string& dir, const std::vector<DcpMomentRea
 /// place). Throws BadInput (not listed) / CheckFailed (differs), naming the stored file.
 void check_stored_file(const std::string& dir, const std::string& path);
 
-/// ckptkit.dcp.FileSystemWriter's manifest for the DCP folder `dir`: the rows of the per-rank
-/// compressed folders `parts` (each rank's files already moved into `dir`; their own
-/// `.metadata` and `.ckptkit-*` rows left out) and the row of `metadata` (the .metadata torch
-/// pickled, stored as `dir`/.metadata by the caller afterwards). Throws BadInput.
-void write_dcp_writer_manifest(const std::string& dir, const std::vector<std::string>& parts, const std::string& metadata);
+/// ckptkit.dcp.FileSystemWriter's commit of the save `tag` (16 hex digits) into the DCP folder
+/// `dir`, by the coordinator once every rank's part is written: each part's stored files (the
+/// per-rank compressed folders `parts`; their own `.metadata` and `.ckptkit-*` rows left out)
+/// move into `dir`/ckptkit-<tag>/, the manifest is written (crash-safely) with their rows and
+/// the row of `metadata` (the .metadata torch pickled), `metadata` is renamed onto
+/// `dir`/.metadata, and only then is removed what the checkpoint it replaces and earlier
+/// saves left: the files the old manifest listed and the new one does not, files named as a
+/// plain save's (or an older writer's) of the new rows, other ckptkit-<tag>/ folders and the
+/// writer's transient folders (dcp_writer_folder). Until that rename the checkpoint already in
+/// `dir`, if any, is untouched. Throws BadInput.
+void commit_dcp_save(const std::string& dir, const std::vector<std::string>& parts, const std::string& metadata,
+                     const std::string& tag);
+
+/// Whether `name`, at the top of a DCP folder, is ckptkit.dcp.FileSystemWriter's own folder: a
+/// save's "ckptkit-<16 lowercase hex digits>" or a transient ".ckptkit-*" / "..ckptkit-*" one.
+bool dcp_writer_folder(const std::string& name);
 
 }  // namespace ckpt::folder

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import mmap
+import operator
 import os
 import pickle
 import shutil
@@ -221,11 +222,16 @@ def _path(p, what="path"):
 
 
 def _threads(tool, threads):
+    """A thread count as given (any integer type: int, numpy's), 0 for None."""
     if threads is None:
         return 0
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024:
+    try:
+        n = operator.index(threads) if not isinstance(threads, bool) else None
+    except TypeError:
+        n = None
+    if n is None or not 1 <= n <= 1024:
         raise _bad(tool, f"--threads: {threads!r} is not a count in [1, 1024]")
-    return threads
+    return n
 
 
 def _number(tool, flag, v):

@@ -463,10 +463,12 @@ PYBIND11_MODULE(_ckptkit, m) {
     }, py::arg("dir"), py::arg("file"),
        "FILE (its original path) of the compressed folder DIR: its stored file's size and XXH3 as the manifest "
        "lists them, else CheckFailed naming it");
-    m.def("write_dcp_manifest", [](const std::string& dir, const std::vector<std::string>& parts, const std::string& metadata) {
-        run_job("ckptkit.dcp", dir, 1, [&] { folder::write_dcp_writer_manifest(dir, parts, metadata); });
-    }, py::arg("dir"), py::arg("parts"), py::arg("metadata"),
-       "ckptkit.dcp.FileSystemWriter's manifest of DIR from the ranks' compressed folders PARTS and the .metadata file");
+    m.def("commit_dcp_save", [](const std::string& dir, const std::vector<std::string>& parts, const std::string& metadata,
+                                const std::string& tag) {
+        run_job("ckptkit.dcp", dir, 1, [&] { folder::commit_dcp_save(dir, parts, metadata, tag); });
+    }, py::arg("dir"), py::arg("parts"), py::arg("metadata"), py::arg("tag"),
+       "ckptkit.dcp.FileSystemWriter's commit of the save TAG into DIR: the ranks' compressed folders PARTS moved into "
+       "DIR/ckptkit-TAG/, the manifest, then METADATA renamed onto DIR/.metadata, then what earlier saves left removed");
 
     m.def("check_checkpoint", [](py::object what, bool strict, const char* tool) {
         // what: a path (str) or a list of parts (compress_memory's) named "<memory>"

@@ -14,8 +14,10 @@ process per rank): the moment items (`exp_avg`, `exp_avg_sq`, `max_exp_avg_sq` o
 parameter chunk, with its `step` and `param_groups` items) become one container
 `ckptkit-dcp-moments-<rank>-<n>.safetensors.ckz.h5`, each `.distcp` file that held them a
 shell (`<name>.ckz-shell`, the file without those bytes); every other byte is torch's. The
-coordinator writes `ckptkit-folder.json` and then `.metadata` (torch's own, the storage_data
-of a plain save), so a save that did not finish has no `.metadata`. The folder is a
+coordinator moves the ranks' files into `ckptkit-<tag>/` (one folder per save), writes
+`ckptkit-folder.json` and then `.metadata` (torch's own, the storage_data of a plain save),
+so a save that did not finish has no `.metadata`, and one over an existing checkpoint leaves
+it whole until then (its files are removed after). The folder is a
 compressed folder of formats/folder.md: `ckpt-verify` proves it (with `--original`, against
 a plain DCP save of the same state), `ckpt-restore` gives the plain folder stock `dcp.load`
 reads. The reader hands every item but the moments to torch's reader (a shell's bytes read
@@ -40,7 +42,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, SavePlan
 
 from . import _ckptkit, _compress_opts, _report, _threads
-from ._errors import BadInput, CkptkitWarning, FileNotFound
+from ._errors import BadInput, CkptkitWarning, FileNotFound, NotADirectory
 from ._torch import SeekableReader
 
 __all__ = ["FileSystemWriter", "FileSystemReader"]
@@ -71,14 +73,6 @@ def _rank_threads(threads):
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cores // int(local)) if local.isdigit() and int(local) > 0 else 0
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class FileSystemWriter(_fs.FileSystemWriter):
@@ -160,17 +154,7 @@ class FileSystemWriter(_fs.FileSystemWriter):
             if not any(f.get("virtual_input") for f in rep.get("files", [])):   # no gathered moments
                 warnings.warn(f"{_TOOL}: {root}: rank {rank}: no Adam/AdamW moments compressed; its files are "
                               "written exactly", CkptkitWarning, stacklevel=2)
-            with open(os.path.join(part, _MANIFEST)) as f:
-                rows = json.load(f)["files"]
-            for row in rows:
-                if row["path"] == ".metadata" or row["path"].startswith(".ckptkit-"):
-                    continue
-                for stale in {row["path"], row["path"] + ".ckz-shell"} - {row["stored"]}:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(root, stale))   # an earlier save's file of that name
-                os.replace(os.path.join(part, row["stored"]), os.path.join(root, row["stored"]))
-            if self.sync_files:
-                _fsync_dir(root)
+            # its files stay in `part` until the coordinator commits the save (finish)
         except BaseException:
             shutil.rmtree(part, ignore_errors=True)
             raise
@@ -192,11 +176,9 @@ class FileSystemWriter(_fs.FileSystemWriter):
         os.makedirs(stage, exist_ok=True)
         try:
             self._in(stage, lambda: super(FileSystemWriter, self).finish(metadata, results))
-            staged = os.path.join(stage, ".metadata")
-            _ckptkit.write_dcp_manifest(root, parts, staged)
-            os.replace(staged, os.path.join(root, ".metadata"))   # last: a save is readable only when whole
-            if self.sync_files:
-                _fsync_dir(root)
+            # the ranks' files into ckptkit-<tag>/, the manifest, .metadata last (a save is
+            # readable only when whole), then what the checkpoint it replaces left
+            _ckptkit.commit_dcp_save(root, parts, os.path.join(stage, ".metadata"), tag)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
             for p in parts:
@@ -400,6 +382,10 @@ class FileSystemReader(_fs.FileSystemReader):
 
     def read_metadata(self, *args, **kwargs):
         root = os.fspath(self.path)
+        if not os.path.isdir(root):
+            if not os.path.exists(root):
+                raise FileNotFound(f"{_TOOL}: error: {root}: no such folder", root, "no such folder")
+            raise NotADirectory(f"{_TOOL}: error: {root}: not a folder (a DCP checkpoint is a folder)", root, "not a folder")
         if not os.path.isfile(os.path.join(root, ".metadata")):
             what = "no .metadata: not a DCP checkpoint, or a save that did not finish"
             raise FileNotFound(f"{_TOOL}: error: {root}: {what}", root, what)

@@ -13,6 +13,7 @@ import os
 import shutil
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,13 +81,20 @@ def _same_state(a, b):
             assert torch.equal(v, b["optim"]["state"][i][k]), (i, k)
 
 
+def _save_dir(d):
+    """The folder of the save in the ckptkit.dcp folder `d` (its manifest's save_dir)."""
+    return d / json.loads((d / "ckptkit-folder.json").read_text())["save_dir"]
+
+
 def test_folder_and_verify(wr):
     """Each rank's moments are one container, each .distcp file a shell; ckpt-verify --original
     (a plain DCP save of the same state) passes: every certificate within tolerance, the
     shells rebuild torch's own bytes, .metadata maps the same items."""
     root = _ok(wr, "verify_ck")
-    names = sorted(os.listdir(root / "ck"))
-    assert names == sorted([".metadata", "ckptkit-folder.json"] + [f"__{r}_0.distcp.ckz-shell" for r in range(4)]
+    save = _save_dir(root / "ck")
+    assert sorted(os.listdir(root / "ck")) == sorted([".metadata", "ckptkit-folder.json", save.name])
+    names = sorted(os.listdir(save))
+    assert names == sorted([f"__{r}_0.distcp.ckz-shell" for r in range(4)]
                            + [f"ckptkit-dcp-moments-{r}-0.safetensors.ckz.h5" for r in range(4)]), names
     rep = parse_json_stdout(wr["verify_ck"])
     assert rep["ok"] and rep["max_bound_lr"] <= 0.01, rep
@@ -105,12 +113,12 @@ def test_async_save_is_the_state_at_the_call(wr, name):
     (all but .metadata's save_id / checkpoint_id and the manifest's row of it)."""
     root = _ok(wr, "verify_" + name)
     assert parse_json_stdout(wr["verify_" + name])["ok"]
-    a, b = root / "ck", root / name
+    a, b = _save_dir(root / "ck"), _save_dir(root / name)
     assert sorted(os.listdir(a)) == sorted(os.listdir(b))
     for f in os.listdir(a):
-        if f not in (".metadata", "ckptkit-folder.json"):
-            assert (a / f).read_bytes() == (b / f).read_bytes(), f
-    rows = [{r["path"]: r for r in json.loads((d / "ckptkit-folder.json").read_text())["files"]} for d in (a, b)]
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+    rows = [{r["path"]: dict(r, stored=os.path.basename(r["stored"]))
+             for r in json.loads((d.parent / "ckptkit-folder.json").read_text())["files"]} for d in (a, b)]
     assert {k: v for k, v in rows[0].items() if k != ".metadata"} == {k: v for k, v in rows[1].items()
                                                                       if k != ".metadata"}
 
@@ -198,7 +206,7 @@ def test_damaged_file_refused(wr, tmp_path, damage):
     root = _ok(wr)
     d = tmp_path / "ck"
     shutil.copytree(root / "ck", d)
-    shell = d / ("ckptkit-dcp-moments-2-0.safetensors.ckz.h5" if damage == "flip-moments" else "__2_0.distcp.ckz-shell")
+    shell = _save_dir(d) / ("ckptkit-dcp-moments-2-0.safetensors.ckz.h5" if damage == "flip-moments" else "__2_0.distcp.ckz-shell")
     if damage.startswith("flip"):
         data = bytearray(shell.read_bytes())
         data[100] ^= 1
@@ -239,7 +247,7 @@ def test_no_adam_state_written_exactly(tmp_path):
     ours = [str(x.message) for x in w if issubclass(x.category, ckptkit.CkptkitWarning)]
     assert ours == [f"ckptkit.dcp: {tmp_path / 'ck'}: rank 0: no Adam/AdamW moments compressed; its files are "
                     "written exactly"], ours
-    assert (tmp_path / "ck" / "__0_0.distcp").read_bytes() == (tmp_path / "plain" / "__0_0.distcp").read_bytes()
+    assert (_save_dir(tmp_path / "ck") / "__0_0.distcp").read_bytes() == (tmp_path / "plain" / "__0_0.distcp").read_bytes()
     torch.manual_seed(9)
     model2 = m2.Net()
     opt2 = torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9)
@@ -263,8 +271,8 @@ def test_adam_state_compressed_without_warning(tmp_path):
         dcp.save({"model": model.state_dict(), "optim": opt.state_dict()},
                  storage_writer=ckptkit.dcp.FileSystemWriter(tmp_path / "ck"))
     assert [str(x.message) for x in w if issubclass(x.category, ckptkit.CkptkitWarning)] == []
-    assert sorted(f for f in os.listdir(tmp_path / "ck") if not f.startswith(".")) == [
-        "__0_0.distcp.ckz-shell", "ckptkit-dcp-moments-0-0.safetensors.ckz.h5", "ckptkit-folder.json"]
+    assert sorted(os.listdir(_save_dir(tmp_path / "ck"))) == [
+        "__0_0.distcp.ckz-shell", "ckptkit-dcp-moments-0-0.safetensors.ckz.h5"]
 
 
 def test_writer_options_checked(tmp_path):
@@ -307,6 +315,82 @@ def test_rank_threads(tmp_path, monkeypatch):
         assert ckptkit.dcp.FileSystemReader(tmp_path)._threads == max(1, cores // local)
         assert ckptkit.dcp.FileSystemWriter(tmp_path / "w")._opts["threads"] == max(1, cores // local)
     assert ckptkit.dcp.FileSystemReader(tmp_path, threads=3)._threads == 3
+    assert ckptkit.dcp.FileSystemReader(tmp_path, threads=np.int64(2))._threads == 2   # any integer type
     assert ckptkit.dcp.FileSystemWriter(tmp_path / "w", threads=5)._opts["threads"] == 5
     with pytest.raises(ckptkit.BadInput, match=r"^ckptkit.dcp: error: --threads: 0 is not a count"):
         ckptkit.dcp.FileSystemReader(tmp_path, threads=0)
+
+
+def test_failed_save_over_a_checkpoint_keeps_it(tmp_path):
+    """One process saves over a folder: first a plain torch DCP save, then ckptkit's (the
+    plain .distcp files are removed once its .metadata is in place), then a save that fails
+    after writing its files (write_data raised): the folder still loads the state of the
+    last good save bit for bit, ckpt-verify passes with a note on the failed save's leftovers,
+    and the next good save removes them and the files of the save it replaces: the folder
+    then holds .metadata, the manifest and one ckptkit-<tag>/ folder."""
+    import torch.distributed.checkpoint as dcp
+    require_ckptkit_bin()
+    d = tmp_path / "ck"
+    torch.manual_seed(0)
+    model = m2.Net()
+    opt = m2.make_optimizer(model)
+    m2.train(model, opt, 0)
+    state = lambda: {"model": model.state_dict(), "optim": opt.state_dict()}   # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state(), checkpoint_id=d)
+        assert (d / "__0_0.distcp").exists()
+        dcp.save(state(), storage_writer=ckptkit.dcp.FileSystemWriter(d))
+        good = sorted(os.listdir(d))
+        m2.load_here([("plain", str(d), str(tmp_path / "good.pt"))])
+        m2.train(model, opt, 0, steps=2)
+
+        class Failing(ckptkit.dcp.FileSystemWriter):
+            def write_data(self, plan, planner):
+                super().write_data(plan, planner).wait()
+                raise RuntimeError("the save fails after writing its files")
+
+        with pytest.raises(BaseException, match="the save fails after writing its files"):
+            dcp.save(state(), storage_writer=Failing(d))
+        m2.load_here([("plain", str(d), str(tmp_path / "after_failed.pt"))])
+    assert "__0_0.distcp" not in good and len([n for n in good if n.startswith("ckptkit-")]) == 2, good
+    a, b = torch.load(tmp_path / "good.pt", weights_only=True), torch.load(tmp_path / "after_failed.pt", weights_only=True)
+    assert _flat(a) and all(torch.equal(x, y) for x, y in zip(_flat(a), _flat(b)))
+    leftovers = sorted(set(os.listdir(d)) - set(good))
+    assert leftovers and all(n.startswith(".ckptkit-") for n in leftovers), leftovers
+    v = run_tool(os.environ["CKPTKIT_BIN"], "ckpt-verify", d, "--json", timeout=300)
+    rep = parse_json_stdout(v)
+    assert v.returncode == 0 and rep["ok"] and rep["notes"], v.stdout + v.stderr
+    assert all("left by a ckptkit.dcp save that did not finish" in n for n in rep["notes"]), rep["notes"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state(), storage_writer=ckptkit.dcp.FileSystemWriter(d))
+        m2.load_here([("plain", str(d), str(tmp_path / "new.pt"))])
+    names = set(os.listdir(d)) - {".metadata", "ckptkit-folder.json"}
+    assert len(names) == 1 and (d / next(iter(names))).is_dir() and not names & set(good), (names, good)
+    v = run_tool(os.environ["CKPTKIT_BIN"], "ckpt-verify", d, "--json", timeout=300)
+    rep = parse_json_stdout(v)
+    assert v.returncode == 0 and rep["ok"] and rep["notes"] == [], v.stdout + v.stderr
+    new = torch.load(tmp_path / "new.pt", weights_only=True)
+    assert all(torch.equal(new["model"][k], model.state_dict()[k]) for k in new["model"])
+
+
+def _flat(sd):
+    """Every tensor of a loaded {"model", "optim"} state, in a fixed order."""
+    out = [sd["model"][k] for k in sorted(sd["model"])]
+    for i in sorted(sd["optim"]["state"]):
+        st = sd["optim"]["state"][i]
+        out += [torch.as_tensor(st[k]) for k in sorted(st)]
+    return out
+
+
+def test_reader_names_a_missing_or_wrong_path(tmp_path):
+    """The reader's first read (read_metadata): a path that does not exist, or a file, is
+    refused as such (FileNotFound / NotADirectory, both BadInput), not as a folder without
+    .metadata."""
+    with pytest.raises(ckptkit.FileNotFound) as e:
+        ckptkit.dcp.FileSystemReader(tmp_path / "nope").read_metadata()
+    assert str(e.value) == f"ckptkit.dcp: error: {tmp_path / 'nope'}: no such folder"
+    (tmp_path / "f").write_bytes(b"x")
+    with pytest.raises(ckptkit.NotADirectory, match=r"^ckptkit.dcp: error: .*/f: not a folder"):
+        ckptkit.dcp.FileSystemReader(tmp_path / "f").read_metadata()
