@@ -120,7 +120,7 @@ def main():
         shutil.rmtree(folder, ignore_errors=True)
         m2.ranks(_rank, WORLD, out, kind, folder, out, a.width, a.depth, a.steps, a.load_reps)
         per = [json.load(open(os.path.join(out, f"{kind}.{r}.json"))) for r in range(WORLD)]
-        size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs)
         row = {k: max(p[k] for p in per) for k in ("block", "total", "load", "rss_save", "rss_load")}
         row["bytes"] = size
         row["load_med"] = statistics.median(max(p["loads"][i] for p in per) for i in range(a.load_reps))
