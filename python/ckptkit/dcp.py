@@ -147,7 +147,13 @@ class FileSystemWriter(_fs.FileSystemWriter):
             with open(os.path.join(stage, ".metadata"), "wb") as f:
                 pickle.dump(md, f)
             opts = dict(self._opts, dcp_unit_tag=f"{rank}-", serial=True, force=False)
-            rep = _report(*_ckptkit.compress(stage, part, opts))
+            try:
+                rep = _report(*_ckptkit.compress(stage, part, opts))
+            except BadInput as e:   # named after the checkpoint and the rank, not the staging paths
+                what = e.reason if isinstance(e.reason, str) and e.reason else str(e)
+                e.message = f"{_TOOL}: error: {root}: rank {rank}: {what}"
+                e.args, e.file = (e.message,), root
+                raise
             self.reports.append(rep)
             for line in rep.warnings:
                 warnings.warn(line, CkptkitWarning, stacklevel=2)
