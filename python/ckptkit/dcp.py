@@ -32,6 +32,7 @@ import math
 import json
 import os
 import pickle
+import re
 import shutil
 import uuid
 import warnings
@@ -155,8 +156,9 @@ class FileSystemWriter(_fs.FileSystemWriter):
                 e.args, e.file = (e.message,), root
                 raise
             self.reports.append(rep)
-            for line in rep.warnings:
-                warnings.warn(line, CkptkitWarning, stacklevel=2)
+            staging = re.compile(re.escape(root) + r"/\.{1,2}ckptkit-[^/:]*(?:/\.ckptkit-[^/:]*)*/")
+            for line in rep.warnings:   # named after the checkpoint and the rank, not the staging paths
+                warnings.warn(staging.sub(f"{root}: rank {rank}: ", line), CkptkitWarning, stacklevel=2)
             if not any(f.get("virtual_input") for f in rep.get("files", [])):   # no gathered moments
                 warnings.warn(f"{_TOOL}: {root}: rank {rank}: no Adam/AdamW moments compressed; its files are "
                               "written exactly", CkptkitWarning, stacklevel=2)

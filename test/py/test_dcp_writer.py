@@ -412,3 +412,20 @@ def test_rank_error_names_the_checkpoint(tmp_path):
     assert f"ckptkit.dcp: error: {d}: rank 0: --lr -1 contradicts the file's lr = 0.001" in msg, msg
     assert ".ckptkit-" not in msg.split("contradicts")[0], msg
     assert not (d / ".metadata").exists() and not (d / "ckptkit-folder.json").exists()
+
+
+def test_rank_warning_names_the_checkpoint(tmp_path):
+    """A rank's compress warning (log8 escaping every value of this tiny state) names the
+    checkpoint folder, the rank and the gathered moments file, not the staging paths."""
+    torch.manual_seed(0)
+    model = m2.Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    m2.train(model, opt, 0)
+    d = tmp_path / "ck"
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        dcp.save({"model": model.state_dict(), "optim": opt.state_dict()},
+                 storage_writer=ckptkit.dcp.FileSystemWriter(d, codec="log8"))
+    ours = [str(x.message) for x in w if issubclass(x.category, ckptkit.CkptkitWarning)]
+    assert ours and all(m.startswith(f"warning: {d}: rank 0: ckptkit-dcp-moments-0-0.safetensors: ") and ".ckptkit-" not in m
+                        for m in ours), ours
