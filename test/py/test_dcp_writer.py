@@ -429,3 +429,21 @@ def test_rank_warning_names_the_checkpoint(tmp_path):
     ours = [str(x.message) for x in w if issubclass(x.category, ckptkit.CkptkitWarning)]
     assert ours and all(m.startswith(f"warning: {d}: rank 0: ckptkit-dcp-moments-0-0.safetensors: ") and ".ckptkit-" not in m
                         for m in ours), ours
+
+
+def test_shell_opened_by_its_name_reads_the_restored_file(wr):
+    """A .distcp file stored as a shell, opened under its original name through the reader's
+    file system (where a read item overlaps a moment storage the reader does not decode
+    itself), reads exactly the file ckpt-restore writes."""
+    root = _ok(wr, "restore")
+    reader = ckptkit.dcp.FileSystemReader(root / "ck")
+    files = sorted(_moment_ranges(root / "plain"))
+    assert files
+    for f in files:
+        with reader.fs.create_stream(root / "ck" / f, "rb") as s:
+            s.seek(7)
+            head = s.read(100)
+            s.seek(0)
+            got = s.read()
+        want = (root / "ck.back" / f).read_bytes()
+        assert got == want and head == want[7:107], f
