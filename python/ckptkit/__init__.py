@@ -263,6 +263,11 @@ def _compress_opts(tool, tolerance=0.01, grad_bound=1.0, codec="vlog", optimizer
         raise _bad(tool, f"--horizon: {horizon} not in {{all,1}}")
     if device not in ("cpu", "cuda", "auto"):
         raise _bad(tool, f"--device: {device} not in {{cpu,cuda,auto}}")
+    if device == "cuda":
+        try:
+            _ckptkit.check_device(device)
+        except ValueError as e:
+            raise _bad(tool, str(e)) from None
     if bound not in ("update", "param"):
         raise _bad(tool, f"--bound: {bound} not in {{update,param}}")
     o = {"tolerance": tol, "grad_bound": g, "codec": codec, "optimizer": optimizer, "bound": bound,

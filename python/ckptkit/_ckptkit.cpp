@@ -447,6 +447,13 @@ PYBIND11_MODULE(_ckptkit, m) {
        "ckptkit.dcp's reader: READS, (moments entry, gathered tensor, first element, count, numel, element size, "
        "address) each, decoded from the compressed folder DIR (only the parameters they name) into the memory at "
        "each address (count * element size bytes, which the caller keeps alive)");
+    m.def("check_device", [](const std::string& name) {
+        try {
+            (void)codec::resolve_device(name);
+        } catch (const std::exception& e) {
+            throw py::value_error(e.what());
+        }
+    }, py::arg("name"), "ValueError (the reason) when NAME (cpu, cuda, auto) cannot be used here: cuda without a device");
     m.def("shell_offsets", [](const std::string& cuts, const std::vector<std::pair<uint64_t, uint64_t>>& items) {
         const auto c = folder::cuts_from(nlohmann::json::parse(cuts));
         std::vector<int64_t> out;

@@ -281,6 +281,13 @@ def test_writer_options_checked(tmp_path):
         ckptkit.dcp.FileSystemWriter(tmp_path / "x", tolerance=2)
     with pytest.raises(TypeError, match="unknown option"):
         ckptkit.dcp.FileSystemWriter(tmp_path / "x", tolerence=0.1)
+    try:   # device="cuda": refused here, not mid-save, where no CUDA device can be used
+        ckptkit._ckptkit.check_device("cuda")
+        ckptkit.dcp.FileSystemWriter(tmp_path / "x", device="cuda")
+    except ValueError as why:
+        with pytest.raises(ckptkit.BadInput) as e:
+            ckptkit.dcp.FileSystemWriter(tmp_path / "x", device="cuda")
+        assert str(e.value) == f"ckptkit.dcp: error: {why}" and str(why).startswith("--device cuda: no CUDA device (")
 
 
 def test_shell_offsets():
