@@ -108,7 +108,7 @@ Manifest read_manifest(const std::string& dir) {
             throw BadInput(path, fmt::format("manifest version {} (this tool reads {} and 2)", version, kManifestVersion));
         if (version == 2) {
             m.save_dir = j.at("save_dir").get<std::string>();
-            if (!dcp_writer_folder(m.save_dir) || m.save_dir[0] == '.') throw BadInput(path, "manifest save_dir is not ckptkit-<16 hex digits>: " + m.save_dir);
+            if (!dcp_save_folder(m.save_dir)) throw BadInput(path, "manifest save_dir is not ckptkit-<16 hex digits>: " + m.save_dir);
         }
         m.source = j.value("source", "");
         for (auto& l : j.at("layouts")) m.layouts.push_back(layout_from(l));
@@ -1235,16 +1235,19 @@ uint64_t read_dcp_moments(const std::string& dir, const std::vector<DcpMomentRea
     return total;
 }
 
-bool dcp_writer_folder(const std::string& name) {
-    if (name.rfind(".ckptkit-", 0) == 0 || name.rfind("..ckptkit-", 0) == 0) return true;
+bool dcp_save_folder(const std::string& name) {
     const std::string pre = "ckptkit-";
     return name.size() == pre.size() + 16 && name.rfind(pre, 0) == 0 &&
            std::all_of(name.begin() + std::ptrdiff_t(pre.size()), name.end(), [](char ch) { return std::isxdigit((unsigned char)ch) && !std::isupper((unsigned char)ch); });
 }
 
+bool dcp_writer_folder(const std::string& name) {
+    return name.rfind(".ckptkit-", 0) == 0 || name.rfind("..ckptkit-", 0) == 0 || dcp_save_folder(name);
+}
+
 void commit_dcp_save(const std::string& dir, const std::vector<std::string>& parts, const std::string& metadata, const std::string& tag) {
     const std::string save = "ckptkit-" + tag;
-    if (!dcp_writer_folder(save) || save.rfind('.', 0) == 0) throw BadInput(dir, "save tag " + tag + " is not 16 hex digits");
+    if (!dcp_save_folder(save)) throw BadInput(dir, "save tag " + tag + " is not 16 hex digits");
     std::set<std::string> earlier;   // the stored files of the checkpoint this save replaces
     if (fs::is_regular_file(join(dir, kManifestName))) {
         try {

@@ -163,8 +163,11 @@ void check_stored_file(const std::string& dir, const std::string& path);
 void commit_dcp_save(const std::string& dir, const std::vector<std::string>& parts, const std::string& metadata,
                      const std::string& tag);
 
+/// Whether `name` is a save's folder of ckptkit.dcp.FileSystemWriter: "ckptkit-<16 lowercase hex
+/// digits>" (manifest version 2's `save_dir`).
+bool dcp_save_folder(const std::string& name);
 /// Whether `name`, at the top of a DCP folder, is ckptkit.dcp.FileSystemWriter's own folder: a
-/// save's "ckptkit-<16 lowercase hex digits>" or a transient ".ckptkit-*" / "..ckptkit-*" one.
+/// save's (dcp_save_folder) or a transient ".ckptkit-*" / "..ckptkit-*" one.
 bool dcp_writer_folder(const std::string& name);
 
 }  // namespace ckpt::folder
