@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/file.h"
 #include "common/xxh3.h"
+#include <fmt/format.h>
 #include "container/values.h"
 
 #include <cmath>
@@ -33,11 +34,12 @@ int open_read(const std::string& path) {
     return fd;
 }
 
-/// Stream a file through `sink(data, n)` while hashing it.
-template <class Sink> Digest stream_file(const std::string& path, Sink&& sink) {
+/// Stream a file through `sink(data, n)` while hashing it (with `unit` > 0: also per unit).
+template <class Sink> Digest stream_file(const std::string& path, uint64_t unit, Sink&& sink) {
     const int fd = open_read(path);
     Digest d;
-    Xxh3State h = make_xxh3();
+    Xxh3State h = make_xxh3(), hu = make_xxh3();
+    uint64_t in_unit = 0;   // bytes of the current unit hashed into hu
     std::vector<char> buf(kPiece);
     for (;;) {
         const ssize_t n = ::read(fd, buf.data(), buf.size());
@@ -49,6 +51,16 @@ template <class Sink> Digest stream_file(const std::string& path, Sink&& sink) {
         }
         if (n == 0) break;
         XXH3_64bits_update(h.get(), buf.data(), std::size_t(n));
+        for (uint64_t at = 0; unit && at < uint64_t(n);) {
+            const uint64_t k = std::min(uint64_t(n) - at, unit - in_unit);
+            XXH3_64bits_update(hu.get(), buf.data() + at, std::size_t(k));
+            at += k;
+            if ((in_unit += k) == unit) {
+                d.units.push_back(XXH3_64bits_digest(hu.get()));
+                XXH3_64bits_reset(hu.get());
+                in_unit = 0;
+            }
+        }
         d.size += uint64_t(n);
         try {
             sink(buf.data(), uint64_t(n));
@@ -59,6 +71,7 @@ template <class Sink> Digest stream_file(const std::string& path, Sink&& sink) {
     }
     ::close(fd);
     d.xxh3 = XXH3_64bits_digest(h.get());
+    if (in_unit) d.units.push_back(XXH3_64bits_digest(hu.get()));
     return d;
 }
 
@@ -89,14 +102,35 @@ Tree list_tree(const std::string& root) {
     return t;
 }
 
-Digest hash_file(const std::string& path) {
-    return stream_file(path, [](const char*, uint64_t) {});
+Digest hash_file(const std::string& path, uint64_t unit) {
+    return stream_file(path, unit, [](const char*, uint64_t) {});
 }
 
-Digest copy_file(const std::string& src, const std::string& dst) {
+std::vector<uint64_t> hash_units(const std::string& path, uint64_t unit, uint64_t first, uint64_t count) {
+    const io::InputFile f(path);
+    std::vector<uint64_t> out;
+    std::vector<char> buf(kPiece);
+    Xxh3State h = make_xxh3();
+    for (uint64_t k = first; k < first + count; ++k) {
+        const uint64_t begin = k * unit, end = std::min(f.size(), begin + unit);
+        if (unit == 0 || begin >= f.size() || begin / unit != k)
+            throw BadInput(path, fmt::format("the file ends at byte {}, before its piece {} of {} bytes", f.size(), k, unit));
+        XXH3_64bits_reset(h.get());
+        for (uint64_t at = begin; at < end;) {
+            const std::size_t n = std::size_t(std::min<uint64_t>(buf.size(), end - at));
+            f.read_at(at, buf.data(), n, "bytes");
+            XXH3_64bits_update(h.get(), buf.data(), n);
+            at += n;
+        }
+        out.push_back(XXH3_64bits_digest(h.get()));
+    }
+    return out;
+}
+
+Digest copy_file(const std::string& src, const std::string& dst, uint64_t unit) {
     try {
         FileWriter w(dst);
-        const Digest d = stream_file(src, [&](const char* p, uint64_t n) { w.write(p, n); });
+        const Digest d = stream_file(src, unit, [&](const char* p, uint64_t n) { w.write(p, n); });
         w.close();
         return d;
     } catch (const BadInput&) {

@@ -22,16 +22,25 @@ struct Tree {
 /// socket, fifo or device inside the tree: a folder copy would change what it means.
 Tree list_tree(const std::string& root);
 
-/// Size and XXH3-64 of a file, read in 1 MiB pieces. Throws BadInput(path).
+/// Size and XXH3-64 of a file, read in 1 MiB pieces; with `unit` > 0 also the XXH3-64 of
+/// each `unit`-byte piece [k unit, (k + 1) unit) (the last one shorter), so that a reader
+/// checks only the pieces it reads (formats/folder.md, `xxh3_units`). Throws BadInput(path).
 struct Digest {
     uint64_t size = 0;
     uint64_t xxh3 = 0;
+    std::vector<uint64_t> units;   ///< per `unit` bytes (empty without a unit)
 };
-Digest hash_file(const std::string& path);
+Digest hash_file(const std::string& path, uint64_t unit = 0);
 
-/// Copy `src` to the new file `dst` (fsynced) byte for byte; returns the source digest.
-/// Throws BadInput(src) on a read error, BadInput(dst) on a write error.
-Digest copy_file(const std::string& src, const std::string& dst);
+/// Copy `src` to the new file `dst` (fsynced) byte for byte; returns the source digest
+/// (with `unit`: as hash_file). Throws BadInput(src) on a read error, BadInput(dst) on a
+/// write error.
+Digest copy_file(const std::string& src, const std::string& dst, uint64_t unit = 0);
+
+/// The XXH3-64 of pieces [first, first + count) of `unit` bytes of the file `path` (the
+/// last piece of the file shorter), as hash_file's `units`. Throws BadInput(path) on a read
+/// error or when the file ends before piece first + count - 1 begins.
+std::vector<uint64_t> hash_units(const std::string& path, uint64_t unit, uint64_t first, uint64_t count);
 
 /// 16 lower-case hex digits.
 std::string hex64(uint64_t);

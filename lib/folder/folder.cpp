@@ -55,7 +55,40 @@ struct Entry {
     json extra = json::object();   ///< DCP keys: "virtual" (gathered moments), "shell", "moments", "cuts"
     bool is_virtual() const { return extra.value("virtual", false); }
     bool is_shell() const { return extra.value("shell", false); }
+    /// Bytes per `xxh3_units` hash, 0 where the entry has none (formats/folder.md).
+    uint64_t hash_unit() const { return extra.contains("xxh3_units") ? extra.at("xxh3_unit").get<uint64_t>() : 0; }
+    /// The `xxh3_units` hashes (empty where the entry has none).
+    std::vector<uint64_t> unit_hashes() const {
+        std::vector<uint64_t> v;
+        if (extra.contains("xxh3_units"))
+            for (const auto& h : extra.at("xxh3_units")) v.push_back(parse_hex64(h.get<std::string>()));
+        return v;
+    }
 };
+
+/// DCP files torch reads in place (shells, copied `.distcp` files) are hashed per this many
+/// bytes as well (`xxh3_units`), so that a rank checks the pieces it reads, not every
+/// file another rank's items are in.
+constexpr uint64_t kHashUnit = uint64_t(4) << 20;
+
+/// The manifest keys `xxh3_unit`, `xxh3_units` of a digest taken with kHashUnit.
+json units_json(const Digest& d) {
+    json h = json::array();
+    for (uint64_t x : d.units) h.push_back(hex64(x));
+    return json{{"xxh3_unit", kHashUnit}, {"xxh3_units", h}};
+}
+
+/// "" when digest `d` of entry e's stored file matches its `xxh3_units` (or it has none),
+/// else what differs.
+std::string units_differ(const Entry& e, const Digest& d) {
+    const std::vector<uint64_t> want = e.unit_hashes();
+    for (std::size_t k = 0; k < want.size(); ++k)
+        if (k >= d.units.size() || d.units[k] != want[k])
+            return fmt::format("xxh3 of bytes {}..{} {} differs from the manifest's {}", k * e.hash_unit(),
+                               std::min(e.size, (k + 1) * e.hash_unit()), k < d.units.size() ? hex64(d.units[k]) : "(none)",
+                               hex64(want[k]));
+    return "";
+}
 
 struct Manifest {
     std::string source;               ///< name of the input folder
@@ -117,9 +150,17 @@ Manifest read_manifest(const std::string& dir) {
             m.files.push_back({e.at("path").get<std::string>(), e.at("stored").get<std::string>(), e.at("container").get<bool>(),
                                json_count(e, "size"), parse_hex64(e.at("xxh3").get<std::string>()),
                                json_count(e, "source_size"), parse_hex64(e.at("source_xxh3").get<std::string>())});
-            for (const char* k : {"virtual", "files", "shell", "moments", "cuts", "dcp_metadata", "megatron_common"})
+            for (const char* k : {"virtual", "files", "shell", "moments", "cuts", "dcp_metadata", "megatron_common", "xxh3_unit",
+                                  "xxh3_units"})
                 if (e.contains(k)) m.files.back().extra[k] = e.at(k);
-            if (m.files.back().is_shell()) (void)cuts_from(m.files.back().extra.at("cuts"));   // validate
+            const Entry& got = m.files.back();
+            if (got.is_shell()) (void)cuts_from(got.extra.at("cuts"));   // validate
+            if (e.contains("xxh3_units")) {   // validate: one hash per unit of the stored file
+                const uint64_t unit = json_count(e, "xxh3_unit");
+                if (unit == 0 || e.at("xxh3_units").size() != (got.size + unit - 1) / unit)
+                    throw BadInput(path, "manifest xxh3_units of " + got.stored + " do not cover its size");
+                (void)got.unit_hashes();
+            }
         }
     } catch (const BadInput&) {
         throw;
@@ -596,11 +637,13 @@ struct CompressWork {
     std::vector<FileRow> rows(const Unit& u) const { return u.dcp ? dcp_unit(u) : std::vector<FileRow>{one_file(u.files[0])}; }
 
     /// `file` copied byte for byte, with `note` saying why.
-    FileRow copy_row(const std::string& file, const std::string& note) const {
+    /// With `unit` (DCP files) the manifest gets its per-unit hashes too.
+    FileRow copy_row(const std::string& file, const std::string& note, uint64_t unit = 0) const {
         FileRow r;
         r.file = r.stored = file;
         r.layout = layout_of(layouts, file);
-        const Digest d = copy_file(join(in, file), join(output.tmp, file));
+        const Digest d = copy_file(join(in, file), join(output.tmp, file), unit);
+        if (unit) r.manifest_extra = units_json(d).dump();
         r.action = "copied";
         r.bytes_in = r.bytes_out = d.size;
         r.xxh3 = r.source_xxh3 = d.xxh3;
@@ -719,7 +762,7 @@ struct CompressWork {
         for (const auto& file : u.files) {
             auto it = cut_of.find(file);
             if (it == cut_of.end()) {
-                rows.push_back(copy_row(file, dm.params ? "" : "DCP moments left exact: " + dm.note));
+                rows.push_back(copy_row(file, dm.params ? "" : "DCP moments left exact: " + dm.note, kHashUnit));
                 continue;
             }
             FileRow r;
@@ -728,14 +771,15 @@ struct CompressWork {
             r.layout = "dcp";
             r.action = "shell";
             write_shell(join(in, file), *it->second, join(output.tmp, r.stored));
-            const Digest sd = hash_file(join(in, file)), hd = hash_file(join(output.tmp, r.stored));
+            const Digest sd = hash_file(join(in, file)), hd = hash_file(join(output.tmp, r.stored), kHashUnit);
             r.bytes_in = sd.size;
             r.bytes_out = hd.size;
             r.source_xxh3 = sd.xxh3;
             r.xxh3 = hd.xxh3;
             r.note = fmt::format("{} moment storages cut out", it->second->cuts.size());
-            r.manifest_extra = json{{"shell", true}, {"moments", join(u.dcp_dir, name)},
-                                    {"cuts", cuts_json(it->second->cuts)}}.dump();
+            json extra{{"shell", true}, {"moments", join(u.dcp_dir, name)}, {"cuts", cuts_json(it->second->cuts)}};
+            extra.update(units_json(hd));
+            r.manifest_extra = extra.dump();
             rows.push_back(r);
         }
         return rows;
@@ -891,9 +935,13 @@ FolderReport verify_folder(const std::string& dir, const std::optional<std::stri
             return {r};
         }
         const std::string path = join(dir, e.stored);
-        const Digest d = hash_file(path);
+        const Digest d = hash_file(path, e.hash_unit());
         if (d.size != e.size || d.xxh3 != e.xxh3) {
             fail(fmt::format("size/xxh3 {}/{} differ from the manifest's {}/{}", d.size, hex64(d.xxh3), e.size, hex64(e.xxh3)));
+            return {r};
+        }
+        if (const std::string why = units_differ(e, d); !why.empty()) {
+            fail(why);
             return {r};
         }
         std::string orig;
@@ -1026,6 +1074,7 @@ FolderReport restore_folder(const std::string& dir, const std::string& out_arg, 
         if (d.size != e.size || d.xxh3 != e.xxh3)
             throw CheckFailed(src + ": size/xxh3 " + std::to_string(d.size) + "/" + hex64(d.xxh3) +
                               " differ from the manifest's " + std::to_string(e.size) + "/" + hex64(e.xxh3));
+        if (const std::string why = units_differ(e, d); !why.empty()) throw CheckFailed(src + ": " + why);
     };
     auto job = [&](std::size_t ui) -> std::vector<FileRow> {
         std::vector<FileRow> rows;
@@ -1051,7 +1100,7 @@ FolderReport restore_folder(const std::string& dir, const std::string& out_arg, 
             r.bytes_out = 0;
             r.note = "gathered DCP moments (put back into the .distcp files)";
         } else if (e.is_shell()) {
-            check_copy(src, e, hash_file(src));
+            check_copy(src, e, hash_file(src, e.hash_unit()));
             DcpFile df{e.path, cuts_from(e.extra.at("cuts"))};
             rebuild_from_shell(src, df, moments, dst);
             r.bytes_in = e.size;
@@ -1087,10 +1136,11 @@ namespace {
 /// The stored file of `e` hashed and checked against the manifest. Throws CheckFailed.
 Digest check_stored(const std::string& dir, const Entry& e) {
     const std::string src = join(dir, e.stored);
-    const Digest d = hash_file(src);
+    const Digest d = hash_file(src, e.hash_unit());
     if (d.size != e.size || d.xxh3 != e.xxh3)
         throw CheckFailed(src + ": size/xxh3 " + std::to_string(d.size) + "/" + hex64(d.xxh3) + " differ from the manifest's " +
                           std::to_string(e.size) + "/" + hex64(e.xxh3));
+    if (const std::string why = units_differ(e, d); !why.empty()) throw CheckFailed(src + ": " + why);
     return d;
 }
 
@@ -1104,6 +1154,27 @@ void check_stored_file(const std::string& dir, const std::string& path) {
             return;
         }
     throw BadInput(join(dir, path), std::string("not a file of the folder (") + kManifestName + ")");
+}
+
+void check_stored_units(const std::string& dir, const std::string& stored, uint64_t size, uint64_t unit, uint64_t first,
+                        const std::vector<std::string>& want_hex) {
+    const std::string src = join(dir, stored);
+    std::vector<uint64_t> want;
+    try {
+        for (const auto& h : want_hex) want.push_back(parse_hex64(h));
+    } catch (const std::exception&) {
+        throw BadInput(join(dir, kManifestName), "malformed xxh3_units of " + stored);
+    }
+    std::error_code ec;
+    const auto got_size = fs::file_size(src, ec);
+    if (ec) throw BadInput(src, "cannot read: " + ec.message());
+    if (got_size != size)
+        throw CheckFailed(src + ": size " + std::to_string(got_size) + " differs from the manifest's " + std::to_string(size));
+    const std::vector<uint64_t> got = hash_units(src, unit, first, want.size());
+    for (std::size_t k = 0; k < want.size(); ++k)
+        if (got[k] != want[k])
+            throw CheckFailed(fmt::format("{}: xxh3 of bytes {}..{} {} differs from the manifest's {}", src, (first + k) * unit,
+                                          std::min(size, (first + k + 1) * unit), hex64(got[k]), hex64(want[k])));
 }
 
 uint64_t restore_folder_file(const std::string& dir, const std::string& path, int fd, const RestoreOptions& ro) {

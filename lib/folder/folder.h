@@ -150,6 +150,13 @@ uint64_t read_dcp_moments(const std::string& dir, const std::vector<DcpMomentRea
 /// place). Throws BadInput (not listed) / CheckFailed (differs), naming the stored file.
 void check_stored_file(const std::string& dir, const std::string& path);
 
+/// Pieces [first, first + want.size()) of `unit` bytes of the stored file `stored` (relative
+/// to `dir`) checked against `want`, the manifest's `xxh3_units` of them, and the file against
+/// the manifest's `size` (hex, as listed; ckptkit.dcp's reader: a rank checks the pieces it reads). Throws
+/// BadInput (unreadable, shorter) / CheckFailed (differs), naming the stored file.
+void check_stored_units(const std::string& dir, const std::string& stored, uint64_t size, uint64_t unit, uint64_t first,
+                        const std::vector<std::string>& want);
+
 /// ckptkit.dcp.FileSystemWriter's commit of the save `tag` (16 hex digits) into the DCP folder
 /// `dir`, by the coordinator once every rank's part is written: each part's stored files (the
 /// per-rank compressed folders `parts`; their own `.metadata` and `.ckptkit-*` rows left out)

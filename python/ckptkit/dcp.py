@@ -28,6 +28,7 @@ destination tensors: no `.distcp` file is rebuilt.
 import bisect
 import contextlib
 import dataclasses
+import errno
 import math
 import json
 import os
@@ -42,7 +43,7 @@ from torch.distributed.checkpoint import filesystem as _fs
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, SavePlan
 
-from . import _ckptkit, _compress_opts, _report, _threads
+from . import _ckptkit, _compress_opts, _paths, _report, _threads
 from ._errors import BadInput, CkptkitWarning, FileNotFound, NotADirectory
 from ._torch import SeekableReader
 
@@ -221,11 +222,58 @@ class _RestoredFile(SeekableReader):
         super().close()
 
 
+class _CheckedFile(SeekableReader):
+    """A file of the folder read in place (a shell under its stored name, a copied `.distcp`
+    file) whose manifest row lists `xxh3_units`: each piece of `xxh3_unit` bytes a read
+    touches is checked against the manifest's hash before its bytes are handed out, so a
+    rank hashes what it reads, not every file that holds one of its items."""
+
+    def __init__(self, root, row):
+        self._root, self._row = root, row
+        self._unit, self._want = int(row["xxh3_unit"]), row["xxh3_units"]
+        self._checked = [False] * len(self._want)
+        path = os.path.join(root, row["stored"])
+        try:
+            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            what = "missing (listed in the manifest)" if e.errno == errno.ENOENT else f"cannot read: {os.strerror(e.errno)}"
+            raise _paths.os_error(_TOOL, path, e.errno, what) from None
+        super().__init__(int(row["size"]))
+
+    def _check(self, begin, end):
+        k, last = begin // self._unit, (end - 1) // self._unit
+        while k <= last:
+            if self._checked[k]:
+                k += 1
+                continue
+            j = k
+            while j <= last and not self._checked[j]:
+                j += 1
+            _ckptkit.check_stored_units(self._root, self._row["stored"], self.size, self._unit, k, self._want[k:j])
+            self._checked[k:j] = [True] * (j - k)
+            k = j
+
+    def readinto(self, b):
+        n = max(0, min(len(b), self.size - self.pos))
+        if n:
+            self._check(self.pos, self.pos + n)
+            n = os.preadv(self._fd, [memoryview(b)[:n]], self.pos)
+        self.pos += n
+        return n
+
+    def close(self):
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        super().close()
+
+
 class _RestoringFileSystem(_fs.FileSystem):
     """torch's FileSystem, except that a file stored otherwise than under its name opens as its
     original bytes: a shell as a _RestoredFile, a container restored in memory; a file read
     in place (a copy, or a shell under its stored name) is checked against the manifest's
-    XXH3 first."""
+    XXH3: piece by piece as it is read (_CheckedFile), or whole first where the manifest
+    lists no `xxh3_units`."""
 
     def __init__(self, reader):
         super().__init__()
@@ -238,7 +286,11 @@ class _RestoringFileSystem(_fs.FileSystem):
         rel = os.path.relpath(os.fspath(path), root)
         row = rows.get(rel) or self._reader._shells().get(rel)
         if mode == "rb" and row is not None and not row["container"] and (not row.get("shell") or row["stored"] == rel):
-            _ckptkit.check_stored(root, row["path"])   # read in place: its hash first
+            if "xxh3_units" in row:   # read in place, each piece checked as it is first read
+                with _CheckedFile(root, row) as f:
+                    yield f
+                return
+            _ckptkit.check_stored(root, row["path"])   # read in place (a manifest before xxh3_units): its hash first
         if mode != "rb" or row is None or row["stored"] == rel:
             with super().create_stream(path, mode) as s:
                 yield s

@@ -198,25 +198,40 @@ def _single_process_load(folder, out):
         m2.load_here([("flat", str(folder), str(out))])
 
 
-@pytest.mark.parametrize("damage", ["flip", "missing", "flip-moments"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "missing", "flip-moments", "flip-no-units"])
 def test_damaged_file_refused(wr, tmp_path, damage):
-    """A shell with one byte flipped, or missing, or a gathered-moments container with one
-    byte flipped (the reader decodes the moments from it, no file rebuilt): the load fails
-    naming the file."""
+    """A shell with one byte flipped (checked by its manifest's xxh3_units as it is read),
+    cut short, or missing, or a gathered-moments container with one byte flipped (the reader
+    decodes the moments from it, no file rebuilt), or a shell flipped in a folder whose
+    manifest predates xxh3_units (checked whole): the load fails naming the file."""
     root = _ok(wr)
     d = tmp_path / "ck"
     shutil.copytree(root / "ck", d)
     shell = _save_dir(d) / ("ckptkit-dcp-moments-2-0.safetensors.ckz.h5" if damage == "flip-moments" else "__2_0.distcp.ckz-shell")
+    if damage == "flip-no-units":
+        man = json.loads((d / "ckptkit-folder.json").read_text())
+        for row in man["files"]:
+            assert ("xxh3_units" in row) == (row.get("shell", False) or row["path"].endswith(".distcp")), row
+            row.pop("xxh3_unit", None), row.pop("xxh3_units", None)
+        (d / "ckptkit-folder.json").write_text(json.dumps(man))
     if damage.startswith("flip"):
         data = bytearray(shell.read_bytes())
         data[100] ^= 1
         shell.write_bytes(bytes(data))
+    elif damage == "truncate":
+        os.truncate(shell, shell.stat().st_size - 1)
     else:
         shell.unlink()
     with pytest.raises(BaseException) as e:   # DCP wraps it in CheckpointException (a BaseException)
         _single_process_load(d, tmp_path / "out.pt")
     msg = str(e.value)
-    assert f"ckptkit.dcp: check failed: {d}: {shell}: size/xxh3" in msg if damage != "missing" else f"{shell}" in msg, msg
+    size = shell.stat().st_size if shell.exists() else None
+    want = {"flip": f"ckptkit.dcp: check failed: {d}: {shell}: xxh3 of bytes 0..{size} ",
+            "truncate": f"ckptkit.dcp: check failed: {d}: {shell}: size {size} differs from the manifest's {size and size + 1}",
+            "flip-moments": f"ckptkit.dcp: check failed: {d}: {shell}: size/xxh3",
+            "missing": f"ckptkit.dcp: error: {shell}: missing (listed in the manifest)",
+            "flip-no-units": f"ckptkit.dcp: check failed: {d}: {shell}: size/xxh3"}[damage]
+    assert want in msg, msg
     assert not (tmp_path / "out.pt").exists()
 
 
