@@ -235,6 +235,27 @@ def test_damaged_file_refused(wr, tmp_path, damage):
     assert not (tmp_path / "out.pt").exists()
 
 
+def test_verify_checks_the_unit_hashes(wr, tmp_path):
+    """ckpt-verify holds a shell to its manifest's xxh3_units as well as to its xxh3: one unit
+    hash changed in the manifest fails the shell's row, naming the bytes; the files are as
+    saved, so every other row stays ok."""
+    d = tmp_path / "ck"
+    shutil.copytree(_ok(wr) / "ck", d)
+    man = json.loads((d / "ckptkit-folder.json").read_text())
+    row = next(r for r in man["files"] if r.get("shell"))
+    assert row["xxh3_unit"] == 4 << 20 and len(row["xxh3_units"]) == -(-row["size"] // row["xxh3_unit"]), row
+    good = row["xxh3_units"][-1]
+    row["xxh3_units"][-1] = f"{int(good, 16) ^ 1:016x}"
+    (d / "ckptkit-folder.json").write_text(json.dumps(man))
+    v = run_tool(os.environ["CKPTKIT_BIN"], "ckpt-verify", d, "--json", timeout=300)
+    rep = parse_json_stdout(v)
+    assert v.returncode == 1 and not rep["ok"], v.stdout
+    bad = [f for f in rep["files"] if not f["ok"]]
+    last = (len(row["xxh3_units"]) - 1) * row["xxh3_unit"]
+    assert [f["file"] for f in bad] == [row["path"]], bad
+    assert f"xxh3 of bytes {last}..{row['size']} {good} differs from the manifest's {row['xxh3_units'][-1]}" in bad[0]["note"], bad
+
+
 def test_span():
     """The reader's contiguous-run test for a read item's region of a stored chunk (row-major):
     (first element, count), or None where the region is not one run."""
