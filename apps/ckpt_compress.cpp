@@ -10,6 +10,20 @@
 #include "cli.h"
 #include "folder_cli.h"
 #include "codec/backend.h"
+#include "ckpt/optimizer.h"
+
+/// CLI11 check for a hyper-parameter override (--lr, --beta1, ...): a number torch.optim.Adam
+/// accepts (ckpt/optimizer.h override_out_of_range).
+static CLI::Validator hyper_override(const char* name) {
+    return CLI::Validator(
+        [name](std::string& s) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(s.c_str(), &end);
+            if (s.empty() || *end != '\0') return "not a number: " + s;
+            return ckpt::override_out_of_range(name, v);
+        },
+        "");
+}
 
 int main(int argc, char** argv) {
     ckpt::container::enable_direct_chunk_writes();  // before any other HDF5 call (container/h5.h says why)
@@ -45,11 +59,11 @@ int main(int argc, char** argv) {
         ->capture_default_str()->check(CLI::IsMember({"auto", "adam", "adamw"}));
     auto* pb = app.add_option("--param-bound", param_bound, "|theta| bound for Adam L2 when parameters are absent")
                    ->check(ckpt::app::finite_nonnegative());
-    app.add_option("--lr", o.hyper.lr, "override the learning rate");
-    app.add_option("--beta1", o.hyper.beta1, "override beta1");
-    app.add_option("--beta2", o.hyper.beta2, "override beta2");
-    app.add_option("--eps", o.hyper.eps, "override eps");
-    app.add_option("--weight-decay", o.hyper.weight_decay, "override weight decay");
+    app.add_option("--lr", o.hyper.lr, "override the learning rate")->check(hyper_override("lr"));
+    app.add_option("--beta1", o.hyper.beta1, "override beta1")->check(hyper_override("beta1"));
+    app.add_option("--beta2", o.hyper.beta2, "override beta2")->check(hyper_override("beta2"));
+    app.add_option("--eps", o.hyper.eps, "override eps")->check(hyper_override("eps"));
+    app.add_option("--weight-decay", o.hyper.weight_decay, "override weight decay")->check(hyper_override("weight_decay"));
     app.add_option("--amsgrad", o.hyper.amsgrad, "override amsgrad (true/false)");
     app.add_option("--maximize", o.hyper.maximize, "override maximize (true/false)");
     app.add_option("--chunk", o.chunk, "coordinates per chunk (memory bound; rounded down to a multiple of 64; default " +

@@ -905,6 +905,13 @@ void check_kind(const std::vector<ParamState>& states, const std::string& optimi
 
 }  // namespace
 
+std::string override_out_of_range(const std::string& name, double x) {
+    if (!std::isfinite(x)) return fmt::format("{} is not a finite number", x);
+    if (name == "beta1" || name == "beta2") return x >= 0 && x < 1 ? "" : fmt::format("{} is outside [0, 1)", x);
+    if (name == "lr" || name == "eps" || name == "weight_decay") return x >= 0 ? "" : fmt::format("{} is < 0", x);
+    throw std::invalid_argument("override_out_of_range: no hyper-parameter " + name);
+}
+
 std::pair<std::map<std::string, std::string>, std::string> names_by_order(const std::vector<ModelTensors>& models,
                                                                           const GroupShapes& groups) {
     if (models.empty()) return {{}, "no parameter names in the file"};

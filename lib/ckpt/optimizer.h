@@ -43,6 +43,13 @@ struct HyperOverrides {
     std::shared_ptr<const CompanionHyper> companion;
 };
 
+/// Why an override `name` = x (lr, beta1, beta2, eps, weight_decay) is outside what
+/// torch.optim.Adam's constructor accepts, as "x is ..." ("" when inside): finite; lr, eps
+/// and weight_decay >= 0; betas in [0, 1) (torch/optim/adam.py's argument checks).
+/// ckpt-compress checks each flag with it and the package each keyword before any work; a
+/// file's own values outside that are kept exact instead (out_of_range), never refused.
+std::string override_out_of_range(const std::string& name, double x);
+
 /// Hyper-parameter keys a file may state (ParamState::stated bits).
 enum HyperKey : unsigned { kLr = 1, kBeta1 = 2, kBeta2 = 4, kEps = 8, kWeightDecay = 16, kAmsgrad = 32, kMaximize = 64 };
 /// ParamState::stated bit (not a hyper-parameter): the step is a number in the file, which

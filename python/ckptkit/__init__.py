@@ -281,6 +281,9 @@ def _compress_opts(tool, tolerance=0.01, grad_bound=1.0, codec="vlog", optimizer
     for k, v in hyper.items():
         if v is not None:
             o[k] = _number(tool, k.replace("_", "-"), v)
+            why = _ckptkit.override_out_of_range(k, o[k])
+            if why:
+                raise _bad(tool, f"--{k.replace('_', '-')}: {why}")
     for k, v in (("amsgrad", amsgrad), ("maximize", maximize)):
         if v is not None:
             o[k] = bool(v)

@@ -37,6 +37,7 @@
 
 #include "folder/dcp.h"
 #include "folder/folder.h"
+#include "ckpt/optimizer.h"
 #include "ckpt/pipeline.h"
 #include "codec/codec.h"
 #include "common/cancel.h"
@@ -447,6 +448,10 @@ PYBIND11_MODULE(_ckptkit, m) {
        "ckptkit.dcp's reader: READS, (moments entry, gathered tensor, first element, count, numel, element size, "
        "address) each, decoded from the compressed folder DIR (only the parameters they name) into the memory at "
        "each address (count * element size bytes, which the caller keeps alive)");
+    m.def("override_out_of_range", [](const std::string& name, double x) { return override_out_of_range(name, x); },
+          py::arg("name"), py::arg("x"),
+          "why the override NAME = X (lr, beta1, beta2, eps, weight_decay) is outside what torch.optim.Adam accepts, "
+          "or '' (ckpt-compress's check of its flags)");
     m.def("check_device", [](const std::string& name) {
         try {
             (void)codec::resolve_device(name);

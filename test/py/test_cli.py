@@ -200,6 +200,13 @@ USAGE = [
     ("ckpt-compress", ["IN", "-o", "OUT", "--param-bound", "inf"], "--param-bound: inf is not a finite number >= 0"),
     ("ckpt-compress", ["IN", "-o", "OUT", "--param-bound", "nan"], "--param-bound: nan is not a finite number >= 0"),
     ("ckpt-compress", ["IN", "-o", "OUT", "--chunk", "0"], "--chunk: Value 0 not in range 64 to 1073741824"),
+    # overrides torch.optim.Adam itself refuses: a usage error, before the file is read
+    ("ckpt-compress", ["IN", "-o", "OUT", "--lr", "-1"], "--lr: -1 is < 0"),
+    ("ckpt-compress", ["IN", "-o", "OUT", "--beta2", "1"], "--beta2: 1 is outside [0, 1)"),
+    ("ckpt-compress", ["IN", "-o", "OUT", "--beta1", "-0.5"], "--beta1: -0.5 is outside [0, 1)"),
+    ("ckpt-compress", ["IN", "-o", "OUT", "--eps", "nan"], "--eps: nan is not a finite number"),
+    ("ckpt-compress", ["IN", "-o", "OUT", "--weight-decay", "-0.1"], "--weight-decay: -0.1 is < 0"),
+    ("ckpt-compress", ["IN", "-o", "OUT", "--lr", "x"], "--lr: not a number: x"),
     ("ckpt-verify", ["IN", "--grid", "1"], "--grid: Value 1 not in range 5 to 1048576"),
     ("ckpt-verify", ["IN", "--bogus"], "The following argument was not expected: --bogus"),
     ("ckpt-verify", [], "input is required"),
