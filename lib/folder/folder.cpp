@@ -1167,6 +1167,7 @@ void check_stored_units(const std::string& dir, const std::string& stored, uint6
     }
     std::error_code ec;
     const auto got_size = fs::file_size(src, ec);
+    if (ec == std::errc::no_such_file_or_directory) throw BadInput(src, "missing (listed in the manifest)");
     if (ec) throw BadInput(src, "cannot read: " + ec.message());
     if (got_size != size)
         throw CheckFailed(src + ": size " + std::to_string(got_size) + " differs from the manifest's " + std::to_string(size));

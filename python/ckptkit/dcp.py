@@ -222,58 +222,28 @@ class _RestoredFile(SeekableReader):
         super().close()
 
 
-class _CheckedFile(SeekableReader):
-    """A file of the folder read in place (a shell under its stored name, a copied `.distcp`
-    file) whose manifest row lists `xxh3_units`: each piece of `xxh3_unit` bytes a read
-    touches is checked against the manifest's hash before its bytes are handed out, so a
-    rank hashes what it reads, not every file that holds one of its items."""
-
-    def __init__(self, root, row):
-        self._root, self._row = root, row
-        self._unit, self._want = int(row["xxh3_unit"]), row["xxh3_units"]
-        self._checked = [False] * len(self._want)
-        path = os.path.join(root, row["stored"])
-        try:
-            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            what = "missing (listed in the manifest)" if e.errno == errno.ENOENT else f"cannot read: {os.strerror(e.errno)}"
-            raise _paths.os_error(_TOOL, path, e.errno, what) from None
-        super().__init__(int(row["size"]))
-
-    def _check(self, begin, end):
-        k, last = begin // self._unit, (end - 1) // self._unit
-        while k <= last:
-            if self._checked[k]:
-                k += 1
-                continue
-            j = k
-            while j <= last and not self._checked[j]:
-                j += 1
-            _ckptkit.check_stored_units(self._root, self._row["stored"], self.size, self._unit, k, self._want[k:j])
-            self._checked[k:j] = [True] * (j - k)
-            k = j
-
-    def readinto(self, b):
-        n = max(0, min(len(b), self.size - self.pos))
-        if n:
-            self._check(self.pos, self.pos + n)
-            n = os.preadv(self._fd, [memoryview(b)[:n]], self.pos)
-        self.pos += n
-        return n
-
-    def close(self):
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        super().close()
+def _check_pieces(root, row, spans):
+    """Check the pieces of `xxh3_unit` bytes of the stored file of manifest `row` that the byte
+    ranges `spans` ((offset, length) in the stored file; None: the whole file) touch against
+    the manifest's `xxh3_units`, in one library call per run of consecutive pieces."""
+    unit, want = int(row["xxh3_unit"]), row["xxh3_units"]
+    pieces = set(range(len(want))) if spans is None else \
+        {k for off, n in spans if n > 0 for k in range(off // unit, (off + n - 1) // unit + 1)}
+    run = []
+    for k in sorted(pieces) + [None]:
+        if run and (k is None or k != run[-1] + 1):
+            _ckptkit.check_stored_units(root, row["stored"], int(row["size"]), unit, run[0], want[run[0]:run[-1] + 1])
+            run = []
+        if k is not None:
+            run.append(k)
 
 
 class _RestoringFileSystem(_fs.FileSystem):
     """torch's FileSystem, except that a file stored otherwise than under its name opens as its
     original bytes: a shell as a _RestoredFile, a container restored in memory; a file read
     in place (a copy, or a shell under its stored name) is checked against the manifest's
-    XXH3: piece by piece as it is read (_CheckedFile), or whole first where the manifest
-    lists no `xxh3_units`."""
+    XXH3 first: the pieces of `xxh3_units` the reader's read items touch (the whole file for
+    a read it did not plan), or the whole file where the manifest lists no `xxh3_units`."""
 
     def __init__(self, reader):
         super().__init__()
@@ -286,11 +256,10 @@ class _RestoringFileSystem(_fs.FileSystem):
         rel = os.path.relpath(os.fspath(path), root)
         row = rows.get(rel) or self._reader._shells().get(rel)
         if mode == "rb" and row is not None and not row["container"] and (not row.get("shell") or row["stored"] == rel):
-            if "xxh3_units" in row:   # read in place, each piece checked as it is first read
-                with _CheckedFile(root, row) as f:
-                    yield f
-                return
-            _ckptkit.check_stored(root, row["path"])   # read in place (a manifest before xxh3_units): its hash first
+            if "xxh3_units" in row:   # read in place: the pieces this rank's reads touch checked first
+                _check_pieces(root, row, self._reader._spans.get(rel))
+            else:   # a manifest before xxh3_units: the whole file checked first
+                _ckptkit.check_stored(root, row["path"])
         if mode != "rb" or row is None or row["stored"] == rel:
             with super().create_stream(path, mode) as s:
                 yield s
@@ -335,6 +304,7 @@ class FileSystemReader(_fs.FileSystemReader):
         self._manifest = self._shell_rows = None
         self._cuts = None
         self._md = None
+        self._spans = {}
 
     def _rows(self):
         if self._manifest is None:
@@ -407,7 +377,14 @@ class FileSystemReader(_fs.FileSystemReader):
         if moments:
             self._read_moments(moments, planner)
         if rest:
-            super().read_data(dataclasses.replace(plan, items=rest), planner).wait()
+            self._spans = {}   # stored file -> the (offset, length) torch's reader reads there
+            for req in rest:
+                info = self.storage_data[req.storage_index]
+                self._spans.setdefault(info.relative_path, []).append((info.offset, info.length))
+            try:
+                super().read_data(dataclasses.replace(plan, items=rest), planner).wait()
+            finally:
+                self._spans = {}
         fut = torch.futures.Future()
         fut.set_result(None)
         return fut

@@ -448,7 +448,7 @@ def test_reader_names_a_missing_or_wrong_path(tmp_path):
 
 
 def test_rank_error_names_the_checkpoint(tmp_path):
-    """An option the save's state contradicts (lr=-1 against the state's 1e-3) fails the save
+    """An option the save's state contradicts (lr=0.5 against the state's 1e-3) fails the save
     with one line naming the checkpoint folder and the rank, not the writer's staging paths;
     nothing is left but the writer's own leftovers (no .metadata, no manifest)."""
     torch.manual_seed(0)
@@ -458,9 +458,9 @@ def test_rank_error_names_the_checkpoint(tmp_path):
     d = tmp_path / "ck"
     with pytest.raises(BaseException) as e:
         dcp.save({"model": model.state_dict(), "optim": opt.state_dict()},
-                 storage_writer=ckptkit.dcp.FileSystemWriter(d, lr=-1))
+                 storage_writer=ckptkit.dcp.FileSystemWriter(d, lr=0.5))
     msg = str(e.value)
-    assert f"ckptkit.dcp: error: {d}: rank 0: --lr -1 contradicts the file's lr = 0.001" in msg, msg
+    assert f"ckptkit.dcp: error: {d}: rank 0: --lr 0.5 contradicts the file's lr = 0.001" in msg, msg
     assert ".ckptkit-" not in msg.split("contradicts")[0], msg
     assert not (d / ".metadata").exists() and not (d / "ckptkit-folder.json").exists()
 
