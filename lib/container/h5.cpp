@@ -5,11 +5,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <system_error>
+#include <unistd.h>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
 
 #include "codec/codec.h"
+#include "common/error.h"
 #include "container/shuffle.h"
 
 namespace ckpt::container {
@@ -221,6 +226,16 @@ namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
 
+/// n with a comma every three digits ("308,449").
+std::string grouped(uint64_t n) {
+    std::string d = std::to_string(n), out;
+    for (std::size_t i = 0; i < d.size(); ++i) {
+        if (i && (d.size() - i) % 3 == 0) out += ',';
+        out += d[i];
+    }
+    return out;
+}
+
 }  // namespace
 
 bool enable_direct_chunk_writes() {
@@ -277,8 +292,55 @@ Handle create_file(const std::string& path) {
     return Handle(f, H5Fclose);
 }
 
+std::optional<Hdf5Extent> hdf5_extent(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw std::system_error(errno, std::generic_category(), path);
+    struct Closer {
+        int fd;
+        ~Closer() { ::close(fd); }
+    } closer{fd};
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) throw std::system_error(errno, std::generic_category(), path);
+    Hdf5Extent x;
+    x.size = uint64_t(st.st_size);
+    static const unsigned char kSig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    unsigned char head[64];
+    for (uint64_t off = 0; off + 8 <= x.size; off = off ? 2 * off : 512) {
+        const ssize_t n = ::pread(fd, head, sizeof head, off_t(off));
+        if (n < 0) throw std::system_error(errno, std::generic_category(), path);
+        if (n < 8 || std::memcmp(head, kSig, 8) != 0) continue;
+        if (n < 16) return x;
+        const int version = head[8];
+        unsigned o = 0, at = 0;
+        if (version == 0 || version == 1) o = head[13], at = 24 + (version == 1 ? 4 : 0) + 2 * o;   // base, free space, eof
+        else if (version == 2 || version == 3) o = head[9], at = 12 + 2 * o;                        // base, extension, eof
+        if ((o != 2 && o != 4 && o != 8) || uint64_t(n) < at + o) return x;
+        uint64_t eof = 0;
+        for (unsigned i = 0; i < o; ++i) eof |= uint64_t(head[at + i]) << (8 * i);
+        x.eof = off + eof;
+        return x;
+    }
+    return std::nullopt;
+}
+
 Handle open_file(const std::string& path) {
     register_zstd_filter();
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+        const int e = errno;
+        throw BadInput(path, e == ENOENT ? std::string("no such file (") + std::strerror(e) + ")"
+                                         : std::string("cannot read: ") + std::strerror(e));
+    }
+    if (S_ISDIR(st.st_mode)) throw BadInput(path, "is a folder, not a container file");
+    std::optional<Hdf5Extent> x;
+    try {
+        x = hdf5_extent(path);
+    } catch (const std::system_error& e) {
+        throw BadInput(path, std::string("cannot read: ") + std::strerror(e.code().value()));
+    }
+    if (!x) fail("not an HDF5 file");
+    if (x->eof && x->size < x->eof)
+        throw BadInput(path, "truncated (" + grouped(x->size) + " of " + grouped(x->eof) + " bytes): a copy or a download cut short");
     if (H5Fis_hdf5(path.c_str()) <= 0) fail("not an HDF5 file");
     const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f < 0) fail("cannot open HDF5 file");

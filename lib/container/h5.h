@@ -6,6 +6,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,9 +58,23 @@ private:
     herr_t (*close_)(hid_t) = nullptr;
 };
 
-/// Create a new file (truncating) or open one read-only. Throws std::runtime_error.
+/// Create a new file (truncating) or open one read-only. Throws std::runtime_error;
+/// open_file throws BadInput(path) for a path that is missing ("no such file"), a folder or
+/// unreadable, and for a file shorter than its superblock states ("truncated (N of M
+/// bytes)": a copy or a download cut short, hdf5_extent).
 Handle create_file(const std::string& path);
 Handle open_file(const std::string& path);
+
+/// A file's size and the end its HDF5 superblock states: the end-of-file address plus the
+/// superblock's offset (a user block); eof = 0 where the superblock version or its field
+/// sizes are not ones this reads (versions 0-3, 2/4/8-byte offsets). HDF5 looks for its
+/// signature at 0, 512, 1024, 2048, ... (HDF5 file format spec, "Superblock").
+struct Hdf5Extent {
+    uint64_t size = 0, eof = 0;
+};
+/// hdf5_extent of `path`; nullopt without the HDF5 signature. Throws std::system_error
+/// (errno) when the file cannot be opened or read.
+std::optional<Hdf5Extent> hdf5_extent(const std::string& path);
 /// Create an intermediate group path such as "/moments/codes".
 void make_groups(hid_t file, const std::string& path);
 bool exists(hid_t file, const std::string& path);

@@ -345,7 +345,6 @@ def verify(path, original=None, *, tolerance=0.01, grid=257, strict=False, threa
     _paths.check_input("ckpt-verify", path, folder_ok=True)
     if original is not None:
         _paths.check_input("ckpt-verify", original, folder_ok=True)
-    _paths.check_container("ckpt-verify", path)
     o = {"tolerance": tol, "grid": grid, "strict": bool(strict), "threads": _threads("ckpt-verify", threads)}
     t0 = time.monotonic()
     _event("verify", "start", path, progress)
@@ -362,7 +361,6 @@ def restore(src, dst, *, force=False, threads=None, device="auto", progress=None
         raise _bad("ckpt-restore", f"--device: {device} not in {{cpu,cuda,auto}}")
     _check_progress(progress)
     _paths.check_input("ckpt-restore", src, folder_ok=True)
-    _paths.check_container("ckpt-restore", src)
     if not os.path.isdir(src):
         _paths.check_output("ckpt-restore", dst)
     o = {"force": bool(force), "threads": _threads("ckpt-restore", threads), "device": device}
@@ -910,7 +908,6 @@ def _hdf5(data):
 def _load_path(path, map_location, weights_only, mmap, strict):
     """load() of a path (checked: it exists, is a readable file); returns (obj, bytes restored or None)."""
     if _ckptkit.is_container(path):
-        _paths.check_container("ckptkit.load", path)
         raw, _js, _table, _lines = _ckptkit.restore_bytes(path, {"threads": 0}, "ckptkit.load")
         fmt = _ckptkit.check_checkpoint([raw], strict, "ckptkit.load")
         if fmt == "safetensors":

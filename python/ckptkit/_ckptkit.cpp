@@ -506,6 +506,19 @@ PYBIND11_MODULE(_ckptkit, m) {
        "parse a checkpoint (path or parts) as the tools do, refusing globals that run code "
        "(strict: only torch.load(weights_only=True)'s); returns its format name");
 
+    m.def("hdf5_extent", [](const std::string& path) -> py::object {
+        try {
+            const auto x = container::hdf5_extent(path);
+            if (!x) return py::none();
+            return py::make_tuple(x->size, x->eof ? py::object(py::int_(x->eof)) : py::none());
+        } catch (const std::system_error& e) {
+            errno = e.code().value();
+            PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());
+            throw py::error_already_set();
+        }
+    }, py::arg("path"),
+       "(size, end its HDF5 superblock states, or None where unknown) of a file with the HDF5 signature, else None "
+       "(container/h5.h hdf5_extent); OSError when it cannot be read");
     m.def("is_container", [](const std::string& path) { return !readable_non_hdf5(path); }, py::arg("path"),
           "false when PATH is a readable file without the HDF5 signature (certainly not a container)");
 

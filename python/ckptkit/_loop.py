@@ -10,7 +10,7 @@ import os
 import re
 import stat
 
-from . import _paths
+from . import _ckptkit, _paths
 
 _log = logging.getLogger("ckptkit")
 _DIGITS = re.compile(r"\d+")
@@ -94,7 +94,7 @@ def _complete(path):
     try:
         if os.path.getsize(path) == 0:
             return False
-        sizes = _paths.hdf5_sizes(path)
+        sizes = _ckptkit.hdf5_extent(path)
     except OSError:
         return False
     if sizes is None:

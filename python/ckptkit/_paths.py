@@ -8,7 +8,7 @@ import errno as _errno
 import os
 import stat
 
-from ._errors import (BadInput, FileNotFound, IsADirectory, NotADirectory, OSBadInput,
+from ._errors import (FileNotFound, IsADirectory, NotADirectory, OSBadInput,
                       PermissionDenied)
 
 _CLASS = {_errno.ENOENT: FileNotFound, _errno.EACCES: PermissionDenied, _errno.EPERM: PermissionDenied,
@@ -76,51 +76,3 @@ def check_input(tool, path, folder_ok=False, folder_hint=""):
             pass
     except OSError as e:
         raise os_error(tool, path, e.errno, f"cannot read: {os.strerror(e.errno)}") from None
-
-
-_SIG = b"\x89HDF\r\n\x1a\n"
-
-
-def hdf5_sizes(path):
-    """(size, expected) of an HDF5 file: its size and the end-of-file address its superblock
-    states (plus the superblock's offset: a user block); None when `path` has no HDF5
-    signature at 0, 512, 1024, 2048, ... (where HDF5 looks for it) or a superblock version
-    this does not know."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        off = 0
-        while off + 8 <= size:
-            f.seek(off)
-            head = f.read(64)
-            if head[:8] == _SIG:
-                break
-            off = 512 if off == 0 else 2 * off
-        else:
-            return None
-    if len(head) < 16:
-        return size, None
-    version = head[8]
-    if version in (0, 1):
-        o = head[13]
-        at = 24 + (4 if version == 1 else 0) + 2 * o     # base, free-space address, then end of file
-    elif version in (2, 3):
-        o = head[9]
-        at = 12 + 2 * o                                  # base, extension address, then end of file
-    else:
-        return size, None
-    if o not in (2, 4, 8) or len(head) < at + o:
-        return size, None
-    eof = int.from_bytes(head[at:at + o], "little")
-    return size, off + eof
-
-
-def check_container(tool, path):
-    """BadInput "truncated (N of M bytes)" for a container shorter than its superblock's
-    end-of-file address (a copy or a download cut short)."""
-    try:
-        sizes = hdf5_sizes(path)
-    except OSError:
-        return
-    if sizes and sizes[1] is not None and sizes[0] < sizes[1]:
-        what = f"truncated ({sizes[0]:,} of {sizes[1]:,} bytes): a copy or a download cut short"
-        raise BadInput(f"{tool}: error: {path}: {what}", path, what)

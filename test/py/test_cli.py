@@ -375,6 +375,21 @@ def test_restore_not_a_container(tmp_path):
     assert sha256(path) == before and not out.exists()
 
 
+@pytest.mark.parametrize("tool", ["ckpt-verify", "ckpt-restore"])
+def test_missing_or_truncated_container(tmp_path, container, tool):
+    """A container path that does not exist says so (not "not an HDF5 file"); one cut short
+    says how many of its bytes are there (its superblock states the size), as the package does."""
+    out = ["-o", tmp_path / "r.pt"] if tool == "ckpt-restore" else []
+    missing = tmp_path / "nope.ckz.h5"
+    assert_error(run(tool, missing, *out), f"{tool}: error: {missing}: no such file (No such file or directory)")
+    data = container[1].read_bytes()
+    cut = tmp_path / "cut.ckz.h5"
+    cut.write_bytes(data[:len(data) // 2])
+    assert_error(run(tool, cut, *out), f"{tool}: error: {cut}: truncated ({len(data) // 2:,} of {len(data):,} bytes): "
+                                       "a copy or a download cut short")
+    assert not (tmp_path / "r.pt").exists()
+
+
 # 6. progress on a terminal -------------------------------------------------------------------
 
 def run_on_tty(argv, timeout=120):
