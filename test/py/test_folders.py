@@ -292,6 +292,10 @@ def test_verify_catches_tampering(tmp_path, folders):
     (out / "extra.txt").write_text("x")
     v = run_tool(b, "ckpt-verify", out)
     assert v.returncode == 1 and "extra.txt: not in the manifest" in v.stdout
+    # the one stderr line names the folder and the first failure, also under -q (nothing else)
+    q = run_tool(b, "ckpt-verify", out, "-q")
+    assert (q.returncode, q.stdout) == (1, ""), q.stdout
+    assert q.stderr == f"ckpt-verify: check failed: {out}: extra.txt: not in the manifest\n", q.stderr
     (out / "extra.txt").unlink()
     shard = out / "global_step5" / "zero_pp_rank_1_mp_rank_00_optim_states.pt.ckz.h5"
     shard.unlink()
