@@ -805,7 +805,7 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
                            (meta["optimizer"] == "adam" || meta["optimizer"] == "adamw");
     nlohmann::json flat_group = nlohmann::json::object();
     if (flat_adam)
-        for (const char* k : {"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"}) {
+        for (const char* k : {"lr", "betas", "beta1", "beta2", "eps", "weight_decay", "amsgrad", "maximize"}) {
             if (!meta.count(k)) continue;
             std::string t = meta[k];
             for (char& c : t) c = c == '(' ? '[' : c == ')' ? ']' : c;
@@ -815,6 +815,14 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
             } catch (const std::exception&) {
                 throw BadInput(f.path(), std::string("__metadata__ '") + k + "' is not a number: " + meta[k]);
             }
+        }
+    if (flat_group.contains("betas"))   // betas and beta1 / beta2 both: they must agree
+        for (int b = 0; b < 2; ++b) {
+            const char* k = b ? "beta2" : "beta1";
+            const auto& bs = flat_group["betas"];
+            if (flat_group.contains(k) && (!bs.is_array() || bs.size() != 2 || bs[b] != flat_group[k]))
+                throw BadInput(f.path(), std::string("__metadata__ 'betas' ") + meta["betas"] + " and '" + k + "' " + meta[k] +
+                                             " differ");
         }
     std::map<std::size_t, int> refs;
     count_refs(ck, ck.root, refs);
@@ -874,9 +882,14 @@ std::vector<ParamState> scan_safetensors(const Checkpoint& ck, const io::InputFi
             // maximize only flips every gradient's sign: the certificate is symmetric
             const std::optional<double> given[5] = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
             const char* flag[5] = {"lr", "beta1", "beta2", "eps", "weight-decay"};
+            // ckpt-verify (unstated_ok) takes what the file does not state from the manifest,
+            // except for the states compress kept exact for it (HyperOverrides::kept_unstated)
+            const bool kept = std::any_of(o.kept_unstated.begin(), o.kept_unstated.end(), [&](const std::string& n) {
+                return n == p.name || n.rfind(p.name + " (", 0) == 0;
+            });
             for (int k = 0; k < 5 && p.why_not.empty(); ++k)
-                if (!(p.stated >> k & 1u) && !given[k] && !o.unstated_ok)
-                    p.why_not = fmt::format("__metadata__ states no {} (pass --{})", kHyperNames[k], flag[k]);
+                if (!(p.stated >> k & 1u) && !given[k] && (!o.unstated_ok || kept))
+                    p.why_not = fmt::format("{} {} (pass --{})", kUnstated, kHyperNames[k], flag[k]);
             gkeys.push_back("betas");  // stated or given: what the group form's betas and amsgrad say
             gkeys.push_back("amsgrad");
         }

@@ -38,6 +38,9 @@ struct HyperOverrides {
     /// from the flags at compress time (the manifest holds it), so it is no reason to keep a
     /// state exact.
     bool unstated_ok = false;
+    /// With unstated_ok: the states the manifest lists as kept exact for a hyper-parameter
+    /// their file does not state (KeptEntry names whose note holds kUnstated): kept again.
+    std::vector<std::string> kept_unstated;
     /// Megatron-LM distrib_optim.pt: what its model_optim_rng.pt states (folder mode reads it);
     /// null: the file's flat buffers are kept exact (unless unstated_ok).
     std::shared_ptr<const CompanionHyper> companion;
@@ -49,6 +52,10 @@ struct HyperOverrides {
 /// ckpt-compress checks each flag with it and the package each keyword before any work; a
 /// file's own values outside that are kept exact instead (out_of_range), never refused.
 std::string override_out_of_range(const std::string& name, double x);
+
+/// The reason a flat safetensors state is kept exact for a hyper-parameter its
+/// `__metadata__` does not state (followed by its name): "... states no beta1 (pass --beta1)".
+inline constexpr const char* kUnstated = "__metadata__ states no";
 
 /// Hyper-parameter keys a file may state (ParamState::stated bits).
 enum HyperKey : unsigned { kLr = 1, kBeta1 = 2, kBeta2 = 4, kEps = 8, kWeightDecay = 16, kAmsgrad = 32, kMaximize = 64 };

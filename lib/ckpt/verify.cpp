@@ -63,6 +63,8 @@ Layout derive_layout(const ContainerReader& cr, const std::shared_ptr<const Comp
     o.horizon = man.horizon;
     o.bound_param = man.bound_param;
     o.hyper.unstated_ok = true;
+    for (const auto& k : man.kept)
+        if (k.note.find(kUnstated) != std::string::npos) o.hyper.kept_unstated.push_back(k.name);
     o.hyper.companion = companion;
     // a container of a checkpoint with no optimizer state (CompressOptions::allow_no_state):
     // the source must still have none (else the plan has states the manifest lacks)

@@ -230,13 +230,14 @@ def _read_st(path):
     return tsc.read_safetensors(str(path))[0]
 
 
-@pytest.mark.parametrize("stated", ["all", "lr_only"])
+@pytest.mark.parametrize("stated", ["all", "beta1_beta2", "lr_only"])
 def test_safetensors_flat_optimizer_metadata(tmp_path, stated):
     """safetensors with `state.<name>.exp_avg|exp_avg_sq|step` keys and `__metadata__`
-    holding `optimizer`, `lr`, `betas`, `eps`, `weight_decay` as separate strings (no
-    param_groups): coded, not kept exact; what the file does not state comes from the flags,
-    and a hyper-parameter stated nowhere keeps the state exact with a note naming the flag.
-    The restored moments give a real AdamW step within tolerance."""
+    holding `optimizer`, `lr`, `betas` (or `beta1` and `beta2`), `eps`, `weight_decay` as
+    separate strings (no param_groups): coded, not kept exact; what the file does not state
+    comes from the flags, and a hyper-parameter stated nowhere keeps the state exact with a
+    note naming the flag, and ckpt-verify passes that container (it keeps those states exact
+    too). The restored moments give a real AdamW step within tolerance."""
     import make_fixtures as mf
     b = require_ckptkit_bin()
     torch.manual_seed(3)
@@ -255,6 +256,8 @@ def test_safetensors_flat_optimizer_metadata(tmp_path, stated):
     meta = {"optimizer": "adamw", "lr": "0.002"}
     if stated == "all":
         meta.update(betas="(0.9, 0.99)", eps="1e-07", weight_decay="0.02")
+    elif stated == "beta1_beta2":
+        meta.update(beta1="0.9", beta2="0.99", eps="1e-07", weight_decay="0.02")
     src = tmp_path / "flat.safetensors"
     mf.write_safetensors(str(src), tensors, meta)
     out = tmp_path / "flat.ckz.h5"
@@ -263,6 +266,8 @@ def test_safetensors_flat_optimizer_metadata(tmp_path, stated):
     rows = parse_json_stdout(r)["tensors"]
     if stated == "lr_only":  # betas, eps, weight_decay stated nowhere: exact, the note names the flag
         assert all(t["note"].startswith("kept exact: __metadata__ states no beta1 (pass --beta1)") for t in rows), rows
+        v = run_tool(b, "ckpt-verify", out, "--original", src)
+        assert v.returncode == 0, v.stdout + v.stderr
         r = run_tool(b, "ckpt-compress", src, "-o", out, "--force", "--json", "--beta1", "0.9", "--beta2", "0.99",
                      "--eps", "1e-7", "--weight-decay", "0.02")
         assert r.returncode == 0, r.stdout + r.stderr
@@ -271,6 +276,11 @@ def test_safetensors_flat_optimizer_metadata(tmp_path, stated):
     bad = run_tool(b, "ckpt-compress", src, "-o", tmp_path / "x.h5", "--lr", "0.5")
     assert bad.returncode == 2 and "contradicts the file's lr" in bad.stderr
     assert run_tool(b, "ckpt-verify", out, "--original", src).returncode == 0
+    if stated == "all":   # betas and a beta1 that disagrees: refused, naming both
+        two = tmp_path / "two.safetensors"
+        mf.write_safetensors(str(two), tensors, dict(meta, beta1="0.8"))
+        bad = run_tool(b, "ckpt-compress", two, "-o", tmp_path / "y.h5")
+        assert bad.returncode == 2 and f"{two}: __metadata__ 'betas' (0.9, 0.99) and 'beta1' 0.8 differ" in bad.stderr, bad.stderr
     back = tmp_path / "back.safetensors"
     assert run_tool(b, "ckpt-restore", out, "-o", back).returncode == 0
     a, c = _read_st(src), _read_st(back)
