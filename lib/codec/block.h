@@ -423,14 +423,18 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
     const int bn8 = (bn + 7) / 8 * 8;
     for (int j = bn; j < bn8; ++j) A[j] = B[j] = 0;
     double amax = block_max(A, bn8), bmax = block_max(B, bn8);
+    // beta1 = 0 (ka = 0): exp_avg enters no certificate (the next update replaces it:
+    // b1 m + (1 - b1) g = g for every finite m), so every A is 0; exp_avg_sq's step comes from
+    // B alone and exp_avg's is the coarsest (the certificate still judges every coordinate)
+    const bool m_free = !(ka > 0);
     // float overflowed or underflowed (live coordinates have both > 0): double (the padding stays 0)
-    if (nm == 2 && !(amax < INFINITY && bmax < INFINITY && (amax > 0) == (bmax > 0))) {
+    if (nm == 2 && !(amax < INFINITY && bmax < INFINITY && (m_free || (amax > 0) == (bmax > 0)))) {
         vlog_sens<double>(gc, src, i0, bn, w);
         amax = block_max(A, bn8);
         bmax = block_max(B, bn8);
     }
-    if (!(amax > 0) || !(bmax > 0)) return false;
-    const double r0 = bmax / amax;
+    if (!(bmax > 0) || (!m_free && !(amax > 0))) return false;
+    const double r0 = m_free ? 1.0 : bmax / amax;
     // worst (largest) constraint at ratio r over the live coordinates, and the runner-up
     // (the largest of the others: w1 again when two reach it), as one serial scan with
     // strict compares from 0 gives them; w.settled holds the constraints (the quantisers
@@ -476,7 +480,7 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
         }
         return best;
     };
-    double r = best_ratio();
+    double r = m_free ? 1.0 : best_ratio();   // m_free: worst(r) is max B for any r
     const double escape_bits = 32.0 * nm + 16;
     bool dropped = false;
     double sec, w1 = 0;
@@ -490,11 +494,11 @@ CKPT_HD bool vlog_plan(const TensorSetup& s, const GuardConst& gc, const float* 
         dropped = true;
     }
     if (dropped) {  // else w1 is already the worst constraint at r
-        r = best_ratio();
+        r = m_free ? 1.0 : best_ratio();
         w1 = worst(r, sec);
     }
     const double L = budget / w1;
-    dm = L * r;
+    dm = m_free ? 1e300 : L * r;   // m_free: VLog::m_step clamps it to the largest step
     delta = L;
     return true;
 }

@@ -609,6 +609,42 @@ def test_every_update_within_tolerance_for_gradient_sequences(tmp_path, fixture,
     assert all(r["ok"] for r in res.values()), res
 
 
+@pytest.mark.parametrize("cls,kw", [(torch.optim.Adam, {}), (torch.optim.AdamW, {"weight_decay": 0.01}),
+                                    (torch.optim.Adam, {"amsgrad": True})])
+def test_beta1_zero_is_coded(tmp_path, cls, kw):
+    """betas = (0, b2) (no first-moment averaging, as StyleGAN trains): the next update
+    replaces exp_avg (b1 m + (1 - b1) g = g), so it enters no certificate and the plan gives it
+    the coarsest step; exp_avg_sq is coded as for any b1 (before: every value escaped, the
+    container larger than its input). 30 real steps from the restored state with the
+    original's gradients move every parameter by the original's step within tolerance * lr."""
+    kw = dict(kw, lr=2e-3, betas=(0.0, 0.99))
+    net, opt = train(cls, steps=20, **kw)
+    src = save(tmp_path / "b1zero.pt", net, opt)
+    orig = torch.load(src)
+    rep, back = roundtrip(tmp_path, src)
+    assert rep["escapes"] == 0 and rep["moment_reduction"] > 0.8, (rep["escapes"], rep["moment_reduction"])
+    nets, opts = [], []
+    for sd in (orig, back):
+        n = Net()
+        n.load_state_dict(sd["model"])
+        o = cls(n.parameters(), **kw)
+        o.load_state_dict(copy.deepcopy(sd["optimizer"]))
+        nets.append(n)
+        opts.append(o)
+    for step in range(30):
+        grads = grads_like(net, 10.0 ** (step % 5 - 2), seed=step)
+        moved = []
+        for n, o in zip(nets, opts):
+            before = [p.detach().clone() for p in n.parameters()]
+            for p, g in zip(n.parameters(), grads):
+                p.grad = g.clone()
+            o.step()
+            moved.append([p.detach() - b0 for p, b0 in zip(n.parameters(), before)])
+        for a, b in zip(*moved):
+            slack = 8 * torch.finfo(torch.float32).eps * (a.abs() + b.abs()).double() + 1e-30
+            assert torch.all((a - b).abs().double() <= TOL * kw["lr"] + slack), (step, float((a - b).abs().max()))
+
+
 def test_first_update_certificate_breaks_on_an_aligned_ramp(tmp_path):
     """The sequences can fail: with --horizon 1 (the first update only) the aligned ramp
     drives a later update of the restored Adam + L2 fixture past tolerance * lr."""
