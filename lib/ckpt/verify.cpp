@@ -128,8 +128,25 @@ void check_manifest(const ContainerReader& cr, Report& rep, const Layout* planne
     }
 }
 
+/// The folder a zip's first local record is under ("archive" of "archive/data.pkl"), or ""
+/// when the file does not start with a zip record that has one.
+std::string zip_top_folder(const io::InputFile& f) {
+    try {
+        if (f.size() < 30 || f.read_string(0, 4, "zip") != std::string("PK\x03\x04", 4)) return "";
+        const std::string h = f.read_string(26, 2, "zip");
+        const std::size_t n = std::size_t(uint8_t(h[0]) | uint8_t(h[1]) << 8);
+        if (30 + n > f.size()) return "";
+        const std::string name = f.read_string(30, n, "zip");
+        const auto slash = name.find('/');
+        return slash == std::string::npos ? "" : name.substr(0, slash);
+    } catch (const std::exception&) {
+        return "";
+    }
+}
+
 /// The original checkpoint of --original, validated as any input (BadInput), opened for
-/// comparison; nullptr (and a failure) when its size is not the container's source size.
+/// comparison; nullptr (and a failure) when its size is not the container's source size
+/// (naming the zip folders when they differ: torch.save names them after the file).
 std::unique_ptr<io::InputFile> open_original(const ContainerReader& cr, const VerifyOptions& o, Report& rep) {
     const auto& man = cr.manifest();
     Limits lim;
@@ -137,7 +154,14 @@ std::unique_ptr<io::InputFile> open_original(const ContainerReader& cr, const Ve
     read_checkpoint(*o.original, lim);  // validates the original as any input
     auto orig = std::make_unique<io::InputFile>(*o.original);
     if (orig->size() != man.source_size) {
-        add_failure(rep, fmt::format("original has {} bytes, the container's source had {}", orig->size(), man.source_size));
+        std::string why = fmt::format("original has {} bytes, the container's source had {}", orig->size(), man.source_size);
+        const std::string a = zip_top_folder(*orig), b = zip_top_folder(source_view(cr));
+        if (!a.empty() && !b.empty() && a != b)
+            why += fmt::format("; its zip records are under '{}/', the source's under '{}/' (torch.save names them after the "
+                               "file it writes, '{}' for a file object such as ckptkit.save's), so no copy saved under "
+                               "another name matches: compare with what ckpt-restore gives",
+                               a, b, "archive");
+        add_failure(rep, why);
         return nullptr;
     }
     return orig;

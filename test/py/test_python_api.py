@@ -286,6 +286,25 @@ def test_file_jobs_and_reports(tmp_path):
     assert r.file_bytes_out == os.path.getsize(src)
 
 
+def test_verify_original_saved_under_another_name(tmp_path):
+    """ckptkit.save's source is torch.save to a file object (zip records under 'archive/');
+    torch.save(obj, "t.pt") puts them under 't/': verify --original with that copy fails
+    saying so and what to compare with instead; a copy saved to a file object verifies."""
+    import io
+    obj = torch.load(fixture_path("cnn_adamw.pt"))
+    ckz = tmp_path / "c.ckz.h5"
+    ckptkit.save(obj, ckz)
+    torch.save(obj, tmp_path / "t.pt")
+    with pytest.raises(ckptkit.CheckFailed) as e:
+        ckptkit.verify(ckz, original=tmp_path / "t.pt")
+    assert "its zip records are under 't/', the source's under 'archive/'" in str(e.value), str(e.value)
+    assert _one_line(e.value)
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    (tmp_path / "a.pt").write_bytes(buf.getvalue())
+    assert ckptkit.verify(ckz, original=tmp_path / "a.pt").ok
+
+
 def test_verify_tolerance(tmp_path):
     """issue 52: ckptkit.verify holds certificates to its own tolerance (0.01 by default), as
     ckpt-verify --tolerance, whatever the container's manifest says."""
