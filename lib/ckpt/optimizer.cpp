@@ -189,7 +189,11 @@ void check_compressible(const Checkpoint& ck, const std::map<std::size_t, int>& 
         if (!float_dtype_size(t.dtype)) { p.why_not = "dtype " + std::string(dtype_name(t.dtype)); return; }
         if (k == 0) { n = t.numel(); dt = t.dtype; }
         if (t.numel() != n || t.dtype != dt) { p.why_not = "moments differ in size or dtype"; return; }
-        if (!contiguous(t) || t.storage_offset != 0 || int64_t(s.numel) != n || s.dtype != t.dtype) { p.why_not = "moment is a view"; return; }
+        if (t.storage_offset != 0 || int64_t(s.numel) != n || s.dtype != t.dtype) { p.why_not = "moment is a view"; return; }
+        if (!contiguous(t)) {   // a whole storage in another element order (channels_last)
+            p.why_not = std::string(kMomentNames[k]) + " is not contiguous (a memory format such as channels_last)";
+            return;
+        }
         const auto r = refs.find(t.storage);
         if (r == refs.end() || r->second != 1) { p.why_not = std::string(kMomentNames[k]) + " shares its storage with another leaf"; return; }
     }

@@ -330,3 +330,31 @@ def test_number_step_is_certified_as_torch_loads_it(tmp_path):
     names = [k for k in a["model"]]
     thetas = dict(zip(range(len(names)), (a["model"][n] for n in names)))
     _step_close(torch.optim.Adam, thetas, a["optimizer"], r["optimizer"])
+
+
+def test_channels_last_moments_kept_exact_naming_why(tmp_path):
+    """A conv trained in channels_last has moments in that memory format (whole storages, other
+    element order): kept exact, the note says so (not "a view"), and restored bit for bit in
+    that memory format; the contiguous biases are coded."""
+    b = require_ckptkit_bin()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3)).to(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    for _ in range(3):
+        opt.zero_grad()
+        net(torch.randn(2, 3, 12, 12).to(memory_format=torch.channels_last)).square().mean().backward()
+        opt.step()
+    assert not opt.state[net[0].weight]["exp_avg"].is_contiguous()
+    src = tmp_path / "cl.pt"
+    torch.save({"model": net.state_dict(), "optimizer": opt.state_dict()}, src)
+    r = run_tool(b, "ckpt-compress", src, "-o", tmp_path / "cl.ckz.h5", "--json")
+    assert r.returncode == 0, r.stderr
+    notes = {t["name"]: t["note"] for t in parse_json_stdout(r)["tensors"]}
+    assert notes["0.weight"] == "kept exact: exp_avg is not contiguous (a memory format such as channels_last)", notes
+    assert notes["0.bias"] == "", notes
+    assert run_tool(b, "ckpt-restore", tmp_path / "cl.ckz.h5", "-o", tmp_path / "back.pt").returncode == 0
+    a, c = torch.load(src)["optimizer"]["state"], torch.load(tmp_path / "back.pt")["optimizer"]["state"]
+    for i in (0, 2):   # the conv weights
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(a[i][k], c[i][k]) and c[i][k].stride() == a[i][k].stride()
+    assert not torch.equal(a[1]["exp_avg"], c[1]["exp_avg"])   # a bias: coded
