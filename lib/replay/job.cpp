@@ -49,6 +49,9 @@ PlanJob plan(std::unique_ptr<const Trace> trace, const std::string& name, const 
     } catch (const std::invalid_argument& e) {
         throw BadInput("", e.what());
     }
+    if (req.planner == "ops" && !job.trace->op_tables)
+        throw BadInput("", "planner 'ops' needs each segment's op table: record the trace with ops=True "
+                           "(replay.record(..., ops=True))");
     job.problem = std::make_unique<const Problem>(*job.trace);
     const Problem& problem = *job.problem;
     const double t_problem = cpu_ms();

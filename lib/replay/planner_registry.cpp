@@ -16,7 +16,7 @@ std::unique_ptr<Planner> make_planner(const std::string& name) {
     if (name == "none") return std::make_unique<NonePlanner>();
     if (name == "ops") return std::make_unique<OpsPlanner>();
     if (name == "brute") return std::make_unique<BrutePlanner>();
-    throw std::invalid_argument("unknown planner '" + name + "'");
+    throw std::invalid_argument("unknown planner '" + name + "' (joint, eager, stateless, all, none, ops)");
 }
 
 }  // namespace ckpt::replay

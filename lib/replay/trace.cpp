@@ -288,6 +288,7 @@ Trace read_ckptkit_trace(element j, const std::string& file) {
                 r.fail(w + ".ops_hash: expected 16 lowercase hex digits");
         }
         if (format_version >= 2 && r.has(s, "ops")) {
+            t.op_tables = true;
             size_t ko = 0;
             const dom::array ops = r.arr(s, "ops", w);
             if (ops.size() > kMaxSegments) r.fail(w + ".ops: more than 2^20 ops");

@@ -106,6 +106,7 @@ struct Trace {
                                       ///< the fixed memory, after the activations are freed)
     std::vector<BufferInfo> buffers;
     std::vector<Segment> segments;    ///< forward order; backward runs in reverse
+    bool op_tables = false;           ///< v2: the segments carry ops[] (recorded with ops=True)
     std::string hash;                 ///< trace_hash() of the text read (16 hex digits)
 
     /// Params + grads + optimizer state + memory outside segments + the mutable buffers at

@@ -123,12 +123,18 @@ TEST_CASE("the optimizer step's temporaries are a floor under every planner's pe
     }
 }
 
-TEST_CASE("bad requests: unknown planner, no budget") {
+TEST_CASE("bad requests: unknown planner, no budget, planner ops without op tables") {
     const Trace t = example(0);
     PlanRequest req;
     req.budgets = {1u << 30};
     req.planner = "fastest";
-    CHECK_THROWS_AS(job_for(t, req), ckpt::BadInput);
+    CHECK_THROWS_WITH_AS(job_for(t, req), doctest::Contains("unknown planner 'fastest' (joint, eager, stateless, all, none, ops)"),
+                         ckpt::BadInput);
+    req.planner = "ops";   // a trace recorded without ops=True: refused, not a quiet segment plan
+    CHECK_FALSE(t.op_tables);
+    CHECK_THROWS_WITH_AS(job_for(t, req), doctest::Contains("planner 'ops' needs each segment's op table: record the "
+                                                            "trace with ops=True"),
+                         ckpt::BadInput);
     req = PlanRequest{};
     CHECK_THROWS_AS(job_for(t, req), ckpt::BadInput);
 }

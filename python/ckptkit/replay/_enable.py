@@ -30,7 +30,7 @@ def _record_plan_apply(model, batch, step_loss, *, budget, activation_budget, se
     `activation_budget` (neither: the smallest feasible whole-step budget) and apply it.
     Returns (Applied, Plan, trace dict)."""
     from . import apply, plan, record_trace
-    trace = record_trace(model, batch, step_loss, segments=segments, optimizer=optimizer)
+    trace = record_trace(model, batch, step_loss, segments=segments, optimizer=optimizer, ops=planner == "ops")
     text = json.dumps(trace)
     if budget is None and activation_budget is None:
         budget = plan(text, planner=planner).range.get("min_peak_bytes")

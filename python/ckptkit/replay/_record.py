@@ -879,16 +879,16 @@ class Recorder:
             b = fwd[i + 1][0] if i + 1 < n else None
             spans = [(a, b)]
             # backward: from this segment's output gradient (the last one: from the end of its
-            # forward) to the previous segment's
+            # forward) to the previous segment's; a segment whose outputs get no gradient
+            # (Llama's rotary_emb: cos / sin of the positions) has no backward, so no window
             bs = fwd[i][1] if i == n - 1 else bmark[i]
-            if bs is None:
-                bs = fwd[i][1]
-            be = None
-            for j in range(i - 1, -1, -1):
-                if bmark[j] is not None:
-                    be = bmark[j]
-                    break
-            spans.append((bs, be if be is not None else t_end))
+            if bs is not None:
+                be = None
+                for j in range(i - 1, -1, -1):
+                    if bmark[j] is not None:
+                        be = bmark[j]
+                        break
+                spans.append((bs, be if be is not None else t_end))
             cuts.append(spans)
         # the forward stretch of the last segment runs until the backward starts
         cuts[-1][0] = (cuts[-1][0][0], cuts[-1][1][0])

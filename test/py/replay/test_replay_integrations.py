@@ -178,6 +178,33 @@ def test_enable_gpt2_bitwise_and_remove():
     h3.remove()
 
 
+def llama():
+    tr = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = tr.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=32, use_cache=False)
+    return tr.LlamaForCausalLM(cfg)
+
+
+def test_enable_llama_recomputes_its_layers():
+    """LlamaForCausalLM's default segments include model.rotary_emb, whose outputs (cos / sin
+    of the positions) get no gradient: it has no backward, so no backward window in the
+    trace (before: its window ran from its forward to the embedding's backward, as large as
+    keep-all's activations, and the smallest plan recomputed nothing). enable() at the smallest
+    budget recomputes the layers, 3 Adam steps bitwise those without replay."""
+    base = llama()
+    m0, m1 = copy.deepcopy(base), copy.deepcopy(base)
+    _, l0, o0 = train_hf(m0, 3)
+    h, l1, o1 = train_hf(m1, 3, None)
+    assert "model.rotary_emb" in [s["name"] for s in h.trace["segments"]]
+    assert set(h.recomputed) == {"model.layers.0", "model.layers.1"}, h.recomputed
+    assert h.plan.range["min_activation_bytes"] < h.plan.range["keep_all_activation_bytes"], h.plan.range
+    assert all(torch.equal(a, b) for a, b in zip(l0, l1)) and same_params(m0, m1)
+    for p, q in zip(m0.parameters(), m1.parameters()):
+        assert torch.equal(o0.state[p]["exp_avg"], o1.state[q]["exp_avg"])
+    h.remove()
+
+
 def test_enable_gpt2_no_cache_in_training():
     """Training forwards run with use_cache=False unless the caller passes it (a KV cache
     updated twice, by the forward and the recompute, is refused by the runtime); so with a

@@ -122,3 +122,22 @@ def test_saved_ops_are_not_recomputed():
     saved = collections.Counter(o["op"] for s in mid["segments"] for o in s.get("save_ops", []))
     assert sum(saved.values()) >= 2
     assert counts[0] == counts[1] - saved
+
+
+def test_ops_planner_needs_op_tables():
+    """planner='ops' on a trace recorded without ops=True is refused naming the fix (it gave a
+    segment plan with no saved op, quietly); enable(planner='ops') records the op tables."""
+    model, batch, loss_fn = nanogpt.build()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    tr = replay.record_trace(model, batch, loss_fn, optimizer=opt)
+    assert all("ops" not in s for s in tr["segments"])
+    with pytest.raises(ckptkit.BadInput, match=r"planner 'ops' needs each segment's op table: record the trace "
+                                               r"with ops=True \(replay.record\(\.\.\., ops=True\)\)"):
+        replay.plan(json.dumps(tr), planner="ops")
+    from ckptkit.replay._enable import _record_plan_apply
+    applied, p, tr2 = _record_plan_apply(model, batch, loss_fn, budget=None, activation_budget=None, segments=None,
+                                         optimizer=opt, planner="ops", check_scalars=True)
+    try:
+        assert all("ops" in s for s in tr2["segments"])
+    finally:
+        applied.remove()
