@@ -8,6 +8,7 @@ import numbers
 import operator
 
 import torch
+import torch.nn as nn
 import xxhash
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -28,6 +29,25 @@ class RecordError(BadInput):
 
     def __init__(self, reason):
         super().__init__(f"ckptkit.replay: {reason}", None, reason)
+
+
+def compiled(model):
+    """Whether `model` is what torch.compile(module) returns (an OptimizedModule: the module
+    itself is its _orig_mod)."""
+    return type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module)
+
+
+def compiling():
+    """Whether this code runs while torch.compile traces it (False where torch has no compiler)."""
+    c = getattr(torch, "compiler", None)
+    if c is not None and hasattr(c, "is_compiling"):
+        return bool(c.is_compiling())
+    d = getattr(getattr(torch, "_dynamo", None), "is_compiling", None)
+    return bool(d()) if d is not None else False
+
+
+COMPILED = ("the model is torch.compile()'d: record / enable the module it wraps (model._orig_mod) and compile "
+            "after the plan is applied (apply() then torch.compile works)")
 
 
 class ContractError(CkptkitError, RuntimeError):

@@ -10,6 +10,7 @@ import weakref
 import torch
 
 from .._errors import BadInput
+from ._common import COMPILED, compiled, compiling
 
 _enabled = weakref.WeakKeyDictionary()   # model -> its live Enabled / ReplayCallback
 
@@ -83,6 +84,8 @@ class Enabled(_Once):
             raise BadInput("ckptkit.replay: error: a LightningModule trains through training_step, not its "
                            "forward: pass ckptkit.replay.ReplayCallback(budget=...) to the Trainer's callbacks",
                            None, "LightningModule")
+        if compiled(model):
+            raise BadInput(f"ckptkit.replay: error: enable(): {COMPILED}", None, "compiled model")
         self._init(budget, activation_budget, segments, optimizer, planner, check_scalars)
         self.model, self.loss_fn = model, loss_fn
         try:
@@ -99,6 +102,11 @@ class Enabled(_Once):
         if self.no_cache and kwargs.get("use_cache") is None:
             kwargs = dict(kwargs, use_cache=False)
         if self.applied is None:
+            if compiling():
+                raise BadInput("ckptkit.replay: error: enable(): the first training forward runs under "
+                               "torch.compile, and recording needs an eager step: run one training step before "
+                               "torch.compile(model), or use replay.record / plan / apply and compile after apply()",
+                               None, "compiling")
             on = [n for n, m in mod.named_modules() if getattr(m, "gradient_checkpointing", False) is True]
             if on:
                 raise BadInput("ckptkit.replay: error: enable(): Hugging Face gradient checkpointing is on "

@@ -11,7 +11,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, record_function
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode_temporarily
 
-from ._common import (OpsHash, RecordError, buffer_owner, byte_view, generator_by_stream,
+from ._common import (COMPILED, OpsHash, RecordError, buffer_owner, compiled, byte_view, generator_by_stream,
                       generator_names, model_fingerprint, ptr, py_scalar_holders, py_scalars,
                       py_scalars_as, rng_states, set_py_scalars, set_rng_states, storage_of,
                       tensor_bytes, tensors_in)
@@ -365,6 +365,8 @@ class Recorder:
                  model_name=None, source="ckptkit.replay"):
         if not isinstance(model, nn.Module):
             raise RecordError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+        if compiled(model):
+            raise RecordError(COMPILED)
         self.model, self.batch, self.loss_fn = model, batch, loss_fn
         self.names, self.opt, self.copy_gbps = segments, optimizer, float(copy_gbps)
         self.model_name = model_name or type(model).__name__

@@ -462,3 +462,30 @@ def test_size_strings_any_case(replay_plan, tmp_path):
                        text=True)
     assert r.returncode == 0, r.stderr
     assert json.load(open(out))["budgets"][0]["budget_bytes"] == kib * 1024
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch without torch.compile (1.13)")
+def test_compiled_models_refused_with_the_fix():
+    """record() / enable() of what torch.compile returns, and enable() whose first training
+    forward runs compiled, are refused with one line saying what works instead (before: a
+    TypeError inside the recorder, and dynamo tracing into it)."""
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+    x = torch.randn(4, 8)
+
+    def loss_fn(m, batch):
+        return m(batch).square().mean()
+    with pytest.raises(ckptkit.BadInput, match=r"^ckptkit.replay: the model is torch.compile\(\)'d: record / enable "
+                                               r"the module it wraps \(model._orig_mod\)"):
+        replay.record_trace(torch.compile(net(), backend="eager"), x, loss_fn)
+    with pytest.raises(ckptkit.BadInput, match=r"^ckptkit.replay: error: enable\(\): the model is torch.compile\(\)'d"):
+        replay.enable(torch.compile(net(), backend="eager"), loss_fn=lambda out: out.square().mean())
+    m = net()
+    h = replay.enable(m, loss_fn=lambda out: out.square().mean())
+    try:
+        with pytest.raises(ckptkit.BadInput, match=r"enable\(\): the first training forward runs under torch.compile"):
+            torch.compile(m, backend="eager")(x)
+    finally:
+        h.remove()
+        torch._dynamo.reset()
