@@ -182,6 +182,11 @@ class _Segment:
                     f"a Python scalar it reads ({', '.join(holders) if holders else 'not a numeric attribute of its modules'}) "
                     "changed between the forward and the backward, and the runtime keeps per call only the numeric "
                     "attributes of the segment's modules and the numeric globals of their Python modules")
+        if getattr(getattr(self.h.model, "config", None), "use_cache", False) is True:
+            # a Hugging Face model with its KV cache on: the forward and the recompute both grow it
+            raise ContractError(self.name, what + "; the model's config has use_cache=True (Hugging Face), whose cache "
+                                                   "the forward and the recompute both update: call the model with "
+                                                   "use_cache=False when training (replay.enable() does)")
         raise ContractError(self.name, what + "; hold the value in such an attribute or in a tensor buffer "
                                                "(register_buffer), or change it only after backward()")
 

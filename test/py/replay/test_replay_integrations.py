@@ -178,12 +178,33 @@ def test_enable_gpt2_bitwise_and_remove():
     h3.remove()
 
 
-def llama():
+def llama(use_cache=False):
     tr = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = tr.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=32, use_cache=False)
+                         num_key_value_heads=2, max_position_embeddings=32, use_cache=use_cache)
     return tr.LlamaForCausalLM(cfg)
+
+
+def test_apply_with_the_hf_cache_on_names_use_cache():
+    """record / plan / apply (not enable) on a Hugging Face model called with its KV cache on:
+    the cache grows in the forward and again in the recompute, refused at the backward with a
+    message naming use_cache=False (before: only the generic advice on Python state)."""
+    m = llama(use_cache=True)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def loss_fn(model, b):
+        return model(input_ids=b, labels=b).loss
+    tr = replay.record_trace(m, ids, loss_fn, optimizer=opt, segments=["model.embed_tokens", "model.layers.0",
+                                                                       "model.layers.1", "model.norm", "lm_head"])
+    p = replay.plan(json.dumps(tr))
+    p = replay.plan(json.dumps(tr), p.range["min_peak_bytes"])
+    with replay.apply(m, p, optimizer=opt) as h:
+        assert h.recomputed
+        with pytest.raises(replay.ContractError, match=r"use_cache=True \(Hugging Face\), whose cache the forward and the "
+                                                       r"recompute both update: call the model with use_cache=False"):
+            loss_fn(m, ids).backward()
 
 
 def test_enable_llama_recomputes_its_layers():
