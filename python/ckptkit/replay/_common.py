@@ -98,7 +98,7 @@ def ptr(t):
 def storage_of(t):
     """(storage key, storage bytes): views share their base's storage, and a saved view keeps
     the whole storage alive."""
-    st = t.storage()
+    st = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()   # TypedStorage is deprecated in 2.x
     return st.data_ptr(), st.nbytes()
 
 
@@ -192,15 +192,19 @@ def set_rng_states(model, states):
 
 
 def parse_bytes(s):
-    """A size in bytes: an int, or a string '44GiB' / '1.5MiB' / '32GB' / '123' (replay-plan's
+    """A size in bytes: an int (or a float holding a whole number: 6.5e6), or a string '44GiB' / '1.5MiB' / '32GB' / '123' (replay-plan's
     units, any case, read by the same C++ function: _ckptkit.parse_bytes). ValueError for
     anything else."""
     if isinstance(s, bool):
         raise ValueError(f"not a size: {s!r}")
+    if isinstance(s, float) and s.is_integer() and 0 <= s < 2.0 ** 63:
+        s = int(s)   # 6.5e6
     if isinstance(s, int):
         if s < 0:
             raise ValueError(f"not a size: {s}")
         return s
+    if isinstance(s, float):
+        raise ValueError(f"not a size: {s!r} (a float must be a whole number of bytes)")
     if not isinstance(s, str):
         raise ValueError(f"not a size: {s!r}")
     from .. import _ckptkit

@@ -5,6 +5,7 @@ batch, plan with the C++ planner and apply the plan; remove() gives the model ba
 """
 import inspect
 import json
+import warnings
 import weakref
 
 import torch
@@ -33,8 +34,10 @@ def _record_plan_apply(model, batch, step_loss, *, budget, activation_budget, se
     from . import apply, plan, record_trace
     trace = record_trace(model, batch, step_loss, segments=segments, optimizer=optimizer, ops=planner == "ops")
     text = json.dumps(trace)
-    if budget is None and activation_budget is None:
-        budget = plan(text, planner=planner).range.get("min_peak_bytes")
+    if budget is None and activation_budget is None:   # the range only: its warnings come with the plan below
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            budget = plan(text, planner=planner).range.get("min_peak_bytes")
     p = plan(text, budget, activation_budget=activation_budget, planner=planner)
     return apply(model, p, optimizer=optimizer, check_scalars=check_scalars), p, trace
 

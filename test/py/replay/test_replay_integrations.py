@@ -141,6 +141,14 @@ def test_default_segments_vit_range(tmp_path):
         r = replay.plan(replay.record(m, x, loss, segments=["conv_proj", "encoder", "heads.0"],
                                       path=tmp_path / "b.json")).range
     assert r["min_peak_bytes"] == r["keep_all_peak_bytes"]
+    # enable() with those segments: the same warning, once (its range query is silent)
+    h = replay.enable(m, loss_fn=lambda out: out.square().mean(), segments=["conv_proj", "encoder", "heads.0"])
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        m(x)
+    h.remove()
+    assert [str(x.message) for x in w if issubclass(x.category, ckptkit.CkptkitWarning)].__len__() == 1, \
+        [str(x.message) for x in w]
 
 
 def test_enable_gpt2_bitwise_and_remove():
@@ -471,6 +479,9 @@ def test_size_strings_any_case(replay_plan, tmp_path):
         1572864, 8388608, 2000000000, 2000000000, 3000, 7]
     with pytest.raises(ValueError, match="not a size"):
         replay.parse_bytes("8 MiBs")
+    assert replay.parse_bytes(6.5e6) == 6500000   # a float holding a whole number of bytes
+    with pytest.raises(ValueError, match=r"not a size: 1.5 \(a float must be a whole number of bytes\)"):
+        replay.parse_bytes(1.5)
     torch.manual_seed(0)
     m = ViT()
     tr = replay.record(m, torch.randn(8, 3, 32, 32), lambda m, b: m(b).square().mean(), path=tmp_path / "t.json")
