@@ -497,7 +497,8 @@ class Recorder:
             return
         name = self.seg_of[id(mod)]
         if name in self.info:
-            raise RecordError(f"segment {name} called more than once per step")
+            raise RecordError(f"segment {name} called more than once per step: a module used twice in a step (T5's "
+                              "encoder.dropout) cannot be a segment; name a module that calls it once (its parent)")
         now = self.snap(self.last_snap)
         bad = [n for n in now if n in self.last_snap and self.changed(self.last_snap[n], now[n])]
         if bad:
@@ -507,7 +508,7 @@ class Recorder:
         for stream, s0 in self.last_rng.items():
             if not torch.equal(rng[stream], s0):
                 raise RecordError(f"RNG stream {stream} consumed outside segments before segment {name}"
-                                  + self.hint())
+                                  + self.random_outside() + self.hint())
         args = [x for x in inputs if torch.is_tensor(x)]
         arg_names = []
         for k, x in enumerate(args):
@@ -563,6 +564,19 @@ class Recorder:
         d["output_bytes"] = tensor_bytes(output)
         d["probe_output"] = [t.detach().clone() for t in tensors_in(output)]
         self.last_snap, self.last_rng = after, d["rng_after"]
+
+    def random_outside(self):
+        """' (modules outside every segment that draw random numbers: ...)' naming the dropout /
+        RReLU modules no segment holds, or ''."""
+        segs = list(self.seg_of.values())
+        out = [n for n, m in self.model.named_modules()
+               if n and ("Dropout" in type(m).__name__ or type(m).__name__ == "RReLU")
+               and not any(n == s or n.startswith(s + ".") for s in segs)]
+        if not out:
+            return ""
+        more = f" and {len(out) - 4} more" if len(out) > 4 else ""
+        return (f" (modules outside every segment that draw random numbers: {', '.join(out[:4])}{more}: put them "
+                "inside a segment, e.g. name their parent module)")
 
     def hint(self):
         if not self.default_segments:

@@ -233,6 +233,23 @@ def test_record_error_explains_uncovered_rng():
     assert "\n" not in msg and msg.startswith("ckptkit.replay: RNG stream cpu consumed outside segments "
                                               "before segment b; the default segments (a, b)")
 
+    class Twice(torch.nn.Module):   # T5's layout: one dropout module called at both ends
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.drop = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)
+
+        def forward(self, x):
+            return self.drop(self.b(self.a(self.drop(x))))
+
+    with pytest.raises(replay.RecordError) as e:
+        replay.record(Twice(), torch.randn(2, 4), lambda m, x: m(x).sum())
+    assert str(e.value).startswith("ckptkit.replay: RNG stream cpu consumed outside segments before segment a (modules "
+                                   "outside every segment that draw random numbers: drop: put them inside a segment, "
+                                   "e.g. name their parent module)"), str(e.value)
+    with pytest.raises(replay.RecordError, match=r"segment drop called more than once per step: a module used twice "
+                                                 r"in a step .* name a module that calls it once \(its parent\)"):
+        replay.record(Twice(), torch.randn(2, 4), lambda m, x: m(x).sum(), segments=["drop", "a", "b"])
+
 
 def test_nanogpt_50_steps_bitwise_with_accumulation_evals_and_small_last_batch():
     model, batch, loss_fn = nanogpt.build()
