@@ -160,9 +160,6 @@ class FileSystemWriter(_fs.FileSystemWriter):
             staging = re.compile(re.escape(root) + r"/\.{1,2}ckptkit-[^/:]*(?:/\.ckptkit-[^/:]*)*/")
             for line in rep.warnings:   # named after the checkpoint and the rank, not the staging paths
                 warnings.warn(staging.sub(f"{root}: rank {rank}: ", line), CkptkitWarning, stacklevel=2)
-            if not any(f.get("virtual_input") for f in rep.get("files", [])):   # no gathered moments
-                warnings.warn(f"{_TOOL}: {root}: rank {rank}: no Adam/AdamW moments compressed; its files are "
-                              "written exactly", CkptkitWarning, stacklevel=2)
             # its files stay in `part` until the coordinator commits the save (finish)
         except BaseException:
             shutil.rmtree(part, ignore_errors=True)
@@ -188,6 +185,10 @@ class FileSystemWriter(_fs.FileSystemWriter):
             # the ranks' files into ckptkit-<tag>/, the manifest, .metadata last (a save is
             # readable only when whole), then what the checkpoint it replaces left
             _ckptkit.commit_dcp_save(root, parts, os.path.join(stage, ".metadata"), tag)
+            with open(os.path.join(root, _MANIFEST)) as f:   # one note for the save, not one per rank
+                if not any(r.get("virtual") for r in json.load(f)["files"]):
+                    warnings.warn(f"{_TOOL}: {root}: no Adam/AdamW moments compressed (no rank's state has any); the "
+                                  "files are written exactly", CkptkitWarning, stacklevel=2)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
             for p in parts:

@@ -269,8 +269,10 @@ def test_span():
 
 
 def test_no_adam_state_written_exactly(tmp_path):
-    """SGD with momentum (no Adam moments): one CkptkitWarning, every file torch's own bytes,
-    ckptkit's reader gives the state back exactly."""
+    """SGD with momentum (no Adam moments): one CkptkitWarning, from the coordinator for the
+    whole save (not one per rank: under DDP, DCP's dedup leaves some ranks without moments
+    while others compress theirs), every file torch's own bytes, ckptkit's reader gives the
+    state back exactly."""
     torch.manual_seed(0)
     model = m2.Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -281,8 +283,8 @@ def test_no_adam_state_written_exactly(tmp_path):
         dcp.save(sd, storage_writer=ckptkit.dcp.FileSystemWriter(tmp_path / "ck"))
         dcp.save(sd, checkpoint_id=tmp_path / "plain")
     ours = [str(x.message) for x in w if issubclass(x.category, ckptkit.CkptkitWarning)]
-    assert ours == [f"ckptkit.dcp: {tmp_path / 'ck'}: rank 0: no Adam/AdamW moments compressed; its files are "
-                    "written exactly"], ours
+    assert ours == [f"ckptkit.dcp: {tmp_path / 'ck'}: no Adam/AdamW moments compressed (no rank's state has any); "
+                    "the files are written exactly"], ours
     assert (_save_dir(tmp_path / "ck") / "__0_0.distcp").read_bytes() == (tmp_path / "plain" / "__0_0.distcp").read_bytes()
     torch.manual_seed(9)
     model2 = m2.Net()
