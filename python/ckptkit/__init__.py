@@ -22,6 +22,7 @@ import math
 import mmap
 import operator
 import os
+import re
 import pickle
 import shutil
 import tempfile
@@ -867,7 +868,16 @@ def save(obj, path, *, tolerance=0.01, grad_bound=1.0, optimizer="auto", codec="
 # ------------------------------------------------------------------------------ load
 
 def _load_failed(e, name):
-    what = f"torch.load failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    """BadInput for a failed torch.load: one line, without terminal escapes; for torch's
+    weights_only refusal its reason (the global) and the two ways on."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    m = re.search(r"WeightsUnpickler error: (.*?)(?: Please use|\n|$)", text)
+    if m:
+        what = (f"torch.load(weights_only=True) refused it: {m.group(1).strip().rstrip('.')}; if you trust the file, pass "
+                "weights_only=False or allowlist the global (torch.serialization.add_safe_globals)")
+    else:
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "") or type(e).__name__
+        what = f"torch.load failed: {first}"
     return _bad("ckptkit.load", what, name)
 
 

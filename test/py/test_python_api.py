@@ -707,3 +707,23 @@ def test_load_arguments_mean_what_torch_load_makes_them_mean(tmp_path):
         want_kw = kw if has_mmap or not kw.get("weights_only") else {**kw, "weights_only": False}
         want = torch.load(str(tmp_path / "r.pt"), **want_kw)
         assert not tsc.compare_checkpoints(want, got, check_zeros=True), kw
+
+
+class _NotAllowlisted:
+    pass
+
+
+@pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2, reason="torch 1.13: ckptkit's own weights_only reader")
+def test_load_weights_only_refusal_is_one_line_with_the_global(tmp_path):
+    """torch.load(weights_only=True) refusing a global: one line, no terminal escapes, naming
+    the global and the two ways on (torch's own message spans 8 lines)."""
+    path = tmp_path / "obj.pt"
+    torch.save({"a": torch.zeros(2), "o": _NotAllowlisted()}, path)
+    with pytest.raises(ckptkit.BadInput) as e:
+        ckptkit.load(path, weights_only=True)
+    msg = str(e.value)
+    assert "\n" not in msg and "\x1b" not in msg, msg
+    assert msg.startswith(f"ckptkit.load: error: {path}: torch.load(weights_only=True) refused it: Unsupported global: "
+                          f"GLOBAL {__name__}._NotAllowlisted was not an allowed global by default; if you trust the "
+                          "file, pass weights_only=False or allowlist the global"), msg
+    assert ckptkit.load(path, weights_only=False)["a"].equal(torch.zeros(2))
