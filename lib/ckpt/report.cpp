@@ -214,11 +214,7 @@ std::vector<GroupRow> param_groups(const container::ContainerReader& cr) {
     std::vector<GroupRow> out;
     for (const auto& p : man.params) {
         GroupRow g;
-        // --horizon all certifies any gradient sequence, so Adam's L2 term (a shifted gradient)
-        // and AdamW alike; --horizon 1 certifies the domain of the kind(s) the file implies
-        g.optimizer = man.horizon == 0 ? "adam|adamw"
-                      : !p.domain.l2  ? (p.hyper.weight_decay != 0 ? "adamw" : "adam|adamw")
-                      : p.domain.plain ? "adam|adamw" : "adam";
+        g.optimizer = !p.domain.l2 ? (p.hyper.weight_decay != 0 ? "adamw" : "adam|adamw") : p.domain.plain ? "adam|adamw" : "adam";
         const std::string G = std::isfinite(man.grad_bound) ? fmt::format("{}", man.grad_bound) : "inf";
         if (man.horizon == 0) g.domain = "every update, any gradient sequence";  // closed_all needs no domain
         else if (!p.domain.l2 || !std::isfinite(man.grad_bound)) g.domain = "|g| <= " + G;

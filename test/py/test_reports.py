@@ -51,14 +51,7 @@ def test_certified_param_groups_are_reported(tmp_path):
         assert set(g) == {"optimizer", "domain", "lr", "betas", "eps", "weight_decay", "step", "amsgrad",
                           "maximize", "tensors"}
         assert g["domain"] == "every update, any gradient sequence" and g["step"] == 200  # --horizon all
-        assert g["optimizer"] == "adam|adamw"   # any gradient sequence: Adam's L2 shift included
     b = require_ckptkit_bin()
-    # Adam + L2 named: "adam|adamw" under --horizon all (any gradient sequence), "adam" under 1
-    for horizon, want in (("all", "adam|adamw"), ("1", "adam")):
-        t = run_tool(b, "ckpt-compress", fixture_path("cnn_adam_l2.pt"), "-o", tmp_path / "l2.h5", "--force", "--json",
-                     "--horizon", horizon, "--optimizer", "adam")
-        assert t.returncode == 0, t.stderr
-        assert {g["optimizer"] for g in parse_json_stdout(t)["param_groups"]} == {want}, (horizon, t.stdout)
     t = run_tool(b, "ckpt-compress", fixture_path("cnn_adamw.pt"), "-o", tmp_path / "t.h5", "--optimizer", "adamw",
                  "--horizon", "1")
     assert any(line.startswith("certified: ") and "adamw: |g| <= 1, lr=" in line for line in t.stdout.splitlines())
