@@ -89,6 +89,10 @@ class Enabled(_Once):
                            None, "LightningModule")
         if compiled(model):
             raise BadInput(f"ckptkit.replay: error: enable(): {COMPILED}", None, "compiled model")
+        if "with_kwargs" not in inspect.signature(torch.nn.Module.register_forward_pre_hook).parameters:
+            raise BadInput("ckptkit.replay: error: enable() needs torch >= 2.0 (forward pre-hooks with keyword "
+                           f"arguments); this is torch {torch.__version__}: use replay.record / plan / apply",
+                           None, "torch too old")
         self._init(budget, activation_budget, segments, optimizer, planner, check_scalars)
         self.model, self.loss_fn = model, loss_fn
         try:
