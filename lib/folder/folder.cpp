@@ -71,6 +71,9 @@ struct Entry {
 /// file another rank's items are in.
 constexpr uint64_t kHashUnit = uint64_t(4) << 20;
 
+/// Whether n hashes of `unit`-byte pieces cover a file of `size` bytes: one per piece.
+bool units_cover(uint64_t size, uint64_t unit, uint64_t n) { return unit > 0 && n == size / unit + (size % unit != 0); }
+
 /// The manifest keys `xxh3_unit`, `xxh3_units` of a digest taken with kHashUnit.
 json units_json(const Digest& d) {
     json h = json::array();
@@ -156,8 +159,7 @@ Manifest read_manifest(const std::string& dir) {
             const Entry& got = m.files.back();
             if (got.is_shell()) (void)cuts_from(got.extra.at("cuts"));   // validate
             if (e.contains("xxh3_units")) {   // validate: one hash per unit of the stored file
-                const uint64_t unit = json_count(e, "xxh3_unit");
-                if (unit == 0 || e.at("xxh3_units").size() != (got.size + unit - 1) / unit)
+                if (!units_cover(got.size, json_count(e, "xxh3_unit"), e.at("xxh3_units").size()))
                     throw BadInput(path, "manifest xxh3_units of " + got.stored + " do not cover its size");
                 (void)got.unit_hashes();
             }
@@ -1156,12 +1158,14 @@ void check_stored_file(const std::string& dir, const std::string& path) {
     throw BadInput(join(dir, path), std::string("not a file of the folder (") + kManifestName + ")");
 }
 
-void check_stored_units(const std::string& dir, const std::string& stored, uint64_t size, uint64_t unit, uint64_t first,
-                        const std::vector<std::string>& want_hex) {
+void check_stored_units(const std::string& dir, const std::string& stored, uint64_t size, uint64_t unit,
+                        const std::vector<std::string>& units_hex, uint64_t first, uint64_t count) {
     const std::string src = join(dir, stored);
+    if (!units_cover(size, unit, units_hex.size()) || first > units_hex.size() || count > units_hex.size() - first)
+        throw BadInput(join(dir, kManifestName), "manifest xxh3_units of " + stored + " do not cover its size");
     std::vector<uint64_t> want;
     try {
-        for (const auto& h : want_hex) want.push_back(parse_hex64(h));
+        for (uint64_t k = first; k < first + count; ++k) want.push_back(parse_hex64(units_hex[std::size_t(k)]));
     } catch (const std::exception&) {
         throw BadInput(join(dir, kManifestName), "malformed xxh3_units of " + stored);
     }

@@ -150,12 +150,13 @@ uint64_t read_dcp_moments(const std::string& dir, const std::vector<DcpMomentRea
 /// place). Throws BadInput (not listed) / CheckFailed (differs), naming the stored file.
 void check_stored_file(const std::string& dir, const std::string& path);
 
-/// Pieces [first, first + want.size()) of `unit` bytes of the stored file `stored` (relative
-/// to `dir`) checked against `want`, the manifest's `xxh3_units` of them, and the file against
-/// the manifest's `size` (hex, as listed; ckptkit.dcp's reader: a rank checks the pieces it reads). Throws
-/// BadInput (unreadable, shorter) / CheckFailed (differs), naming the stored file.
-void check_stored_units(const std::string& dir, const std::string& stored, uint64_t size, uint64_t unit, uint64_t first,
-                        const std::vector<std::string>& want);
+/// Pieces [first, first + count) of `unit` bytes of the stored file `stored` (relative to
+/// `dir`) checked against the manifest's `xxh3_units` (`units_hex`, all of them, as listed:
+/// they must cover `size`), and the file against the manifest's `size` (ckptkit.dcp's reader:
+/// a rank checks the pieces it reads). Throws BadInput (units not covering the size, a
+/// missing or unreadable file) / CheckFailed (differs), naming the stored file.
+void check_stored_units(const std::string& dir, const std::string& stored, uint64_t size, uint64_t unit,
+                        const std::vector<std::string>& units_hex, uint64_t first, uint64_t count);
 
 /// ckptkit.dcp.FileSystemWriter's commit of the save `tag` (16 hex digits) into the DCP folder
 /// `dir`, by the coordinator once every rank's part is written: each part's stored files (the

@@ -476,11 +476,12 @@ PYBIND11_MODULE(_ckptkit, m) {
        "FILE (its original path) of the compressed folder DIR: its stored file's size and XXH3 as the manifest "
        "lists them, else CheckFailed naming it");
     m.def("check_stored_units", [](const std::string& dir, const std::string& stored, uint64_t size, uint64_t unit,
-                                   uint64_t first, const std::vector<std::string>& want) {
-        run_job("ckptkit.dcp", dir, 1, [&] { folder::check_stored_units(dir, stored, size, unit, first, want); });
-    }, py::arg("dir"), py::arg("stored"), py::arg("size"), py::arg("unit"), py::arg("first"), py::arg("want"),
-       "pieces FIRST.. of UNIT bytes of the stored file STORED of the compressed folder DIR against WANT (the "
-       "manifest's xxh3_units of them, hex) and its SIZE, else CheckFailed naming it");
+                                   const std::vector<std::string>& units, uint64_t first, uint64_t count) {
+        run_job("ckptkit.dcp", dir, 1, [&] { folder::check_stored_units(dir, stored, size, unit, units, first, count); });
+    }, py::arg("dir"), py::arg("stored"), py::arg("size"), py::arg("unit"), py::arg("units"), py::arg("first"),
+       py::arg("count"),
+       "pieces FIRST..FIRST+COUNT of UNIT bytes of the stored file STORED of the compressed folder DIR against UNITS "
+       "(the manifest's xxh3_units, all of them, hex) and its SIZE, else CheckFailed naming it");
     m.def("commit_dcp_save", [](const std::string& dir, const std::vector<std::string>& parts, const std::string& metadata,
                                 const std::string& tag) {
         run_job("ckptkit.dcp", dir, 1, [&] { folder::commit_dcp_save(dir, parts, metadata, tag); });

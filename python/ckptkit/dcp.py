@@ -233,7 +233,7 @@ def _check_pieces(root, row, spans):
     run = []
     for k in sorted(pieces) + [None]:
         if run and (k is None or k != run[-1] + 1):
-            _ckptkit.check_stored_units(root, row["stored"], int(row["size"]), unit, run[0], want[run[0]:run[-1] + 1])
+            _ckptkit.check_stored_units(root, row["stored"], int(row["size"]), unit, want, run[0], len(run))
             run = []
         if k is not None:
             run.append(k)

@@ -62,15 +62,15 @@ TEST_CASE("check_stored_units: the pieces read checked against the manifest's ha
     const Digest d = hash_file(s.f, unit);
     std::vector<std::string> hex;
     for (uint64_t h : d.units) hex.push_back(hex64(h));
-    check_stored_units(dir, "f.distcp", n, unit, 0, hex);
-    check_stored_units(dir, "f.distcp", n, unit, 2, {hex[2]});
+    check_stored_units(dir, "f.distcp", n, unit, hex, 0, 3);
+    check_stored_units(dir, "f.distcp", n, unit, hex, 2, 1);
     // a flipped byte in piece 1: piece 2 still checks, piece 1 fails naming its bytes
     std::string flipped = s.bytes;
     flipped[unit + 17] ^= 1;
     std::ofstream(s.f, std::ios::binary | std::ios::trunc).write(flipped.data(), std::streamsize(n));
-    check_stored_units(dir, "f.distcp", n, unit, 2, {hex[2]});
+    check_stored_units(dir, "f.distcp", n, unit, hex, 2, 1);
     try {
-        check_stored_units(dir, "f.distcp", n, unit, 1, {hex[1], hex[2]});
+        check_stored_units(dir, "f.distcp", n, unit, hex, 1, 2);
         FAIL("no error");
     } catch (const CheckFailed& e) {
         CHECK(std::string(e.what()) == s.f + ": xxh3 of bytes 1048576..2097152 " + hex64(XXH3_64bits(flipped.data() + unit, unit)) +
@@ -78,14 +78,19 @@ TEST_CASE("check_stored_units: the pieces read checked against the manifest's ha
     }
     // another size than the manifest's: refused before any piece is read
     try {
-        check_stored_units(dir, "f.distcp", n + 1, unit, 2, {hex[2]});
+        check_stored_units(dir, "f.distcp", n + 1, unit, hex, 2, 1);
         FAIL("no error");
     } catch (const CheckFailed& e) {
         CHECK(std::string(e.what()) == s.f + ": size " + std::to_string(n) + " differs from the manifest's " + std::to_string(n + 1));
     }
-    CHECK_THROWS_AS(check_stored_units(dir, "f.distcp", n, unit, 0, {"not hex"}), BadInput);
+    CHECK_THROWS_AS(check_stored_units(dir, "f.distcp", n, unit, {"not hex", hex[1], hex[2]}, 0, 1), BadInput);
+    // a list that does not cover the file (one hash short, or a piece past it): the manifest is refused
+    CHECK_THROWS_WITH_AS(check_stored_units(dir, "f.distcp", n, unit, {hex[0], hex[1]}, 1, 1),
+                         doctest::Contains("manifest xxh3_units of f.distcp do not cover its size"), BadInput);
+    CHECK_THROWS_AS(check_stored_units(dir, "f.distcp", n, unit, hex, 2, 2), BadInput);
+    CHECK_THROWS_AS(check_stored_units(dir, "f.distcp", n, 0, hex, 0, 1), BadInput);
     try {
-        check_stored_units(dir, "gone.distcp", n, unit, 0, {hex[0]});
+        check_stored_units(dir, "gone.distcp", n, unit, hex, 0, 1);
         FAIL("no error");
     } catch (const BadInput& e) {
         CHECK(std::string(e.what()).find("missing (listed in the manifest)") != std::string::npos);

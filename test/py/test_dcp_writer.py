@@ -198,7 +198,7 @@ def _single_process_load(folder, out):
         m2.load_here([("flat", str(folder), str(out))])
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "missing", "flip-moments", "flip-no-units"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "missing", "flip-moments", "flip-no-units", "units-short"])
 def test_damaged_file_refused(wr, tmp_path, damage):
     """A shell with one byte flipped (checked by its manifest's xxh3_units as it is read),
     cut short, or missing, or a gathered-moments container with one byte flipped (the reader
@@ -213,6 +213,10 @@ def test_damaged_file_refused(wr, tmp_path, damage):
         for row in man["files"]:
             assert ("xxh3_units" in row) == (row.get("shell", False) or row["path"].endswith(".distcp")), row
             row.pop("xxh3_unit", None), row.pop("xxh3_units", None)
+        (d / "ckptkit-folder.json").write_text(json.dumps(man))
+    if damage == "units-short":   # a manifest whose unit hashes do not cover the shell: refused, not skipped
+        man = json.loads((d / "ckptkit-folder.json").read_text())
+        next(r for r in man["files"] if r["stored"].endswith("__2_0.distcp.ckz-shell"))["xxh3_units"].pop()
         (d / "ckptkit-folder.json").write_text(json.dumps(man))
     if damage.startswith("flip"):
         data = bytearray(shell.read_bytes())
@@ -230,7 +234,9 @@ def test_damaged_file_refused(wr, tmp_path, damage):
             "truncate": f"ckptkit.dcp: check failed: {d}: {shell}: size {size} differs from the manifest's {size and size + 1}",
             "flip-moments": f"ckptkit.dcp: check failed: {d}: {shell}: size/xxh3",
             "missing": f"ckptkit.dcp: error: {shell}: missing (listed in the manifest)",
-            "flip-no-units": f"ckptkit.dcp: check failed: {d}: {shell}: size/xxh3"}[damage]
+            "flip-no-units": f"ckptkit.dcp: check failed: {d}: {shell}: size/xxh3",
+            "units-short": f"ckptkit.dcp: error: {d / 'ckptkit-folder.json'}: manifest xxh3_units of "
+                           f"{shell.relative_to(d)} do not cover its size"}[damage]
     assert want in msg, msg
     assert not (tmp_path / "out.pt").exists()
 
