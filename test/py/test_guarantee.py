@@ -102,6 +102,22 @@ def assert_step_close(opt_cls, orig, back, grads, groups_fn=None, **kw):
         assert torch.all(diff <= TOL * lr_of[i] + slack), (i, float(diff.max()), lr_of[i])
 
 
+def moved_by_step(net, opt, grads):
+    """Each parameter's change in one real step of `opt` with the given gradients."""
+    before = [p.detach().clone() for p in net.parameters()]
+    for p, g in zip(net.parameters(), grads):
+        p.grad = g.clone()
+    opt.step()
+    return [p.detach() - b0 for p, b0 in zip(net.parameters(), before)]
+
+
+def assert_moved_close(d0, d1, lr, what=None):
+    """Two runs' parameter changes agree within tolerance * lr (and FP32 rounding)."""
+    for a, b in zip(d0, d1):
+        slack = 8 * torch.finfo(torch.float32).eps * (a.abs() + b.abs()).double() + 1e-30
+        assert torch.all((a - b).abs().double() <= TOL * lr + slack), (what, float((a - b).abs().max()))
+
+
 def grads_like(net, scale=1.0, seed=1):
     g = torch.Generator().manual_seed(seed)
     return [scale * (2 * torch.rand(p.shape, generator=g) - 1) for p in net.parameters()]
@@ -227,14 +243,8 @@ def test_theta_in_file_order_and_out_of_it(tmp_path):
         m.load_state_dict(sd["model"])
         o = torch.optim.Adam(groups(m), **kw)
         o.load_state_dict(copy.deepcopy(sd["optimizer"]))
-        before = [p.detach().clone() for p in m.parameters()]
-        for p, gr in zip(m.parameters(), grads):
-            p.grad = gr.clone()
-        o.step()
-        moved.append([p.detach() - b0 for p, b0 in zip(m.parameters(), before)])
-    for a, b in zip(*moved):
-        slack = 8 * torch.finfo(torch.float32).eps * (a.abs() + b.abs()).double() + 1e-30
-        assert torch.all((a - b).abs().double() <= TOL * kw["lr"] + slack)
+        moved.append(moved_by_step(m, o, grads))
+    assert_moved_close(*moved, kw["lr"])
 
 
 # ---------------------------------------------------------------------------- 4. overrides
@@ -633,16 +643,7 @@ def test_beta1_zero_is_coded(tmp_path, cls, kw):
         opts.append(o)
     for step in range(30):
         grads = grads_like(net, 10.0 ** (step % 5 - 2), seed=step)
-        moved = []
-        for n, o in zip(nets, opts):
-            before = [p.detach().clone() for p in n.parameters()]
-            for p, g in zip(n.parameters(), grads):
-                p.grad = g.clone()
-            o.step()
-            moved.append([p.detach() - b0 for p, b0 in zip(n.parameters(), before)])
-        for a, b in zip(*moved):
-            slack = 8 * torch.finfo(torch.float32).eps * (a.abs() + b.abs()).double() + 1e-30
-            assert torch.all((a - b).abs().double() <= TOL * kw["lr"] + slack), (step, float((a - b).abs().max()))
+        assert_moved_close(*[moved_by_step(n, o, grads) for n, o in zip(nets, opts)], kw["lr"], step)
 
 
 def test_first_update_certificate_breaks_on_an_aligned_ramp(tmp_path):
