@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <system_error>
 #include <fcntl.h>
 #include <stdexcept>
 #include <sys/stat.h>
@@ -69,19 +70,31 @@ void check_outputs(const std::vector<std::string>& inputs, const std::vector<std
     }
 }
 
-bool readable_non_hdf5(const std::string& path) {
+std::optional<uint64_t> hdf5_signature_at(int fd, uint64_t size) {
     static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    for (uint64_t off = 0; off + 8 <= size; off = off ? 2 * off : 512) {
+        unsigned char b[8];
+        const ssize_t n = ::pread(fd, b, 8, off_t(off));
+        if (n != 8) throw std::system_error(n < 0 ? errno : EIO, std::generic_category(), "pread");
+        if (std::memcmp(b, sig, 8) == 0) return off;
+    }
+    return std::nullopt;
+}
+
+bool readable_non_hdf5(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return false;
     struct stat st {};
-    bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode), found = false, read_ok = regular;
-    for (uint64_t off = 0; regular && !found && off + 8 <= uint64_t(st.st_size); off = off ? 2 * off : 512) {
-        unsigned char b[8];
-        if (::pread(fd, b, 8, off_t(off)) != 8) { read_ok = false; break; }
-        found = std::memcmp(b, sig, 8) == 0;
+    bool result = false;
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        try {
+            result = !hdf5_signature_at(fd, uint64_t(st.st_size));
+        } catch (const std::system_error&) {
+            result = false;
+        }
     }
     ::close(fd);
-    return read_ok && !found;
+    return result;
 }
 
 void fsync_path(const std::string& path) {

@@ -2,6 +2,7 @@
 // rule for output paths, and a cheap HDF5 signature test. docs/design.md §6.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,11 @@ void fsync_path(const std::string& path);
 /// are skipped.
 void check_outputs(const std::vector<std::string>& inputs, const std::vector<std::string>& outputs,
                    bool force);
+
+/// Where HDF5 finds its signature in the open file `fd` of `size` bytes: the first of
+/// offsets 0, 512, 1024, 2048, ... that holds it (HDF5 file format spec, "Superblock");
+/// nullopt when none does. Throws std::system_error when a read fails.
+std::optional<uint64_t> hdf5_signature_at(int fd, uint64_t size);
 
 /// True when `path` is a readable regular file without the HDF5 superblock signature (at
 /// offset 0, 512, 1024, 2048, ...): certainly not a container. False when it has one, or

@@ -15,6 +15,7 @@
 
 #include "codec/codec.h"
 #include "common/error.h"
+#include "common/file.h"
 #include "container/shuffle.h"
 
 namespace ckpt::container {
@@ -303,24 +304,22 @@ std::optional<Hdf5Extent> hdf5_extent(const std::string& path) {
     if (::fstat(fd, &st) != 0) throw std::system_error(errno, std::generic_category(), path);
     Hdf5Extent x;
     x.size = uint64_t(st.st_size);
-    static const unsigned char kSig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    const std::optional<uint64_t> at_sig = hdf5_signature_at(fd, x.size);
+    if (!at_sig) return std::nullopt;
+    const uint64_t off = *at_sig;
     unsigned char head[64];
-    for (uint64_t off = 0; off + 8 <= x.size; off = off ? 2 * off : 512) {
-        const ssize_t n = ::pread(fd, head, sizeof head, off_t(off));
-        if (n < 0) throw std::system_error(errno, std::generic_category(), path);
-        if (n < 8 || std::memcmp(head, kSig, 8) != 0) continue;
-        if (n < 16) return x;
-        const int version = head[8];
-        unsigned o = 0, at = 0;
-        if (version == 0 || version == 1) o = head[13], at = 24 + (version == 1 ? 4 : 0) + 2 * o;   // base, free space, eof
-        else if (version == 2 || version == 3) o = head[9], at = 12 + 2 * o;                        // base, extension, eof
-        if ((o != 2 && o != 4 && o != 8) || uint64_t(n) < at + o) return x;
-        uint64_t eof = 0;
-        for (unsigned i = 0; i < o; ++i) eof |= uint64_t(head[at + i]) << (8 * i);
-        x.eof = off + eof;
-        return x;
-    }
-    return std::nullopt;
+    const ssize_t n = ::pread(fd, head, sizeof head, off_t(off));
+    if (n < 0) throw std::system_error(errno, std::generic_category(), path);
+    if (n < 16) return x;
+    const int version = head[8];
+    unsigned o = 0, at = 0;
+    if (version == 0 || version == 1) o = head[13], at = 24 + (version == 1 ? 4 : 0) + 2 * o;   // base, free space, eof
+    else if (version == 2 || version == 3) o = head[9], at = 12 + 2 * o;                        // base, extension, eof
+    if ((o != 2 && o != 4 && o != 8) || uint64_t(n) < at + o) return x;
+    uint64_t eof = 0;
+    for (unsigned i = 0; i < o; ++i) eof |= uint64_t(head[at + i]) << (8 * i);
+    x.eof = off + eof;
+    return x;
 }
 
 Handle open_file(const std::string& path) {

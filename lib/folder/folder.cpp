@@ -81,15 +81,20 @@ json units_json(const Digest& d) {
     return json{{"xxh3_unit", kHashUnit}, {"xxh3_units", h}};
 }
 
+/// "xxh3 of bytes A..B GOT differs from the manifest's WANT" for piece k of `unit` bytes of a
+/// stored file of `size` bytes (verify, restore and the reader's piece checks).
+std::string unit_differs(uint64_t size, uint64_t unit, uint64_t k, const std::string& got, uint64_t want) {
+    return fmt::format("xxh3 of bytes {}..{} {} differs from the manifest's {}", k * unit, std::min(size, (k + 1) * unit), got,
+                       hex64(want));
+}
+
 /// "" when digest `d` of entry e's stored file matches its `xxh3_units` (or it has none),
 /// else what differs.
 std::string units_differ(const Entry& e, const Digest& d) {
     const std::vector<uint64_t> want = e.unit_hashes();
     for (std::size_t k = 0; k < want.size(); ++k)
         if (k >= d.units.size() || d.units[k] != want[k])
-            return fmt::format("xxh3 of bytes {}..{} {} differs from the manifest's {}", k * e.hash_unit(),
-                               std::min(e.size, (k + 1) * e.hash_unit()), k < d.units.size() ? hex64(d.units[k]) : "(none)",
-                               hex64(want[k]));
+            return unit_differs(e.size, e.hash_unit(), k, k < d.units.size() ? hex64(d.units[k]) : "(none)", want[k]);
     return "";
 }
 
@@ -1178,8 +1183,7 @@ void check_stored_units(const std::string& dir, const std::string& stored, uint6
     const std::vector<uint64_t> got = hash_units(src, unit, first, want.size());
     for (std::size_t k = 0; k < want.size(); ++k)
         if (got[k] != want[k])
-            throw CheckFailed(fmt::format("{}: xxh3 of bytes {}..{} {} differs from the manifest's {}", src, (first + k) * unit,
-                                          std::min(size, (first + k + 1) * unit), hex64(got[k]), hex64(want[k])));
+            throw CheckFailed(src + ": " + unit_differs(size, unit, first + k, hex64(got[k]), want[k]));
 }
 
 uint64_t restore_folder_file(const std::string& dir, const std::string& path, int fd, const RestoreOptions& ro) {
