@@ -40,8 +40,8 @@ namespace ct = container;
 /// 3 appends the theta bytes it reads (ThetaToRaw).
 class RawWriter {
 public:
-    RawWriter(ct::ContainerWriter& out, const io::InputFile& f, ct::Manifest& man, Progress& prog, SerialLane& lane)
-        : out_(out), f_(f), man_(man), prog_(prog), lane_(lane), spans_(ct::source_spans(man)), span_of_(man.storages.size()) {
+    RawWriter(ct::ContainerWriter& out, const io::InputFile& f, ct::Manifest& man, Progress& prog)
+        : out_(out), f_(f), man_(man), prog_(prog), spans_(ct::source_spans(man)), span_of_(man.storages.size()) {
         for (std::size_t i = 0; i < spans_.size(); ++i)
             if (spans_[i].storage >= 0) span_of_[std::size_t(spans_[i].storage)] = i;
     }
@@ -61,36 +61,20 @@ public:
     }
 
 private:
-    /// Copy spans [next_, end) in 1 MiB pieces: the lane reads (and hashes) the next piece
-    /// while this thread appends the last one to /raw.
+    /// Copy spans [next_, end): each piece read (pread) straight into /raw's chunk being
+    /// filled (ContainerWriter::raw_room) and hashed there, no copy in between.
     void copy_before(std::size_t end) {
-        std::future<void> read[2];
-        LaneTasks wait{{&read[0], &read[1]}};
         for (; next_ < end; ++next_) {
             const ct::SourceSpan& sp = spans_[next_];
             if (sp.moment) continue;
-            XXH3_64bits_reset(h_.get());  // the lane is idle: every piece before was taken
+            XXH3_64bits_reset(h_.get());
             XXH3_state_t* h = sp.storage >= 0 ? h_.get() : nullptr;
-            auto piece = [&](uint64_t off) { return std::min<uint64_t>(buf_[0].size(), sp.end - off); };
-            auto start = [&](int b, uint64_t off) {
-                auto job = [this, b, off, n = piece(off), h] {
-                    f_.read_at(off, buf_[b].data(), n, "raw bytes");
-                    if (h) XXH3_64bits_update(h, buf_[b].data(), n);
-                };
-                if (sp.size() <= buf_[0].size()) {  // one piece: no hand-over to the lane
-                    job();
-                    read[b] = std::future<void>();
-                } else {
-                    read[b] = lane_.submit(job);
-                }
-            };
-            int b = 0;
-            if (sp.begin < sp.end) start(0, sp.begin);
-            for (uint64_t off = sp.begin; off < sp.end; b ^= 1) {
-                const uint64_t n = piece(off);
-                if (off + n < sp.end) start(b ^ 1, off + n);
-                if (read[b].valid()) read[b].get();
-                out_.append_raw(buf_[b].data(), n);
+            for (uint64_t off = sp.begin; off < sp.end;) {
+                std::size_t n = std::size_t(sp.end - off);  // raw_room: what fits in the chunk
+                unsigned char* p = out_.raw_room(n);
+                f_.read_at(off, p, n, "raw bytes");
+                if (h) XXH3_64bits_update(h, p, n);
+                out_.raw_commit(n);
                 off += n;
                 prog_.advance(n);
             }
@@ -101,11 +85,9 @@ private:
     const io::InputFile& f_;
     ct::Manifest& man_;
     Progress& prog_;
-    SerialLane& lane_;
     std::vector<ct::SourceSpan> spans_;
     std::vector<std::size_t> span_of_;  ///< storage index -> its span
     std::size_t next_ = 0;              ///< the first span not yet copied
-    ChunkBuffer buf_[2] = {ChunkBuffer(1 << 20), ChunkBuffer(1 << 20)};
     Xxh3State h_ = make_xxh3();
 };
 
@@ -332,7 +314,7 @@ Written write_container(const std::string& path, const io::InputFile& f, ct::Man
     Progress prog(o.progress, "ckpt-compress", f.size(), man.params.size());
     out.begin_moments(man);
     SerialLane lane(codec::cpu_threads() > 1);  // declared after out: its tasks end first
-    RawWriter raw(out, f, man, prog, lane);
+    RawWriter raw(out, f, man, prog);
     const std::size_t unit = codec::entropy_coded(o.codec) ? codec::kSegment : codec::kBlock;  // chunks start on segments
     const std::size_t want = o.chunk ? o.chunk : codec::backend(device).chunk;
     const std::size_t chunk = std::max<std::size_t>(unit, want / unit * unit);

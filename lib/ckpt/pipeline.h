@@ -92,6 +92,9 @@ struct VerifyOptions {
     /// Megatron distrib_optim.pt): check 2 then compares the manifest's hyper-parameters and
     /// step with it, not only with the source's own.
     std::shared_ptr<const CompanionHyper> companion;
+    /// Messages name options as the Python API spells them (`tolerance=0.05`, not
+    /// `--tolerance 0.05`): the package's calls set it.
+    bool python_names = false;
 };
 
 /// Check integrity, re-derive every certificate from the codes, optionally compare with

@@ -381,9 +381,10 @@ void check_moments(const ContainerReader& cr, const VerifyOptions& o, const io::
     // (--tolerance), whatever the manifest says (a raised manifest tolerance with its max
     // bounds rewritten is otherwise a consistent forgery)
     if (above_limit)
-        fail(fmt::format("certificates up to {:.4g} lr ({} of {} tensors) exceed --tolerance {}: the container was compressed "
-                         "at tolerance {}: pass --tolerance {} to accept it",
-                         max_certified, above_limit, man.params.size(), o.tolerance, man.tolerance, man.tolerance));
+        fail(fmt::format("certificates up to {:.4g} lr ({} of {} tensors) exceed {}{}: the container was compressed "
+                         "at tolerance {}: pass {}{} to accept it",
+                         max_certified, above_limit, man.params.size(), o.python_names ? "tolerance=" : "--tolerance ",
+                         o.tolerance, man.tolerance, o.python_names ? "tolerance=" : "--tolerance ", man.tolerance));
     if (o.certificates || cmp)
         rep.checks.push_back(fmt::format("certificates: {} coordinates re-derived from codes, all <= tolerance {}", certified,
                                          std::min(man.tolerance, o.tolerance)));

@@ -468,25 +468,44 @@ constexpr std::size_t kBatch = 8;
 
 void Appender::push(const void* data, std::size_t n) {
     const auto* p = static_cast<const unsigned char*>(data);
-    if (!direct_) XXH3_64bits_update(hash_.get(), p, n);  // direct: hashed by chunk as flushed, in the same order
-    const std::size_t chunk_bytes = chunk_elems_ * elem_;
     while (n > 0) {  // one chunk buffered at a time (whole elements: appends come in elements or bytes, never both)
-        const std::size_t take = std::min(chunk_bytes - buf_.size(), n);
-        if (buf_.capacity() < buf_.size() + take)  // 64 KiB first: a small dataset holds no whole chunk
-            buf_.reserve(buf_.size() + take <= kFirstBuffer ? kFirstBuffer : chunk_bytes);
-        buf_.append(p, take);
+        std::size_t take = n;
+        unsigned char* dst = room(take);
+        std::memcpy(dst, p, take);
+        commit(take);
         p += take;
         n -= take;
-        if (buf_.size() == chunk_bytes) {
-            if (!direct_) {
-                flush();
-                continue;
-            }
-            full_.push_back(std::move(buf_));   // compressed in a batch, one chunk per worker
-            buf_.clear();
-            if (full_.size() >= kBatch) flush_full();
-        }
     }
+}
+
+unsigned char* Appender::room(std::size_t& n) {
+    const std::size_t chunk_bytes = chunk_elems_ * elem_;
+    n = std::min(chunk_bytes - buf_.size(), n);
+    if (buf_.capacity() < buf_.size() + n)  // 64 KiB first: a small dataset holds no whole chunk
+        buf_.reserve(buf_.size() + n <= kFirstBuffer ? kFirstBuffer : chunk_bytes);
+    return buf_.data() + buf_.size();
+}
+
+void Appender::commit(std::size_t n) {
+    const std::size_t at = buf_.size();
+    buf_.resize(at + n);  // within the room reserved: the bytes stay
+    if (!direct_) XXH3_64bits_update(hash_.get(), buf_.data() + at, n);  // direct: hashed by chunk as flushed, in the same order
+    if (buf_.size() < chunk_elems_ * elem_) return;
+    if (!direct_) return flush();
+    full_.push_back(std::move(buf_));   // compressed in a batch, one chunk per worker
+    buf_.clear();
+    if (full_.size() >= kBatch) flush_full();
+}
+
+unsigned char* Appender::room_bytes(std::size_t& n) {
+    return room(n);
+}
+
+void Appender::commit_bytes(std::size_t n) {
+    byte_mode_ = true;
+    commit(n);
+    bytes_ += n;
+    count_ = (bytes_ + elem_ - 1) / elem_;
 }
 
 void Appender::flush_full(std::size_t tail) {

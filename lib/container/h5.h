@@ -128,6 +128,12 @@ public:
     /// finish() zero-pads the last element and writes the exact length as the `bytes`
     /// attribute. Not to be mixed with append().
     void append_bytes(const void* data, std::size_t n);
+    /// append_bytes without a copy: room at the end of the chunk being filled for up to n
+    /// bytes (n is set to what fits: >= 1 when it was >= 1). The caller writes them there
+    /// (a pread, say) and then calls commit_bytes(n); nothing else in between.
+    unsigned char* room_bytes(std::size_t& n);
+    /// The n bytes written at room_bytes' pointer, appended (as append_bytes would).
+    void commit_bytes(std::size_t n);
     /// Flush, write `xxh3` (over the stored elements) and `count` attributes; returns
     /// stored (compressed) bytes.
     uint64_t finish();
@@ -139,6 +145,8 @@ public:
 
 private:
     void push(const void* data, std::size_t nbytes);  ///< buffer (and hash), flush whole chunks
+    unsigned char* room(std::size_t& n);   ///< push's room in the chunk being filled (room_bytes)
+    void commit(std::size_t n);            ///< push's bookkeeping of n bytes written there
     void flush();
     /// Direct writes: the whole chunks queued in full_ shuffled and zstd-compressed in the
     /// worker pool (codec::parallel_items), the batch hashed in order beside them, then

@@ -30,6 +30,15 @@ void ContainerWriter::append_raw(const void* data, std::size_t n) {
     raw_->append_bytes(data, n);
 }
 
+unsigned char* ContainerWriter::raw_room(std::size_t& n) {
+    if (!raw_) throw std::logic_error("/raw appended after end_raw");
+    return raw_->room_bytes(n);
+}
+
+void ContainerWriter::raw_commit(std::size_t n) {
+    raw_->commit_bytes(n);
+}
+
 uint64_t ContainerWriter::end_raw() {
     if (!raw_) throw std::logic_error("/raw closed twice");
     const uint64_t stored = raw_->finish();

@@ -29,6 +29,10 @@ public:
     /// Append n source bytes to /raw (until end_raw; before or after begin_moments: compress
     /// appends a parameter's theta storage to /raw while it encodes that parameter).
     void append_raw(const void* data, std::size_t n);
+    /// append_raw without a copy (Appender::room_bytes / commit_bytes): room for up to n
+    /// bytes of /raw (n set to what fits); write them there, then raw_commit(n).
+    unsigned char* raw_room(std::size_t& n);
+    void raw_commit(std::size_t n);
     /// Close /raw (finish() does when not called); returns its stored bytes.
     uint64_t end_raw();
     /// Create the moment streams: 3 roles when any parameter of `m` keeps max_exp_avg_sq

@@ -231,13 +231,14 @@ def _threads(tool, threads):
     except TypeError:
         n = None
     if n is None or not 1 <= n <= 1024:
-        raise _bad(tool, f"--threads: {threads!r} is not a count in [1, 1024]")
+        raise _bad(tool, f"threads={threads!r}: not a count in [1, 1024]")
     return n
 
 
-def _number(tool, flag, v):
+def _number(tool, name, v):
+    """v as a float; BadInput naming the keyword (`name=v`) when it is not a number."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _bad(tool, f"--{flag}: not a number: {v!r}")
+        raise _bad(tool, f"{name}={v!r}: not a number")
     return float(v)
 
 
@@ -250,47 +251,47 @@ def _compress_opts(tool, tolerance=0.01, grad_bound=1.0, codec="vlog", optimizer
         raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
     tol = _number(tool, "tolerance", tolerance)
     if not 0 < tol <= 1:
-        raise _bad(tool, f"--tolerance: {tolerance} is outside (0, 1] (units of lr)")
+        raise _bad(tool, f"tolerance={tolerance!r}: outside (0, 1] (units of lr)")
     if isinstance(grad_bound, str) and grad_bound.lower() == "inf":
         grad_bound = math.inf
-    g = _number(tool, "grad-bound", grad_bound)
+    g = _number(tool, "grad_bound", grad_bound)
     if not g > 0:
-        raise _bad(tool, f"--grad-bound: not a positive number or inf: {grad_bound}")
+        raise _bad(tool, f"grad_bound={grad_bound!r}: not a positive number or 'inf'")
     if codec not in _CODECS:
-        raise _bad(tool, f"--codec: {codec} not in {{{','.join(_CODECS)}}}")
+        raise _bad(tool, f"codec={codec!r}: not one of {_CODECS}")
     if optimizer not in _OPTIMIZERS:
-        raise _bad(tool, f"--optimizer: {optimizer} not in {{{','.join(_OPTIMIZERS)}}}")
+        raise _bad(tool, f"optimizer={optimizer!r}: not one of {_OPTIMIZERS}")
     if horizon not in ("all", 1, "1"):
-        raise _bad(tool, f"--horizon: {horizon} not in {{all,1}}")
+        raise _bad(tool, f"horizon={horizon!r}: not 'all' or 1")
     if device not in ("cpu", "cuda", "auto"):
-        raise _bad(tool, f"--device: {device} not in {{cpu,cuda,auto}}")
+        raise _bad(tool, f"device={device!r}: not 'cpu', 'cuda' or 'auto'")
     if device == "cuda":
         try:
             _ckptkit.check_device(device)
         except ValueError as e:
             raise _bad(tool, str(e)) from None
     if bound not in ("update", "param"):
-        raise _bad(tool, f"--bound: {bound} not in {{update,param}}")
+        raise _bad(tool, f"bound={bound!r}: not 'update' or 'param'")
     o = {"tolerance": tol, "grad_bound": g, "codec": codec, "optimizer": optimizer, "bound": bound,
          "horizon": 0 if horizon == "all" else 1, "threads": _threads(tool, threads),
          "strict": bool(strict), "device": device, "force": bool(force), "dcp_unit_mib": int(dcp_unit_mib)}
     if param_bound is not None:
-        pb = _number(tool, "param-bound", param_bound)
+        pb = _number(tool, "param_bound", param_bound)
         if not 0 <= pb < math.inf:
-            raise _bad(tool, f"--param-bound: {param_bound} is not a finite number >= 0")
+            raise _bad(tool, f"param_bound={param_bound!r}: not a finite number >= 0")
         o["param_bound"] = pb
     for k, v in hyper.items():
         if v is not None:
-            o[k] = _number(tool, k.replace("_", "-"), v)
+            o[k] = _number(tool, k, v)
             why = _ckptkit.override_out_of_range(k, o[k])
             if why:
-                raise _bad(tool, f"--{k.replace('_', '-')}: {why}")
+                raise _bad(tool, f"{k}={v!r}: {why}")
     for k, v in (("amsgrad", amsgrad), ("maximize", maximize)):
         if v is not None:
             o[k] = bool(v)
     if chunk is not None:
         if isinstance(chunk, bool) or not isinstance(chunk, int) or not 64 <= chunk <= 1 << 30:
-            raise _bad(tool, f"--chunk: {chunk!r} is not in [64, 2^30]")
+            raise _bad(tool, f"chunk={chunk!r}: not an int in [64, 2^30]")
         o["chunk"] = chunk
     return o
 
@@ -339,9 +340,9 @@ def verify(path, original=None, *, tolerance=0.01, grid=257, strict=False, threa
     original = None if original is None else _path(original, "original")
     tol = _number("ckpt-verify", "tolerance", tolerance)
     if not 0 < tol <= 1:
-        raise _bad("ckpt-verify", f"--tolerance: {tolerance} is outside (0, 1] (units of lr)")
+        raise _bad("ckpt-verify", f"tolerance={tolerance!r}: outside (0, 1] (units of lr)")
     if isinstance(grid, bool) or not isinstance(grid, int) or not 5 <= grid <= 1 << 20:
-        raise _bad("ckpt-verify", f"--grid: {grid!r} is not in [5, 1048576]")
+        raise _bad("ckpt-verify", f"grid={grid!r}: not an int in [5, 1048576]")
     _check_progress(progress)
     _paths.check_input("ckpt-verify", path, folder_ok=True)
     if original is not None:
@@ -359,7 +360,7 @@ def restore(src, dst, *, force=False, threads=None, device="auto", progress=None
     .safetensors as the source) or the whole folder back. Returns the Report."""
     src, dst = _path(src, "src"), _path(dst, "dst")
     if device not in ("cpu", "cuda", "auto"):
-        raise _bad("ckpt-restore", f"--device: {device} not in {{cpu,cuda,auto}}")
+        raise _bad("ckpt-restore", f"device={device!r}: not 'cpu', 'cuda' or 'auto'")
     _check_progress(progress)
     _paths.check_input("ckpt-restore", src, folder_ok=True)
     if not os.path.isdir(src):

@@ -42,12 +42,13 @@ std::vector<std::string> verify_job(const nlohmann::json& req, const Opts& o) {
     v.grid = o.get<int>("grid", v.grid);
     v.tolerance = o.get<double>("tolerance", v.tolerance);
     v.strict = o.get<bool>("strict", false);
+    v.python_names = true;
     if (folder::is_folder(path)) {
         const auto r = folder::verify_folder(path, original, v);
         return {r.json(), r.table(), r.ok ? "1" : "0", r.failures.empty() ? "" : r.failures.front()};
     }
     if (readable_non_hdf5(path))
-        throw BadInput(path, "not a ckptkit container; pass the container (.ckz.h5), and the checkpoint with --original");
+        throw BadInput(path, "not a ckptkit container; pass the container (.ckz.h5), and the checkpoint as original=");
     v.original = original;
     const Report r = verify(path, v);
     return {r.json(), r.table(), r.ok ? "1" : "0", r.failures.empty() ? "" : r.failures.front()};

@@ -155,6 +155,10 @@ for t in $TARGETS; do
     # the report itself (stack, the signal, the unit in base64 when small): a CI run's finding
     # can then be studied without its machine (its artifact does not come back)
     awk '/^==[0-9]+==|runtime error|deadly signal/ {on = 1} on' "$R" | grep -v '^MS: \|^#[0-9]' | head -60 | sed 's/^/    | /' | tee -a "$SUM"
+    # and the unit itself when it is small (libFuzzer's replay does not print it)
+    if [ "$(stat -c %s "$a")" -le 8192 ]; then
+      echo "    unit (base64, $(stat -c %s "$a") bytes): $(base64 -w0 "$a")" | tee -a "$SUM"
+    fi
   done
 done
 exit $found

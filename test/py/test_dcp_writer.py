@@ -321,7 +321,7 @@ def test_adam_state_compressed_without_warning(tmp_path):
 
 def test_writer_options_checked(tmp_path):
     """The compress options are checked when the writer is made, as ckpt-compress's flags."""
-    with pytest.raises(ckptkit.BadInput, match=r"^ckptkit.dcp: error: --tolerance: 2 is outside \(0, 1\]"):
+    with pytest.raises(ckptkit.BadInput, match=r"^ckptkit.dcp: error: tolerance=2: outside \(0, 1\]"):
         ckptkit.dcp.FileSystemWriter(tmp_path / "x", tolerance=2)
     with pytest.raises(TypeError, match="unknown option"):
         ckptkit.dcp.FileSystemWriter(tmp_path / "x", tolerence=0.1)
@@ -376,7 +376,7 @@ def test_rank_threads(tmp_path, monkeypatch):
     assert ckptkit.dcp.FileSystemReader(tmp_path, threads=3)._threads == 3
     assert ckptkit.dcp.FileSystemReader(tmp_path, threads=np.int64(2))._threads == 2   # any integer type
     assert ckptkit.dcp.FileSystemWriter(tmp_path / "w", threads=5)._opts["threads"] == 5
-    with pytest.raises(ckptkit.BadInput, match=r"^ckptkit.dcp: error: --threads: 0 is not a count"):
+    with pytest.raises(ckptkit.BadInput, match=r"^ckptkit.dcp: error: threads=0: not a count"):
         ckptkit.dcp.FileSystemReader(tmp_path, threads=0)
 
 

@@ -13,6 +13,7 @@ import copy
 import threading
 import io
 import os
+import re
 import pickle
 import subprocess
 import sys
@@ -311,16 +312,16 @@ def test_verify_tolerance(tmp_path):
     src = fixture_path("cnn_adamw.pt")
     ckz = tmp_path / "c.ckz.h5"
     assert ckptkit.compress(src, ckz, tolerance=0.05).ok
-    with pytest.raises(ckptkit.CheckFailed, match="pass --tolerance 0.05 to accept it") as e:
+    with pytest.raises(ckptkit.CheckFailed, match="pass tolerance=0.05 to accept it") as e:
         ckptkit.verify(ckz)
     assert _one_line(e.value)
     assert not e.value.report.ok
     assert ckptkit.verify(ckz, tolerance=0.05).ok
     assert ckptkit.verify(ckz, original=src, tolerance=0.05).ok
-    with pytest.raises(ckptkit.CheckFailed, match="pass --tolerance 0.05"):
+    with pytest.raises(ckptkit.CheckFailed, match="pass tolerance=0.05"):
         ckptkit.verify(ckz, original=src, tolerance=0.02)
     for bad in (0, 2, "0.05", None):
-        with pytest.raises(ckptkit.BadInput, match="--tolerance"):
+        with pytest.raises(ckptkit.BadInput, match=f"^ckpt-verify: error: tolerance={bad!r}: "):
             ckptkit.verify(ckz, tolerance=bad)
 
 
@@ -329,10 +330,12 @@ def test_verify_tolerance(tmp_path):
 
 def test_bad_options():
     obj = {"x": torch.ones(3)}
-    for kw, what in (({"tolerance": 5}, "--tolerance"), ({"codec": "zip"}, "--codec"),
-                     ({"optimizer": "sgd"}, "--optimizer"), ({"horizon": 2}, "--horizon"),
-                     ({"threads": 0}, "--threads"), ({"grad_bound": -1}, "--grad-bound")):
-        with pytest.raises(ckptkit.BadInput, match=what) as e:
+    # the keywords as the caller wrote them (`tolerance=5`), not the CLI's flags
+    for kw, what in (({"tolerance": 5}, "tolerance=5: outside (0, 1]"), ({"codec": "zip"}, "codec='zip': not one of"),
+                     ({"optimizer": "sgd"}, "optimizer='sgd': not one of"), ({"horizon": 2}, "horizon=2: not 'all' or 1"),
+                     ({"threads": 0}, "threads=0: not a count"), ({"grad_bound": -1}, "grad_bound=-1: not a positive"),
+                     ({"lr": -1}, "lr=-1: -1 is < 0"), ({"beta2": "x"}, "beta2='x': not a number")):
+        with pytest.raises(ckptkit.BadInput, match=re.escape(what)) as e:
             ckptkit.save(obj, "/tmp/never.ckz.h5", **kw)
         assert _one_line(e.value).startswith("ckptkit.save: error:")
         assert isinstance(e.value, ValueError)
