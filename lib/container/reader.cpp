@@ -133,8 +133,9 @@ void ContainerReader::check_damage(std::vector<std::string> bad) const {
 
 uint8_t* ContainerReader::storage_bytes(DType dtype, Chunk& c, int k, std::vector<uint8_t>& scratch) {
     // F32: the values are the bytes (element_bytes), escapes go in place
-    uint8_t* out = element_bytes(dtype, c.values[std::size_t(k)].data(), c.n, scratch);
-    if (dtype != DType::F32) float_to_bytes(dtype, c.values[std::size_t(k)].data(), c.n, out);
+    float* const v = c.at[std::size_t(k)];
+    uint8_t* out = element_bytes(dtype, v, c.n, scratch);
+    if (dtype != DType::F32) float_to_bytes(dtype, v, c.n, out);
     for (std::size_t q = 0; q < c.escaped.size(); ++q) store_bits(dtype, c.escaped_bits[std::size_t(k)][q], out, c.escaped[q]);
     return out;
 }
@@ -278,10 +279,11 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want 
             room(codes[k], n * cb);  // grown, never shrunk (Chunk)
             if (!seg_end_.empty()) read_segments(e, k, begin, n, codes[k].data(), params[k].data());
             else codes_[std::size_t(k)]->read((e.code_offset + begin) * cb, n * cb, codes[k].data());
-            if (values) room(c.values[k], n);
+            out[k] = values && c.into ? c.into(k, begin, n) : nullptr;
+            if (values && !out[k]) out[k] = room(c.values[k], n);
+            c.at[std::size_t(k)] = out[k];
             cp[k] = codes[k].data();
             pp[k] = params[k].data();
-            out[k] = values ? c.values[k].data() : nullptr;
         }
         c.theta.clear();
         const bool need_theta = ((e.domain.l2 && std::isfinite(e.domain.grad_bound)) || e.hyper.bound_param) && e.theta_storage >= 0;
@@ -325,7 +327,7 @@ void ContainerReader::decode(std::size_t j, uint64_t begin, std::size_t n, Want 
                 store_bits(e.dtype, bits, tmp, 0);
                 float v;
                 bytes_to_float(e.dtype, tmp, 1, &v);
-                c.values[k][pos - begin] = v;
+                c.at[std::size_t(k)][pos - begin] = v;
             }
             esc_pos = pos;
             ++esc_row;

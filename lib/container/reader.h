@@ -6,6 +6,7 @@
 #pragma once
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -97,6 +98,13 @@ public:
         /// theta's storage bytes
         std::array<std::vector<int16_t>, 3> params;
         std::vector<uint8_t> theta_bytes;
+        /// Where decode puts role k's values (Want::Values): into(k, begin, n), when set, may
+        /// return memory for the chunk's n floats (a destination tensor's, so that no copy
+        /// follows), else nullptr for values[k].
+        std::function<float*(int k, uint64_t begin, std::size_t n)> into;
+        /// Role k's decoded values, escapes in place once storage_bytes ran: into's memory or
+        /// values[k]'s.
+        std::array<float*, 3> at{};
     };
     /// Role k's storage bytes (`dtype`: the parameter's moment type) of the decoded chunk
     /// `c` (Want::Values): the values as `dtype`, each escaped coordinate's exact bits in

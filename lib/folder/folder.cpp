@@ -1236,7 +1236,8 @@ uint64_t restore_folder_file(const std::string& dir, const std::string& path, in
 }
 
 uint64_t read_dcp_moments(const std::string& dir, const std::vector<DcpMomentRead>& reads,
-                          const std::function<void(uint64_t, const uint8_t*, std::size_t)>& sink) {
+                          const std::function<void(uint64_t, const uint8_t*, std::size_t)>& sink,
+                          const std::function<uint8_t*(uint64_t)>& memory) {
     const Manifest m = read_manifest(dir);
     std::vector<uint64_t> at(reads.size());   // each read's byte offset in the output
     uint64_t total = 0;
@@ -1294,6 +1295,19 @@ uint64_t read_dcp_moments(const std::string& dir, const std::vector<DcpMomentRea
             for (const auto& [j, list] : by_param) {
                 const DType dtype = man.params[j].dtype;
                 const uint64_t es = float_dtype_size(dtype);
+                std::array<std::size_t, 3> direct;   // per role: the read decoded in place this chunk, or SIZE_MAX
+                chunk.into = [&](int k, uint64_t begin, std::size_t n) -> float* {
+                    direct[std::size_t(k)] = SIZE_MAX;
+                    if (!memory || dtype != DType::F32) return nullptr;
+                    for (const auto& [i, kk] : list) {
+                        const auto& r = reads[i];
+                        if (kk == k && r.begin <= begin && begin + n <= r.begin + r.count) {
+                            direct[std::size_t(k)] = i;
+                            return reinterpret_cast<float*>(memory(at[i] + (begin - r.begin) * es));
+                        }
+                    }
+                    return nullptr;
+                };
                 cr.for_each_chunk(j, container::ContainerReader::default_decode_chunk(), container::ContainerReader::Want::Values,
                                   [&](container::ContainerReader::Chunk& c) {
                     std::array<const uint8_t*, 3> bytes{};
@@ -1302,10 +1316,12 @@ uint64_t read_dcp_moments(const std::string& dir, const std::vector<DcpMomentRea
                         const uint64_t lo = std::max<uint64_t>(c.begin, r.begin), hi = std::min<uint64_t>(c.begin + c.n, r.begin + r.count);
                         if (lo >= hi) continue;
                         if (!bytes[std::size_t(k)]) bytes[std::size_t(k)] = container::ContainerReader::storage_bytes(dtype, c, k, scratch[std::size_t(k)]);
-                        sink(at[i] + (lo - r.begin) * es, bytes[std::size_t(k)] + (lo - c.begin) * es, std::size_t((hi - lo) * es));
+                        if (direct[std::size_t(k)] != i)   // else decoded (escapes in place) where this read's bytes go
+                            sink(at[i] + (lo - r.begin) * es, bytes[std::size_t(k)] + (lo - c.begin) * es, std::size_t((hi - lo) * es));
                     }
                 }, &chunk);
             }
+            chunk.into = nullptr;
         } catch (const std::runtime_error&) {   // a decode that fails on damage is reported as the damage
             cr.check_damage();
             throw;

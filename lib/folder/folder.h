@@ -141,9 +141,12 @@ struct DcpMomentRead {
 /// from their containers (no file is rebuilt); each container's stored file is checked
 /// against the manifest's size and XXH3 first and its datasets' checksums after. Returns the
 /// total bytes. Throws BadInput (not in the manifest, a read outside its tensor, unreadable) /
-/// CheckFailed (a hash or checksum differs).
+/// CheckFailed (a hash or checksum differs). `memory`, when given: memory(byte offset) is
+/// where the output byte at that offset lies, each read's bytes contiguous and 4-byte
+/// aligned: fp32 chunks a read covers whole are decoded there, with no copy and no sink call.
 uint64_t read_dcp_moments(const std::string& dir, const std::vector<DcpMomentRead>& reads,
-                          const std::function<void(uint64_t, const uint8_t*, std::size_t)>& sink);
+                          const std::function<void(uint64_t, const uint8_t*, std::size_t)>& sink,
+                          const std::function<uint8_t*(uint64_t)>& memory = nullptr);
 
 /// The stored file of `path` (manifest path) in the compressed folder `dir` checked against
 /// the manifest's size and XXH3 (what ckptkit.dcp's reader does before reading a file in

@@ -439,10 +439,13 @@ PYBIND11_MODULE(_ckptkit, m) {
             std::vector<uint64_t> at;   // read i's bytes start at output offset at[i]
             uint64_t total = 0;
             for (const auto& r : rs) at.push_back(total), total += r.count * r.element_size;
-            folder::read_dcp_moments(dir, rs, [&](uint64_t off, const uint8_t* p, std::size_t n) {
+            auto memory = [&](uint64_t off) {   // read i's bytes: count * element size at its address
                 const std::size_t i = std::size_t(std::upper_bound(at.begin(), at.end(), off) - at.begin()) - 1;
-                std::memcpy(dst[i] + (off - at[i]), p, n);
-            });
+                return dst[i] + (off - at[i]);
+            };
+            folder::read_dcp_moments(dir, rs, [&](uint64_t off, const uint8_t* p, std::size_t n) {
+                std::memcpy(memory(off), p, n);
+            }, memory);
         });
     }, py::arg("dir"), py::arg("reads"), py::arg("threads") = 0,
        "ckptkit.dcp's reader: READS, (moments entry, gathered tensor, first element, count, numel, element size, "

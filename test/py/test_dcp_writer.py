@@ -326,9 +326,9 @@ def test_writer_options_checked(tmp_path):
     with pytest.raises(TypeError, match="unknown option"):
         ckptkit.dcp.FileSystemWriter(tmp_path / "x", tolerence=0.1)
     # an override torch.optim.Adam refuses: here, not when a rank's save meets the state
-    for kw, msg in (({"lr": -1}, "--lr: -1 is < 0"), ({"beta2": 1.0}, "--beta2: 1 is outside [0, 1)"),
-                    ({"eps": float("inf")}, "--eps: inf is not a finite number"),
-                    ({"weight_decay": -0.01}, "--weight-decay: -0.01 is < 0")):
+    for kw, msg in (({"lr": -1}, "lr=-1: -1 is < 0"), ({"beta2": 1.0}, "beta2=1.0: 1 is outside [0, 1)"),
+                    ({"eps": float("inf")}, "eps=inf: inf is not a finite number"),
+                    ({"weight_decay": -0.01}, "weight_decay=-0.01: -0.01 is < 0")):
         with pytest.raises(ckptkit.BadInput) as e:
             ckptkit.dcp.FileSystemWriter(tmp_path / "x", **kw)
         assert str(e.value) == f"ckptkit.dcp: error: {msg}"
