@@ -252,7 +252,11 @@ CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntr
         codec::ChunkOut co;
         std::future<void> read, post;   // the lane's tasks on this slot's buffers
     } slot[2];
-    LaneTasks wait{{&slot[0].read, &slot[0].post, &slot[1].read, &slot[1].post}};
+    // the lane's copy of a chunk's theta bytes into /raw (ContainerWriter::stage_raw: no libhdf5
+    // call, beside the encode), settled by this thread before it appends the chunk
+    std::future<void> to_raw;
+    const bool stage = fused && out.raw_stageable();
+    LaneTasks wait{{&slot[0].read, &slot[0].post, &slot[1].read, &slot[1].post, &to_raw}};
     auto start_read = [&](int s, uint64_t i0) {
         if (slot[s].post.valid()) slot[s].post.get();   // the codes hashed before the buffers are reused
         const std::size_t n = std::size_t(std::min<uint64_t>(chunk, e.numel - i0));
@@ -268,12 +272,19 @@ CodeHashes encode_param(const io::InputFile& f, ct::Manifest& man, ct::ParamEntr
         slot[s].read.get();
         prog.advance(n * es * std::size_t(nm));
         ChunkBuffers& b = bufs[s];
-        if (fused) {
+        if (stage) {
+            to_raw = lane.submit([&out, p = b.theta_raw, bytes = n * ts] { out.stage_raw(p, bytes); });
+            prog.advance(n * ts);
+        } else if (fused) {
             out.append_raw(b.theta_raw, n * ts);
             prog.advance(n * ts);
         }
         codec::ChunkOut& co = slot[s].co;
         codec::backend(device).encode(setup, slot[s].ci, co);
+        if (to_raw.valid()) {
+            to_raw.get();
+            out.settle_raw();   // the batches it filled written now, where append_raw wrote them
+        }
         slot[s].post = lane.submit([&, s, n] {
             const codec::ChunkOut& c = slot[s].co;
             if (ulp) count_ulp_regime(bufs[s].theta.data(), n, c.escapes, *ulp);

@@ -486,7 +486,7 @@ unsigned char* Appender::room(std::size_t& n) {
     return buf_.data() + buf_.size();
 }
 
-void Appender::commit(std::size_t n) {
+void Appender::commit(std::size_t n, bool write) {
     const std::size_t at = buf_.size();
     buf_.resize(at + n);  // within the room reserved: the bytes stay
     if (!direct_) XXH3_64bits_update(hash_.get(), buf_.data() + at, n);  // direct: hashed by chunk as flushed, in the same order
@@ -494,7 +494,27 @@ void Appender::commit(std::size_t n) {
     if (!direct_) return flush();
     full_.push_back(std::move(buf_));   // compressed in a batch, one chunk per worker
     buf_.clear();
-    if (full_.size() >= kBatch) flush_full();
+    if (write && full_.size() >= kBatch) flush_full();
+}
+
+void Appender::stage_bytes(const void* data, std::size_t n) {
+    if (!direct_) throw std::logic_error("Appender::stage_bytes on a dataset written through libhdf5's pipeline");
+    byte_mode_ = true;
+    bytes_ += n;
+    count_ = (bytes_ + elem_ - 1) / elem_;
+    const auto* p = static_cast<const unsigned char*>(data);
+    while (n > 0) {
+        std::size_t take = n;
+        unsigned char* dst = room(take);
+        std::memcpy(dst, p, take);
+        commit(take, false);
+        p += take;
+        n -= take;
+    }
+}
+
+void Appender::settle() {
+    while (full_.size() >= kBatch) flush_full();
 }
 
 unsigned char* Appender::room_bytes(std::size_t& n) {
@@ -510,7 +530,8 @@ void Appender::commit_bytes(std::size_t n) {
 
 void Appender::flush_full(std::size_t tail) {
     if (full_.empty()) return;
-    const std::size_t chunk_bytes = chunk_elems_ * elem_, count = full_.size();
+    const std::size_t chunk_bytes = chunk_elems_ * elem_, count = std::min(full_.size(), kBatch);
+    if (tail && count != full_.size()) throw std::logic_error("Appender: a partial chunk behind more than a batch");
     if (packed_.size() < count) packed_.resize(count);
     std::vector<std::size_t> size(count, chunk_bytes);
     std::vector<uint32_t> mask(count, 0);
@@ -549,11 +570,12 @@ void Appender::flush_full(std::size_t tail) {
             fail("cannot write dataset (disk full or file-size limit?)");
         written_ = total;
     }
-    full_.clear();     // the buffers back to the chunk-block pool (common/chunk_buffer.h), for
-    packed_.clear();   // whichever dataset fills a batch next
+    full_.erase(full_.begin(), full_.begin() + std::ptrdiff_t(count));  // the buffers back to the chunk-block pool
+    packed_.clear();   // (common/chunk_buffer.h), for whichever dataset fills a batch next
 }
 
 void Appender::flush() {
+    settle();
     const std::size_t chunk_bytes = chunk_elems_ * elem_, used = buf_.size();
     if (direct_ && used && !full_.empty()) {  // the partial last chunk zero-filled past the data
         buf_.resize(chunk_bytes);             // (filtered whole, as libhdf5's pipeline does),

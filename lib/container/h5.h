@@ -134,6 +134,14 @@ public:
     unsigned char* room_bytes(std::size_t& n);
     /// The n bytes written at room_bytes' pointer, appended (as append_bytes would).
     void commit_bytes(std::size_t n);
+    /// append_bytes that calls no libhdf5 function (direct() datasets only; throws
+    /// std::logic_error otherwise): whole chunks are queued, not compressed or written, so
+    /// another thread may stage while this dataset's thread calls libhdf5 for other
+    /// datasets; that thread then calls settle(). Nothing else on this Appender meanwhile.
+    void stage_bytes(const void* data, std::size_t n);
+    /// Compress and write the batches stage_bytes queued (on the thread that calls libhdf5):
+    /// the same batches, so the same file bytes, as append_bytes would have written.
+    void settle();
     /// Flush, write `xxh3` (over the stored elements) and `count` attributes; returns
     /// stored (compressed) bytes.
     uint64_t finish();
@@ -146,13 +154,16 @@ public:
 private:
     void push(const void* data, std::size_t nbytes);  ///< buffer (and hash), flush whole chunks
     unsigned char* room(std::size_t& n);   ///< push's room in the chunk being filled (room_bytes)
-    void commit(std::size_t n);            ///< push's bookkeeping of n bytes written there
+    /// push's bookkeeping of n bytes written there; write: a full batch is compressed and
+    /// written now (else stage_bytes: queued for settle)
+    void commit(std::size_t n, bool write = true);
     void flush();
     /// Direct writes: the whole chunks queued in full_ shuffled and zstd-compressed in the
     /// worker pool (codec::parallel_items), the batch hashed in order beside them, then
     /// written in order from this thread (libhdf5 is called from one thread only); the same
     /// bytes for any thread count.
     /// tail: the last entry of full_ is the partial last chunk, `tail` bytes zero-padded.
+    /// Takes the first kBatch entries of full_ at most (stage_bytes may queue more).
     void flush_full(std::size_t tail = 0);
     std::vector<ChunkBuffer> full_, packed_;   ///< queued whole chunks and their zstd frames
     Handle ds_;

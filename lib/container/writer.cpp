@@ -39,6 +39,19 @@ void ContainerWriter::raw_commit(std::size_t n) {
     raw_->commit_bytes(n);
 }
 
+bool ContainerWriter::raw_stageable() const {
+    return raw_ && raw_->direct();
+}
+
+void ContainerWriter::stage_raw(const void* data, std::size_t n) {
+    if (!raw_) throw std::logic_error("/raw appended after end_raw");
+    raw_->stage_bytes(data, n);
+}
+
+void ContainerWriter::settle_raw() {
+    if (raw_) raw_->settle();
+}
+
 uint64_t ContainerWriter::end_raw() {
     if (!raw_) throw std::logic_error("/raw closed twice");
     const uint64_t stored = raw_->finish();

@@ -33,6 +33,12 @@ public:
     /// bytes of /raw (n set to what fits); write them there, then raw_commit(n).
     unsigned char* raw_room(std::size_t& n);
     void raw_commit(std::size_t n);
+    /// Whether stage_raw may be used (/raw's chunks are written directly: Appender::direct).
+    bool raw_stageable() const;
+    /// append_raw from another thread than the one calling libhdf5 (Appender::stage_bytes:
+    /// no libhdf5 call; nothing else on /raw meanwhile); that thread then calls settle_raw().
+    void stage_raw(const void* data, std::size_t n);
+    void settle_raw();
     /// Close /raw (finish() does when not called); returns its stored bytes.
     uint64_t end_raw();
     /// Create the moment streams: 3 roles when any parameter of `m` keeps max_exp_avg_sq
