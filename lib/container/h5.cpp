@@ -453,8 +453,12 @@ void Appender::append(const void* data, std::size_t count) {
 }
 
 void Appender::append_bytes(const void* data, std::size_t n) {
-    byte_mode_ = true;
     push(data, n);
+    count_bytes(n);
+}
+
+void Appender::count_bytes(std::size_t n) {
+    byte_mode_ = true;
     bytes_ += n;
     count_ = (bytes_ + elem_ - 1) / elem_;
 }
@@ -466,19 +470,19 @@ constexpr std::size_t kFirstBuffer = 1 << 16;
 /// writes, so the same batches give the same file bytes for any --threads.
 constexpr std::size_t kBatch = 8;
 
-void Appender::push(const void* data, std::size_t n) {
+void Appender::push(const void* data, std::size_t n, bool write) {
     const auto* p = static_cast<const unsigned char*>(data);
     while (n > 0) {  // one chunk buffered at a time (whole elements: appends come in elements or bytes, never both)
         std::size_t take = n;
-        unsigned char* dst = room(take);
+        unsigned char* dst = room_bytes(take);
         std::memcpy(dst, p, take);
-        commit(take);
+        commit(take, write);
         p += take;
         n -= take;
     }
 }
 
-unsigned char* Appender::room(std::size_t& n) {
+unsigned char* Appender::room_bytes(std::size_t& n) {
     const std::size_t chunk_bytes = chunk_elems_ * elem_;
     n = std::min(chunk_bytes - buf_.size(), n);
     if (buf_.capacity() < buf_.size() + n)  // 64 KiB first: a small dataset holds no whole chunk
@@ -497,35 +501,19 @@ void Appender::commit(std::size_t n, bool write) {
     if (write && full_.size() >= kBatch) flush_full();
 }
 
+void Appender::commit_bytes(std::size_t n) {
+    commit(n);
+    count_bytes(n);
+}
+
 void Appender::stage_bytes(const void* data, std::size_t n) {
     if (!direct_) throw std::logic_error("Appender::stage_bytes on a dataset written through libhdf5's pipeline");
-    byte_mode_ = true;
-    bytes_ += n;
-    count_ = (bytes_ + elem_ - 1) / elem_;
-    const auto* p = static_cast<const unsigned char*>(data);
-    while (n > 0) {
-        std::size_t take = n;
-        unsigned char* dst = room(take);
-        std::memcpy(dst, p, take);
-        commit(take, false);
-        p += take;
-        n -= take;
-    }
+    push(data, n, false);
+    count_bytes(n);
 }
 
 void Appender::settle() {
     while (full_.size() >= kBatch) flush_full();
-}
-
-unsigned char* Appender::room_bytes(std::size_t& n) {
-    return room(n);
-}
-
-void Appender::commit_bytes(std::size_t n) {
-    byte_mode_ = true;
-    commit(n);
-    bytes_ += n;
-    count_ = (bytes_ + elem_ - 1) / elem_;
 }
 
 void Appender::flush_full(std::size_t tail) {

@@ -152,11 +152,12 @@ public:
     uint64_t xxh3() const { return XXH3_64bits_digest(hash_.get()); }
 
 private:
-    void push(const void* data, std::size_t nbytes);  ///< buffer (and hash), flush whole chunks
-    unsigned char* room(std::size_t& n);   ///< push's room in the chunk being filled (room_bytes)
-    /// push's bookkeeping of n bytes written there; write: a full batch is compressed and
-    /// written now (else stage_bytes: queued for settle)
+    /// Buffer (and hash) nbytes, flush whole chunks; write false: a full batch is queued for
+    /// settle, not compressed and written (stage_bytes).
+    void push(const void* data, std::size_t nbytes, bool write = true);
+    /// The bookkeeping of n bytes written at room_bytes' pointer (write: as push's).
     void commit(std::size_t n, bool write = true);
+    void count_bytes(std::size_t n);  ///< a byte-mode append's count (append_bytes, commit_bytes, stage_bytes)
     void flush();
     /// Direct writes: the whole chunks queued in full_ shuffled and zstd-compressed in the
     /// worker pool (codec::parallel_items), the batch hashed in order beside them, then

@@ -1296,6 +1296,7 @@ uint64_t read_dcp_moments(const std::string& dir, const std::vector<DcpMomentRea
                 const DType dtype = man.params[j].dtype;
                 const uint64_t es = float_dtype_size(dtype);
                 std::array<std::size_t, 3> direct;   // per role: the read decoded in place this chunk, or SIZE_MAX
+                direct.fill(SIZE_MAX);
                 chunk.into = [&](int k, uint64_t begin, std::size_t n) -> float* {
                     direct[std::size_t(k)] = SIZE_MAX;
                     if (!memory || dtype != DType::F32) return nullptr;
